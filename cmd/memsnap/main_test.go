@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// runCLI runs the memsnap command line in-process.
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(context.Background(), args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestNameCommand(t *testing.T) {
+	cases := []struct {
+		args     []string
+		code     int
+		out, err string
+	}{
+		{[]string{"name", "--template", "{run_name}/torch_traces/rank{rank}.{batch}.memory_snapshot", "--var", "run_name=gpt", "--var", "rank=3", "--var", "batch=5"},
+			0, "gpt/torch_traces/rank3.5.memory_snapshot\n", ""},
+		{[]string{"name", "--template", "{rank:06d}_step_{batch}.pickle", "--var", "rank=12", "--var", "batch=100"}, 0, "000012_step_100.pickle\n", ""},
+		{[]string{"name", "--template", "/{run_name}/x", "--var", "run_name=r"}, 0, "r/x\n", ""},
+		{[]string{"name", "--template", "rank{rnak}"}, 1, "", `unknown variable "rnak"`},
+		{[]string{"name", "--template", "{run_name}/x", "--var", "run_name=../etc"}, 1, "", "escapes its prefix"},
+		{[]string{"name", "--template", "{rank}", "--var", "rank=three"}, 1, "", "must be an integer"},
+		{[]string{"name", "--template", "{rank}"}, 1, "", "missing value"},
+		{[]string{"name", "--bogus"}, 2, "", "flag provided but not defined"},
+		{[]string{"nosuch"}, 2, "", `unknown command "nosuch"`},
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			code, out, errOut := runCLI(t, c.args...)
+			if code != c.code || out != c.out || !strings.Contains(errOut, c.err) {
+				t.Fatalf("code %d out %q err %q; want %d %q %q", code, out, errOut, c.code, c.out, c.err)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	code, out, _ := runCLI(t, "--help")
+	if code != 0 || !strings.Contains(out, "Commands:") || !strings.Contains(out, "name") {
+		t.Fatalf("--help: %d %q", code, out)
+	}
+	code, _, errOut := runCLI(t, "name", "--help")
+	if code != 0 || !strings.Contains(errOut, "Usage: memsnap name") || !strings.Contains(errOut, "-template") {
+		t.Fatalf("name --help: %d %q", code, errOut)
+	}
+}

@@ -1,0 +1,211 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/memsnap/memsnap/naming"
+)
+
+const tmpPrefix = ".memsnap-tmp-"
+
+// Dir is a store in a local folder: each key is a file under the root.
+type Dir struct {
+	root string
+}
+
+var _ Store = (*Dir)(nil)
+
+// OpenDir opens a folder store; create makes the folder when it is missing.
+func OpenDir(root string, create bool) (*Dir, error) {
+	if root == "" {
+		return nil, errors.New("store: empty folder path")
+	}
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("store: folder %s: %w", root, err)
+	}
+	st, err := os.Stat(abs)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && create:
+		if err := os.MkdirAll(abs, 0o755); err != nil {
+			return nil, fmt.Errorf("store: creating folder %s: %w", abs, err)
+		}
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("%w: folder %s does not exist", ErrNoBucket, abs)
+	case err != nil:
+		return nil, fmt.Errorf("store: folder %s: %w", abs, err)
+	case !st.IsDir():
+		return nil, fmt.Errorf("store: %s is not a folder", abs)
+	}
+	return &Dir{root: abs}, nil
+}
+
+func (d *Dir) String() string { return d.root }
+
+// Root returns the folder's absolute path.
+func (d *Dir) Root() string { return d.root }
+
+func (d *Dir) path(key string) (string, string, error) {
+	k, err := naming.CleanKey(key)
+	if err != nil {
+		return "", "", err
+	}
+	return k, filepath.Join(d.root, filepath.FromSlash(k)), nil
+}
+
+// Put writes to a temporary file beside the target, then links it into place (which
+// fails atomically when the target exists) or renames it over the target.
+func (d *Dir) Put(ctx context.Context, key string, r io.Reader, opts PutOptions) (ObjectInfo, error) {
+	k, p, err := d.path(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if !opts.Overwrite {
+		if _, err := os.Lstat(p); err == nil {
+			return ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrExists, k, d.root)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(p), tmpPrefix+"*")
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+	}
+	defer os.Remove(tmp.Name())
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(tmp, h), ctxReader{ctx, r})
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: writing %s: %w", k, err)
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	if opts.SHA256 != "" && !strings.EqualFold(opts.SHA256, sum) {
+		return ObjectInfo{}, fmt.Errorf("%w: %s: got %s, want %s", ErrChecksum, k, sum, opts.SHA256)
+	}
+	if opts.Overwrite {
+		err = os.Rename(tmp.Name(), p)
+	} else {
+		err = os.Link(tmp.Name(), p)
+		if errors.Is(err, fs.ErrExist) {
+			return ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrExists, k, d.root)
+		}
+	}
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: placing %s: %w", k, err)
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+	}
+	return ObjectInfo{Key: k, Size: n, SHA256: sum, ModTime: st.ModTime()}, nil
+}
+
+func (d *Dir) Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error) {
+	k, p, err := d.path(key)
+	if err != nil {
+		return nil, ObjectInfo{}, err
+	}
+	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrNotFound, k, d.root)
+	}
+	if err != nil {
+		return nil, ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+	}
+	st, err := f.Stat()
+	if err != nil || st.IsDir() {
+		f.Close()
+		return nil, ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrNotFound, k, d.root)
+	}
+	return f, ObjectInfo{Key: k, Size: st.Size(), ModTime: st.ModTime()}, nil
+}
+
+// Stat hashes the file to report its checksum.
+func (d *Dir) Stat(ctx context.Context, key string) (ObjectInfo, error) {
+	rc, info, err := d.Get(ctx, key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	defer rc.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, ctxReader{ctx, rc}); err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: hashing %s: %w", info.Key, err)
+	}
+	info.SHA256 = hex.EncodeToString(h.Sum(nil))
+	return info, nil
+}
+
+func (d *Dir) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	prefix = strings.TrimLeft(prefix, "/")
+	var out []ObjectInfo
+	err := filepath.WalkDir(d.root, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(d.root, p)
+		key := filepath.ToSlash(rel)
+		if e.IsDir() {
+			if key != "." && !strings.HasPrefix(key+"/", prefix) && !strings.HasPrefix(prefix, key+"/") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasPrefix(e.Name(), tmpPrefix) || !strings.HasPrefix(key, prefix) || !e.Type().IsRegular() {
+			return nil
+		}
+		st, err := e.Info()
+		if err != nil {
+			return err
+		}
+		out = append(out, ObjectInfo{Key: key, Size: st.Size(), ModTime: st.ModTime()})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: listing %s in %s: %w", prefix, d.root, err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+func (d *Dir) Delete(ctx context.Context, key string) error {
+	k, p, err := d.path(key)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("store: deleting %s: %w", k, err)
+	}
+	return nil
+}
+
+// ctxReader stops a copy when its context ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

@@ -1,0 +1,266 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"syscall"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/memsnap/memsnap/naming"
+)
+
+// shaMeta is the user metadata key under which Put records the content's SHA-256.
+const shaMeta = "Memsnap-Sha256"
+
+// S3 is a store in an S3 bucket under a key prefix, through minio-go.
+type S3 struct {
+	client   *minio.Client
+	endpoint string
+	bucket   string
+	prefix   string // "" or ends with '/'
+	partSize uint64
+}
+
+var _ Store = (*S3)(nil)
+
+// OpenS3 connects to the bucket cfg.URL names and checks that it exists (creating it
+// with cfg.CreateBucket), so a wrong endpoint, bad credentials or a missing bucket
+// are reported at start-up.
+func OpenS3(ctx context.Context, cfg Config) (*S3, error) {
+	u, err := naming.ParseS3(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.FromEnv()
+	if cfg.Endpoint == "" {
+		return nil, errors.New("store: no S3 endpoint: pass --endpoint or set S3_ENDPOINT_URL")
+	}
+	host, secure, err := parseEndpoint(cfg.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	client, err := minio.New(host, &minio.Options{
+		Creds:      credentials.NewStaticV4(cfg.Credentials.AccessKey, cfg.Credentials.SecretKey, cfg.Credentials.SessionToken),
+		Secure:     secure,
+		Region:     cfg.Region,
+		MaxRetries: 3,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: S3 endpoint %s: %w", host, err)
+	}
+	s := &S3{client: client, endpoint: host, bucket: u.Bucket, partSize: cfg.PartSize}
+	if u.Key != "" {
+		s.prefix = strings.TrimSuffix(u.Key, "/") + "/"
+	}
+	if s.partSize == 0 {
+		s.partSize = 16 << 20
+	}
+	if s.partSize < 5<<20 {
+		s.partSize = 5 << 20
+	}
+	ok, err := client.BucketExists(ctx, u.Bucket)
+	if err != nil {
+		return nil, s.wrap(err, "checking bucket")
+	}
+	if !ok {
+		if !cfg.CreateBucket {
+			return nil, fmt.Errorf("%w: %s at %s", ErrNoBucket, u.Bucket, host)
+		}
+		if err := client.MakeBucket(ctx, u.Bucket, minio.MakeBucketOptions{Region: cfg.Region}); err != nil {
+			if r := minio.ToErrorResponse(err); r.Code != "BucketAlreadyOwnedByYou" {
+				return nil, s.wrap(err, "creating bucket")
+			}
+		}
+	}
+	return s, nil
+}
+
+func parseEndpoint(ep string) (host string, secure bool, err error) {
+	if !strings.Contains(ep, "://") {
+		return strings.TrimSuffix(ep, "/"), false, nil
+	}
+	u, err := url.Parse(ep)
+	if err != nil {
+		return "", false, fmt.Errorf("store: endpoint %q: %w", ep, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", false, fmt.Errorf("store: endpoint %q: scheme must be http or https", ep)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return "", false, fmt.Errorf("store: endpoint %q must not have a path", ep)
+	}
+	return u.Host, u.Scheme == "https", nil
+}
+
+func (s *S3) String() string {
+	return "s3://" + s.bucket + "/" + s.prefix + " at " + s.endpoint
+}
+
+func (s *S3) key(key string) (string, string, error) {
+	k, err := naming.CleanKey(key)
+	if err != nil {
+		return "", "", err
+	}
+	full := s.prefix + k
+	if len(full) > naming.MaxKeyLen {
+		return "", "", fmt.Errorf("%w: %s with its prefix is longer than %d bytes", naming.ErrBadKey, k, naming.MaxKeyLen)
+	}
+	return k, full, nil
+}
+
+// wrap turns a minio-go error into one that wraps this package's sentinels.
+func (s *S3) wrap(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	var resp minio.ErrorResponse
+	if errors.As(err, &resp) {
+		switch resp.Code {
+		case "NoSuchKey":
+			return fmt.Errorf("%w: %s: %s in %s", ErrNotFound, what, resp.Key, s)
+		case "NoSuchBucket":
+			return fmt.Errorf("%w: %s: bucket %s at %s", ErrNoBucket, what, s.bucket, s.endpoint)
+		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken":
+			return fmt.Errorf("%w: %s at %s: %s (%s)", ErrAccess, what, s.endpoint, resp.Code, resp.Message)
+		case "PreconditionFailed":
+			return fmt.Errorf("%w: %s: %s in %s", ErrExists, what, resp.Key, s)
+		}
+		if resp.StatusCode == 404 {
+			return fmt.Errorf("%w: %s in %s", ErrNotFound, what, s)
+		}
+		if resp.StatusCode == 403 {
+			return fmt.Errorf("%w: %s at %s: %s", ErrAccess, what, s.endpoint, resp.Code)
+		}
+		return fmt.Errorf("store: %s at %s: %w", what, s.endpoint, err)
+	}
+	var ne net.Error
+	var ue *url.Error
+	if errors.As(err, &ne) || errors.As(err, &ue) || errors.Is(err, syscall.ECONNREFUSED) {
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: %s: %s: %v", ErrUnreachable, what, s.endpoint, err)
+		}
+	}
+	return fmt.Errorf("store: %s at %s: %w", what, s.endpoint, err)
+}
+
+// Put streams r to the object. A reader that can seek (a spooled file) is hashed
+// first so its SHA-256 is stored with the object; any other reader is hashed as it
+// streams. Without Overwrite the request is conditional (If-None-Match: *), so two
+// writers can never replace each other's object.
+func (s *S3) Put(ctx context.Context, key string, r io.Reader, opts PutOptions) (ObjectInfo, error) {
+	k, full, err := s.key(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	size := opts.Size
+	if size <= 0 {
+		size = -1 // unknown: minio-go streams it in parts
+	}
+	want := opts.SHA256
+	if rs, ok := r.(io.ReadSeeker); ok && want == "" {
+		h := sha256.New()
+		n, err := io.Copy(h, rs)
+		if err != nil {
+			return ObjectInfo{}, fmt.Errorf("store: hashing %s: %w", k, err)
+		}
+		if _, err := rs.Seek(-n, io.SeekCurrent); err != nil {
+			return ObjectInfo{}, fmt.Errorf("store: rewinding %s: %w", k, err)
+		}
+		want, size = hex.EncodeToString(h.Sum(nil)), n
+	}
+	po := minio.PutObjectOptions{PartSize: s.partSize, ContentType: opts.ContentType}
+	if po.ContentType == "" {
+		po.ContentType = "application/octet-stream"
+	}
+	if want != "" {
+		po.UserMetadata = map[string]string{shaMeta: strings.ToLower(want)}
+	}
+	if !opts.Overwrite {
+		po.SetMatchETagExcept("*")
+	}
+	h := sha256.New()
+	info, err := s.client.PutObject(ctx, s.bucket, full, io.TeeReader(r, h), size, po)
+	if err != nil {
+		return ObjectInfo{}, s.wrap(err, "putting "+k)
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	if want != "" && !strings.EqualFold(want, sum) {
+		_ = s.client.RemoveObject(context.WithoutCancel(ctx), s.bucket, full, minio.RemoveObjectOptions{})
+		return ObjectInfo{}, fmt.Errorf("%w: %s: got %s, want %s", ErrChecksum, k, sum, want)
+	}
+	return ObjectInfo{Key: k, Size: info.Size, SHA256: sum, ModTime: info.LastModified}, nil
+}
+
+func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error) {
+	k, full, err := s.key(key)
+	if err != nil {
+		return nil, ObjectInfo{}, err
+	}
+	obj, err := s.client.GetObject(ctx, s.bucket, full, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, ObjectInfo{}, s.wrap(err, "getting "+k)
+	}
+	st, err := obj.Stat() // the first request happens here
+	if err != nil {
+		obj.Close()
+		return nil, ObjectInfo{}, s.wrap(err, "getting "+k)
+	}
+	return obj, s.info(k, st), nil
+}
+
+func (s *S3) info(k string, st minio.ObjectInfo) ObjectInfo {
+	oi := ObjectInfo{Key: k, Size: st.Size, ModTime: st.LastModified}
+	for mk, v := range st.UserMetadata {
+		if strings.EqualFold(mk, shaMeta) || strings.EqualFold(mk, "X-Amz-Meta-"+shaMeta) {
+			oi.SHA256 = v
+		}
+	}
+	if oi.SHA256 == "" {
+		oi.SHA256 = st.Metadata.Get("X-Amz-Meta-" + shaMeta)
+	}
+	return oi
+}
+
+func (s *S3) Stat(ctx context.Context, key string) (ObjectInfo, error) {
+	k, full, err := s.key(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	st, err := s.client.StatObject(ctx, s.bucket, full, minio.StatObjectOptions{})
+	if err != nil {
+		return ObjectInfo{}, s.wrap(err, "stat "+k)
+	}
+	return s.info(k, st), nil
+}
+
+func (s *S3) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
+	prefix = strings.TrimLeft(prefix, "/")
+	var out []ObjectInfo
+	for o := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix + prefix, Recursive: true}) {
+		if o.Err != nil {
+			return nil, s.wrap(o.Err, "listing "+prefix)
+		}
+		out = append(out, ObjectInfo{Key: strings.TrimPrefix(o.Key, s.prefix), Size: o.Size, ModTime: o.LastModified})
+	}
+	return out, nil
+}
+
+func (s *S3) Delete(ctx context.Context, key string) error {
+	k, full, err := s.key(key)
+	if err != nil {
+		return err
+	}
+	if err := s.client.RemoveObject(ctx, s.bucket, full, minio.RemoveObjectOptions{}); err != nil {
+		return s.wrap(err, "deleting "+k)
+	}
+	return nil
+}

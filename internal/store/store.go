@@ -1,0 +1,166 @@
+// Package store is memsnap's object-store layer: one interface, with a MinIO/S3
+// implementation (minio-go) and a local-folder implementation (the embedded default,
+// for use with no server).
+//
+// Every Put streams its body, computes a SHA-256 of what it wrote, and refuses to
+// replace an existing object unless asked. Errors wrap the sentinels below so callers
+// can tell a missing bucket from bad credentials from an unreachable endpoint.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/memsnap/memsnap/naming"
+)
+
+var (
+	// ErrNotFound: the object does not exist.
+	ErrNotFound = errors.New("store: object not found")
+	// ErrExists: the object exists and the Put did not ask to overwrite it.
+	ErrExists = errors.New("store: object already exists")
+	// ErrNoBucket: the bucket (or the store's root folder) does not exist.
+	ErrNoBucket = errors.New("store: bucket does not exist")
+	// ErrAccess: the credentials were refused or do not allow the operation.
+	ErrAccess = errors.New("store: access denied")
+	// ErrUnreachable: the endpoint could not be reached.
+	ErrUnreachable = errors.New("store: endpoint unreachable")
+	// ErrChecksum: what was stored does not match the checksum the caller gave.
+	ErrChecksum = errors.New("store: checksum mismatch")
+)
+
+// ObjectInfo describes one stored object.
+type ObjectInfo struct {
+	Key     string    // the key relative to the store's prefix
+	Size    int64     // bytes
+	SHA256  string    // hex SHA-256 of the content, where known ("" otherwise)
+	ModTime time.Time // when it was written
+}
+
+// PutOptions tune one Put.
+type PutOptions struct {
+	// Overwrite replaces an existing object; without it an existing object is ErrExists.
+	Overwrite bool
+	// Size is the body's length when known, or 0 when not; a known size lets the S3 store
+	// choose between one request and a multipart upload up front.
+	Size int64
+	// SHA256, when set, is the hex SHA-256 the caller expects the body to have; a
+	// mismatch removes what was written and returns ErrChecksum.
+	SHA256 string
+	// ContentType is stored with the object on S3 ("application/octet-stream" when empty).
+	ContentType string
+}
+
+// Store is an object store rooted at a prefix. Keys are relative to that prefix and
+// are checked with naming.CleanKey.
+type Store interface {
+	// Put streams r into key.
+	Put(ctx context.Context, key string, r io.Reader, opts PutOptions) (ObjectInfo, error)
+	// Get opens key for reading; the caller closes it.
+	Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error)
+	// Stat describes key, checksum included where the store knows it.
+	Stat(ctx context.Context, key string) (ObjectInfo, error)
+	// List returns the objects whose keys start with prefix, sorted by key.
+	List(ctx context.Context, prefix string) ([]ObjectInfo, error)
+	// Delete removes key; a missing key is not an error.
+	Delete(ctx context.Context, key string) error
+	// String names the store for messages (never with credentials).
+	String() string
+}
+
+// Credentials for an S3 store. They are never logged or printed.
+type Credentials struct {
+	AccessKey    string
+	SecretKey    string
+	SessionToken string
+}
+
+// String hides the secret.
+func (c Credentials) String() string {
+	if c.AccessKey == "" {
+		return "credentials(none)"
+	}
+	return "credentials(" + c.AccessKey[:min(4, len(c.AccessKey))] + "…)"
+}
+
+// Config selects and configures a store.
+type Config struct {
+	// URL is where the store lives: s3://bucket[/prefix], or a folder path
+	// (optionally file://path).
+	URL string
+	// Endpoint is the S3 endpoint, host:port or http(s)://host:port. Empty reads
+	// S3_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or MINIO_ENDPOINT.
+	Endpoint string
+	// Credentials; empty fields read AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+	// AWS_SESSION_TOKEN, then MINIO_ACCESS_KEY / MINIO_SECRET_KEY, then
+	// MINIO_ROOT_USER / MINIO_ROOT_PASSWORD.
+	Credentials Credentials
+	// Region of the bucket; empty lets the client discover it (us-east-1 for MinIO).
+	Region string
+	// PartSize is the multipart upload part size in bytes (0: 16 MiB, at least 5 MiB).
+	PartSize uint64
+	// CreateBucket makes the bucket (or the root folder) when it is missing.
+	CreateBucket bool
+}
+
+// Open returns the store cfg names.
+func Open(ctx context.Context, cfg Config) (Store, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("store: no store given (an s3://bucket/prefix URL or a folder)")
+	}
+	if naming.IsS3(cfg.URL) {
+		return OpenS3(ctx, cfg)
+	}
+	path := strings.TrimPrefix(cfg.URL, "file://")
+	if strings.Contains(path, "://") {
+		return nil, fmt.Errorf("store: %q: unsupported scheme (use s3:// or a folder)", cfg.URL)
+	}
+	return OpenDir(path, cfg.CreateBucket)
+}
+
+// FromEnv fills the endpoint and credentials of cfg from the environment where they
+// are empty.
+func (cfg *Config) FromEnv() {
+	first := func(names ...string) string {
+		for _, n := range names {
+			if v := os.Getenv(n); v != "" {
+				return v
+			}
+		}
+		return ""
+	}
+	if cfg.Endpoint == "" {
+		cfg.Endpoint = first("S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MINIO_ENDPOINT")
+	}
+	if cfg.Credentials.AccessKey == "" {
+		cfg.Credentials.AccessKey = first("AWS_ACCESS_KEY_ID", "MINIO_ACCESS_KEY", "MINIO_ROOT_USER")
+	}
+	if cfg.Credentials.SecretKey == "" {
+		cfg.Credentials.SecretKey = first("AWS_SECRET_ACCESS_KEY", "MINIO_SECRET_KEY", "MINIO_ROOT_PASSWORD")
+	}
+	if cfg.Credentials.SessionToken == "" {
+		cfg.Credentials.SessionToken = os.Getenv("AWS_SESSION_TOKEN")
+	}
+	if cfg.Region == "" {
+		cfg.Region = first("AWS_REGION", "AWS_DEFAULT_REGION")
+	}
+}
+
+// ReadAll reads a whole object.
+func ReadAll(ctx context.Context, s Store, key string) ([]byte, error) {
+	rc, _, err := s.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return nil, fmt.Errorf("store: reading %s from %s: %w", key, s, err)
+	}
+	return b, nil
+}
