@@ -1,0 +1,456 @@
+package snapshot
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+)
+
+const (
+	frameTarget = 64 << 10 // CPython's frame size target
+	batchSize   = 1000     // items per APPENDS/SETITEMS, as CPython batches them
+	maxDepth    = 512      // generic values nest no deeper than this
+)
+
+// Encode writes s as a protocol-4 pickle that CPython's pickle.load and memory_viz's
+// JavaScript unpickler both read: strings are memoised by value and frames by
+// identity (so files are smaller than torch's own), no protocol-5 opcode is used, and
+// no integer needs more than 8 bytes. The output streams in 64 KiB frames.
+func Encode(w io.Writer, s *Snapshot) error {
+	bw := bufio.NewWriterSize(w, 256<<10)
+	e := &encoder{out: bw, strs: map[string]uint32{}, frames: map[*Frame]uint32{}}
+	e.buf = make([]byte, 0, frameTarget+4096)
+	if _, err := bw.Write([]byte{opPROTO, 4}); err != nil {
+		return err
+	}
+	e.snapshot(s)
+	e.op(opSTOP)
+	e.commit()
+	if e.err != nil {
+		return e.err
+	}
+	return bw.Flush()
+}
+
+// EncodeBytes is Encode into memory.
+func EncodeBytes(s *Snapshot) ([]byte, error) {
+	var b bytes.Buffer
+	if err := Encode(&b, s); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+type encoder struct {
+	out    *bufio.Writer
+	buf    []byte // the current frame
+	strs   map[string]uint32
+	frames map[*Frame]uint32
+	next   uint32
+	err    error
+}
+
+func (e *encoder) op(b byte) { e.buf = append(e.buf, b) }
+
+// commit writes the current frame when it is big enough (or at the end).
+func (e *encoder) maybeCommit() {
+	if len(e.buf) >= frameTarget {
+		e.commit()
+	}
+}
+
+func (e *encoder) commit() {
+	if len(e.buf) == 0 || e.err != nil {
+		return
+	}
+	var hdr [9]byte
+	hdr[0] = opFRAME
+	binary.LittleEndian.PutUint64(hdr[1:], uint64(len(e.buf)))
+	if _, err := e.out.Write(hdr[:]); err != nil {
+		e.err = err
+		return
+	}
+	if _, err := e.out.Write(e.buf); err != nil {
+		e.err = err
+	}
+	e.buf = e.buf[:0]
+}
+
+func (e *encoder) memoize() uint32 {
+	e.op(opMEMOIZE)
+	id := e.next
+	e.next++
+	return id
+}
+
+func (e *encoder) get(id uint32) {
+	if id < 256 {
+		e.buf = append(e.buf, opBINGET, byte(id))
+		return
+	}
+	e.buf = append(e.buf, opLONG_BINGET)
+	e.buf = binary.LittleEndian.AppendUint32(e.buf, id)
+}
+
+func (e *encoder) str(s string) {
+	if id, ok := e.strs[s]; ok {
+		e.get(id)
+		return
+	}
+	if len(s) < 256 {
+		e.buf = append(e.buf, opSHORT_BINUNICODE, byte(len(s)))
+	} else {
+		if uint64(len(s)) > math.MaxUint32 {
+			e.err = fmt.Errorf("snapshot: a string of %d bytes is too long to encode", len(s))
+			return
+		}
+		e.buf = append(e.buf, opBINUNICODE)
+		e.buf = binary.LittleEndian.AppendUint32(e.buf, uint32(len(s)))
+	}
+	e.buf = append(e.buf, s...)
+	e.strs[s] = e.memoize()
+}
+
+func (e *encoder) int(n int64) {
+	switch {
+	case n >= 0 && n < 256:
+		e.buf = append(e.buf, opBININT1, byte(n))
+	case n >= 0 && n < 65536:
+		e.buf = append(e.buf, opBININT2, byte(n), byte(n>>8))
+	case n >= math.MinInt32 && n <= math.MaxInt32:
+		e.buf = append(e.buf, opBININT)
+		e.buf = binary.LittleEndian.AppendUint32(e.buf, uint32(int32(n)))
+	default:
+		// LONG1 with the fewest two's-complement bytes (at most 8)
+		var tmp [8]byte
+		binary.LittleEndian.PutUint64(tmp[:], uint64(n))
+		k := 8
+		for k > 1 {
+			top, next := tmp[k-1], tmp[k-2]
+			if (top == 0 && next&0x80 == 0) || (top == 0xff && next&0x80 != 0) {
+				k--
+				continue
+			}
+			break
+		}
+		e.buf = append(e.buf, opLONG1, byte(k))
+		e.buf = append(e.buf, tmp[:k]...)
+	}
+}
+
+func (e *encoder) float(f float64) {
+	e.buf = append(e.buf, opBINFLOAT)
+	e.buf = binary.BigEndian.AppendUint64(e.buf, math.Float64bits(f))
+}
+
+func (e *encoder) bool(b bool) {
+	if b {
+		e.op(opNEWTRUE)
+	} else {
+		e.op(opNEWFALSE)
+	}
+}
+
+// dict helpers: open writes EMPTY_DICT and, for n > 0 items, a MARK; key counts an
+// item and splits batches; close ends the last batch.
+type dictState struct{ n, inBatch int }
+
+func (e *encoder) openDict(n int) dictState {
+	e.op(opEMPTY_DICT)
+	if n > 0 {
+		e.op(opMARK)
+	}
+	return dictState{n: n}
+}
+
+func (e *encoder) key(st *dictState, k string) {
+	if st.inBatch == batchSize {
+		e.op(opSETITEMS)
+		e.op(opMARK)
+		st.inBatch = 0
+	}
+	st.inBatch++
+	e.str(k)
+}
+
+func (e *encoder) keyAny(st *dictState, k Value, depth int) {
+	if st.inBatch == batchSize {
+		e.op(opSETITEMS)
+		e.op(opMARK)
+		st.inBatch = 0
+	}
+	st.inBatch++
+	e.value(k, depth)
+}
+
+func (e *encoder) closeDict(st dictState) {
+	if st.n > 0 {
+		e.op(opSETITEMS)
+	}
+}
+
+func (e *encoder) extras(st *dictState, x []Item, depth int) {
+	for _, it := range x {
+		e.keyAny(st, it.Key, depth)
+		e.value(it.Value, depth)
+	}
+}
+
+// list writes n items with EMPTY_LIST and batched APPENDS.
+func (e *encoder) list(n int, item func(i int)) {
+	e.op(opEMPTY_LIST)
+	for i := 0; i < n; i += batchSize {
+		end := min(i+batchSize, n)
+		if end-i == 1 {
+			item(i)
+			e.op(opAPPEND)
+		} else {
+			e.op(opMARK)
+			for j := i; j < end; j++ {
+				item(j)
+				e.maybeCommit()
+			}
+			e.op(opAPPENDS)
+		}
+		e.maybeCommit()
+	}
+}
+
+func (e *encoder) snapshot(s *Snapshot) {
+	st := e.openDict(bits.OnesCount8(s.Has) + len(s.Extra))
+	if s.Has&SnapSegments != 0 {
+		e.key(&st, "segments")
+		e.list(len(s.Segments), func(i int) { e.segment(s.Segments[i]) })
+	}
+	if s.Has&SnapDeviceTraces != 0 {
+		e.key(&st, "device_traces")
+		e.list(len(s.DeviceTraces), func(i int) {
+			tr := s.DeviceTraces[i]
+			e.list(len(tr), func(j int) { e.entry(tr[j]) })
+		})
+	}
+	if s.Has&SnapAllocatorSettings != 0 {
+		e.key(&st, "allocator_settings")
+		e.value(s.AllocatorSettings, 1)
+	}
+	if s.Has&SnapExternalAnnotations != 0 {
+		e.key(&st, "external_annotations")
+		e.value(s.ExternalAnnotations, 1)
+	}
+	e.extras(&st, s.Extra, 1)
+	e.closeDict(st)
+}
+
+func (e *encoder) frameList(fs []*Frame) {
+	e.list(len(fs), func(i int) { e.frame(fs[i]) })
+}
+
+func (e *encoder) frame(f *Frame) {
+	if f == nil {
+		e.op(opNONE)
+		return
+	}
+	if id, ok := e.frames[f]; ok {
+		e.get(id)
+		return
+	}
+	e.op(opEMPTY_DICT)
+	e.frames[f] = e.memoize()
+	n := bits.OnesCount8(f.Has) + len(f.Extra)
+	st := dictState{n: n}
+	if n > 0 {
+		e.op(opMARK)
+	}
+	if f.Has&FrameName != 0 {
+		e.key(&st, "name")
+		e.str(f.Name)
+	}
+	if f.Has&FrameFilename != 0 {
+		e.key(&st, "filename")
+		e.str(f.Filename)
+	}
+	if f.Has&FrameLine != 0 {
+		e.key(&st, "line")
+		e.int(f.Line)
+	}
+	e.extras(&st, f.Extra, 2)
+	e.closeDict(st)
+}
+
+func (e *encoder) entry(t *TraceEntry) {
+	st := e.openDict(bits.OnesCount16(t.Has) + len(t.Extra))
+	h := t.Has
+	if h&EntryAction != 0 {
+		e.key(&st, "action")
+		e.str(t.Action)
+	}
+	if h&EntryAddr != 0 {
+		e.key(&st, "addr")
+		e.int(t.Addr)
+	}
+	if h&EntryDeviceFree != 0 {
+		e.key(&st, "device_free")
+		e.int(t.DeviceFree)
+	}
+	if h&EntrySize != 0 {
+		e.key(&st, "size")
+		e.int(t.Size)
+	}
+	if h&EntryStream != 0 {
+		e.key(&st, "stream")
+		e.int(t.Stream)
+	}
+	if h&EntryTimeUS != 0 {
+		e.key(&st, "time_us")
+		e.int(t.TimeUS)
+	}
+	if h&EntryCompileContext != 0 {
+		e.key(&st, "compile_context")
+		e.str(t.CompileContext)
+	}
+	if h&EntryUserMetadata != 0 {
+		e.key(&st, "user_metadata")
+		e.str(t.UserMetadata)
+	}
+	if h&EntryFrames != 0 {
+		e.key(&st, "frames")
+		e.frameList(t.Frames)
+	}
+	e.extras(&st, t.Extra, 2)
+	e.closeDict(st)
+}
+
+func (e *encoder) block(b *Block) {
+	st := e.openDict(bits.OnesCount8(b.Has) + len(b.Extra))
+	if b.Has&BlockAddress != 0 {
+		e.key(&st, "address")
+		e.int(b.Address)
+	}
+	if b.Has&BlockSize != 0 {
+		e.key(&st, "size")
+		e.int(b.Size)
+	}
+	if b.Has&BlockRequestedSize != 0 {
+		e.key(&st, "requested_size")
+		e.int(b.RequestedSize)
+	}
+	if b.Has&BlockState != 0 {
+		e.key(&st, "state")
+		e.str(b.State)
+	}
+	if b.Has&BlockFrames != 0 {
+		e.key(&st, "frames")
+		e.frameList(b.Frames)
+	}
+	e.extras(&st, b.Extra, 2)
+	e.closeDict(st)
+}
+
+func (e *encoder) segment(g *Segment) {
+	st := e.openDict(bits.OnesCount16(g.Has) + len(g.Extra))
+	h := g.Has
+	ints := []struct {
+		bit uint16
+		k   string
+		v   int64
+	}{
+		{SegDevice, "device", g.Device}, {SegAddress, "address", g.Address}, {SegTotalSize, "total_size", g.TotalSize},
+		{SegAllocatedSize, "allocated_size", g.AllocatedSize}, {SegActiveSize, "active_size", g.ActiveSize},
+		{SegRequestedSize, "requested_size", g.RequestedSize}, {SegStream, "stream", g.Stream},
+	}
+	for _, f := range ints {
+		if h&f.bit != 0 {
+			e.key(&st, f.k)
+			e.int(f.v)
+		}
+	}
+	if h&SegSegmentType != 0 {
+		e.key(&st, "segment_type")
+		e.str(g.SegmentType)
+	}
+	if h&SegSegmentPoolID != 0 {
+		e.key(&st, "segment_pool_id")
+		e.value(g.SegmentPoolID, 2)
+	}
+	if h&SegIsExpandable != 0 {
+		e.key(&st, "is_expandable")
+		e.bool(g.IsExpandable)
+	}
+	if h&SegFrames != 0 {
+		e.key(&st, "frames")
+		e.frameList(g.Frames)
+	}
+	if h&SegBlocks != 0 {
+		e.key(&st, "blocks")
+		e.list(len(g.Blocks), func(i int) { e.block(g.Blocks[i]) })
+	}
+	e.extras(&st, g.Extra, 2)
+	e.closeDict(st)
+}
+
+// value writes a generic value.
+func (e *encoder) value(v Value, depth int) {
+	if depth > maxDepth {
+		if e.err == nil {
+			e.err = fmt.Errorf("snapshot: values nest deeper than %d", maxDepth)
+		}
+		return
+	}
+	switch x := v.(type) {
+	case nil:
+		e.op(opNONE)
+	case bool:
+		e.bool(x)
+	case int64:
+		e.int(x)
+	case int:
+		e.int(int64(x))
+	case float64:
+		e.float(x)
+	case string:
+		e.str(x)
+	case Tuple:
+		switch len(x) {
+		case 0:
+			e.op(opEMPTY_TUPLE)
+		case 1, 2, 3:
+			for _, it := range x {
+				e.value(it, depth+1)
+			}
+			e.op(opTUPLE1 + byte(len(x)-1))
+		default:
+			e.op(opMARK)
+			for _, it := range x {
+				e.value(it, depth+1)
+			}
+			e.op(opTUPLE)
+		}
+	case *List:
+		e.list(len(x.Items), func(i int) { e.value(x.Items[i], depth+1) })
+	case *Dict:
+		st := e.openDict(len(x.Items))
+		for _, it := range x.Items {
+			e.keyAny(&st, it.Key, depth+1)
+			e.value(it.Value, depth+1)
+		}
+		e.closeDict(st)
+	case *Frame:
+		e.frame(x)
+	case *TraceEntry:
+		e.entry(x)
+	case *Block:
+		e.block(x)
+	case *Segment:
+		e.segment(x)
+	case *Snapshot:
+		e.snapshot(x)
+	default:
+		if e.err == nil {
+			e.err = fmt.Errorf("snapshot: cannot encode a %T", v)
+		}
+	}
+}
