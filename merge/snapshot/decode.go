@@ -9,37 +9,37 @@ import (
 
 // Opcodes of the subset the decoder accepts.
 const (
-	opPROTO           = 0x80
-	opFRAME           = 0x95
-	opSTOP            = '.'
-	opEMPTY_DICT      = '}'
-	opEMPTY_LIST      = ']'
-	opEMPTY_TUPLE     = ')'
-	opMARK            = '('
-	opSETITEM         = 's'
-	opSETITEMS        = 'u'
-	opAPPEND          = 'a'
-	opAPPENDS         = 'e'
+	opPROTO            = 0x80
+	opFRAME            = 0x95
+	opSTOP             = '.'
+	opEMPTY_DICT       = '}'
+	opEMPTY_LIST       = ']'
+	opEMPTY_TUPLE      = ')'
+	opMARK             = '('
+	opSETITEM          = 's'
+	opSETITEMS         = 'u'
+	opAPPEND           = 'a'
+	opAPPENDS          = 'e'
 	opSHORT_BINUNICODE = 0x8c
-	opBINUNICODE      = 'X'
-	opBINUNICODE8     = 0x8d
-	opMEMOIZE         = 0x94
-	opBINPUT          = 'q'
-	opLONG_BINPUT     = 'r'
-	opBINGET          = 'h'
-	opLONG_BINGET     = 'j'
-	opBININT          = 'J'
-	opBININT1         = 'K'
-	opBININT2         = 'M'
-	opLONG1           = 0x8a
-	opBINFLOAT        = 'G'
-	opTUPLE           = 't'
-	opTUPLE1          = 0x85
-	opTUPLE2          = 0x86
-	opTUPLE3          = 0x87
-	opNONE            = 'N'
-	opNEWTRUE         = 0x88
-	opNEWFALSE        = 0x89
+	opBINUNICODE       = 'X'
+	opBINUNICODE8      = 0x8d
+	opMEMOIZE          = 0x94
+	opBINPUT           = 'q'
+	opLONG_BINPUT      = 'r'
+	opBINGET           = 'h'
+	opLONG_BINGET      = 'j'
+	opBININT           = 'J'
+	opBININT1          = 'K'
+	opBININT2          = 'M'
+	opLONG1            = 0x8a
+	opBINFLOAT         = 'G'
+	opTUPLE            = 't'
+	opTUPLE1           = 0x85
+	opTUPLE2           = 0x86
+	opTUPLE3           = 0x87
+	opNONE             = 'N'
+	opNEWTRUE          = 0x88
+	opNEWFALSE         = 0x89
 )
 
 // refused names every opcode the decoder will not run, with why.
@@ -466,6 +466,9 @@ func (d *decoder) run() (*Snapshot, error) {
 			v := d.stack[0]
 			if v.k != kSnap {
 				return nil, fmt.Errorf("%w: the pickle holds a %s, not a dict with segments and device_traces", ErrNotSnapshot, v.typeName())
+			}
+			if s := v.o.(*Snapshot); s.Has&(SnapSegments|SnapDeviceTraces) == 0 {
+				return nil, fmt.Errorf("%w: the dict has neither a segments nor a device_traces list", ErrNotSnapshot)
 			}
 			return v.o.(*Snapshot), nil
 		default:

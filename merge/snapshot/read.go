@@ -61,7 +61,7 @@ func DecodeAny(data []byte) (*Snapshot, error) {
 func ReadFile(path string) (*Snapshot, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	s, err := DecodeAny(data)
 	if err != nil {

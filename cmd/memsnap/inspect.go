@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/memsnap/memsnap/merge"
+)
+
+func init() {
+	register(&command{
+		name:    "inspect",
+		summary: "print a snapshot's figures: events by action, segments, reserved and allocated bytes, peaks",
+		usage:   "[--json] FILE...",
+		run:     runInspect,
+	})
+}
+
+// inspectLine is one file's figures as `inspect --json` prints them.
+type inspectLine struct {
+	File string `json:"file"`
+	merge.FileFigures
+}
+
+func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags(commands["inspect"], stderr)
+	asJSON := fs.Bool("json", false, "print one JSON object per file")
+	files, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	failed := 0
+	enc := json.NewEncoder(stdout)
+	for _, f := range files {
+		fig, err := merge.InspectFile(f)
+		if err != nil {
+			fmt.Fprintf(stderr, "memsnap inspect: %v\n", err)
+			failed++
+			continue
+		}
+		if *asJSON {
+			if err := enc.Encode(inspectLine{File: filepath.Base(f), FileFigures: fig}); err != nil {
+				return err
+			}
+			continue
+		}
+		printFigures(stdout, filepath.Base(f), fig)
+	}
+	if failed > 0 {
+		return exitError{1}
+	}
+	return nil
+}
+
+func printFigures(w io.Writer, name string, f merge.FileFigures) {
+	fmt.Fprintf(w, "%s\n", name)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "  segments\t%d\n", f.Segments)
+	fmt.Fprintf(tw, "  reserved\t%s\t(%d bytes)\n", humanBytes(f.ReservedBytes), f.ReservedBytes)
+	fmt.Fprintf(tw, "  allocated\t%s\t(%d bytes)\n", humanBytes(f.AllocatedBytes), f.AllocatedBytes)
+	for _, a := range f.Actions() {
+		fmt.Fprintf(tw, "  events %s\t%d\n", a, f.Events[a])
+	}
+	tw.Flush()
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "  device\tevents\tallocated\tpeak allocated\t\n")
+	for _, d := range f.Devices {
+		fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t\n", d.Device, d.Events, humanBytes(d.AllocatedBytes), humanBytes(d.PeakAllocatedBytes))
+	}
+	tw.Flush()
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit && n > -unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v := float64(n)
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		v /= unit
+		if v < unit && v > -unit {
+			return fmt.Sprintf("%.1f %s", v, u)
+		}
+	}
+	return fmt.Sprintf("%.1f PiB", v/unit)
+}

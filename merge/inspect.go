@@ -1,0 +1,21 @@
+// Package merge merges per-rank PyTorch memory snapshots into one combined timeline
+// and writes the merged outputs (torch pickle, Perfetto trace, summary, HTML report,
+// protobuf timeline). The snapshot model and its codec live in merge/snapshot.
+package merge
+
+import (
+	"github.com/memsnap/memsnap/merge/snapshot"
+)
+
+// FileFigures are the reference figures of one snapshot file.
+type FileFigures = snapshot.Figures
+
+// InspectFile reads a snapshot file (a torch pickle, plain or compressed) and
+// computes its figures.
+func InspectFile(path string) (FileFigures, error) {
+	s, err := snapshot.ReadFile(path)
+	if err != nil {
+		return FileFigures{}, err
+	}
+	return s.ComputeFigures(), nil
+}
