@@ -10,10 +10,10 @@ import (
 // FileFigures are the reference figures of one snapshot file.
 type FileFigures = snapshot.Figures
 
-// InspectFile reads a snapshot file (a torch pickle, plain or compressed) and
-// computes its figures.
+// InspectFile reads a snapshot file (a torch pickle, plain or compressed, or a
+// merged .memsnap.pb timeline, whose device i is rank i) and computes its figures.
 func InspectFile(path string) (FileFigures, error) {
-	s, err := snapshot.ReadFile(path)
+	s, err := readSnapshotFile(path)
 	if err != nil {
 		return FileFigures{}, err
 	}

@@ -301,3 +301,26 @@ func FuzzTemplate(f *testing.F) {
 		}
 	})
 }
+
+func TestMatch(t *testing.T) {
+	cases := []struct {
+		tmpl, name string
+		ok         bool
+		rank       int64
+	}{
+		{ComposerSnapshotName, "rank3.5.memory_snapshot.pickle", true, 3},
+		{ComposerSnapshotName, "rank12.100.memory_snapshot.pickle", true, 12},
+		{ComposerSnapshotName, "rankx.5.memory_snapshot.pickle", false, 0},
+		{ComposerSnapshotName, "rank3.5.memory_snapshot.html", false, 0},
+		{TorchtitanSnapshotName, "000007_step_30.pickle", true, 7},
+		{"{run_name}_{rank}.pickle", "snapshot_rank_3.pickle", true, 3},
+		{"r{rank}-{rank}.p", "r1-2.p", false, 0},
+		{"r{rank}-{rank}.p", "r2-2.p", true, 2},
+	}
+	for _, c := range cases {
+		v, ok := MustParse(c.tmpl).Match(c.name)
+		if ok != c.ok || (ok && v["rank"] != c.rank) {
+			t.Errorf("%q ~ %q: %v %v", c.tmpl, c.name, v, ok)
+		}
+	}
+}

@@ -75,6 +75,7 @@ type Vars map[string]any
 type Template struct {
 	src   string
 	parts []part
+	matcher
 }
 
 type part struct {

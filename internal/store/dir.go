@@ -86,6 +86,9 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, opts PutOptions)
 	h := sha256.New()
 	n, err := io.Copy(io.MultiWriter(tmp, h), ctxReader{ctx, r})
 	if err == nil {
+		err = tmp.Chmod(0o644)
+	}
+	if err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {

@@ -51,6 +51,7 @@ type encoder struct {
 	strs   map[string]uint32
 	frames map[*Frame]uint32
 	next   uint32
+	shift  int64 // added to every trace entry's time_us
 	err    error
 }
 
@@ -306,7 +307,7 @@ func (e *encoder) entry(t *TraceEntry) {
 	}
 	if h&EntryTimeUS != 0 {
 		e.key(&st, "time_us")
-		e.int(t.TimeUS)
+		e.int(t.TimeUS + e.shift)
 	}
 	if h&EntryCompileContext != 0 {
 		e.key(&st, "compile_context")
@@ -453,4 +454,71 @@ func (e *encoder) value(v Value, depth int) {
 			e.err = fmt.Errorf("snapshot: cannot encode a %T", v)
 		}
 	}
+}
+
+// Writer writes a snapshot pickle incrementally: device traces one at a time, then
+// the segments and the rest, so a merge never holds more than one trace in memory.
+// Frames are memoised by identity across all traces: callers that want frames
+// shared between traces pass the same *Frame.
+type Writer struct {
+	e      *encoder
+	bw     *bufio.Writer
+	traces int
+}
+
+// NewWriter starts a snapshot pickle on w.
+func NewWriter(w io.Writer) (*Writer, error) {
+	bw := bufio.NewWriterSize(w, 256<<10)
+	e := &encoder{out: bw, strs: map[string]uint32{}, frames: map[*Frame]uint32{}}
+	e.buf = make([]byte, 0, frameTarget+4096)
+	if _, err := bw.Write([]byte{opPROTO, 4}); err != nil {
+		return nil, err
+	}
+	e.op(opEMPTY_DICT)
+	e.op(opMARK)
+	e.str("device_traces")
+	e.op(opEMPTY_LIST)
+	e.op(opMARK)
+	return &Writer{e: e, bw: bw}, nil
+}
+
+// Trace appends the next device trace; shiftUS is added to every time_us.
+func (w *Writer) Trace(tr []*TraceEntry, shiftUS int64) error {
+	if w.traces > 0 && w.traces%batchSize == 0 {
+		w.e.op(opAPPENDS)
+		w.e.op(opMARK)
+	}
+	w.traces++
+	w.e.shift = shiftUS
+	w.e.list(len(tr), func(j int) { w.e.entry(tr[j]) })
+	w.e.shift = 0
+	w.e.maybeCommit()
+	return w.e.err
+}
+
+// Finish writes the segments and the other top-level keys and ends the pickle.
+func (w *Writer) Finish(segments []*Segment, allocatorSettings, externalAnnotations Value, extra []Item) error {
+	e := w.e
+	e.op(opAPPENDS)
+	e.str("segments")
+	e.list(len(segments), func(i int) { e.segment(segments[i]) })
+	if allocatorSettings != nil {
+		e.str("allocator_settings")
+		e.value(allocatorSettings, 1)
+	}
+	if externalAnnotations != nil {
+		e.str("external_annotations")
+		e.value(externalAnnotations, 1)
+	}
+	for _, it := range extra {
+		e.value(it.Key, 1)
+		e.value(it.Value, 1)
+	}
+	e.op(opSETITEMS)
+	e.op(opSTOP)
+	e.commit()
+	if e.err != nil {
+		return e.err
+	}
+	return w.bw.Flush()
 }

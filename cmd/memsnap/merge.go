@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/naming"
+)
+
+func init() {
+	register(&command{
+		name:    "merge",
+		summary: "merge per-rank snapshots into one timeline: torch pickle, Perfetto trace, summary, HTML report, protobuf",
+		usage:   "[flags] INPUT...   (files, folders, globs, s3://bucket/prefix, or merged .memsnap.pb)",
+		run:     runMerge,
+	})
+}
+
+func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags(commands["merge"], stderr)
+	out := fs.String("out", "memsnap-merged", "where the merged outputs go: a folder or s3://bucket/prefix")
+	layout := fs.String("layout", "composer", "how ranks are named: composer (rank{rank}.{batch}.memory_snapshot.pickle), torchtitan ({rank:06d}_step_{batch}.pickle) or megatron (..._{rank}.pickle)")
+	tmplFlag := fs.String("name-template", "", "a name template that recovers {rank} from an input's file name (overrides --layout)")
+	var ranks, vars multiFlag
+	fs.Var(&ranks, "rank", "RANK=PATH: take PATH as that rank's snapshot whatever its name (repeatable)")
+	align := fs.String("align", "", "time alignment: wall (each host's clock, the default), start (each rank's first event at zero) or offsets")
+	offsets := fs.String("offsets", "", "a JSON file of per-rank clock offsets in microseconds, {\"1\": -35, ...}; implies --align offsets")
+	world := fs.Int("world-size", 0, "ranks expected (default: from the ranks' metadata, or the highest rank plus one); absent ones are reported missing")
+	base := fs.String("output-name", merge.DefaultOutputBase, "name template of the outputs, before their suffixes, e.g. '{run_name}/window{window}/merged'")
+	fs.Var(&vars, "var", "a value for --output-name, key=value (repeatable)")
+	overwrite := fs.Bool("overwrite", false, "replace outputs that exist")
+	title := fs.String("title", "", "a title for the HTML report")
+	quiet := fs.Bool("q", false, "no progress on stderr")
+	var sf storeFlags
+	sf.register(fs)
+	inputs, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(inputs) == 0 && len(ranks) == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	ts := *tmplFlag
+	if ts == "" {
+		var ok bool
+		if ts, ok = merge.Layouts[*layout]; !ok {
+			return fmt.Errorf("unknown --layout %q (composer, torchtitan or megatron)", *layout)
+		}
+	}
+	tmpl, err := naming.Parse(ts)
+	if err != nil {
+		return err
+	}
+	if !tmpl.Uses("rank") {
+		return fmt.Errorf("--name-template %q does not name {rank}", ts)
+	}
+	v := naming.Vars{}
+	for _, kv := range vars {
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			return fmt.Errorf("--var %q: want key=value", kv)
+		}
+		if v[k], err = naming.ParseValue(k, val); err != nil {
+			return err
+		}
+	}
+	var offs map[int]int64
+	if *offsets != "" {
+		if offs, err = readOffsets(*offsets); err != nil {
+			return err
+		}
+	}
+	level := slog.LevelInfo
+	if *quiet {
+		level = slog.LevelWarn
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	res := &merge.Resolver{Template: tmpl, OpenStore: func(ctx context.Context, u string) (store.Store, error) {
+		return store.Open(ctx, sf.config(u, false))
+	}}
+	ins, err := res.Resolve(ctx, inputs, ranks)
+	if err != nil {
+		return err
+	}
+	outStore, err := store.Open(ctx, sf.config(*out, true))
+	if err != nil {
+		return err
+	}
+	r, err := merge.Merge(ctx, merge.Config{
+		Inputs: ins, Out: outStore, OutputBase: *base, Vars: v, Overwrite: *overwrite,
+		Align: *align, Offsets: offs, WorldSize: *world, Title: *title, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	printMergeResult(stdout, outStore.String(), r)
+	return nil
+}
+
+func printMergeResult(w io.Writer, where string, r *merge.Result) {
+	s := r.Summary
+	fmt.Fprintf(w, "merged %d of %d ranks into %s\n", len(s.RanksMerged), s.WorldSize, where)
+	if len(s.MissingRanks) > 0 {
+		fmt.Fprintf(w, "missing ranks: %v\n", s.MissingRanks)
+	}
+	if s.Spread != nil && len(s.Ranks) > 1 {
+		fmt.Fprintf(w, "peak allocated: median %s, max %s (%.3fx the median); outlier: rank %d (%s)\n",
+			humanBytes(s.Spread.MedianPeakAllocatedBytes), humanBytes(s.Spread.MaxPeakAllocatedBytes), s.Spread.MaxOverMedian,
+			s.Spread.OutlierRank, humanBytes(s.Spread.OutlierPeakBytes))
+	}
+	kinds := make([]string, 0, len(r.Outputs))
+	for k := range r.Outputs {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		fmt.Fprintf(w, "  %-8s %s\n", k, r.Outputs[k])
+	}
+}
+
+func readOffsets(path string) (map[int]int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var raw map[string]int64
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("--offsets %s: want {\"rank\": microseconds, ...}: %w", path, err)
+	}
+	out := map[int]int64{}
+	for k, v := range raw {
+		r, err := strconv.Atoi(k)
+		if err != nil || r < 0 {
+			return nil, fmt.Errorf("--offsets %s: %q is not a rank", path, k)
+		}
+		out[r] = v
+	}
+	return out, nil
+}

@@ -1,0 +1,296 @@
+package merge
+
+import (
+	"bufio"
+	"io"
+	"strconv"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge/snapshot"
+)
+
+// frameKey identifies a frame by value, for sharing frames across ranks.
+type frameKey struct {
+	name, file string
+	line       int64
+	has        uint8
+}
+
+// interner shares frames (by value) and strings across all ranks of a merge.
+type interner struct {
+	frames   map[frameKey]*snapshot.Frame
+	frameIDs map[*snapshot.Frame]uint32
+	pbFrames []*pb.Frame
+	strs     map[string]uint32
+	strList  []string
+}
+
+func newInterner() *interner {
+	return &interner{frames: map[frameKey]*snapshot.Frame{}, frameIDs: map[*snapshot.Frame]uint32{}, strs: map[string]uint32{"": 0}, strList: []string{""}}
+}
+
+func (in *interner) frame(f *snapshot.Frame) *snapshot.Frame {
+	if f == nil || len(f.Extra) > 0 {
+		return f
+	}
+	k := frameKey{f.Name, f.Filename, f.Line, f.Has}
+	if c, ok := in.frames[k]; ok {
+		return c
+	}
+	in.frames[k] = f
+	return f
+}
+
+func (in *interner) frameList(fs []*snapshot.Frame) {
+	for i, f := range fs {
+		fs[i] = in.frame(f)
+	}
+}
+
+func (in *interner) str(s string) uint32 {
+	if id, ok := in.strs[s]; ok {
+		return id
+	}
+	id := uint32(len(in.strList))
+	in.strs[s] = id
+	in.strList = append(in.strList, s)
+	return id
+}
+
+func (in *interner) frameID(f *snapshot.Frame) uint32 {
+	if id, ok := in.frameIDs[f]; ok {
+		return id
+	}
+	id := uint32(len(in.pbFrames))
+	in.frameIDs[f] = id
+	pf := &pb.Frame{}
+	if f != nil {
+		pf.Name, pf.Filename, pf.Line = in.str(f.Name), in.str(f.Filename), f.Line
+	}
+	in.pbFrames = append(in.pbFrames, pf)
+	return id
+}
+
+// traceWriter streams merged.trace.json (Chrome/Perfetto trace events).
+type traceWriter struct {
+	w     *bufio.Writer
+	first bool
+	buf   []byte
+}
+
+func newTraceWriter(w io.Writer) *traceWriter {
+	t := &traceWriter{w: bufio.NewWriterSize(w, 256<<10), first: true}
+	t.w.WriteString(`{"displayTimeUnit":"ms","otherData":{"producer":"memsnap"},"traceEvents":[`)
+	return t
+}
+
+func (t *traceWriter) event(b []byte) {
+	if !t.first {
+		t.w.WriteString(",\n")
+	}
+	t.first = false
+	t.w.Write(b)
+}
+
+func (t *traceWriter) process(rank int) {
+	b := t.buf[:0]
+	b = append(b, `{"name":"process_name","ph":"M","pid":`...)
+	b = strconv.AppendInt(b, int64(rank), 10)
+	b = append(b, `,"tid":0,"args":{"name":"rank `...)
+	b = strconv.AppendInt(b, int64(rank), 10)
+	b = append(b, `"}}`...)
+	t.event(b)
+	b = b[:0]
+	b = append(b, `{"name":"process_sort_index","ph":"M","pid":`...)
+	b = strconv.AppendInt(b, int64(rank), 10)
+	b = append(b, `,"tid":0,"args":{"sort_index":`...)
+	b = strconv.AppendInt(b, int64(rank), 10)
+	b = append(b, `}}`...)
+	t.event(b)
+	for tid, name := range []string{"events", "batches"} {
+		b = b[:0]
+		b = append(b, `{"name":"thread_name","ph":"M","pid":`...)
+		b = strconv.AppendInt(b, int64(rank), 10)
+		b = append(b, `,"tid":`...)
+		b = strconv.AppendInt(b, int64(tid), 10)
+		b = append(b, `,"args":{"name":"`...)
+		b = append(b, name...)
+		b = append(b, `"}}`...)
+		t.event(b)
+	}
+	t.buf = b
+}
+
+func (t *traceWriter) counter(rank int, name string, ts, v int64) {
+	b := t.buf[:0]
+	b = append(b, `{"name":"`...)
+	b = append(b, name...)
+	b = append(b, `","ph":"C","pid":`...)
+	b = strconv.AppendInt(b, int64(rank), 10)
+	b = append(b, `,"ts":`...)
+	b = strconv.AppendInt(b, ts, 10)
+	b = append(b, `,"args":{"bytes":`...)
+	b = strconv.AppendInt(b, v, 10)
+	b = append(b, `}}`...)
+	t.event(b)
+	t.buf = b
+}
+
+func (t *traceWriter) oom(rank int, o OOM) {
+	b := t.buf[:0]
+	b = append(b, `{"name":"OOM","ph":"i","s":"p","pid":`...)
+	b = strconv.AppendInt(b, int64(rank), 10)
+	b = append(b, `,"tid":0,"ts":`...)
+	b = strconv.AppendInt(b, o.TimeUS, 10)
+	b = append(b, `,"args":{"size":`...)
+	b = strconv.AppendInt(b, o.Size, 10)
+	b = append(b, `,"device_free":`...)
+	b = strconv.AppendInt(b, o.DeviceFreeB, 10)
+	b = append(b, `,"allocated":`...)
+	b = strconv.AppendInt(b, o.AllocatedThen, 10)
+	b = append(b, `}}`...)
+	t.event(b)
+	t.buf = b
+}
+
+func (t *traceWriter) batch(rank int, m BatchMark, shift int64) {
+	b := t.buf[:0]
+	b = append(b, `{"name":"batch `...)
+	b = strconv.AppendInt(b, m.Batch, 10)
+	b = append(b, `","cat":"batch","ph":"X","pid":`...)
+	b = strconv.AppendInt(b, int64(rank), 10)
+	b = append(b, `,"tid":1,"ts":`...)
+	b = strconv.AppendInt(b, m.StartUS+shift, 10)
+	b = append(b, `,"dur":`...)
+	b = strconv.AppendInt(b, m.EndUS-m.StartUS, 10)
+	b = append(b, `,"args":{"batch":`...)
+	b = strconv.AppendInt(b, m.Batch, 10)
+	b = append(b, `}}`...)
+	t.event(b)
+	t.buf = b
+}
+
+func (t *traceWriter) finish() error {
+	t.w.WriteString("]}\n")
+	return t.w.Flush()
+}
+
+// pbWriter streams merged.memsnap.pb: each rank is written as one occurrence of the
+// repeated Timeline.ranks field as soon as it is merged; the interned strings and
+// frames follow at the end. Concatenated fields form one valid Timeline message.
+type pbWriter struct {
+	w   *bufio.Writer
+	in  *interner
+	err error
+}
+
+func newPBWriter(w io.Writer, in *interner) *pbWriter {
+	return &pbWriter{w: bufio.NewWriterSize(w, 256<<10), in: in}
+}
+
+var actionCodes = map[string]pb.Action{
+	snapshot.ActionAlloc: pb.Action_ALLOC, snapshot.ActionFreeRequested: pb.Action_FREE_REQUESTED,
+	snapshot.ActionFreeCompleted: pb.Action_FREE_COMPLETED, snapshot.ActionSegmentAlloc: pb.Action_SEGMENT_ALLOC,
+	snapshot.ActionSegmentFree: pb.Action_SEGMENT_FREE, snapshot.ActionSegmentMap: pb.Action_SEGMENT_MAP,
+	snapshot.ActionSegmentUnmap: pb.Action_SEGMENT_UNMAP, snapshot.ActionSnapshot: pb.Action_SNAPSHOT,
+	snapshot.ActionOOM: pb.Action_OOM, snapshot.ActionAnnotate: pb.Action_ANNOTATE,
+}
+
+func (p *pbWriter) field(num protowire.Number, m proto.Message) {
+	if p.err != nil {
+		return
+	}
+	b, err := proto.MarshalOptions{}.Marshal(m)
+	if err != nil {
+		p.err = err
+		return
+	}
+	var hdr []byte
+	hdr = protowire.AppendTag(hdr, num, protowire.BytesType)
+	hdr = protowire.AppendVarint(hdr, uint64(len(b)))
+	p.w.Write(hdr)
+	p.w.Write(b)
+}
+
+func (p *pbWriter) header(align string, world int, missing []int) {
+	m := &pb.Timeline{Version: 1, Align: align, WorldSize: int32(world)}
+	for _, r := range missing {
+		m.MissingRanks = append(m.MissingRanks, int32(r))
+	}
+	b, err := proto.Marshal(m)
+	if err != nil {
+		p.err = err
+		return
+	}
+	p.w.Write(b)
+}
+
+func (p *pbWriter) rank(r *rankData, s RankSummary) {
+	rt := &pb.RankTimeline{
+		Rank: int32(r.rank), Source: r.source, ClockOffsetUs: -r.shiftUS, Device: int32(r.device),
+		StartAllocatedBytes: s.StartAllocatedBytes, PeakAllocatedBytes: s.PeakAllocatedBytes,
+		EndAllocatedBytes: s.EndAllocatedBytes, EndReservedBytes: s.EndReservedBytes,
+	}
+	evs := make([]pb.Event, len(r.trace))
+	rt.Events = make([]*pb.Event, len(r.trace))
+	for i, e := range r.trace {
+		ev := &evs[i]
+		code, ok := actionCodes[e.Action]
+		if !ok {
+			code = pb.Action_OTHER
+			ev.ActionName = p.in.str(e.Action)
+		}
+		ev.Action, ev.Addr, ev.Size, ev.Stream, ev.TimeUs = code, e.Addr, e.Size, e.Stream, e.TimeUS
+		if e.Has&snapshot.EntryDeviceFree != 0 {
+			ev.DeviceFree = e.DeviceFree
+		}
+		if len(e.Frames) > 0 {
+			ev.Frames = make([]uint32, len(e.Frames))
+			for j, f := range e.Frames {
+				ev.Frames[j] = p.in.frameID(f)
+			}
+		}
+		rt.Events[i] = ev
+	}
+	for _, g := range r.segs {
+		var act int64
+		for _, b := range g.Blocks {
+			if b.State == snapshot.BlockActiveAllocated {
+				act += b.Size
+			}
+		}
+		rt.Segments = append(rt.Segments, &pb.Segment{Address: g.Address, TotalSize: g.TotalSize, AllocatedSize: g.AllocatedSize,
+			Stream: g.Stream, SegmentType: g.SegmentType, IsExpandable: g.IsExpandable, ActiveAllocatedBytes: act})
+	}
+	if r.meta != nil {
+		for _, b := range r.meta.Batches {
+			rt.Batches = append(rt.Batches, &pb.BatchMark{Batch: b.Batch, StartUs: b.StartUS, EndUs: b.EndUS})
+		}
+		for _, m := range r.meta.Samples {
+			rt.Samples = append(rt.Samples, &pb.MemorySample{TimeUs: m.TimeUS, DeviceUsedBytes: m.DeviceUsedBytes, ProcessUsedBytes: m.ProcessUsedBytes})
+		}
+	}
+	p.field(5, rt) // Timeline.ranks
+}
+
+func (p *pbWriter) finish() error {
+	if p.err != nil {
+		return p.err
+	}
+	var b []byte
+	for _, s := range p.in.strList {
+		b = protowire.AppendTag(b[:0], 6, protowire.BytesType)
+		b = protowire.AppendString(b, s)
+		p.w.Write(b)
+	}
+	for _, f := range p.in.pbFrames {
+		p.field(7, f)
+	}
+	if p.err != nil {
+		return p.err
+	}
+	return p.w.Flush()
+}
