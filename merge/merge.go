@@ -161,7 +161,12 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	log := cfg.Logger
 	start := time.Now()
 
-	tmp, err := os.MkdirTemp(cfg.TempDir, "memsnap-merge-")
+	var tmp string
+	if d, ok := cfg.Out.(*store.Dir); ok && cfg.TempDir == "" {
+		tmp, err = d.TempDir() // outputs are moved into place, not copied
+	} else {
+		tmp, err = os.MkdirTemp(cfg.TempDir, "memsnap-merge-")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("merge: %w", err)
 	}
@@ -245,9 +250,16 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 				in.frameList(e.Frames)
 			}
 			tw.process(r.rank)
+			lastA, lastR := int64(-1), int64(-1)
 			s, pts := r.analyze(func(t, a, res int64) {
-				tw.counter(r.rank, "allocated", t, a)
-				tw.counter(r.rank, "reserved", t, res)
+				if a != lastA {
+					tw.counter(r.rank, "allocated", t, a)
+					lastA = a
+				}
+				if res != lastR {
+					tw.counter(r.rank, "reserved", t, res)
+					lastR = res
+				}
 			})
 			for _, o := range s.OOMs {
 				tw.oom(r.rank, o)
@@ -358,12 +370,10 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("merge: writing the report: %w", err)
 	}
 	for _, k := range outOrder {
-		f := files[k]
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return nil, err
+		if err := files[k].Close(); err != nil {
+			return nil, fmt.Errorf("merge: writing %s: %w", keys[k], err)
 		}
-		st, _ := f.Stat()
-		info, err := cfg.Out.Put(ctx, keys[k], f, store.PutOptions{Overwrite: cfg.Overwrite, Size: st.Size(), ContentType: contentType(k)})
+		info, err := store.PutFile(ctx, cfg.Out, keys[k], filepath.Join(tmp, k), store.PutOptions{Overwrite: cfg.Overwrite, ContentType: contentType(k)})
 		if err != nil {
 			return nil, fmt.Errorf("merge: storing %s: %w", keys[k], err)
 		}

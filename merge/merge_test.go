@@ -29,7 +29,9 @@ func python(t *testing.T) string {
 	return py
 }
 
-func ddp4(t *testing.T) string { return filepath.Dir(testutil.Snapshot(t, "ddp4/rank0.5.memory_snapshot.pickle")) }
+func ddp4(t *testing.T) string {
+	return filepath.Dir(testutil.Snapshot(t, "ddp4/rank0.5.memory_snapshot.pickle"))
+}
 
 func resolve(t *testing.T, tmpl string, args []string, explicit ...string) []Input {
 	t.Helper()

@@ -21,6 +21,7 @@ type frameKey struct {
 
 // interner shares frames (by value) and strings across all ranks of a merge.
 type interner struct {
+	seen     map[*snapshot.Frame]*snapshot.Frame // decoded frame -> canonical frame
 	frames   map[frameKey]*snapshot.Frame
 	frameIDs map[*snapshot.Frame]uint32
 	pbFrames []*pb.Frame
@@ -29,19 +30,23 @@ type interner struct {
 }
 
 func newInterner() *interner {
-	return &interner{frames: map[frameKey]*snapshot.Frame{}, frameIDs: map[*snapshot.Frame]uint32{}, strs: map[string]uint32{"": 0}, strList: []string{""}}
+	return &interner{seen: map[*snapshot.Frame]*snapshot.Frame{}, frames: map[frameKey]*snapshot.Frame{}, frameIDs: map[*snapshot.Frame]uint32{}, strs: map[string]uint32{"": 0}, strList: []string{""}}
 }
 
 func (in *interner) frame(f *snapshot.Frame) *snapshot.Frame {
 	if f == nil || len(f.Extra) > 0 {
 		return f
 	}
-	k := frameKey{f.Name, f.Filename, f.Line, f.Has}
-	if c, ok := in.frames[k]; ok {
+	if c, ok := in.seen[f]; ok { // decoded frames are shared, so most lookups end here
 		return c
 	}
-	in.frames[k] = f
-	return f
+	k := frameKey{f.Name, f.Filename, f.Line, f.Has}
+	c, ok := in.frames[k]
+	if !ok {
+		in.frames[k], c = f, f
+	}
+	in.seen[f] = c
+	return c
 }
 
 func (in *interner) frameList(fs []*snapshot.Frame) {
@@ -199,6 +204,21 @@ var actionCodes = map[string]pb.Action{
 	snapshot.ActionOOM: pb.Action_OOM, snapshot.ActionAnnotate: pb.Action_ANNOTATE,
 }
 
+func actionCode(a string) pb.Action {
+	switch a {
+	case snapshot.ActionAlloc:
+		return pb.Action_ALLOC
+	case snapshot.ActionFreeRequested:
+		return pb.Action_FREE_REQUESTED
+	case snapshot.ActionFreeCompleted:
+		return pb.Action_FREE_COMPLETED
+	}
+	if c, ok := actionCodes[a]; ok {
+		return c
+	}
+	return pb.Action_OTHER
+}
+
 func (p *pbWriter) field(num protowire.Number, m proto.Message) {
 	if p.err != nil {
 		return
@@ -228,52 +248,85 @@ func (p *pbWriter) header(align string, world int, missing []int) {
 	p.w.Write(b)
 }
 
+// rank writes one RankTimeline. Events are encoded by hand with protowire (field
+// numbers as in memsnap.proto): a merge writes millions of them.
 func (p *pbWriter) rank(r *rankData, s RankSummary) {
-	rt := &pb.RankTimeline{
-		Rank: int32(r.rank), Source: r.source, ClockOffsetUs: -r.shiftUS, Device: int32(r.device),
+	if p.err != nil {
+		return
+	}
+	var b []byte
+	i64 := func(b []byte, num protowire.Number, v int64) []byte {
+		if v == 0 {
+			return b
+		}
+		b = protowire.AppendTag(b, num, protowire.VarintType)
+		return protowire.AppendVarint(b, uint64(v))
+	}
+	b = i64(b, 1, int64(r.rank))
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendString(b, r.source)
+	b = i64(b, 3, -r.shiftUS)
+	b = i64(b, 4, int64(r.device))
+	var ev, fr []byte
+	for _, e := range r.trace {
+		ev = ev[:0]
+		code := actionCode(e.Action)
+		ok := code != pb.Action_OTHER
+		ev = i64(ev, 1, int64(code))
+		ev = i64(ev, 2, e.Addr)
+		ev = i64(ev, 3, e.Size)
+		ev = i64(ev, 4, e.Stream)
+		ev = i64(ev, 5, e.TimeUS)
+		if e.Has&snapshot.EntryDeviceFree != 0 {
+			ev = i64(ev, 6, e.DeviceFree)
+		}
+		if len(e.Frames) > 0 {
+			fr = fr[:0]
+			for _, f := range e.Frames {
+				fr = protowire.AppendVarint(fr, uint64(p.in.frameID(f)))
+			}
+			ev = protowire.AppendTag(ev, 7, protowire.BytesType)
+			ev = protowire.AppendBytes(ev, fr)
+		}
+		if !ok {
+			ev = i64(ev, 8, int64(p.in.str(e.Action)))
+		}
+		b = protowire.AppendTag(b, 5, protowire.BytesType)
+		b = protowire.AppendBytes(b, ev)
+	}
+	rest := &pb.RankTimeline{
 		StartAllocatedBytes: s.StartAllocatedBytes, PeakAllocatedBytes: s.PeakAllocatedBytes,
 		EndAllocatedBytes: s.EndAllocatedBytes, EndReservedBytes: s.EndReservedBytes,
 	}
-	evs := make([]pb.Event, len(r.trace))
-	rt.Events = make([]*pb.Event, len(r.trace))
-	for i, e := range r.trace {
-		ev := &evs[i]
-		code, ok := actionCodes[e.Action]
-		if !ok {
-			code = pb.Action_OTHER
-			ev.ActionName = p.in.str(e.Action)
-		}
-		ev.Action, ev.Addr, ev.Size, ev.Stream, ev.TimeUs = code, e.Addr, e.Size, e.Stream, e.TimeUS
-		if e.Has&snapshot.EntryDeviceFree != 0 {
-			ev.DeviceFree = e.DeviceFree
-		}
-		if len(e.Frames) > 0 {
-			ev.Frames = make([]uint32, len(e.Frames))
-			for j, f := range e.Frames {
-				ev.Frames[j] = p.in.frameID(f)
-			}
-		}
-		rt.Events[i] = ev
-	}
 	for _, g := range r.segs {
 		var act int64
-		for _, b := range g.Blocks {
-			if b.State == snapshot.BlockActiveAllocated {
-				act += b.Size
+		for _, bl := range g.Blocks {
+			if bl.State == snapshot.BlockActiveAllocated {
+				act += bl.Size
 			}
 		}
-		rt.Segments = append(rt.Segments, &pb.Segment{Address: g.Address, TotalSize: g.TotalSize, AllocatedSize: g.AllocatedSize,
+		rest.Segments = append(rest.Segments, &pb.Segment{Address: g.Address, TotalSize: g.TotalSize, AllocatedSize: g.AllocatedSize,
 			Stream: g.Stream, SegmentType: g.SegmentType, IsExpandable: g.IsExpandable, ActiveAllocatedBytes: act})
 	}
 	if r.meta != nil {
-		for _, b := range r.meta.Batches {
-			rt.Batches = append(rt.Batches, &pb.BatchMark{Batch: b.Batch, StartUs: b.StartUS, EndUs: b.EndUS})
+		for _, bm := range r.meta.Batches {
+			rest.Batches = append(rest.Batches, &pb.BatchMark{Batch: bm.Batch, StartUs: bm.StartUS, EndUs: bm.EndUS})
 		}
 		for _, m := range r.meta.Samples {
-			rt.Samples = append(rt.Samples, &pb.MemorySample{TimeUs: m.TimeUS, DeviceUsedBytes: m.DeviceUsedBytes, ProcessUsedBytes: m.ProcessUsedBytes})
+			rest.Samples = append(rest.Samples, &pb.MemorySample{TimeUs: m.TimeUS, DeviceUsedBytes: m.DeviceUsedBytes, ProcessUsedBytes: m.ProcessUsedBytes})
 		}
 	}
-	p.field(5, rt) // Timeline.ranks
+	tail, err := proto.Marshal(rest)
+	if err != nil {
+		p.err = err
+		return
+	}
+	b = append(b, tail...)
+	var hdr []byte
+	hdr = protowire.AppendTag(hdr, 5, protowire.BytesType) // Timeline.ranks
+	hdr = protowire.AppendVarint(hdr, uint64(len(b)))
+	p.w.Write(hdr)
+	p.w.Write(b)
 }
 
 func (p *pbWriter) finish() error {

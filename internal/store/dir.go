@@ -119,6 +119,62 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, opts PutOptions)
 	return ObjectInfo{Key: k, Size: n, SHA256: sum, ModTime: st.ModTime()}, nil
 }
 
+// PutFile moves a finished local file into place under key (a link, or a rename
+// with Overwrite) instead of copying it; the file must be on the store's file
+// system (see TempDir) and is gone from path afterwards. It checks the SHA-256 only
+// when the caller gives one; Stat computes it when asked.
+func (d *Dir) PutFile(ctx context.Context, key, path string, opts PutOptions) (ObjectInfo, error) {
+	k, p, err := d.path(key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	if opts.SHA256 != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+		}
+		h := sha256.New()
+		_, err = io.Copy(h, ctxReader{ctx, f})
+		f.Close()
+		if err != nil {
+			return ObjectInfo{}, fmt.Errorf("store: hashing %s: %w", k, err)
+		}
+		if sum := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(sum, opts.SHA256) {
+			return ObjectInfo{}, fmt.Errorf("%w: %s: got %s, want %s", ErrChecksum, k, sum, opts.SHA256)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+	}
+	if opts.Overwrite {
+		err = os.Rename(path, p)
+	} else {
+		if err = os.Link(path, p); errors.Is(err, fs.ErrExist) {
+			return ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrExists, k, d.root)
+		}
+		if err == nil {
+			os.Remove(path)
+		}
+	}
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: placing %s: %w", k, err)
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+	}
+	return ObjectInfo{Key: k, Size: st.Size(), SHA256: opts.SHA256, ModTime: st.ModTime()}, nil
+}
+
+// TempDir returns a folder on the store's file system for files that PutFile will
+// move into place.
+func (d *Dir) TempDir() (string, error) {
+	return os.MkdirTemp(d.root, tmpPrefix+"dir-")
+}
+
 func (d *Dir) Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error) {
 	k, p, err := d.path(key)
 	if err != nil {
@@ -167,6 +223,9 @@ func (d *Dir) List(ctx context.Context, prefix string) ([]ObjectInfo, error) {
 		rel, _ := filepath.Rel(d.root, p)
 		key := filepath.ToSlash(rel)
 		if e.IsDir() {
+			if strings.HasPrefix(e.Name(), tmpPrefix) {
+				return filepath.SkipDir
+			}
 			if key != "." && !strings.HasPrefix(key+"/", prefix) && !strings.HasPrefix(prefix, key+"/") {
 				return filepath.SkipDir
 			}

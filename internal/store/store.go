@@ -151,6 +151,26 @@ func (cfg *Config) FromEnv() {
 	}
 }
 
+// PutFile stores the local file at path under key. Stores that can (a folder on the
+// same file system) move the file into place instead of copying it; the file may be
+// gone afterwards.
+func PutFile(ctx context.Context, s Store, key, path string, opts PutOptions) (ObjectInfo, error) {
+	if fp, ok := s.(interface {
+		PutFile(context.Context, string, string, PutOptions) (ObjectInfo, error)
+	}); ok {
+		return fp.PutFile(ctx, key, path, opts)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("store: %w", err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil {
+		opts.Size = st.Size()
+	}
+	return s.Put(ctx, key, f, opts)
+}
+
 // ReadAll reads a whole object.
 func ReadAll(ctx context.Context, s Store, key string) ([]byte, error) {
 	rc, _, err := s.Get(ctx, key)

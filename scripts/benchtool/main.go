@@ -3,17 +3,26 @@
 //
 //	benchtool gen -events N -ranks R -out DIR BASE.pickle   write rank{r}.1.memory_snapshot.pickle files
 //	benchtool decode -n ITER FILE                           print the best decode time in seconds
+//	benchtool merge -n ITER DIR                             merge DIR's ranks (all five outputs); print the best time and the peak RSS
+//	benchtool decoded-size FILE                             print the heap bytes one decoded snapshot holds
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"syscall"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/synth"
+	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/naming"
 )
 
 func main() {
@@ -27,6 +36,10 @@ func main() {
 		err = gen(os.Args[2:])
 	case "decode":
 		err = decode(os.Args[2:])
+	case "merge":
+		err = mergeBench(os.Args[2:])
+	case "decoded-size":
+		err = decodedSize(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown subcommand %q", os.Args[1])
 	}
@@ -81,5 +94,65 @@ func decode(args []string) error {
 		best = min(best, time.Since(t))
 	}
 	fmt.Printf("%.6f\n", best.Seconds())
+	return nil
+}
+
+func mergeBench(args []string) error {
+	fs := flag.NewFlagSet("merge", flag.ExitOnError)
+	n := fs.Int("n", 3, "iterations (the best is printed)")
+	prof := fs.String("cpuprofile", "", "write a CPU profile")
+	fs.Parse(args)
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			return err
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	best := time.Duration(1 << 62)
+	for i := 0; i < *n; i++ {
+		out, err := os.MkdirTemp("", "benchmerge-")
+		if err != nil {
+			return err
+		}
+		st, err := store.OpenDir(out, true)
+		if err != nil {
+			return err
+		}
+		r := &merge.Resolver{Template: naming.MustParse(naming.ComposerSnapshotName)}
+		t := time.Now()
+		ins, err := r.Resolve(context.Background(), []string{fs.Arg(0)}, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := merge.Merge(context.Background(), merge.Config{Inputs: ins, Out: st}); err != nil {
+			return err
+		}
+		best = min(best, time.Since(t))
+		os.RemoveAll(out)
+	}
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	fmt.Printf("%.6f %d\n", best.Seconds(), ru.Maxrss*1024)
+	return nil
+}
+
+func decodedSize(args []string) error {
+	data, err := os.ReadFile(args[0])
+	if err != nil {
+		return err
+	}
+	var a, b runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&a)
+	s, err := snapshot.Decode(data)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&b)
+	runtime.KeepAlive(s)
+	fmt.Println(b.HeapAlloc - a.HeapAlloc)
 	return nil
 }
