@@ -124,15 +124,30 @@ const (
 )
 
 // tlist is a list whose place in the snapshot is known (segments, blocks, traces).
+// Its items live in a List so that every reference to it is the same *List.
 type tlist struct {
-	sch   schema
-	items []any
+	sch schema
+	l   List
 }
 
 // frameList is a frames list; it turns generic if anything but a frame is appended.
 type frameList struct {
 	frames  []*Frame
 	generic *List
+}
+
+// toGeneric turns the frames list into a plain List for good: every reference to it
+// is then the same *List, and later appends land there.
+func (fl *frameList) toGeneric() *List {
+	if fl.generic == nil {
+		items := make([]Value, len(fl.frames))
+		for i, f := range fl.frames {
+			items[i] = f
+		}
+		fl.generic = &List{Items: items}
+		fl.frames = nil
+	}
+	return fl.generic
 }
 
 type decoder struct {
@@ -147,6 +162,7 @@ type decoder struct {
 	entries []TraceEntry // slab
 	frames  []Frame      // slab
 	slab    int
+	conv    map[*List]any // typed conversions of shared lists, done once each
 }
 
 // Decode decodes a pickled snapshot. It never runs code and never panics on bad
@@ -467,10 +483,14 @@ func (d *decoder) run() (*Snapshot, error) {
 			if v.k != kSnap {
 				return nil, fmt.Errorf("%w: the pickle holds a %s, not a dict with segments and device_traces", ErrNotSnapshot, v.typeName())
 			}
-			if s := v.o.(*Snapshot); s.Has&(SnapSegments|SnapDeviceTraces) == 0 {
+			s := v.o.(*Snapshot)
+			if s.Has&(SnapSegments|SnapDeviceTraces) == 0 {
 				return nil, fmt.Errorf("%w: the dict has neither a segments nor a device_traces list", ErrNotSnapshot)
 			}
-			return v.o.(*Snapshot), nil
+			if n := s.references(len(d.data)); n > len(d.data) {
+				return nil, d.fail(at, op, "the snapshot references %d entries, blocks and frames in %d bytes: its lists are shared, which torch never writes", n, len(d.data))
+			}
+			return s, nil
 		default:
 			if name, ok := refused[op]; ok {
 				if codeOps[name] {
@@ -719,17 +739,9 @@ func (v val) any() Value {
 	case kStr:
 		return v.s
 	case kTList:
-		return &List{Items: v.o.(*tlist).items}
+		return &v.o.(*tlist).l
 	case kFrames:
-		fl := v.o.(*frameList)
-		if fl.generic != nil {
-			return fl.generic
-		}
-		items := make([]Value, len(fl.frames))
-		for i, f := range fl.frames {
-			items[i] = f
-		}
-		return &List{Items: items}
+		return v.o.(*frameList).toGeneric()
 	}
 	return v.o
 }
@@ -777,21 +789,15 @@ func (d *decoder) appendItem(at int, op byte, owner val, v *val) error {
 		l.Items = append(l.Items, v.any())
 	case kTList:
 		l := owner.o.(*tlist)
-		l.items = append(l.items, v.any())
+		l.l.Items = append(l.l.Items, v.any())
 	case kFrames:
 		fl := owner.o.(*frameList)
-		if fl.generic == nil {
-			if v.k == kFrame {
-				fl.frames = append(fl.frames, v.o.(*Frame))
-				return nil
-			}
-			items := make([]Value, len(fl.frames), len(fl.frames)+1)
-			for i, f := range fl.frames {
-				items[i] = f
-			}
-			fl.generic = &List{Items: items}
+		if fl.generic == nil && v.k == kFrame {
+			fl.frames = append(fl.frames, v.o.(*Frame))
+			return nil
 		}
-		fl.generic.Items = append(fl.generic.Items, v.any())
+		g := fl.toGeneric()
+		g.Items = append(g.Items, v.any())
 	default:
 		return d.fail(at, op, "appending to a %s", owner.typeName())
 	}
@@ -807,15 +813,15 @@ func (d *decoder) setItem(at int, op byte, owner val, k, v *val) error {
 		dd := owner.o.(*Dict)
 		dd.Items = append(dd.Items, Item{k.any(), v.any()})
 	case kSnap:
-		owner.o.(*Snapshot).set(k, v)
+		owner.o.(*Snapshot).set(d, k, v)
 	case kSeg:
-		owner.o.(*Segment).set(k, v)
+		owner.o.(*Segment).set(d, k, v)
 	case kBlock:
-		owner.o.(*Block).set(k, v)
+		owner.o.(*Block).set(d, k, v)
 	case kEntry:
-		owner.o.(*TraceEntry).set(k, v)
+		owner.o.(*TraceEntry).set(d, k, v)
 	case kFrame:
-		owner.o.(*Frame).set(k, v)
+		owner.o.(*Frame).set(d, k, v)
 	default:
 		return d.fail(at, op, "setting an item on a %s", owner.typeName())
 	}

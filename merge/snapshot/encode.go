@@ -50,6 +50,7 @@ type encoder struct {
 	buf    []byte // the current frame
 	strs   map[string]uint32
 	frames map[*Frame]uint32
+	objs   map[any]uint32 // generic containers already written, by identity
 	next   uint32
 	shift  int64 // added to every trace entry's time_us
 	err    error
@@ -201,9 +202,24 @@ func (e *encoder) extras(st *dictState, x []Item, depth int) {
 	}
 }
 
+// remember memoises the object just written (generic containers may be shared or
+// even contain themselves; writing each once keeps the output linear).
+func (e *encoder) remember(key any) {
+	if e.objs == nil {
+		e.objs = map[any]uint32{}
+	}
+	e.objs[key] = e.memoize()
+}
+
 // list writes n items with EMPTY_LIST and batched APPENDS.
-func (e *encoder) list(n int, item func(i int)) {
+func (e *encoder) list(n int, item func(i int)) { e.listMemo(nil, n, item) }
+
+// listMemo is list, memoising the list under key when key is not nil.
+func (e *encoder) listMemo(key any, n int, item func(i int)) {
 	e.op(opEMPTY_LIST)
+	if key != nil {
+		e.remember(key)
+	}
 	for i := 0; i < n; i += batchSize {
 		end := min(i+batchSize, n)
 		if end-i == 1 {
@@ -415,6 +431,12 @@ func (e *encoder) value(v Value, depth int) {
 	case string:
 		e.str(x)
 	case Tuple:
+		if len(x) > 0 {
+			if id, ok := e.objs[&x[0]]; ok {
+				e.get(id)
+				return
+			}
+		}
 		switch len(x) {
 		case 0:
 			e.op(opEMPTY_TUPLE)
@@ -430,10 +452,26 @@ func (e *encoder) value(v Value, depth int) {
 			}
 			e.op(opTUPLE)
 		}
+		if len(x) > 0 {
+			e.remember(&x[0])
+		}
 	case *List:
-		e.list(len(x.Items), func(i int) { e.value(x.Items[i], depth+1) })
+		if id, ok := e.objs[x]; ok {
+			e.get(id)
+			return
+		}
+		e.listMemo(x, len(x.Items), func(i int) { e.value(x.Items[i], depth+1) })
 	case *Dict:
-		st := e.openDict(len(x.Items))
+		if id, ok := e.objs[x]; ok {
+			e.get(id)
+			return
+		}
+		e.op(opEMPTY_DICT)
+		e.remember(x)
+		st := dictState{n: len(x.Items)}
+		if st.n > 0 {
+			e.op(opMARK)
+		}
 		for _, it := range x.Items {
 			e.keyAny(&st, it.Key, depth+1)
 			e.value(it.Value, depth+1)

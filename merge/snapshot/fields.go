@@ -102,15 +102,15 @@ func fid(k *val) int {
 
 func extra(x []Item, k, v *val) []Item { return append(x, Item{k.any(), v.any()}) }
 
-func (s *Snapshot) set(k, v *val) {
+func (s *Snapshot) set(d *decoder, k, v *val) {
 	switch fid(k) {
 	case fSegments:
-		if segs, ok := asSegments(v); ok {
+		if segs, ok := d.asSegments(v); ok {
 			s.Segments, s.Has = segs, s.Has|SnapSegments
 			return
 		}
 	case fDeviceTraces:
-		if tr, ok := asTraces(v); ok {
+		if tr, ok := d.asTraces(v); ok {
 			s.DeviceTraces, s.Has = tr, s.Has|SnapDeviceTraces
 			return
 		}
@@ -124,7 +124,7 @@ func (s *Snapshot) set(k, v *val) {
 	s.Extra = extra(s.Extra, k, v)
 }
 
-func (g *Segment) set(k, v *val) {
+func (g *Segment) set(d *decoder, k, v *val) {
 	switch fid(k) {
 	case fDevice:
 		if v.k == kInt {
@@ -175,12 +175,12 @@ func (g *Segment) set(k, v *val) {
 			return
 		}
 	case fFrames:
-		if fr, ok := asFrames(v); ok {
+		if fr, ok := d.asFrames(v); ok {
 			g.Frames, g.Has = fr, g.Has|SegFrames
 			return
 		}
 	case fBlocks:
-		if bl, ok := asBlocks(v); ok {
+		if bl, ok := d.asBlocks(v); ok {
 			g.Blocks, g.Has = bl, g.Has|SegBlocks
 			return
 		}
@@ -188,7 +188,7 @@ func (g *Segment) set(k, v *val) {
 	g.Extra = extra(g.Extra, k, v)
 }
 
-func (b *Block) set(k, v *val) {
+func (b *Block) set(d *decoder, k, v *val) {
 	switch fid(k) {
 	case fAddress:
 		if v.k == kInt {
@@ -211,7 +211,7 @@ func (b *Block) set(k, v *val) {
 			return
 		}
 	case fFrames:
-		if fr, ok := asFrames(v); ok {
+		if fr, ok := d.asFrames(v); ok {
 			b.Frames, b.Has = fr, b.Has|BlockFrames
 			return
 		}
@@ -219,7 +219,7 @@ func (b *Block) set(k, v *val) {
 	b.Extra = extra(b.Extra, k, v)
 }
 
-func (e *TraceEntry) set(k, v *val) {
+func (e *TraceEntry) set(d *decoder, k, v *val) {
 	switch fid(k) {
 	case fAction:
 		if v.k == kStr {
@@ -262,7 +262,7 @@ func (e *TraceEntry) set(k, v *val) {
 			return
 		}
 	case fFrames:
-		if fr, ok := asFrames(v); ok {
+		if fr, ok := d.asFrames(v); ok {
 			e.Frames, e.Has = fr, e.Has|EntryFrames
 			return
 		}
@@ -270,7 +270,7 @@ func (e *TraceEntry) set(k, v *val) {
 	e.Extra = extra(e.Extra, k, v)
 }
 
-func (f *Frame) set(k, v *val) {
+func (f *Frame) set(d *decoder, k, v *val) {
 	switch fid(k) {
 	case fName:
 		if v.k == kStr {
@@ -291,133 +291,204 @@ func (f *Frame) set(k, v *val) {
 	f.Extra = extra(f.Extra, k, v)
 }
 
-// The as* functions take a list value for a typed field; a list that is not all of
-// the expected shape is refused (false) and the caller keeps it as Extra.
+// The as* methods take a list value for a typed field; a list that is not all of
+// the expected shape is refused (false) and the caller keeps it as Extra. A list
+// referenced many times (through the memo) is converted once: conversions are
+// cached per *List, so no input can make the decoder copy one list per reference.
 
-func listItems(v *val) ([]Value, bool) {
+func listOf(v *val) (*List, bool) {
 	switch v.k {
 	case kList:
-		return v.o.(*List).Items, true
+		return v.o.(*List), true
 	case kTList:
-		return v.o.(*tlist).items, true
+		return &v.o.(*tlist).l, true
 	case kFrames:
-		fl := v.o.(*frameList)
-		if fl.generic != nil {
-			return fl.generic.Items, true
+		if g := v.o.(*frameList).generic; g != nil {
+			return g, true
 		}
 	}
 	return nil, false
 }
 
-func asFrames(v *val) ([]*Frame, bool) {
+// convert runs f on l's items once per *List.
+func (d *decoder) convert(l *List, f func([]Value) (any, bool)) (any, bool) {
+	if c, ok := d.conv[l]; ok {
+		return c, c != nil
+	}
+	out, ok := f(l.Items)
+	if d.conv == nil {
+		d.conv = map[*List]any{}
+	}
+	if !ok {
+		out = nil
+	}
+	d.conv[l] = out
+	return out, ok
+}
+
+func (d *decoder) dictFields(x *Dict, set func(k, v *val)) {
+	for _, kv := range x.Items {
+		k, vv := valOf(kv.Key), valOf(kv.Value)
+		set(&k, &vv)
+	}
+}
+
+func (d *decoder) asFrames(v *val) ([]*Frame, bool) {
 	if v.k == kFrames && v.o.(*frameList).generic == nil {
 		return v.o.(*frameList).frames, true
 	}
-	items, ok := listItems(v)
+	l, ok := listOf(v)
 	if !ok {
 		return nil, false
 	}
-	out := make([]*Frame, len(items))
-	for i, it := range items {
-		switch x := it.(type) {
-		case *Frame:
-			out[i] = x
-		case *Dict:
-			f := &Frame{}
-			for _, kv := range x.Items {
-				k, vv := valOf(kv.Key), valOf(kv.Value)
-				f.set(&k, &vv)
+	c, ok := d.convert(l, func(items []Value) (any, bool) {
+		out := make([]*Frame, len(items))
+		for i, it := range items {
+			switch x := it.(type) {
+			case *Frame:
+				out[i] = x
+			case *Dict:
+				f := &Frame{}
+				d.dictFields(x, func(k, v *val) { f.set(d, k, v) })
+				out[i] = f
+			default:
+				return nil, false
 			}
-			out[i] = f
-		default:
-			return nil, false
 		}
-	}
-	return out, true
-}
-
-func asSegments(v *val) ([]*Segment, bool) {
-	items, ok := listItems(v)
+		return out, true
+	})
 	if !ok {
 		return nil, false
 	}
-	out := make([]*Segment, len(items))
-	for i, it := range items {
-		switch x := it.(type) {
-		case *Segment:
-			out[i] = x
-		case *Dict:
-			g := &Segment{}
-			for _, kv := range x.Items {
-				k, vv := valOf(kv.Key), valOf(kv.Value)
-				g.set(&k, &vv)
-			}
-			out[i] = g
-		default:
-			return nil, false
-		}
-	}
-	return out, true
+	return c.([]*Frame), true
 }
 
-func asBlocks(v *val) ([]*Block, bool) {
-	items, ok := listItems(v)
+func (d *decoder) asSegments(v *val) ([]*Segment, bool) {
+	l, ok := listOf(v)
 	if !ok {
 		return nil, false
 	}
-	out := make([]*Block, len(items))
-	for i, it := range items {
-		switch x := it.(type) {
-		case *Block:
-			out[i] = x
-		case *Dict:
-			b := &Block{}
-			for _, kv := range x.Items {
-				k, vv := valOf(kv.Key), valOf(kv.Value)
-				b.set(&k, &vv)
+	c, ok := d.convert(l, func(items []Value) (any, bool) {
+		out := make([]*Segment, len(items))
+		for i, it := range items {
+			switch x := it.(type) {
+			case *Segment:
+				out[i] = x
+			case *Dict:
+				g := &Segment{}
+				d.dictFields(x, func(k, v *val) { g.set(d, k, v) })
+				out[i] = g
+			default:
+				return nil, false
 			}
-			out[i] = b
-		default:
-			return nil, false
 		}
-	}
-	return out, true
-}
-
-func asEntries(items []Value) ([]*TraceEntry, bool) {
-	out := make([]*TraceEntry, len(items))
-	for i, it := range items {
-		switch x := it.(type) {
-		case *TraceEntry:
-			out[i] = x
-		case *Dict:
-			e := &TraceEntry{}
-			for _, kv := range x.Items {
-				k, vv := valOf(kv.Key), valOf(kv.Value)
-				e.set(&k, &vv)
-			}
-			out[i] = e
-		default:
-			return nil, false
-		}
-	}
-	return out, true
-}
-
-func asTraces(v *val) ([][]*TraceEntry, bool) {
-	items, ok := listItems(v)
+		return out, true
+	})
 	if !ok {
 		return nil, false
 	}
-	out := make([][]*TraceEntry, len(items))
-	for i, it := range items {
-		l, ok := it.(*List)
-		if !ok {
-			return nil, false
+	return c.([]*Segment), true
+}
+
+func (d *decoder) asBlocks(v *val) ([]*Block, bool) {
+	l, ok := listOf(v)
+	if !ok {
+		return nil, false
+	}
+	c, ok := d.convert(l, func(items []Value) (any, bool) {
+		out := make([]*Block, len(items))
+		for i, it := range items {
+			switch x := it.(type) {
+			case *Block:
+				out[i] = x
+			case *Dict:
+				b := &Block{}
+				d.dictFields(x, func(k, v *val) { b.set(d, k, v) })
+				out[i] = b
+			default:
+				return nil, false
+			}
 		}
-		if out[i], ok = asEntries(l.Items); !ok {
-			return nil, false
+		return out, true
+	})
+	if !ok {
+		return nil, false
+	}
+	return c.([]*Block), true
+}
+
+func (d *decoder) asEntries(l *List) ([]*TraceEntry, bool) {
+	c, ok := d.convert(l, func(items []Value) (any, bool) {
+		out := make([]*TraceEntry, len(items))
+		for i, it := range items {
+			switch x := it.(type) {
+			case *TraceEntry:
+				out[i] = x
+			case *Dict:
+				e := &TraceEntry{}
+				d.dictFields(x, func(k, v *val) { e.set(d, k, v) })
+				out[i] = e
+			default:
+				return nil, false
+			}
+		}
+		return out, true
+	})
+	if !ok {
+		return nil, false
+	}
+	return c.([]*TraceEntry), true
+}
+
+func (d *decoder) asTraces(v *val) ([][]*TraceEntry, bool) {
+	l, ok := listOf(v)
+	if !ok {
+		return nil, false
+	}
+	c, ok := d.convert(l, func(items []Value) (any, bool) {
+		out := make([][]*TraceEntry, len(items))
+		for i, it := range items {
+			il, ok := it.(*List)
+			if !ok {
+				return nil, false
+			}
+			if out[i], ok = d.asEntries(il); !ok {
+				return nil, false
+			}
+		}
+		return out, true
+	})
+	if !ok {
+		return nil, false
+	}
+	return c.([][]*TraceEntry), true
+}
+
+// references counts the entries, segments, blocks and frame references the
+// snapshot holds, each shared one as often as it is referenced; it stops counting
+// past limit.
+func (s *Snapshot) references(limit int) int {
+	n := len(s.Segments)
+	for _, g := range s.Segments {
+		n += len(g.Frames) + len(g.Blocks)
+		for _, b := range g.Blocks {
+			n += len(b.Frames)
+		}
+		if n > limit {
+			return n
 		}
 	}
-	return out, true
+	for _, tr := range s.DeviceTraces {
+		n += len(tr)
+		if n > limit {
+			return n
+		}
+		for _, e := range tr {
+			n += len(e.Frames)
+		}
+		if n > limit {
+			return n
+		}
+	}
+	return n
 }

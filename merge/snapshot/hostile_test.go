@@ -204,3 +204,81 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// shortStr writes SHORT_BINUNICODE s.
+func shortStr(s string) []byte { return append([]byte{opSHORT_BINUNICODE, byte(len(s))}, s...) }
+
+func TestSharedListsStayLinear(t *testing.T) {
+	// "billion laughs": ten levels of lists, each holding the previous one ten times
+	// through the memo; decoding shares them, encoding must not expand them
+	var b bytes.Buffer
+	b.Write([]byte{opPROTO, 4, opEMPTY_DICT, opMARK})
+	b.Write(shortStr("device_traces"))
+	b.Write([]byte{opEMPTY_LIST})
+	b.Write(shortStr("x"))
+	b.Write([]byte{opEMPTY_LIST, opMEMOIZE, opSHORT_BINUNICODE, 1, 'y'})
+	for lvl := 1; lvl <= 10; lvl++ {
+		b.Write([]byte{opEMPTY_LIST, opMARK})
+		for i := 0; i < 10; i++ {
+			b.Write([]byte{opBINGET, byte(lvl - 1)})
+		}
+		b.Write([]byte{opAPPENDS, opMEMOIZE})
+		b.Write(shortStr("y"))
+	}
+	b.Write([]byte{opEMPTY_LIST})
+	// keys and values alternate: device_traces, x: L0, y: L1 ... y: L10, then the last "y": []
+	b.Write([]byte{opSETITEMS, opSTOP})
+	s, err := Decode(b.Bytes())
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	out, err := EncodeBytes(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) > 10*b.Len() {
+		t.Fatalf("encoding %d bytes of shared lists wrote %d bytes", b.Len(), len(out))
+	}
+
+	// a list that contains itself encodes (memoised), not recursing forever
+	self := []byte{opPROTO, 4, opEMPTY_DICT, opMARK}
+	self = append(self, shortStr("device_traces")...)
+	self = append(self, opEMPTY_LIST)
+	self = append(self, shortStr("loop")...)
+	self = append(self, opEMPTY_LIST, opMEMOIZE, opBINGET, 0, opAPPEND, opSETITEMS, opSTOP)
+	s, err = Decode(self)
+	if err != nil {
+		t.Fatalf("self-list: %v", err)
+	}
+	if _, err := EncodeBytes(s); err != nil {
+		t.Fatalf("self-list encode: %v", err)
+	}
+
+	// one trace shared by 100,000 devices: refused, not expanded
+	var c bytes.Buffer
+	c.Write([]byte{opPROTO, 4, opEMPTY_DICT, opMARK})
+	c.Write(shortStr("device_traces"))
+	c.Write([]byte{opEMPTY_LIST, opMARK, opEMPTY_LIST, opMEMOIZE, opMARK})
+	for i := 0; i < 1000; i++ {
+		c.Write([]byte{opEMPTY_DICT, opMARK})
+		c.Write(shortStr("action"))
+		c.Write(shortStr("alloc"))
+		c.Write([]byte{opSETITEMS})
+	}
+	c.Write([]byte{opAPPENDS})
+	for i := 0; i < 100000; i++ {
+		c.Write([]byte{opBINGET, 0})
+		if i%1000 == 998 {
+			c.Write([]byte{opAPPENDS, opMARK})
+		}
+	}
+	c.Write([]byte{opAPPENDS, opSETITEMS, opSTOP})
+	before := memAllocated()
+	_, err = Decode(c.Bytes())
+	if err == nil || !strings.Contains(err.Error(), "shared") {
+		t.Fatalf("shared traces: want a refusal, got %v", err)
+	}
+	if used := memAllocated() - before; used > 64<<20 {
+		t.Fatalf("shared traces allocated %d bytes for %d of input", used, c.Len())
+	}
+}
