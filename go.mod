@@ -5,6 +5,7 @@ go 1.26.0
 require github.com/minio/minio-go/v7 v7.4.1
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect

@@ -1,0 +1,510 @@
+package rankagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/snapshot"
+)
+
+// shortSocket returns a socket path short enough for a Unix socket.
+func shortSocket(t *testing.T) string {
+	d, err := os.MkdirTemp("", "ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return filepath.Join(d, "a.sock")
+}
+
+type harness struct {
+	agent   *Agent
+	cancel  context.CancelFunc
+	done    chan error
+	results chan UploadResult
+}
+
+func startAgent(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	if cfg.Socket == "" {
+		cfg.Socket = shortSocket(t)
+	}
+	if cfg.Spool == "" {
+		cfg.Spool = t.TempDir()
+	}
+	cfg.Logger = testutil.Logger(t)
+	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
+	h := &harness{done: make(chan error, 1), results: make(chan UploadResult, 16)}
+	cfg.OnUpload = func(r UploadResult) { h.results <- r }
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.agent, h.cancel = a, cancel
+	go func() { h.done <- a.Run(ctx) }()
+	testutil.Eventually(t, 5*time.Second, "the agent's socket", func() bool {
+		c, err := net.Dial("unix", cfg.Socket)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	t.Cleanup(h.stop)
+	return h
+}
+
+func (h *harness) stop() {
+	h.cancel()
+	select {
+	case <-h.done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+func testID(rank int) Identity {
+	return Identity{RunName: "run1", Rank: rank, LocalRank: rank, WorldSize: 4, LocalWorldSize: 4}
+}
+
+func replaySnapshot(t *testing.T) []byte {
+	b, err := os.ReadFile(testutil.Snapshot(t, "ddp4/rank2.5.memory_snapshot.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// runReplay starts a replay trainer against the agent.
+func runReplay(t *testing.T, h *harness, rank int) context.CancelFunc {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		Replay(ctx, ReplayConfig{Socket: h.agent.Socket(), Snapshot: replaySnapshot(t), Pace: 15 * time.Millisecond, Rank: rank, UUID: "GPU-test"})
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return cancel
+}
+
+// armAhead arms a window a few batches past the trainer's current batch.
+func armAhead(t *testing.T, h *harness, ahead, length int64) Window {
+	t.Helper()
+	testutil.Eventually(t, 5*time.Second, "the trainer's first batch", func() bool { return h.agent.Batch() >= 0 })
+	b := h.agent.Batch()
+	w, err := h.agent.Arm(b+ahead, b+ahead+length)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func waitUpload(t *testing.T, h *harness, timeout time.Duration) UploadResult {
+	t.Helper()
+	select {
+	case r := <-h.results:
+		return r
+	case <-time.After(timeout):
+		t.Fatalf("no upload within %v (stats %+v)", timeout, h.agent.Stats())
+	}
+	return UploadResult{}
+}
+
+// checkUploaded verifies the object under key: it decodes to the replayed events,
+// and its metadata's batch marks are exactly the window's batches.
+func checkUploaded(t *testing.T, st store.Store, key string, w Window) {
+	t.Helper()
+	ctx := context.Background()
+	b, err := store.ReadAll(ctx, st, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := snapshot.Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := snapshot.Decode(replaySnapshot(t))
+	if len(got.DeviceTraces[0]) != len(want.DeviceTraces[0]) {
+		t.Fatalf("uploaded %d events, replayed %d", len(got.DeviceTraces[0]), len(want.DeviceTraces[0]))
+	}
+	for i, e := range got.DeviceTraces[0] {
+		if e.Action != want.DeviceTraces[0][i].Action || e.Size != want.DeviceTraces[0][i].Size {
+			t.Fatalf("event %d differs", i)
+		}
+	}
+	mb, err := store.ReadAll(ctx, st, merge.MetaName(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := merge.ParseRankMeta(mb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta.Window == nil || meta.Window.Start != w.Start || meta.Window.Stop != w.Stop || int64(len(meta.Batches)) != w.Stop-w.Start {
+		t.Fatalf("meta window %+v with %d batch marks, want %v", meta.Window, len(meta.Batches), w)
+	}
+	for i, m := range meta.Batches {
+		if m.Batch != w.Start+int64(i) {
+			t.Fatalf("batch mark %d is batch %d", i, m.Batch)
+		}
+	}
+	// the events lie inside the recorded batches
+	first, last := got.DeviceTraces[0][0].TimeUS, got.DeviceTraces[0][len(got.DeviceTraces[0])-1].TimeUS
+	if first < meta.Batches[0].StartUS || last > meta.Batches[len(meta.Batches)-1].EndUS {
+		t.Fatalf("events [%d, %d] outside the window's batches [%d, %d]", first, last, meta.Batches[0].StartUS, meta.Batches[len(meta.Batches)-1].EndUS)
+	}
+}
+
+func TestAgentReplayFolderStore(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig(testID(2))
+	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
+	h := startAgent(t, cfg)
+	runReplay(t, h, 2)
+	w := armAhead(t, h, 3, 4)
+	r := waitUpload(t, h, 20*time.Second)
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	wantKey := fmt.Sprintf("run1/torch_memory_traces/rank2.%d.memory_snapshot.pickle", w.Stop)
+	if r.Key != wantKey {
+		t.Fatalf("uploaded as %q, want %q", r.Key, wantKey)
+	}
+	st, _ := store.OpenDir(dir, false)
+	checkUploaded(t, st, r.Key, w)
+	testutil.Eventually(t, 5*time.Second, "an empty spool", h.agent.Idle)
+	// a second window gets its own name
+	w2 := armAhead(t, h, 2, 2)
+	r2 := waitUpload(t, h, 20*time.Second)
+	if r2.Err != nil || r2.Key == r.Key || w2.ID != w.ID+1 {
+		t.Fatalf("second window: %+v (ids %d, %d)", r2, w.ID, w2.ID)
+	}
+}
+
+// flakyProxy forwards TCP to a real server and can be cut and restored.
+type flakyProxy struct {
+	ln     net.Listener
+	target string
+	down   atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+	bytes  atomic.Int64
+	cutAt  int64 // cut after this many bytes up, once
+}
+
+func newProxy(t *testing.T, target string) *flakyProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &flakyProxy{ln: ln, target: target}
+	go p.serve()
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	return p
+}
+
+func (p *flakyProxy) addr() string { return "http://" + p.ln.Addr().String() }
+
+func (p *flakyProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if p.down.Load() {
+			c.Close()
+			continue
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		go func() {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if p.cutAt > 0 && p.bytes.Add(int64(n)) > p.cutAt && !p.down.Load() {
+						p.down.Store(true)
+						p.cut()
+						return
+					}
+					if _, werr := s.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					s.Close()
+					return
+				}
+			}
+		}()
+		go func() { io.Copy(c, s); c.Close() }()
+	}
+}
+
+func (p *flakyProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// TestAgentMinIOStoreGoesAway records a window against a real MinIO reached
+// through a proxy that is cut in the middle of the upload and stays down for a
+// while: the snapshot waits in the spool and arrives whole once the store is back.
+func TestAgentMinIOStoreGoesAway(t *testing.T) {
+	m := testutil.RequireMinIO(t)
+	bucket := testutil.BucketName(t)
+	target := strings.TrimPrefix(m.Endpoint, "http://")
+	p := newProxy(t, target)
+	p.cutAt = 20 << 10 // cut once 20 KiB of the upload went up
+	scfg := store.Config{URL: "s3://" + bucket + "/jobs", Endpoint: p.addr(), CreateBucket: true,
+		Credentials: store.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}}
+	// create the bucket directly, so the proxy's byte count starts with the upload
+	if _, err := store.Open(testutil.Context(t, time.Minute), store.Config{URL: scfg.URL, Endpoint: m.Endpoint, CreateBucket: true, Credentials: scfg.Credentials}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig(testID(1))
+	cfg.OpenStore = func(ctx context.Context) (store.Store, error) { return store.Open(ctx, scfg) }
+	h := startAgent(t, cfg)
+	runReplay(t, h, 1)
+	w := armAhead(t, h, 2, 3)
+	testutil.Eventually(t, 20*time.Second, "the store to go away mid-upload", p.down.Load)
+	testutil.Eventually(t, 10*time.Second, "a failed attempt", func() bool { return h.agent.Stats().Retries > 0 })
+	// while the store is away the snapshot is in the spool
+	if jobs := h.agent.sp.pendingJobs(); len(jobs) != 1 {
+		t.Fatalf("%d jobs in the spool while the store is away", len(jobs))
+	}
+	time.Sleep(300 * time.Millisecond) // a few more failed attempts, on purpose
+	p.cutAt = 0
+	p.down.Store(false)
+	r := waitUpload(t, h, 30*time.Second)
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	st, err := store.Open(context.Background(), store.Config{URL: scfg.URL, Endpoint: m.Endpoint, Credentials: scfg.Credentials})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkUploaded(t, st, r.Key, w)
+	info, err := st.Stat(context.Background(), r.Key)
+	if err != nil || info.SHA256 != r.SHA256 {
+		t.Fatalf("stored checksum %q, spooled %q (%v)", info.SHA256, r.SHA256, err)
+	}
+	testutil.Eventually(t, 5*time.Second, "an empty spool", h.agent.Idle)
+}
+
+// TestSpoolSurvivesRestart: an agent stopped with a snapshot still in its spool
+// uploads it when it starts again.
+func TestSpoolSurvivesRestart(t *testing.T) {
+	spoolDir := t.TempDir()
+	var allow atomic.Bool
+	dir := t.TempDir()
+	cfg := DefaultConfig(testID(3))
+	cfg.Spool = spoolDir
+	cfg.OpenStore = func(context.Context) (store.Store, error) {
+		if !allow.Load() {
+			return nil, fmt.Errorf("%w: test store is down", store.ErrUnreachable)
+		}
+		return store.OpenDir(dir, true)
+	}
+	h := startAgent(t, cfg)
+	runReplay(t, h, 3)
+	w := armAhead(t, h, 2, 2)
+	testutil.Eventually(t, 20*time.Second, "a spooled snapshot", func() bool { return len(h.agent.sp.pendingJobs()) == 1 })
+	h.stop()
+	allow.Store(true)
+	h2 := startAgent(t, cfg)
+	r := waitUpload(t, h2, 20*time.Second)
+	if r.Err != nil || !strings.HasSuffix(r.Key, fmt.Sprintf("rank3.%d.memory_snapshot.pickle", w.Stop)) {
+		t.Fatalf("after restart: %+v", r)
+	}
+	st, _ := store.OpenDir(dir, false)
+	checkUploaded(t, st, r.Key, w)
+}
+
+// TestExistingObjectIsKept: without overwrite, a name that exists is not replaced;
+// the snapshot is kept in the spool's failed folder.
+func TestExistingObjectIsKept(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig(testID(0))
+	cfg.Filename = "fixed"
+	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
+	os.MkdirAll(filepath.Join(dir, "run1", "torch_memory_traces"), 0o755)
+	os.WriteFile(filepath.Join(dir, "run1", "torch_memory_traces", "fixed.pickle"), []byte("older"), 0o644)
+	h := startAgent(t, cfg)
+	runReplay(t, h, 0)
+	armAhead(t, h, 2, 2)
+	r := waitUpload(t, h, 20*time.Second)
+	if !errors.Is(r.Err, store.ErrExists) {
+		t.Fatalf("want ErrExists, got %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "run1", "torch_memory_traces", "fixed.pickle")); string(b) != "older" {
+		t.Fatal("the existing object was replaced")
+	}
+	failed, _ := filepath.Glob(filepath.Join(h.agent.cfg.Spool, "failed", "*", "snapshot.pickle"))
+	if len(failed) != 1 {
+		t.Fatalf("the refused snapshot is not kept in the spool: %v", failed)
+	}
+}
+
+func TestGarbageOnSocket(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig(testID(1))
+	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
+	h := startAgent(t, cfg)
+	st, err := os.Stat(h.agent.Socket())
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v (%v), want 0600", st.Mode().Perm(), err)
+	}
+	garbage := [][]byte{
+		[]byte("\x00\x01\x02\xff\xfe\n"),
+		[]byte("not json\n"),
+		[]byte(`{"type":"batch","batch":3}` + "\n"), // before hello
+		[]byte(`{"v":1,"type":"hello","pid":1}` + "\n" + `{"type":"snapshot","window":1,"reason":"window","file":"../../etc/passwd"}` + "\n"),
+		[]byte(`{"v":1,"type":"hello","pid":1}` + "\n" + `{"type":"snapshot","window":99,"reason":"window","file":"nothere.pickle"}` + "\n"),
+		[]byte(`{"v":2,"type":"hello","pid":1}` + "\n"),
+		[]byte(`{"v":1,"type":"hello","pid":1,"evil":true}` + "\n"),
+		append([]byte(`{"v":1,"type":"hello","pid":1,"hook":"`), append([]byte(strings.Repeat("A", 200<<10)), []byte(`"}`+"\n")...)...),
+		[]byte(`{"v":1,"type":"hello","pid":1}` + "\n" + `{"type":"batch","batch":-5}` + "\n"),
+		[]byte(`{"v":1,"type":"hello","pid":1}` + "\n" + `[1,2,3]` + "\n"),
+	}
+	for i, g := range garbage {
+		c, err := net.Dial("unix", h.agent.Socket())
+		if err != nil {
+			t.Fatalf("garbage %d: the agent stopped accepting: %v", i, err)
+		}
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		c.Write(g)
+		io.Copy(io.Discard, c) // the agent answers and closes, or closes
+		c.Close()
+	}
+	// a garbage file in the spool's incoming folder is refused when announced
+	os.WriteFile(filepath.Join(h.agent.sp.incoming(), "junk.pickle"), []byte("junk"), 0o600)
+	c, _ := net.Dial("unix", h.agent.Socket())
+	c.Write([]byte(`{"v":1,"type":"hello","pid":1}` + "\n"))
+	c.Write([]byte(`{"type":"snapshot","window":7,"reason":"window","file":"junk.pickle"}` + "\n"))
+	time.Sleep(100 * time.Millisecond)
+	c.Close()
+	if n := len(h.agent.sp.pendingJobs()); n != 0 {
+		t.Fatalf("garbage made %d spool jobs", n)
+	}
+	// and after all that, a real trainer still records and uploads
+	runReplay(t, h, 1)
+	armAhead(t, h, 2, 2)
+	if r := waitUpload(t, h, 20*time.Second); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+}
+
+func TestArmErrors(t *testing.T) {
+	cfg := DefaultConfig(testID(0))
+	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(t.TempDir(), true) }
+	h := startAgent(t, cfg)
+	if _, err := h.agent.Arm(5, 5); err == nil {
+		t.Fatal("an empty window was armed")
+	}
+	if _, err := h.agent.Arm(-1, 3); err == nil {
+		t.Fatal("a negative window was armed")
+	}
+	runReplay(t, h, 0)
+	testutil.Eventually(t, 5*time.Second, "batches", func() bool { return h.agent.Batch() >= 2 })
+	if _, err := h.agent.Arm(0, 2); err == nil || !strings.Contains(err.Error(), "past the window's start") {
+		t.Fatalf("a window in the past: %v", err)
+	}
+}
+
+func TestConfigRefusesUnknownTemplateVariables(t *testing.T) {
+	cfg := DefaultConfig(testID(0))
+	cfg.OpenStore = func(context.Context) (store.Store, error) { return nil, nil }
+	cfg.Spool = t.TempDir()
+	cfg.Filename = "rank{rank}.{sample}"
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "{sample}") {
+		t.Fatalf("want an error naming {sample}, got %v", err)
+	}
+	cfg.Filename = "rank{rank"
+	if _, err := New(cfg); err == nil {
+		t.Fatal("an unclosed brace was accepted")
+	}
+}
+
+func TestIdentityFromEnv(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	cases := []struct {
+		name string
+		env  func(string) string
+		want Identity
+		ok   bool
+		err  bool
+	}{
+		{"torchrun", env("RANK", "5", "LOCAL_RANK", "1", "WORLD_SIZE", "8", "LOCAL_WORLD_SIZE", "4", "GROUP_RANK", "1", "TORCHELASTIC_RUN_ID", "job9"),
+			Identity{RunName: "job9", Rank: 5, LocalRank: 1, NodeRank: 1, WorldSize: 8, LocalWorldSize: 4, Launcher: "torchrun"}, true, false},
+		{"slurm", env("SLURM_PROCID", "3", "SLURM_LOCALID", "1", "SLURM_NTASKS", "4", "SLURM_NODEID", "1", "SLURM_JOB_ID", "777", "SLURM_NTASKS_PER_NODE", "2(x2)"),
+			Identity{RunName: "777", Rank: 3, LocalRank: 1, NodeRank: 1, WorldSize: 4, LocalWorldSize: 2, Launcher: "slurm"}, true, false},
+		{"mpi", env("OMPI_COMM_WORLD_RANK", "2", "OMPI_COMM_WORLD_LOCAL_RANK", "0", "OMPI_COMM_WORLD_SIZE", "3", "OMPI_COMM_WORLD_LOCAL_SIZE", "1", "MEMSNAP_RUN_NAME", "r"),
+			Identity{RunName: "r", Rank: 2, LocalRank: 0, WorldSize: 3, LocalWorldSize: 1, Launcher: "mpi"}, true, false},
+		{"none", env(), Identity{}, false, false},
+		{"bad", env("RANK", "x", "WORLD_SIZE", "2"), Identity{}, true, true},
+		{"outside", env("RANK", "4", "WORLD_SIZE", "2"), Identity{}, true, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			id, ok, err := IdentityFromEnv(c.env)
+			if ok != c.ok || (err != nil) != c.err || (!c.err && id != c.want) {
+				t.Fatalf("got %+v ok=%v err=%v", id, ok, err)
+			}
+		})
+	}
+}
+
+func FuzzParseMessage(f *testing.F) {
+	for _, s := range []string{
+		`{"v":1,"type":"hello","pid":12,"rank":0,"device_uuid":"GPU-x","torch":"2.11"}`,
+		`{"type":"batch","batch":3,"t_us":1}`,
+		`{"type":"snapshot","window":1,"reason":"window","file":"a.pickle","batches":[{"batch":2,"start_us":1,"end_us":2}]}`,
+		`{"type":"error","window":1,"message":"x"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseMessage(b)
+		if err != nil {
+			return
+		}
+		if m.Type == "snapshot" {
+			if checkSpoolName(m.File) != nil || strings.Contains(m.File, "/") {
+				t.Fatalf("accepted file %q", m.File)
+			}
+		}
+		if _, err := json.Marshal(m); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -1,0 +1,140 @@
+package rankagent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Identity is who a rank is in its job.
+type Identity struct {
+	RunName        string
+	Rank           int
+	LocalRank      int
+	NodeRank       int
+	WorldSize      int
+	LocalWorldSize int
+	Launcher       string // torchrun, slurm, mpi, flags
+}
+
+// IdentityFromEnv reads the launcher's environment: torchrun (RANK, LOCAL_RANK,
+// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RUN_ID), SLURM
+// (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID, SLURM_JOB_ID) or Open MPI
+// (OMPI_COMM_WORLD_*). It returns ok=false when none is set.
+func IdentityFromEnv(getenv func(string) string) (Identity, bool, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	num := func(name string, dflt int) (int, error) {
+		v := strings.TrimSpace(getenv(name))
+		if v == "" {
+			return dflt, nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("rankagent: %s=%q is not a non-negative integer", name, v)
+		}
+		return n, nil
+	}
+	var id Identity
+	var err error
+	set := func(dst *int, name string, dflt int) {
+		if err == nil {
+			*dst, err = num(name, dflt)
+		}
+	}
+	switch {
+	case getenv("RANK") != "" && getenv("WORLD_SIZE") != "":
+		id.Launcher = "torchrun"
+		set(&id.Rank, "RANK", 0)
+		set(&id.LocalRank, "LOCAL_RANK", 0)
+		set(&id.WorldSize, "WORLD_SIZE", 1)
+		set(&id.LocalWorldSize, "LOCAL_WORLD_SIZE", 1)
+		set(&id.NodeRank, "GROUP_RANK", 0)
+		if getenv("GROUP_RANK") == "" {
+			set(&id.NodeRank, "NODE_RANK", 0)
+		}
+		id.RunName = getenv("TORCHELASTIC_RUN_ID")
+	case getenv("SLURM_PROCID") != "":
+		id.Launcher = "slurm"
+		set(&id.Rank, "SLURM_PROCID", 0)
+		set(&id.LocalRank, "SLURM_LOCALID", 0)
+		set(&id.WorldSize, "SLURM_NTASKS", 1)
+		set(&id.NodeRank, "SLURM_NODEID", 0)
+		id.LocalWorldSize = slurmTasksPerNode(getenv("SLURM_NTASKS_PER_NODE"), getenv("SLURM_TASKS_PER_NODE"))
+		id.RunName = getenv("SLURM_JOB_ID")
+	case getenv("OMPI_COMM_WORLD_RANK") != "":
+		id.Launcher = "mpi"
+		set(&id.Rank, "OMPI_COMM_WORLD_RANK", 0)
+		set(&id.LocalRank, "OMPI_COMM_WORLD_LOCAL_RANK", 0)
+		set(&id.WorldSize, "OMPI_COMM_WORLD_SIZE", 1)
+		set(&id.LocalWorldSize, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
+		set(&id.NodeRank, "OMPI_COMM_WORLD_NODE_RANK", 0)
+	default:
+		return id, false, nil
+	}
+	if err != nil {
+		return id, true, err
+	}
+	if v := firstEnv(getenv, "MEMSNAP_RUN_NAME", "COMPOSER_RUN_NAME", "RUN_NAME"); v != "" {
+		id.RunName = v
+	}
+	return id, true, id.Check()
+}
+
+func firstEnv(getenv func(string) string, names ...string) string {
+	for _, n := range names {
+		if v := getenv(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+var slurmCount = regexp.MustCompile(`^(\d+)`)
+
+func slurmTasksPerNode(vals ...string) int {
+	for _, v := range vals {
+		if m := slurmCount.FindStringSubmatch(v); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			return n
+		}
+	}
+	return 1
+}
+
+// Check refuses an inconsistent identity.
+func (id Identity) Check() error {
+	switch {
+	case id.WorldSize < 1:
+		return fmt.Errorf("rankagent: world size %d", id.WorldSize)
+	case id.Rank >= id.WorldSize:
+		return fmt.Errorf("rankagent: rank %d is outside world size %d", id.Rank, id.WorldSize)
+	case id.LocalWorldSize > 0 && id.LocalRank >= id.LocalWorldSize:
+		return fmt.Errorf("rankagent: local rank %d is outside local world size %d", id.LocalRank, id.LocalWorldSize)
+	}
+	return nil
+}
+
+var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9_.-]+`)
+
+// DefaultSocketPath is where the agent listens for its trainer, and where the hook
+// looks when MEMSNAP_SOCKET is not set: one socket per run and local rank, inside a
+// folder only the user can enter. The hook computes the same path.
+func DefaultSocketPath(runName string, localRank int) string {
+	base := os.Getenv("XDG_RUNTIME_DIR")
+	if base == "" {
+		base = os.TempDir()
+	}
+	run := unsafeChars.ReplaceAllString(runName, "_")
+	if run == "" {
+		run = "default"
+	}
+	if len(run) > 40 {
+		run = run[:40]
+	}
+	return filepath.Join(base, fmt.Sprintf("memsnap-%d", os.Getuid()), fmt.Sprintf("%s.%d.sock", run, localRank))
+}

@@ -1,0 +1,143 @@
+package rankagent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+)
+
+// The trainer socket protocol, version 1: newline-delimited JSON objects over a Unix
+// socket, at most MaxLine bytes each. See the README for the full description.
+const (
+	ProtocolVersion = 1
+	MaxLine         = 64 << 10
+)
+
+// Message is any message on the trainer socket; which fields apply depends on Type.
+type Message struct {
+	V    int    `json:"v,omitempty"`
+	Type string `json:"type"`
+
+	// hello (hook -> agent)
+	PID        int    `json:"pid,omitempty"`
+	Rank       *int   `json:"rank,omitempty"`
+	LocalRank  *int   `json:"local_rank,omitempty"`
+	DeviceUUID string `json:"device_uuid,omitempty"`
+	Torch      string `json:"torch,omitempty"`
+	Hook       string `json:"hook,omitempty"`
+
+	// batch (hook -> agent): the batch the trainer is in
+	Batch  *int64 `json:"batch,omitempty"`
+	TimeUS int64  `json:"t_us,omitempty"`
+
+	// snapshot / error (hook -> agent)
+	Window  uint64      `json:"window,omitempty"`
+	Reason  string      `json:"reason,omitempty"` // "window" or "oom"
+	File    string      `json:"file,omitempty"`   // a base name inside the spool's incoming folder
+	Batches []BatchMark `json:"batches,omitempty"`
+	Message string      `json:"message,omitempty"`
+
+	// welcome / window / cancel (agent -> hook)
+	Spool      string `json:"spool,omitempty"`
+	ID         uint64 `json:"id,omitempty"`
+	Start      int64  `json:"start,omitempty"`
+	Stop       int64  `json:"stop,omitempty"`
+	MaxEntries int    `json:"max_entries,omitempty"`
+	Stacks     string `json:"stacks,omitempty"`
+}
+
+// BatchMark is one batch's wall-clock start and end, in microseconds.
+type BatchMark struct {
+	Batch   int64 `json:"batch"`
+	StartUS int64 `json:"start_us"`
+	EndUS   int64 `json:"end_us"`
+}
+
+// ErrProtocol is wrapped by every refusal of a trainer message.
+var ErrProtocol = errors.New("rankagent: bad trainer message")
+
+// ParseMessage parses and validates one line from the trainer. Anything malformed
+// is refused with ErrProtocol; the agent drops such a connection and runs on.
+func ParseMessage(line []byte) (*Message, error) {
+	if len(line) > MaxLine {
+		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrProtocol, len(line), MaxLine)
+	}
+	var m Message
+	dec := json.NewDecoder(strings.NewReader(string(line)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: more than one value on a line", ErrProtocol)
+	}
+	bad := func(format string, a ...any) (*Message, error) {
+		return nil, fmt.Errorf("%w: %s: %s", ErrProtocol, m.Type, fmt.Sprintf(format, a...))
+	}
+	switch m.Type {
+	case "hello":
+		if m.V != ProtocolVersion {
+			return bad("protocol version %d, this agent speaks %d", m.V, ProtocolVersion)
+		}
+		if m.PID <= 0 {
+			return bad("pid %d", m.PID)
+		}
+		if (m.Rank != nil && *m.Rank < 0) || (m.LocalRank != nil && *m.LocalRank < 0) {
+			return bad("negative rank")
+		}
+		if len(m.DeviceUUID) > 128 || len(m.Torch) > 128 || len(m.Hook) > 128 {
+			return bad("a field is too long")
+		}
+	case "batch":
+		if m.Batch == nil || *m.Batch < 0 {
+			return bad("needs a batch >= 0")
+		}
+	case "snapshot":
+		if m.Reason != "window" && m.Reason != "oom" {
+			return bad("reason %q (window or oom)", m.Reason)
+		}
+		if err := checkSpoolName(m.File); err != nil {
+			return bad("%v", err)
+		}
+		if m.Reason == "window" && m.Window == 0 {
+			return bad("no window id")
+		}
+		if len(m.Batches) > 1<<16 {
+			return bad("%d batch marks", len(m.Batches))
+		}
+		for i, b := range m.Batches {
+			if b.Batch < 0 || b.EndUS < b.StartUS || (i > 0 && b.Batch <= m.Batches[i-1].Batch) {
+				return bad("batch mark %d is not increasing or ends before it starts", i)
+			}
+		}
+	case "error":
+		if len(m.Message) > 4096 {
+			m.Message = m.Message[:4096]
+		}
+	default:
+		return bad("unknown message type")
+	}
+	return &m, nil
+}
+
+// checkSpoolName accepts only a plain file name: no folders, no way out of the spool.
+func checkSpoolName(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return fmt.Errorf("file %q", name)
+	case len(name) > 200:
+		return fmt.Errorf("file name of %d bytes", len(name))
+	case strings.ContainsAny(name, "/\\\x00") || filepath.Base(name) != name:
+		return fmt.Errorf("file %q is not a plain name", name)
+	case strings.HasPrefix(name, "."):
+		return fmt.Errorf("file %q is hidden", name)
+	}
+	return nil
+}
+
+func encodeMessage(m *Message) []byte {
+	b, _ := json.Marshal(m)
+	return append(b, '\n')
+}
