@@ -1,0 +1,609 @@
+"""memsnap trainer hook: records this rank's CUDA allocations over the batch windows
+its memsnap agent asks for.
+
+Import it in the training script and report batch boundaries; everything else runs
+in a background thread and never blocks the training step:
+
+    import memsnap_hook
+    for batch, data in enumerate(loader):
+        with memsnap_hook.step(batch):
+            train_step(data)
+
+or ``memsnap_hook.batch_start(b)`` / ``memsnap_hook.batch_end(b)``, or one of the
+callbacks: ``composer_callback(...)`` (the arguments of Composer's MemorySnapshot),
+``lightning_callback()``, ``hf_callback()``. Importing this module needs only the
+standard library; torch is imported when a window starts.
+
+The hook connects to the agent's Unix socket ($MEMSNAP_SOCKET, or the default path
+for this run and local rank), says hello, and reports the current batch. When the
+agent sends a window [start, stop), the hook turns allocator history on at the start
+of batch ``start``, dumps ``torch.cuda.memory._snapshot()`` after batch ``stop - 1``,
+turns history off, writes the snapshot into the agent's spool and tells the agent,
+with the wall-clock start and end of every batch in the window. It also attaches
+torch's OOM observer and dumps a snapshot when an OOM happens. If the agent is absent
+or dies, training goes on untouched and the hook reconnects when it returns.
+
+Protocol: newline-delimited JSON, version 1 (see the memsnap README).
+"""
+
+import json
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+
+__all__ = [
+    "Hook", "get_hook", "batch_start", "batch_end", "step",
+    "composer_callback", "lightning_callback", "hf_callback", "default_socket_path",
+]
+
+PROTOCOL_VERSION = 1
+HOOK_VERSION = "memsnap-hook/1"
+MAX_LINE = 64 << 10
+
+
+def _now_us():
+    return time.time_ns() // 1000
+
+
+def _env_int(*names, default=0):
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                pass
+    return default
+
+
+def _run_name():
+    for n in ("MEMSNAP_RUN_NAME", "COMPOSER_RUN_NAME", "RUN_NAME", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        v = os.environ.get(n)
+        if v:
+            return v
+    return "memsnap"
+
+
+def _local_rank():
+    return _env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+
+
+def _rank():
+    return _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+
+
+def default_socket_path(run_name=None, local_rank=None):
+    """The agent's default socket path; the Go agent computes the same one."""
+    import re
+    import tempfile
+    run = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_name if run_name is not None else _run_name()) or "default"
+    run = run[:40]
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    lr = _local_rank() if local_rank is None else local_rank
+    return os.path.join(base, "memsnap-%d" % os.getuid(), "%s.%d.sock" % (run, lr))
+
+
+class _Torch:
+    """The parts of torch the hook uses, looked up once, lazily."""
+
+    def __init__(self):
+        self._t = None
+
+    @property
+    def torch(self):
+        if self._t is None:
+            import torch  # noqa: WPS433 (imported on first use)
+            self._t = torch
+        return self._t
+
+    def legacy(self):
+        import inspect
+        fn = self.torch.cuda.memory._record_memory_history
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return False
+        return "max_entries" not in params
+
+    def start(self, max_entries, stacks):
+        mem = self.torch.cuda.memory
+        if self.legacy():
+            mem._record_memory_history(True, trace_alloc_max_entries=max_entries, trace_alloc_record_context=True)
+        else:
+            mem._record_memory_history(enabled="all", context="all", stacks=stacks, max_entries=max_entries)
+
+    def stop(self):
+        mem = self.torch.cuda.memory
+        if self.legacy():
+            mem._record_memory_history(False)
+        else:
+            mem._record_memory_history(enabled=None)
+
+    def snapshot(self):
+        return self.torch.cuda.memory._snapshot()
+
+    def device_uuid(self):
+        try:
+            t = self.torch
+            if not t.cuda.is_available():
+                return ""
+            u = getattr(t.cuda.get_device_properties(t.cuda.current_device()), "uuid", "")
+            return str(u) if u else ""
+        except Exception:  # a hook must never break training
+            return ""
+
+    def version(self):
+        try:
+            return str(self.torch.__version__)
+        except Exception:
+            return ""
+
+
+class Hook:
+    """One training process's link to its memsnap agent."""
+
+    def __init__(self, socket_path=None, connect=True, torch_api=None):
+        self.socket_path = socket_path or os.environ.get("MEMSNAP_SOCKET") or default_socket_path()
+        self._torch = torch_api or _Torch()
+        self._lock = threading.Lock()
+        self._sock = None
+        self._spool = None
+        self._window = None       # dict from the agent: id, start, stop, max_entries, stacks
+        self._recording = None    # the window being recorded
+        self._marks = []          # [batch, start_us, end_us] inside the recording window
+        self._cur_start = 0
+        self._batch = -1
+        self._sent_batch = -1
+        self._outbox = []
+        self._closed = False
+        self._oom_attached = False
+        self._wake = threading.Event()
+        self.errors = []          # what went wrong, for tests and logs
+        self._thread = None
+        if connect:
+            self._thread = threading.Thread(target=self._run, name="memsnap-hook", daemon=True)
+            self._thread.start()
+
+    # --- the training thread: cheap, never blocks ---------------------------------
+
+    def batch_start(self, batch):
+        """Call at the start of batch ``batch`` (0-based)."""
+        self._batch = batch
+        w = self._window
+        if w is None and self._recording is None:
+            return
+        now = _now_us()
+        if self._recording is None and w is not None:
+            if batch == w["start"]:
+                try:
+                    self._torch.start(w.get("max_entries") or 100000, w.get("stacks") or "python")
+                    self._attach_oom()
+                except Exception as e:  # recording failed: tell the agent, train on
+                    self._window = None
+                    self._send({"type": "error", "window": w["id"], "message": "could not start recording: %r" % (e,)})
+                    return
+                self._recording, self._marks = w, []
+            elif batch > w["start"]:
+                self._window = None
+                self._send({"type": "error", "window": w["id"],
+                            "message": "window start %d already passed (batch %d)" % (w["start"], batch)})
+                return
+        if self._recording is not None:
+            self._cur_start = now
+
+    def batch_end(self, batch):
+        """Call at the end of batch ``batch``."""
+        w = self._recording
+        if w is None:
+            return
+        self._marks.append({"batch": batch, "start_us": self._cur_start, "end_us": _now_us()})
+        if batch >= w["stop"] - 1:
+            self._recording, self._window = None, None
+            try:
+                snap = self._torch.snapshot()
+            except Exception as e:
+                snap = None
+                self._send({"type": "error", "window": w["id"], "message": "could not take the snapshot: %r" % (e,)})
+            try:
+                self._torch.stop()
+            except Exception:
+                pass
+            if snap is not None:
+                marks, self._marks = self._marks, []
+                # pickling and writing happen on the hook's thread, not here
+                with self._lock:
+                    self._outbox.append(("dump", w["id"], "window", snap, marks))
+                self._wake.set()
+
+    def step(self, batch):
+        """A context manager around one training step."""
+        return _Step(self, batch)
+
+    # --- OOM --------------------------------------------------------------------
+
+    def _attach_oom(self):
+        if self._oom_attached:
+            return
+        attach = getattr(getattr(self._torch.torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
+        if attach is None:
+            return
+        attach(self._on_oom)
+        self._oom_attached = True
+
+    def attach_oom_observer(self):
+        """Dump a snapshot whenever an OOM happens (done at the first window, too)."""
+        try:
+            self._attach_oom()
+        except Exception as e:
+            self.errors.append("oom observer: %r" % (e,))
+
+    def _on_oom(self, device, alloc, device_alloc, device_free):
+        try:
+            snap = self._torch.snapshot()
+            # written now: the process may not live long after an OOM
+            self._dump(0, "oom", snap, [])
+        except Exception as e:
+            self.errors.append("oom dump: %r" % (e,))
+
+    # --- the hook's thread --------------------------------------------------------
+
+    def _send(self, msg):
+        with self._lock:
+            self._outbox.append(("msg", msg))
+        self._wake.set()
+
+    def _connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(1.0)
+            s.connect(self.socket_path)
+        except OSError:
+            s.close()
+            raise
+        s.settimeout(0.05)
+        hello = {"v": PROTOCOL_VERSION, "type": "hello", "pid": os.getpid(), "rank": _rank(),
+                 "local_rank": _local_rank(), "hook": HOOK_VERSION}
+        uuid = self._torch.device_uuid() if "torch" in sys.modules else ""
+        if uuid:
+            hello["device_uuid"] = uuid
+        v = self._torch.version() if "torch" in sys.modules else ""
+        if v:
+            hello["torch"] = v
+        s.sendall((json.dumps(hello) + "\n").encode())
+        self._sock, self._sent_batch = s, -1
+
+    def _drop(self):
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = None
+
+    def _run(self):
+        buf = b""
+        backoff = 0.2
+        while not self._closed:
+            if self._sock is None:
+                try:
+                    self._connect()
+                    buf, backoff = b"", 0.2
+                except OSError:
+                    self._drop()
+                    self._flush(connected=False)
+                    self._wake.wait(backoff)
+                    self._wake.clear()
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+            try:
+                if self._batch != self._sent_batch:
+                    b = self._batch
+                    self._sock.sendall((json.dumps({"type": "batch", "batch": b, "t_us": _now_us()}) + "\n").encode())
+                    self._sent_batch = b
+                self._flush(connected=True)
+                try:
+                    chunk = self._sock.recv(65536)
+                    if not chunk:
+                        raise OSError("agent closed the connection")
+                    buf += chunk
+                    if len(buf) > MAX_LINE and b"\n" not in buf:
+                        raise OSError("agent sent an overlong line")
+                    while b"\n" in buf:
+                        line, buf = buf.split(b"\n", 1)
+                        self._on_message(line)
+                except socket.timeout:
+                    pass
+            except OSError as e:
+                self.errors.append("connection: %r" % (e,))
+                self._drop()
+                # a window in flight stays armed; the agent re-sends it on reconnect
+            self._wake.wait(0.05)
+            self._wake.clear()
+        self._drop()
+
+    def _flush(self, connected):
+        with self._lock:
+            items, self._outbox = self._outbox, []
+        keep = []
+        for it in items:
+            if it[0] == "dump":
+                _, wid, reason, snap, marks = it
+                try:
+                    self._dump(wid, reason, snap, marks, send=connected)
+                except Exception as e:
+                    self.errors.append("dump: %r" % (e,))
+                    if not connected:
+                        keep.append(it)
+            elif connected:
+                self._sock.sendall((json.dumps(it[1]) + "\n").encode())
+            else:
+                keep.append(it)
+        if keep:
+            with self._lock:
+                self._outbox = keep + self._outbox
+
+    def _dump(self, window_id, reason, snap, marks, send=True):
+        spool = self._spool
+        if spool is None:
+            raise OSError("no spool folder from the agent yet")
+        name = "rank%d.%s%d.%d.pickle" % (_rank(), "w" if reason == "window" else "oom", window_id, time.time_ns())
+        tmp = os.path.join(spool, "." + name)
+        with open(tmp, "wb") as f:
+            pickle.dump(snap, f, protocol=4)
+        os.rename(tmp, os.path.join(spool, name))
+        msg = {"type": "snapshot", "window": window_id, "reason": reason, "file": name, "batches": marks}
+        if send and self._sock is not None and threading.current_thread() is self._thread:
+            self._sock.sendall((json.dumps(msg) + "\n").encode())
+        else:
+            self._send(msg)
+
+    def _on_message(self, line):
+        try:
+            m = json.loads(line)
+        except ValueError:
+            self.errors.append("agent sent something that is not JSON")
+            return
+        if not isinstance(m, dict):
+            return
+        t = m.get("type")
+        if t == "welcome":
+            sp = m.get("spool")
+            if isinstance(sp, str) and os.path.isdir(sp):
+                self._spool = sp
+        elif t == "window":
+            try:
+                w = {"id": int(m["id"]), "start": int(m["start"]), "stop": int(m["stop"]),
+                     "max_entries": int(m.get("max_entries") or 100000), "stacks": str(m.get("stacks") or "python")}
+            except (KeyError, TypeError, ValueError):
+                self.errors.append("agent sent a malformed window")
+                return
+            if w["stop"] > w["start"] >= 0 and (self._recording is None or self._recording["id"] != w["id"]):
+                self._window = w
+        elif t == "cancel":
+            w = self._window
+            if w is not None and w["id"] == m.get("id"):
+                self._window = None
+        elif t == "error":
+            self.errors.append("agent: %s" % (m.get("message"),))
+
+    def close(self, timeout=5.0):
+        """Finish pending dumps (up to timeout seconds) and stop the thread."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self._lock:
+                empty = not self._outbox
+            if empty:
+                break
+            self._wake.set()
+            time.sleep(0.02)
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(0.0, deadline - time.time()) + 1.0)
+
+
+class _Step:
+    __slots__ = ("hook", "batch")
+
+    def __init__(self, hook, batch):
+        self.hook, self.batch = hook, batch
+
+    def __enter__(self):
+        self.hook.batch_start(self.batch)
+        return self
+
+    def __exit__(self, *exc):
+        self.hook.batch_end(self.batch)
+        return False
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def get_hook():
+    """The process-wide hook, created on first use."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Hook()
+    return _default
+
+
+def batch_start(batch):
+    get_hook().batch_start(batch)
+
+
+def batch_end(batch):
+    get_hook().batch_end(batch)
+
+
+def step(batch):
+    return get_hook().step(batch)
+
+
+# --- framework callbacks -------------------------------------------------------
+
+
+def _agent_present(path=None):
+    p = path or os.environ.get("MEMSNAP_SOCKET") or default_socket_path()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(0.5)
+        s.connect(p)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+class _ComposerLike:
+    """Composer's MemorySnapshot, driven by the memsnap agent when one is present.
+
+    With an agent, windows come from the agent (``memsnap agent --window`` or the
+    leader) and the snapshot goes to the agent's store. With none, it behaves as
+    Composer's own callback: it records ``interval`` batches after ``skip_batches``
+    and writes ``folder/filename.pickle`` (and uploads it through Composer's logger
+    when ``remote_file_name`` is set and a logger is given)."""
+
+    def __init__(self, skip_batches=1, interval="3ba", max_entries=100000, folder="{run_name}/torch_traces",
+                 filename="rank{rank}.{batch}.memory_snapshot", remote_file_name="{run_name}/torch_memory_traces",
+                 overwrite=False, hook=None):
+        self.skip_batches = int(skip_batches)
+        iv = str(interval).strip()
+        self.interval = int(iv[:-2] if iv.endswith("ba") else iv)
+        if self.interval <= 0:
+            raise ValueError("interval must be a positive number of batches")
+        self.max_entries = int(max_entries)
+        self.folder, self.filename = folder, filename
+        self.remote_file_name, self.overwrite = remote_file_name, overwrite
+        self._hook = hook
+        self._standalone = None
+        self._cur = 0
+
+    def _get_hook(self):
+        if self._hook is None:
+            if _agent_present():
+                self._hook = get_hook()
+                self._standalone = False
+            else:
+                self._hook = Hook(connect=False)
+                self._standalone = True
+                start = self.skip_batches
+                self._hook._window = {"id": 1, "start": start, "stop": start + self.interval,
+                                      "max_entries": self.max_entries, "stacks": "python"}
+        return self._hook
+
+    def _fmt(self, s, state, batch):
+        run = getattr(state, "run_name", None) or _run_name()
+        return s.format(run_name=run, rank=_rank(), local_rank=_local_rank(),
+                        node_rank=_env_int("GROUP_RANK", "SLURM_NODEID", "OMPI_COMM_WORLD_NODE_RANK"),
+                        world_size=_env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", default=1),
+                        local_world_size=_env_int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1),
+                        batch=batch, epoch=0)
+
+    def on_batch_start(self, batch, state=None):
+        self._cur = batch
+        self._get_hook().batch_start(batch)
+
+    def on_batch_end(self, state=None, logger=None):
+        h = self._get_hook()
+        h.batch_end(self._cur)
+        if self._standalone:
+            with h._lock:
+                items, h._outbox = h._outbox, []
+            for it in items:
+                if it[0] == "dump":
+                    self._write_local(it[3], state, logger, self._cur + 1)
+
+    def _write_local(self, snap, state, logger, batch):
+        folder = self._fmt(self.folder, state, batch)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, self._fmt(self.filename, state, batch) + ".pickle")
+        if os.path.exists(path) and not self.overwrite:
+            raise FileExistsError("%s exists; pass overwrite=True to replace it" % path)
+        with open(path, "wb") as f:
+            pickle.dump(snap, f, protocol=4)
+        if logger is not None and self.remote_file_name:
+            remote = os.path.join(self._fmt(self.remote_file_name, state, batch), os.path.basename(path)).lstrip("/")
+            logger.upload_file(remote_file_name=remote, file_path=path, overwrite=self.overwrite)
+        return path
+
+    # Composer's event API
+    def run_event(self, event, state, logger):
+        name = getattr(event, "value", str(event))
+        if name == "batch_start":
+            self.on_batch_start(int(state.timestamp.batch), state)
+        elif name == "batch_end":
+            self.on_batch_end(state, logger)
+
+    def batch_start(self, state, logger):
+        self.on_batch_start(int(state.timestamp.batch), state)
+
+    def batch_end(self, state, logger):
+        self.on_batch_end(state, logger)
+
+
+def _subclass(base_paths, cls, name):
+    import importlib
+    for mod, attr in base_paths:
+        try:
+            base = getattr(importlib.import_module(mod), attr)
+            return type(name, (cls, base), {})
+        except Exception:
+            continue
+    return cls
+
+
+def composer_callback(**kwargs):
+    """A Composer callback with MemorySnapshot's arguments (a composer Callback when
+    Composer is installed; the same object, duck-typed, when it is not)."""
+    cls = _subclass([("composer.core", "Callback")], _ComposerLike, "MemsnapMemorySnapshot")
+    obj = cls.__new__(cls)
+    _ComposerLike.__init__(obj, **kwargs)
+    return obj
+
+
+class _LightningLike:
+    def __init__(self, hook=None):
+        self._hook, self._n = hook, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
+        (self._hook or get_hook()).batch_start(self._n)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+        (self._hook or get_hook()).batch_end(self._n)
+        self._n += 1
+
+
+def lightning_callback(hook=None):
+    """A PyTorch Lightning callback (lightning.pytorch or pytorch_lightning)."""
+    cls = _subclass([("lightning.pytorch", "Callback"), ("pytorch_lightning", "Callback")], _LightningLike, "MemsnapLightning")
+    obj = cls.__new__(cls)
+    _LightningLike.__init__(obj, hook)
+    return obj
+
+
+class _HFLike:
+    def __init__(self, hook=None):
+        self._hook, self._b = hook, 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._b = int(getattr(state, "global_step", self._b))
+        (self._hook or get_hook()).batch_start(self._b)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        (self._hook or get_hook()).batch_end(self._b)
+
+
+def hf_callback(hook=None):
+    """A Hugging Face transformers TrainerCallback."""
+    cls = _subclass([("transformers", "TrainerCallback")], _HFLike, "MemsnapHF")
+    obj = cls.__new__(cls)
+    _HFLike.__init__(obj, hook)
+    return obj

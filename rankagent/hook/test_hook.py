@@ -1,0 +1,238 @@
+"""Tests of the hook's state machine against a stand-in torch and a stand-in agent.
+Run: PYTHONPATH=rankagent/hook/testdata/faketorch python3 -m unittest discover -s rankagent/hook"""
+import json
+import os
+import pickle
+import socket
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "testdata", "faketorch"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402  (the stand-in)
+import memsnap_hook  # noqa: E402
+
+
+class FakeAgent:
+    """A Unix-socket server that speaks the agent's side of the protocol."""
+
+    def __init__(self, window=None):
+        self.dir = tempfile.mkdtemp(prefix="msh")
+        self.path = os.path.join(self.dir, "a.sock")
+        self.spool = os.path.join(self.dir, "incoming")
+        os.mkdir(self.spool)
+        self.window = window
+        self.messages = []
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(self.path)
+        self.srv.listen(4)
+        self.conn = None
+        self.stop = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            self.conn = c
+            buf = b""
+            while True:
+                try:
+                    d = c.recv(65536)
+                except OSError:
+                    break
+                if not d:
+                    break
+                buf += d
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    m = json.loads(line)
+                    self.messages.append(m)
+                    if m["type"] == "hello":
+                        c.sendall((json.dumps({"v": 1, "type": "welcome", "spool": self.spool}) + "\n").encode())
+                        if self.window:
+                            c.sendall((json.dumps(dict(self.window, type="window")) + "\n").encode())
+
+    def close(self):
+        self.stop = True
+        self.srv.close()
+        if self.conn:
+            self.conn.close()
+
+    def of(self, t):
+        return [m for m in self.messages if m["type"] == t]
+
+
+def wait(cond, timeout=5.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+class HookTest(unittest.TestCase):
+    def setUp(self):
+        torch.calls.clear()
+
+    def run_batches(self, hook, n, pace=0.005, first=0):
+        for b in range(first, first + n):
+            with hook.step(b):
+                time.sleep(pace)
+
+    def test_window_records_exactly_the_asked_batches(self):
+        agent = FakeAgent({"id": 7, "start": 3, "stop": 6, "max_entries": 1234, "stacks": "python"})
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            self.assertTrue(wait(lambda: hook._window is not None), "the window never arrived")
+            self.run_batches(hook, 10)
+            self.assertTrue(wait(lambda: agent.of("snapshot")), "no snapshot message")
+            rec = [c for c in torch.calls if c[0] == "record"]
+            self.assertEqual(rec[0], ("record", "all", "all", "python", 1234))
+            self.assertEqual(rec[1][1], None)  # enabled=None turns history off
+            snap = agent.of("snapshot")[0]
+            self.assertEqual(snap["window"], 7)
+            self.assertEqual([b["batch"] for b in snap["batches"]], [3, 4, 5])
+            for b in snap["batches"]:
+                self.assertLessEqual(b["start_us"], b["end_us"])
+            with open(os.path.join(agent.spool, snap["file"]), "rb") as f:
+                self.assertIn("device_traces", pickle.load(f))
+            # batch progress reached the agent
+            self.assertTrue(wait(lambda: any(m.get("batch") == 9 for m in agent.of("batch"))))
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_legacy_signature(self):
+        calls = []
+
+        def legacy(enabled, trace_alloc_max_entries=1, trace_alloc_record_context=False):
+            calls.append((enabled, trace_alloc_max_entries, trace_alloc_record_context))
+
+        orig = torch.cuda.memory._record_memory_history
+        torch.cuda.memory._record_memory_history = legacy
+        agent = FakeAgent({"id": 1, "start": 1, "stop": 3, "max_entries": 99})
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            self.assertTrue(wait(lambda: hook._window is not None))
+            self.run_batches(hook, 4)
+            self.assertEqual(calls, [(True, 99, True), (False, 1, False)])
+            self.assertTrue(wait(lambda: agent.of("snapshot")))
+        finally:
+            torch.cuda.memory._record_memory_history = orig
+            hook.close()
+            agent.close()
+
+    def test_missed_window_is_reported(self):
+        agent = FakeAgent()
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            self.assertTrue(wait(lambda: agent.of("hello")))
+            self.run_batches(hook, 5)
+            hook._on_message(json.dumps({"type": "window", "id": 2, "start": 1, "stop": 3}).encode())
+            self.run_batches(hook, 1, first=5)
+            self.assertTrue(wait(lambda: agent.of("error")))
+            self.assertIn("already passed", agent.of("error")[0]["message"])
+            self.assertFalse([c for c in torch.calls if c[0] == "record"])
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_no_agent_trains_on_and_reconnects(self):
+        d = tempfile.mkdtemp(prefix="msh")
+        path = os.path.join(d, "a.sock")
+        hook = memsnap_hook.Hook(path)
+        try:
+            t = time.perf_counter()
+            self.run_batches(hook, 20, pace=0)
+            self.assertLess(time.perf_counter() - t, 1.0)  # nothing waited on the absent agent
+            agent = FakeAgent.__new__(FakeAgent)
+            # the agent appears at the hook's path: the hook connects on its own
+            agent.dir, agent.path = d, path
+            agent.spool = os.path.join(d, "incoming")
+            os.mkdir(agent.spool)
+            agent.window, agent.messages, agent.conn, agent.stop = None, [], None, False
+            agent.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            agent.srv.bind(path)
+            agent.srv.listen(1)
+            threading.Thread(target=agent._serve, daemon=True).start()
+            self.assertTrue(wait(lambda: agent.of("hello"), 10), "the hook did not reconnect")
+            agent.close()
+        finally:
+            hook.close()
+
+    def test_oom_observer_dumps(self):
+        agent = FakeAgent({"id": 1, "start": 0, "stop": 100})
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            self.assertTrue(wait(lambda: hook._spool is not None and hook._window is not None))
+            self.run_batches(hook, 1)
+            self.assertTrue(torch._C.observers, "no OOM observer attached")
+            torch._C.observers[-1](0, 1 << 30, 10, 20)
+            self.assertTrue(wait(lambda: [m for m in agent.of("snapshot") if m["reason"] == "oom"]))
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_composer_callback_standalone(self):
+        d = tempfile.mkdtemp(prefix="msh")
+        os.environ["MEMSNAP_SOCKET"] = os.path.join(d, "none.sock")
+        try:
+            cb = memsnap_hook.composer_callback(skip_batches=2, interval="3ba", folder=os.path.join(d, "{run_name}"),
+                                                filename="rank{rank}.{batch}.memory_snapshot")
+
+            class TS:
+                batch = 0
+
+            class State:
+                run_name = "r1"
+                timestamp = TS()
+
+            class Ev:
+                def __init__(self, v):
+                    self.value = v
+
+            st = State()
+            for b in range(8):
+                st.timestamp.batch = b
+                cb.run_event(Ev("batch_start"), st, None)
+                st.timestamp.batch = b + 1
+                cb.run_event(Ev("batch_end"), st, None)
+            out = os.path.join(d, "r1", "rank0.5.memory_snapshot.pickle")
+            self.assertTrue(os.path.exists(out), os.listdir(d))
+            rec = [c for c in torch.calls if c[0] == "record"]
+            self.assertEqual(len(rec), 2)
+        finally:
+            del os.environ["MEMSNAP_SOCKET"]
+
+    def test_per_batch_overhead_without_window(self):
+        hook = memsnap_hook.Hook(connect=False)
+        n = 200000
+        t = time.perf_counter()
+        for b in range(n):
+            hook.batch_start(b)
+            hook.batch_end(b)
+        per = (time.perf_counter() - t) / n * 1e6
+        print("\nper-batch overhead with no window armed: %.3f us" % per)
+
+    def test_socket_path_matches_agent_rule(self):
+        os.environ["MEMSNAP_RUN_NAME"] = "my run/1"
+        os.environ["LOCAL_RANK"] = "3"
+        try:
+            p = memsnap_hook.default_socket_path()
+            self.assertTrue(p.endswith("/memsnap-%d/my_run_1.3.sock" % os.getuid()), p)
+        finally:
+            del os.environ["MEMSNAP_RUN_NAME"]
+            del os.environ["LOCAL_RANK"]
+
+
+if __name__ == "__main__":
+    unittest.main()

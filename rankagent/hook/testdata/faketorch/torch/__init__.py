@@ -1,0 +1,50 @@
+"""A stand-in for the parts of torch the memsnap hook uses, for tests without torch.
+
+_snapshot() returns the real recorded snapshot named by $MEMSNAP_FAKE_SNAPSHOT (or an
+empty one); every call is recorded in ``calls``."""
+import os
+import pickle
+
+__version__ = "2.11.0+fake"
+calls = []
+
+
+class _Memory:
+    def _record_memory_history(self, enabled="all", context="all", stacks="python", max_entries=0):
+        calls.append(("record", enabled, context, stacks, max_entries))
+
+    def _snapshot(self):
+        calls.append(("snapshot",))
+        p = os.environ.get("MEMSNAP_FAKE_SNAPSHOT")
+        if p:
+            with open(p, "rb") as f:
+                return pickle.load(f)
+        return {"segments": [], "device_traces": [[]]}
+
+
+class _Props:
+    uuid = "GPU-fake-0000"
+
+
+class cuda:  # noqa: N801 (mirrors torch.cuda)
+    memory = _Memory()
+
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def current_device():
+        return 0
+
+    @staticmethod
+    def get_device_properties(d):
+        return _Props()
+
+
+class _C:  # noqa: N801
+    observers = []
+
+    @staticmethod
+    def _cuda_attach_out_of_memory_observer(fn):
+        _C.observers.append(fn)

@@ -1,0 +1,81 @@
+package rankagent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/testutil"
+)
+
+func python3(t *testing.T) string {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("python3 is required under CI")
+		}
+		t.Skip("python3 not found")
+	}
+	return py
+}
+
+// TestHookUnitTests runs the hook's own Python tests (a stand-in torch, a stand-in agent).
+func TestHookUnitTests(t *testing.T) {
+	py := python3(t)
+	cmd := exec.Command(py, "-m", "unittest", "discover", "-s", "hook", "-p", "test_*.py")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "OK") {
+		t.Fatalf("python hook tests: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}
+
+// TestHookWithRealAgent runs the real hook in a real Python training loop (with the
+// stand-in torch, whose snapshot is a real recorded one) against the real agent.
+func TestHookWithRealAgent(t *testing.T) {
+	py := python3(t)
+	dir := t.TempDir()
+	cfg := DefaultConfig(testID(2))
+	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
+	h := startAgent(t, cfg)
+	w, err := h.agent.Arm(5, 8) // armed before the trainer exists: sent when it connects
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, filepath.Join("hook", "testdata", "train_fake.py"), "30", "0.02")
+	cmd.Env = append(os.Environ(),
+		"MEMSNAP_SOCKET="+h.agent.Socket(),
+		"MEMSNAP_FAKE_SNAPSHOT="+testutil.Snapshot(t, "ddp4/rank2.5.memory_snapshot.pickle"),
+		"PYTHONPATH="+filepath.Join("hook", "testdata", "faketorch")+string(os.PathListSeparator)+"hook",
+		"RANK=2", "LOCAL_RANK=2", "WORLD_SIZE=4")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("trainer: %v\n%s", err, out)
+	}
+	r := waitUpload(t, h, 20*time.Second)
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if want := fmt.Sprintf("run1/torch_memory_traces/rank2.%d.memory_snapshot.pickle", w.Stop); r.Key != want {
+		t.Fatalf("key %q, want %q", r.Key, want)
+	}
+	st, _ := store.OpenDir(dir, false)
+	b, _ := store.ReadAll(context.Background(), st, r.Key)
+	if r.Events != 549 || len(b) == 0 {
+		t.Fatalf("uploaded %d events (%d bytes), want 549; trainer said:\n%s", r.Events, len(b), out)
+	}
+	mb, _ := store.ReadAll(context.Background(), st, strings.TrimSuffix(r.Key, ".pickle")+".memsnap.json")
+	if !strings.Contains(string(mb), `"batch": 5`) || !strings.Contains(string(mb), `"batch": 7`) || strings.Contains(string(mb), `"batch": 8`) {
+		t.Fatalf("batch marks are not exactly 5..7:\n%s", mb)
+	}
+	if !strings.Contains(string(out), "('record', 'all', 'all', 'python', 100000)") || !strings.Contains(string(out), "('record', None") {
+		t.Fatalf("the hook did not turn history on and off:\n%s", out)
+	}
+}
