@@ -1,0 +1,42 @@
+"""A small DDP job (gloo, every rank on GPU 0) instrumented with the memsnap hook.
+Ranks differ on purpose: the batch grows with the rank, and the last rank holds an
+extra 96 MiB buffer from batch 4 on. Run under `memsnap agent` via torchrun."""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import memsnap_hook
+
+batches = int(sys.argv[1]) if len(sys.argv) > 1 else 12
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(rank)
+dev = torch.device("cuda", 0)
+torch.cuda.set_device(dev)
+hidden = 1536
+model = nn.Sequential(*[nn.Sequential(nn.Linear(hidden, hidden), nn.GELU()) for _ in range(6)], nn.Linear(hidden, 10)).to(dev)
+ddp = nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+hook = memsnap_hook.get_hook()
+keep = None
+for b in range(batches):
+    with hook.step(b):
+        x = torch.randn(64 * (rank + 1), hidden, device=dev)
+        if rank == world - 1 and b == 4:
+            keep = torch.empty(96 << 20, dtype=torch.uint8, device=dev)
+        y = torch.randint(0, 10, (x.shape[0],), device=dev)
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+    dist.barrier()
+    time.sleep(0.05)  # lets the hook's thread report progress
+hook.close()
+if hook.errors:
+    print("rank %d hook errors: %s" % (rank, hook.errors), flush=True)
+dist.destroy_process_group()
