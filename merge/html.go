@@ -105,6 +105,9 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []htmlRank) error {
 	return reportTmpl.Execute(w, v)
 }
 
+// HumanBytes formats bytes with binary units (KiB, MiB, ...).
+func HumanBytes(n int64) string { return human(n) }
+
 // human formats bytes with binary units.
 func human(n int64) string {
 	const unit = 1024

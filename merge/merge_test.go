@@ -17,18 +17,6 @@ import (
 	"github.com/memsnap/memsnap/naming"
 )
 
-func python(t *testing.T) string {
-	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is required under CI")
-		}
-		t.Skip("python3 not found")
-	}
-	return py
-}
-
 func ddp4(t *testing.T) string {
 	return filepath.Dir(testutil.Snapshot(t, "ddp4/rank0.5.memory_snapshot.pickle"))
 }
@@ -60,7 +48,7 @@ func runMerge(t *testing.T, cfg Config) (*Result, string) {
 }
 
 func TestMergeDDP4(t *testing.T) {
-	py := python(t)
+	py := testutil.Python(t)
 	res, dir := runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})})
 	s := res.Summary
 
@@ -235,7 +223,7 @@ func checkTrace(t *testing.T, path string, ranks int) {
 }
 
 func TestMergeMissingAndExplicitRanks(t *testing.T) {
-	py := python(t)
+	py := testutil.Python(t)
 	d := ddp4(t)
 	// ranks 0 and 3 by name, rank 1 given explicitly under another name; world size 4
 	other := filepath.Join(t.TempDir(), "whatever.pickle")

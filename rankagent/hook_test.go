@@ -14,21 +14,9 @@ import (
 	"github.com/memsnap/memsnap/internal/testutil"
 )
 
-func python3(t *testing.T) string {
-	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is required under CI")
-		}
-		t.Skip("python3 not found")
-	}
-	return py
-}
-
 // TestHookUnitTests runs the hook's own Python tests (a stand-in torch, a stand-in agent).
 func TestHookUnitTests(t *testing.T) {
-	py := python3(t)
+	py := testutil.Python(t)
 	cmd := exec.Command(py, "-m", "unittest", "discover", "-s", "hook", "-p", "test_*.py")
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "OK") {
@@ -40,7 +28,7 @@ func TestHookUnitTests(t *testing.T) {
 // TestHookWithRealAgent runs the real hook in a real Python training loop (with the
 // stand-in torch, whose snapshot is a real recorded one) against the real agent.
 func TestHookWithRealAgent(t *testing.T) {
-	py := python3(t)
+	py := testutil.Python(t)
 	dir := t.TempDir()
 	cfg := DefaultConfig(testID(2))
 	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -77,6 +78,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (put the trainer's command after --)", fs.Arg(0))
 	}
+	// the logger and the trainer's output share stderr (and stdout): serialise writes
+	stderr, stdout = &syncWriter{w: stderr}, &syncWriter{w: stdout}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 
 	id, found, err := rankagent.IdentityFromEnv(nil)
@@ -186,6 +189,18 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return exitError{ee.ExitCode()}
 	}
 	return werr
+}
+
+// syncWriter serialises writes from several goroutines.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {

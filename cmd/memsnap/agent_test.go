@@ -2,7 +2,6 @@ package main
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,13 +13,7 @@ import (
 // launches a Python trainer with the hook (stand-in torch), records batches [4, 7),
 // uploads to the folder store, and exits with the trainer's status.
 func TestAgentCommandLaunchesTrainer(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is required under CI")
-		}
-		t.Skip("no python3")
-	}
+	py := testutil.Python(t)
 	root := testutil.RepoRoot(t)
 	hook := filepath.Join(root, "rankagent", "hook")
 	storeDir, spool := t.TempDir(), t.TempDir()

@@ -78,17 +78,4 @@ func printFigures(w io.Writer, name string, f merge.FileFigures) {
 	tw.Flush()
 }
 
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit && n > -unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v := float64(n)
-	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
-		v /= unit
-		if v < unit && v > -unit {
-			return fmt.Sprintf("%.1f %s", v, u)
-		}
-	}
-	return fmt.Sprintf("%.1f PiB", v/unit)
-}
+func humanBytes(n int64) string { return merge.HumanBytes(n) }

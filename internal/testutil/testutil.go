@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -68,6 +69,20 @@ func Snapshot(t testing.TB, rel string) string {
 		t.Fatalf("test snapshot %s: %v", rel, err)
 	}
 	return p
+}
+
+// Python returns python3's path. Without it the test is skipped, except under
+// CI=true, where it fails: the tests that compare with CPython must run in CI.
+func Python(t testing.TB) string {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("python3 is required under CI")
+		}
+		t.Skip("python3 not found")
+	}
+	return py
 }
 
 // Eventually polls cond until it is true or the deadline passes.

@@ -23,13 +23,7 @@ func allSnapshots(t testing.TB) []string {
 // pythonFigures runs the reference script on files.
 func pythonFigures(t *testing.T, files []string) map[string]map[string]any {
 	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is required under CI")
-		}
-		t.Skip("python3 not found")
-	}
+	py := testutil.Python(t)
 	script := filepath.Join(testutil.RepoRoot(t), "testdata", "figures.py")
 	out, err := exec.Command(py, append([]string{script}, files...)...).Output()
 	if err != nil {
@@ -73,13 +67,7 @@ func TestFiguresMatchPython(t *testing.T) {
 // TestRoundTripPython decodes every real file, encodes it again, and has CPython
 // check that both pickles load to equal objects; our file must not be larger.
 func TestRoundTripPython(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is required under CI")
-		}
-		t.Skip("python3 not found")
-	}
+	py := testutil.Python(t)
 	dir := t.TempDir()
 	var pairs []string
 	for i, f := range allSnapshots(t) {
