@@ -22,7 +22,7 @@ if [ "$FUZZTIME" != "0" ]; then
     dir=$(go list -f '{{.Dir}}' "$pkg")
     for f in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //'); do
       echo "-- $pkg $f"
-      go test -run '^$' -fuzz "^$f\$" -fuzztime "$FUZZTIME" "$pkg" 2>&1 | tail -n 3
+      go test -run '^$' -fuzz "^$f\$" -fuzztime "$FUZZTIME" -fuzzminimizetime 1s "$pkg" 2>&1 | tail -n 3
     done
   done
 fi

@@ -282,3 +282,20 @@ func TestSharedListsStayLinear(t *testing.T) {
 		t.Fatalf("shared traces allocated %d bytes for %d of input", used, c.Len())
 	}
 }
+
+func TestDecompressionBomb(t *testing.T) {
+	// 64 MiB of one byte compresses to a few KiB: refused by ratio, never decoded
+	big := bytes.Repeat([]byte{opPROTO}, 64<<20)
+	zb := zstdCompress(t, big)
+	if len(zb)*MaxRatio+1<<20 >= len(big) {
+		t.Fatalf("the test input compresses to only %d bytes", len(zb))
+	}
+	before := memAllocated()
+	_, err := DecodeAny(zb)
+	if err == nil || !strings.Contains(err.Error(), "decompressed size exceeds") {
+		t.Fatalf("want a refusal, got %v", err)
+	}
+	if used := memAllocated() - before; used > 4*(uint64(len(zb))*MaxRatio+1<<20)+8<<20 {
+		t.Fatalf("allocated %d bytes for %d of input", used, len(zb))
+	}
+}

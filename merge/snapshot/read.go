@@ -14,6 +14,11 @@ import (
 // MaxDecompressed bounds how many bytes a compressed snapshot may expand to.
 var MaxDecompressed int64 = 16 << 30
 
+// MaxRatio bounds how many times its own size a compressed snapshot may expand to:
+// above deflate's limit (about 1032) and far above what pickles compress by, so a
+// small hostile input cannot make the decoder allocate without bound.
+const MaxRatio = 1100
+
 var errTooBig = errors.New("snapshot: decompressed size exceeds the limit")
 
 // Unwrap returns the pickle bytes inside data, decompressing gzip and zstd
@@ -25,25 +30,31 @@ func Unwrap(data []byte) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("snapshot: gzip: %w", err)
 		}
-		return readLimited(zr, "gzip")
+		return readLimited(zr, "gzip", limitFor(len(data)))
 	case len(data) >= 4 && data[0] == 0x28 && data[1] == 0xb5 && data[2] == 0x2f && data[3] == 0xfd:
-		zr, err := zstd.NewReader(bytes.NewReader(data), zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(uint64(MaxDecompressed)))
+		limit := limitFor(len(data))
+		zr, err := zstd.NewReader(bytes.NewReader(data), zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+			zstd.WithDecoderMaxMemory(uint64(limit)), zstd.WithDecoderMaxWindow(min(uint64(limit), 1<<27)))
 		if err != nil {
 			return nil, fmt.Errorf("snapshot: zstd: %w", err)
 		}
 		defer zr.Close()
-		return readLimited(zr, "zstd")
+		return readLimited(zr, "zstd", limit)
 	}
 	return data, nil
 }
 
-func readLimited(r io.Reader, what string) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, MaxDecompressed+1))
+func limitFor(n int) int64 {
+	return min(MaxDecompressed, int64(n)*MaxRatio+1<<20)
+}
+
+func readLimited(r io.Reader, what string, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %s: %w", what, err)
 	}
-	if int64(len(b)) > MaxDecompressed {
-		return nil, fmt.Errorf("%w (%d bytes)", errTooBig, MaxDecompressed)
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w: more than %d bytes (%d times the compressed size, or %d)", errTooBig, limit, MaxRatio, MaxDecompressed)
 	}
 	return b, nil
 }
