@@ -127,6 +127,21 @@ func pickDevice(s *snapshot.Snapshot) (int, string) {
 	return best, note
 }
 
+// deltas returns how an event changes the allocated and the reserved bytes.
+func deltas(e *snapshot.TraceEntry) (allocated, reserved int64) {
+	switch e.Action {
+	case snapshot.ActionAlloc:
+		return e.Size, 0
+	case snapshot.ActionFreeCompleted:
+		return -e.Size, 0
+	case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap:
+		return 0, e.Size
+	case snapshot.ActionSegmentFree, snapshot.ActionSegmentUnmap:
+		return 0, -e.Size
+	}
+	return 0, 0
+}
+
 // analyze computes the rank's curve, peaks, OOMs and the sites alive at its peak.
 // It also emits every change of allocated and reserved bytes through emit (for the
 // Perfetto trace); emit may be nil.
@@ -136,16 +151,8 @@ func (r *rankData) analyze(emit func(t int64, alloc, reserved int64)) (RankSumma
 	s.EndReservedBytes = r.snap.ReservedAtEnd(r.device)
 	var netA, netR int64
 	for _, e := range r.trace {
-		switch e.Action {
-		case snapshot.ActionAlloc:
-			netA += e.Size
-		case snapshot.ActionFreeCompleted:
-			netA -= e.Size
-		case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap:
-			netR += e.Size
-		case snapshot.ActionSegmentFree, snapshot.ActionSegmentUnmap:
-			netR -= e.Size
-		}
+		dA, dR := deltas(e)
+		netA, netR = netA+dA, netR+dR
 	}
 	a, res := s.EndAllocatedBytes-netA, s.EndReservedBytes-netR
 	s.StartAllocatedBytes = a
@@ -163,25 +170,15 @@ func (r *rankData) analyze(emit func(t int64, alloc, reserved int64)) (RankSumma
 	}
 	for i, e := range r.trace {
 		t := e.TimeUS + r.shiftUS
-		changed := true
-		switch e.Action {
-		case snapshot.ActionAlloc:
-			a += e.Size
-		case snapshot.ActionFreeCompleted:
-			a -= e.Size
-		case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap:
-			res += e.Size
-		case snapshot.ActionSegmentFree, snapshot.ActionSegmentUnmap:
-			res -= e.Size
-		case snapshot.ActionOOM:
+		if e.Action == snapshot.ActionOOM {
 			s.OOMs = append(s.OOMs, OOM{TimeUS: t, Size: e.Size, DeviceFreeB: e.DeviceFree, AllocatedThen: a})
-			changed = false
-		default:
-			changed = false
-		}
-		if !changed {
 			continue
 		}
+		dA, dR := deltas(e)
+		if dA == 0 && dR == 0 {
+			continue
+		}
+		a, res = a+dA, res+dR
 		if a > s.PeakAllocatedBytes {
 			s.PeakAllocatedBytes, s.PeakAllocatedTimeUS, peakIdx = a, t, i
 		}
