@@ -48,15 +48,31 @@ func limitFor(n int) int64 {
 	return min(MaxDecompressed, int64(n)*MaxRatio+1<<20)
 }
 
+// readLimited reads r whole in 1 MiB chunks, refusing more than limit bytes; a
+// refusal allocates at most limit plus one chunk.
 func readLimited(r io.Reader, what string, limit int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("snapshot: %s: %w", what, err)
+	var chunks [][]byte
+	var n int64
+	for {
+		c := make([]byte, 1<<20)
+		k, err := io.ReadFull(r, c)
+		n += int64(k)
+		if n > limit {
+			return nil, fmt.Errorf("%w: more than %d bytes (%d times the compressed size, or %d)", errTooBig, limit, MaxRatio, MaxDecompressed)
+		}
+		chunks = append(chunks, c[:k])
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("snapshot: %s: %w", what, err)
+		}
 	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%w: more than %d bytes (%d times the compressed size, or %d)", errTooBig, limit, MaxRatio, MaxDecompressed)
+	out := make([]byte, 0, n)
+	for _, c := range chunks {
+		out = append(out, c...)
 	}
-	return b, nil
+	return out, nil
 }
 
 // DecodeAny decodes a snapshot that may be gzip- or zstd-compressed.
