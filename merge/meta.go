@@ -22,9 +22,11 @@ type RankMeta struct {
 	GPU            *GPUInfo       `json:"gpu,omitempty"`
 	Window         *WindowInfo    `json:"window,omitempty"`
 	Batches        []BatchMark    `json:"batches,omitempty"`
-	ClockOffsetUS  *int64         `json:"clock_offset_us,omitempty"`
+	ClockOffsetUS  *int64         `json:"clock_offset_us,omitempty"` // this host's clock minus the leader's
+	ClockRTTUS     *int64         `json:"clock_rtt_us,omitempty"`    // the round trip the offset was measured over
 	Samples        []MemorySample `json:"nvml_samples,omitempty"`
-	Reason         string         `json:"reason,omitempty"` // "window" or "oom"
+	Reason         string         `json:"reason,omitempty"`  // "window" or "oom"
+	Partial        string         `json:"partial,omitempty"` // why the snapshot does not cover its whole window
 }
 
 // GPUInfo describes the rank's GPU as NVML reports it.

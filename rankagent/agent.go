@@ -8,7 +8,6 @@ package rankagent
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,20 +15,29 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/gpu"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
-	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
 
-// ErrStopped is returned by calls on an agent that has stopped.
-var ErrStopped = errors.New("rankagent: stopped")
+var (
+	// ErrStopped is returned by calls on an agent that has stopped.
+	ErrStopped = errors.New("rankagent: stopped")
+	// ErrBusy: a window is still recording or waiting to be recorded.
+	ErrBusy = errors.New("rankagent: a window is in progress")
+	// ErrPassed: the trainer is already at or past the window's start.
+	ErrPassed = errors.New("rankagent: the trainer is past the window's start")
+	// ErrStale: the window's id is not newer than one the agent has seen.
+	ErrStale = errors.New("rankagent: stale window id")
+)
 
-// Window is a batch range [Start, Stop) to record; IDs only grow.
+// Window is a batch range [Start, Stop) to record. IDs only grow; they come from
+// the leader (or, for an agent on its own, from ArmNext).
 type Window struct {
 	ID    uint64
 	Start int64
@@ -38,7 +46,8 @@ type Window struct {
 
 func (w Window) String() string { return fmt.Sprintf("window %d [%d, %d)", w.ID, w.Start, w.Stop) }
 
-// Config configures an agent. DefaultConfig fills the defaults.
+// Config configures an agent. DefaultConfig fills the defaults; validate checks
+// them and fills only what has no sensible production value of its own.
 type Config struct {
 	// Identity is the rank's place in the job.
 	Identity Identity
@@ -49,7 +58,8 @@ type Config struct {
 	// remote_file_name, default "{run_name}/torch_memory_traces").
 	RemoteFileName string
 	// Filename is the snapshot name template without ".pickle" (Composer's
-	// filename, default "rank{rank}.{batch}.memory_snapshot").
+	// filename, default "rank{rank}.{batch}.memory_snapshot"; {batch} is the
+	// window's stop, as in Composer).
 	Filename string
 	// Overwrite replaces existing objects (Composer's overwrite).
 	Overwrite bool
@@ -61,16 +71,21 @@ type Config struct {
 	GPU gpu.Provider
 	// RequireGPU fails a window when the trainer's GPU cannot be opened.
 	RequireGPU bool
-	// SampleEvery is the NVML sampling period while a window records (default 10ms).
+	// SampleEvery is the NVML sampling period while a window records.
 	SampleEvery time.Duration
-	// MaxEntries is passed to torch's _record_memory_history (default 100000).
+	// MaxEntries is passed to torch's _record_memory_history.
 	MaxEntries int
-	// Stacks is torch's stacks argument: "python" (default) or "all".
+	// Stacks is torch's stacks argument: "python" or "all".
 	Stacks string
-	// RetryMin and RetryMax bound the upload retry backoff (default 1s and 1m).
+	// RetryMin and RetryMax bound the upload retry backoff.
 	RetryMin, RetryMax time.Duration
-	// OnUpload is called after each upload (or permanent failure); may be nil.
+	// OnUpload is called after each upload (or permanent failure); may be nil. It
+	// is called from the agent's own goroutine, in order, never while the agent
+	// holds a lock; a slow callback delays later callbacks, nothing else.
 	OnUpload func(UploadResult)
+	// OnWindow is called at every step of a window's life (sent, armed,
+	// recording, spooled, uploaded, missed, ...); may be nil. Same rules as OnUpload.
+	OnWindow func(WindowEvent)
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -94,20 +109,27 @@ var agentVars = map[string]bool{"run_name": true, "rank": true, "local_rank": tr
 	"world_size": true, "local_world_size": true, "batch": true, "window": true}
 
 func (c *Config) validate() error {
+	if c.Identity.RunName == "" {
+		c.Identity.RunName = "memsnap"
+	}
 	if err := c.Identity.Check(); err != nil {
 		return err
 	}
-	if c.OpenStore == nil {
+	switch {
+	case c.OpenStore == nil:
 		return errors.New("rankagent: no store")
-	}
-	if c.Spool == "" {
+	case c.Spool == "":
 		return errors.New("rankagent: no spool folder")
-	}
-	if c.RemoteFileName == "" {
-		c.RemoteFileName = naming.DefaultRemoteFileName
-	}
-	if c.Filename == "" {
-		c.Filename = naming.DefaultFilename
+	case c.RemoteFileName == "" || c.Filename == "":
+		return errors.New("rankagent: no snapshot name templates")
+	case c.SampleEvery <= 0:
+		return fmt.Errorf("rankagent: NVML sampling period %v", c.SampleEvery)
+	case c.MaxEntries <= 0:
+		return fmt.Errorf("rankagent: max entries %d", c.MaxEntries)
+	case c.Stacks != "python" && c.Stacks != "all":
+		return fmt.Errorf("rankagent: stacks %q (python or all)", c.Stacks)
+	case c.RetryMin <= 0 || c.RetryMax < c.RetryMin:
+		return fmt.Errorf("rankagent: retry backoff %v to %v", c.RetryMin, c.RetryMax)
 	}
 	for _, t := range []string{c.RemoteFileName, c.Filename} {
 		tm, err := naming.Parse(t)
@@ -120,6 +142,9 @@ func (c *Config) validate() error {
 			}
 		}
 	}
+	if err := c.checkNames(); err != nil {
+		return err
+	}
 	if c.Socket == "" {
 		c.Socket = DefaultSocketPath(c.Identity.RunName, c.Identity.LocalRank)
 	}
@@ -129,31 +154,67 @@ func (c *Config) validate() error {
 	if c.GPU == nil {
 		c.GPU = gpu.Null{}
 	}
-	if c.SampleEvery <= 0 {
-		c.SampleEvery = 10 * time.Millisecond
-	}
-	if c.MaxEntries <= 0 {
-		c.MaxEntries = 100000
-	}
-	if c.Stacks == "" {
-		c.Stacks = "python"
-	}
-	if c.Stacks != "python" && c.Stacks != "all" {
-		return fmt.Errorf("rankagent: stacks %q (python or all)", c.Stacks)
-	}
-	if c.RetryMin <= 0 {
-		c.RetryMin = time.Second
-	}
-	if c.RetryMax < c.RetryMin {
-		c.RetryMax = max(time.Minute, c.RetryMin)
-	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	if c.Identity.RunName == "" {
-		c.Identity.RunName = "memsnap"
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
+}
+
+// maxSegment is the longest path segment most file systems allow, in bytes.
+const maxSegment = 255
+
+// checkNames renders the snapshot names with the largest batch and window the
+// agent can meet, so a name too long for a folder store or for S3 is refused at
+// start-up rather than when a snapshot waits to be uploaded.
+func (c *Config) checkNames() error {
+	const big = 1<<63 - 1
+	key, err := renderKey(c, naming.MustParse(c.RemoteFileName), naming.MustParse(c.Filename), Window{ID: big, Start: big - 1, Stop: big}, "partial")
+	if err != nil {
+		return err
+	}
+	for _, k := range []string{key, merge.MetaName(key)} {
+		if len(k) > naming.MaxKeyLen {
+			return fmt.Errorf("rankagent: snapshot names can reach %d bytes (%s), more than the %d an object key may have", len(k), k, naming.MaxKeyLen)
+		}
+		for _, seg := range strings.Split(k, "/") {
+			if len(seg) > maxSegment {
+				return fmt.Errorf("rankagent: snapshot names hold a path segment of %d bytes (%.40s...), more than the %d a file name may have", len(seg), seg, maxSegment)
+			}
+		}
+	}
+	return nil
+}
+
+// renderKey renders the object key of a window's snapshot; kind is "" for a whole
+// window, "partial" or "oom".
+func renderKey(c *Config, remote, file *naming.Template, w Window, kind string) (string, error) {
+	id := c.Identity
+	vars := naming.Vars{"run_name": id.RunName, "rank": id.Rank, "local_rank": id.LocalRank, "node_rank": id.NodeRank,
+		"world_size": id.WorldSize, "local_world_size": max(id.LocalWorldSize, 1), "batch": w.Stop, "window": int64(w.ID)}
+	folder, err := remote.Render(vars)
+	if err != nil {
+		return "", err
+	}
+	name, err := file.Render(vars)
+	if err != nil {
+		return "", err
+	}
+	if kind != "" {
+		name += "." + kind
+	}
+	return naming.Join(folder, name+".pickle")
+}
+
+// Stats counts what an agent did.
+type Stats struct {
+	WindowsArmed    int // windows sent to (or queued for) the trainer
+	WindowsRecorded int // windows whose snapshot covered every batch
+	WindowsPartial  int // snapshots that did not cover their whole window
+	WindowsMissed   int // windows the trainer was too late for, or that failed to record
+	Uploaded        int // snapshots in the store
+	UploadFailed    int // snapshots the store refused for good (kept in the spool's failed/)
+	Retries         int // failed upload attempts that will be retried
+	Pending         int // snapshots waiting in the spool
 }
 
 // Agent is one rank's agent.
@@ -162,13 +223,16 @@ type Agent struct {
 	log  *slog.Logger
 	sp   *spool
 	up   *uploader
+	ev   *dispatcher
 	tmpl struct{ remote, file *naming.Template }
+	wg   sync.WaitGroup // every goroutine Run started, but the dispatcher
 
 	mu       sync.Mutex
 	conn     *trainerConn
 	batch    int64 // the trainer's current batch, -1 before it reports one
-	pending  *Window
-	active   *Window // sent to the trainer, recording or about to
+	batchUS  int64 // when the trainer reported that batch (its clock)
+	stepUS   float64
+	win      *activeWindow // the window in progress, nil when none
 	lastID   uint64
 	device   gpu.Device
 	hookPID  int
@@ -176,10 +240,23 @@ type Agent struct {
 	samples  []merge.MemorySample
 	sampling context.CancelFunc
 	gpuNote  bool
+	started  bool
 	stopped  bool
 	ln       net.Listener
-	done     chan struct{}
+	ctx      context.Context // Run's, for work started from callbacks
+	stats    Stats
+	working  int // snapshots being taken into the spool
+	offset   *clockOffset
 }
+
+// activeWindow is the window in progress and where it stands.
+type activeWindow struct {
+	w     Window
+	state WindowState
+	sent  bool // sent to the connected trainer
+}
+
+type clockOffset struct{ offsetUS, rttUS int64 }
 
 // New checks the configuration and prepares the spool; Run starts the agent.
 func New(cfg Config) (*Agent, error) {
@@ -190,35 +267,54 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, sp: sp, batch: -1, done: make(chan struct{})}
+	a := &Agent{cfg: cfg, sp: sp, batch: -1, ev: newDispatcher()}
 	a.log = cfg.Logger.With("rank", cfg.Identity.Rank)
 	a.tmpl.remote = naming.MustParse(cfg.RemoteFileName)
 	a.tmpl.file = naming.MustParse(cfg.Filename)
 	a.up = &uploader{sp: sp, open: cfg.OpenStore, log: a.log, minWait: cfg.RetryMin, maxWait: cfg.RetryMax,
-		wake: make(chan struct{}, 1), onResult: cfg.OnUpload}
+		wake: make(chan struct{}, 1), tries: map[string]*retry{}, onResult: a.uploaded}
 	return a, nil
 }
 
 // Socket returns the trainer socket's path.
 func (a *Agent) Socket() string { return a.cfg.Socket }
 
-// Run serves the trainer socket and uploads snapshots until ctx ends; it returns
-// nil then.
+// Identity returns the rank's identity.
+func (a *Agent) Identity() Identity { return a.cfg.Identity }
+
+// Run serves the trainer socket, adopts snapshots an earlier agent left in the
+// spool, and uploads snapshots until ctx ends; it returns nil then, once every
+// goroutine it started has returned. It can run once.
 func (a *Agent) Run(ctx context.Context) error {
-	if err := os.MkdirAll(filepath.Dir(a.cfg.Socket), 0o700); err != nil {
+	a.mu.Lock()
+	if a.started {
+		a.mu.Unlock()
+		return errors.New("rankagent: Run called twice")
+	}
+	a.started, a.ctx = true, ctx
+	a.mu.Unlock()
+	evDone := make(chan struct{})
+	go func() { defer close(evDone); a.ev.run() }()
+	defer func() { a.ev.close(); <-evDone }()
+
+	if err := privateDir(filepath.Dir(a.cfg.Socket)); err != nil {
+		a.shutdown()
 		return fmt.Errorf("rankagent: socket folder: %w", err)
 	}
 	if c, err := net.Dial("unix", a.cfg.Socket); err == nil {
 		c.Close()
+		a.shutdown()
 		return fmt.Errorf("rankagent: another agent is listening on %s", a.cfg.Socket)
 	}
 	os.Remove(a.cfg.Socket) // a stale socket from an agent that died
 	ln, err := net.Listen("unix", a.cfg.Socket)
 	if err != nil {
+		a.shutdown()
 		return fmt.Errorf("rankagent: listening on %s: %w", a.cfg.Socket, err)
 	}
 	if err := os.Chmod(a.cfg.Socket, 0o600); err != nil {
 		ln.Close()
+		a.shutdown()
 		return fmt.Errorf("rankagent: %w", err)
 	}
 	a.mu.Lock()
@@ -227,16 +323,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent listening", "socket", a.cfg.Socket, "spool", a.cfg.Spool, "world_size", a.cfg.Identity.WorldSize, "run", a.cfg.Identity.RunName)
 	a.sp.recover(a.log)
 
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); a.up.run(ctx) }()
-	go func() { defer wg.Done(); a.accept(ctx, ln) }()
+	a.wg.Add(3)
+	go func() { defer a.wg.Done(); a.up.run(ctx) }()
+	go func() { defer a.wg.Done(); a.accept(ctx, ln) }()
+	go func() { defer a.wg.Done(); a.adopt(ctx) }()
 	a.up.kick()
 	<-ctx.Done()
 	a.shutdown()
-	wg.Wait()
+	a.wg.Wait()
 	os.Remove(a.cfg.Socket)
-	close(a.done)
+	if n := len(a.sp.pendingJobs()); n > 0 {
+		a.log.Warn("snapshots stay in the spool; an agent started with this spool uploads them", "pending", n, "spool", a.cfg.Spool)
+	}
 	return nil
 }
 
@@ -254,32 +352,69 @@ func (a *Agent) shutdown() {
 	if a.conn != nil {
 		a.conn.c.Close()
 	}
-	if a.sampling != nil {
-		a.sampling()
-	}
+	a.stopSamplingLocked()
 }
 
-// Arm asks the trainer to record window w (now, or as soon as it connects).
-func (a *Agent) Arm(start, stop int64) (Window, error) {
-	if start < 0 || stop <= start {
-		return Window{}, fmt.Errorf("rankagent: window [%d, %d) is empty or negative", start, stop)
+// Arm asks the trainer to record window w (now, or as soon as it connects). w.ID
+// must be newer than every window the agent has seen; arming the window in progress
+// again is a no-op, so a plan that arrives twice is harmless.
+func (a *Agent) Arm(w Window) error {
+	if w.Start < 0 || w.Stop <= w.Start {
+		return fmt.Errorf("rankagent: window [%d, %d) is empty or negative", w.Start, w.Stop)
+	}
+	if w.ID == 0 {
+		return errors.New("rankagent: window id 0")
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.stopped {
-		return Window{}, ErrStopped
+		return ErrStopped
 	}
-	if a.active != nil {
-		return Window{}, fmt.Errorf("rankagent: %s is still recording", a.active)
+	if a.win != nil && a.win.w == w {
+		return nil
 	}
-	if a.batch >= start {
-		return Window{}, fmt.Errorf("rankagent: the trainer is at batch %d, past the window's start %d", a.batch, start)
+	if w.ID <= a.lastID {
+		return fmt.Errorf("%w: %d, the agent has seen %d", ErrStale, w.ID, a.lastID)
 	}
-	a.lastID++
-	w := Window{ID: a.lastID, Start: start, Stop: stop}
-	a.pending = &w
+	if a.win != nil {
+		return fmt.Errorf("%w: %s is %s", ErrBusy, a.win.w, a.win.state)
+	}
+	if a.batch >= w.Start {
+		return fmt.Errorf("%w: the trainer is at batch %d, the window starts at %d", ErrPassed, a.batch, w.Start)
+	}
+	a.lastID = w.ID
+	a.win = &activeWindow{w: w, state: WindowQueued}
+	a.stats.WindowsArmed++
+	a.log.Info("window queued", "window", w.ID, "start", w.Start, "stop", w.Stop)
+	a.eventLocked(WindowQueued, "")
 	a.sendWindowLocked()
-	return w, nil
+	return nil
+}
+
+// ArmNext arms [start, stop) under the next window id (for an agent without a leader).
+func (a *Agent) ArmNext(start, stop int64) (Window, error) {
+	a.mu.Lock()
+	w := Window{ID: a.lastID + 1, Start: start, Stop: stop}
+	a.mu.Unlock()
+	return w, a.Arm(w)
+}
+
+// Cancel withdraws window id if it has not been spooled yet.
+func (a *Agent) Cancel(id uint64, reason string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.win == nil || a.win.w.ID != id {
+		a.lastID = max(a.lastID, id) // a cancel that overtook its plan
+		return nil
+	}
+	if a.conn != nil && a.win.sent {
+		a.conn.send(&Message{Type: "cancel", ID: id})
+	}
+	a.log.Info("window cancelled", "window", id, "reason", reason)
+	a.eventLocked(WindowCancelled, reason)
+	a.win = nil
+	a.stopSamplingLocked()
+	return nil
 }
 
 // Batch returns the trainer's current batch (-1 before it reported one).
@@ -289,20 +424,61 @@ func (a *Agent) Batch() int64 {
 	return a.batch
 }
 
-// Idle reports whether nothing waits in the spool and no window records.
+// Progress returns the trainer's current batch (-1 before it reported one) and
+// its measured step time (0 until two batches were seen).
+func (a *Agent) Progress() (int64, time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.batch, time.Duration(a.stepUS * float64(time.Microsecond))
+}
+
+// LastWindow returns the newest window id the agent has seen.
+func (a *Agent) LastWindow() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lastID
+}
+
+// Current returns the window in progress and its state, or ok=false.
+func (a *Agent) Current() (Window, WindowState, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.win == nil {
+		return Window{}, "", false
+	}
+	return a.win.w, a.win.state, true
+}
+
+// SetClockOffset records this host's clock minus the leader's, measured over a
+// round trip of rtt; it goes into every snapshot's metadata from now on.
+func (a *Agent) SetClockOffset(offset, rtt time.Duration) {
+	a.mu.Lock()
+	a.offset = &clockOffset{offset.Microseconds(), rtt.Microseconds()}
+	a.mu.Unlock()
+}
+
+// Idle reports whether no window is in progress and nothing waits in the spool.
 func (a *Agent) Idle() bool {
 	a.mu.Lock()
-	busy := a.pending != nil || a.active != nil
+	busy := a.win != nil || a.working > 0
 	a.mu.Unlock()
 	return !busy && a.up.idle()
 }
 
-// Stats returns the uploader's counters.
-func (a *Agent) Stats() UploadStats {
+// Stats returns what the agent did so far.
+func (a *Agent) Stats() Stats {
+	a.mu.Lock()
+	s := a.stats
+	a.mu.Unlock()
 	a.up.mu.Lock()
-	defer a.up.mu.Unlock()
-	return a.up.stats
+	s.Uploaded, s.UploadFailed, s.Retries = a.up.stats.uploaded, a.up.stats.failed, a.up.stats.retries
+	a.up.mu.Unlock()
+	s.Pending = len(a.sp.pendingJobs())
+	return s
 }
+
+// Spool returns the spool folder.
+func (a *Agent) Spool() string { return a.cfg.Spool }
 
 // trainerConn is the connected trainer.
 type trainerConn struct {
@@ -318,32 +494,45 @@ func (t *trainerConn) send(m *Message) error {
 	return err
 }
 
+// goLocked starts f as a goroutine Run waits for, unless the agent has stopped.
+func (a *Agent) goLocked(f func()) bool {
+	if a.stopped {
+		return false
+	}
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); f() }()
+	return true
+}
+
 func (a *Agent) accept(ctx context.Context, ln net.Listener) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
 			a.mu.Lock()
 			stopped := a.stopped
 			a.mu.Unlock()
-			if stopped {
+			if stopped || ctx.Err() != nil {
 				return
 			}
 			a.log.Warn("accept failed", "err", err)
-			time.Sleep(50 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
 			continue
 		}
-		go a.serve(ctx, c)
+		a.mu.Lock()
+		ok := a.goLocked(func() { a.serve(c) })
+		a.mu.Unlock()
+		if !ok {
+			c.Close()
+			return
+		}
 	}
 }
 
-func (a *Agent) serve(ctx context.Context, c net.Conn) {
+func (a *Agent) serve(c net.Conn) {
 	tc := &trainerConn{c: c}
 	defer c.Close()
 	r := bufio.NewReaderSize(c, 4096)
@@ -372,7 +561,7 @@ func (a *Agent) serve(ctx context.Context, c net.Conn) {
 			}
 			continue
 		}
-		a.handle(ctx, tc, m)
+		a.handle(m)
 	}
 	a.detach(tc)
 }
@@ -412,13 +601,13 @@ func (a *Agent) attach(tc *trainerConn, m *Message) bool {
 		a.openGPULocked()
 	}
 	a.mu.Unlock()
-	a.log.Info("trainer connected", "pid", m.PID, "torch", m.Torch, "device", m.DeviceUUID)
+	a.log.Info("trainer connected", "pid", m.PID, "torch", m.Torch, "hook", m.Hook, "device", m.DeviceUUID)
 	tc.send(&Message{V: ProtocolVersion, Type: "welcome", Spool: a.sp.incoming(), Rank: &a.cfg.Identity.Rank})
 	a.mu.Lock()
-	// a window that was sent to a trainer that went away is sent again
-	if a.active != nil && a.pending == nil {
-		w := *a.active
-		a.pending, a.active = &w, nil
+	// a window sent to a trainer that went away is sent again; the hook ignores a
+	// window it is already recording
+	if a.win != nil {
+		a.win.sent = false
 	}
 	a.sendWindowLocked()
 	a.mu.Unlock()
@@ -451,29 +640,45 @@ func (a *Agent) detach(tc *trainerConn) {
 	}
 }
 
-// sendWindowLocked sends the pending window to a connected trainer.
+// sendWindowLocked sends the window in progress to a connected trainer that does
+// not have it yet.
 func (a *Agent) sendWindowLocked() {
-	if a.pending == nil || a.conn == nil {
+	if a.win == nil || a.win.sent || a.conn == nil {
 		return
 	}
+	w := a.win.w
 	if a.cfg.RequireGPU && a.device == nil {
-		a.log.Error("a GPU is required and the trainer's could not be opened; the window is not armed", "window", a.pending.ID)
-		a.pending = nil
+		a.log.Error("a GPU is required and the trainer's could not be opened; the window is not recorded", "window", w.ID)
+		a.missLocked(WindowFailed, "a GPU is required and NVML could not open the trainer's")
 		return
 	}
-	w := *a.pending
 	if err := a.conn.send(&Message{Type: "window", ID: w.ID, Start: w.Start, Stop: w.Stop, MaxEntries: a.cfg.MaxEntries, Stacks: a.cfg.Stacks}); err != nil {
 		a.log.Warn("could not send the window; it is sent again when the trainer reconnects", "err", err)
 		return
 	}
-	a.pending, a.active = nil, &w
-	a.samples = nil
+	a.win.sent = true
+	if a.win.state == WindowQueued {
+		a.win.state = WindowSent
+		a.eventLocked(WindowSent, "")
+	}
 	if a.device != nil && a.sampling == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		a.sampling = cancel
-		go a.sample(ctx, a.device, a.hookPID)
+		if a.goLocked(func() { a.sample(ctx, a.device, a.hookPID) }) {
+			a.sampling = cancel
+			a.samples = nil
+		} else {
+			cancel()
+		}
 	}
-	a.log.Info("window armed", "window", w.ID, "start", w.Start, "stop", w.Stop)
+	a.log.Info("window sent to the trainer", "window", w.ID, "start", w.Start, "stop", w.Stop)
+}
+
+// missLocked ends the window in progress without a snapshot.
+func (a *Agent) missLocked(state WindowState, reason string) {
+	a.eventLocked(state, reason)
+	a.stats.WindowsMissed++
+	a.win = nil
+	a.stopSamplingLocked()
 }
 
 const maxSamples = 1 << 20
@@ -503,26 +708,67 @@ func (a *Agent) sample(ctx context.Context, d gpu.Device, pid int) {
 	}
 }
 
-func (a *Agent) handle(ctx context.Context, tc *trainerConn, m *Message) {
+func (a *Agent) handle(m *Message) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	switch m.Type {
 	case "batch":
-		a.mu.Lock()
-		a.batch = *m.Batch
-		a.mu.Unlock()
-	case "error":
-		a.log.Error("the trainer could not record", "window", m.Window, "message", m.Message)
-		a.mu.Lock()
-		if a.active != nil && a.active.ID == m.Window {
-			a.active = nil
-			a.stopSamplingLocked()
+		a.noteBatchLocked(*m.Batch, m.TimeUS)
+	case "armed", "recording":
+		if a.win == nil || a.win.w.ID != m.Window {
+			return
 		}
-		a.mu.Unlock()
+		st := WindowArmed
+		if m.Type == "recording" {
+			st = WindowRecording
+			a.noteBatchLocked(*m.Batch, m.TimeUS)
+		}
+		if a.win.state != st {
+			a.win.state = st
+			a.eventLocked(st, "")
+		}
+	case "error":
+		if a.win == nil || a.win.w.ID != m.Window {
+			a.log.Warn("the trainer reports an error", "window", m.Window, "code", m.Code, "message", m.Message)
+			return
+		}
+		a.log.Error("the trainer could not record the window", "window", m.Window, "code", m.Code, "message", m.Message)
+		state := WindowFailed
+		if m.Code == CodeStartPassed {
+			state = WindowMissed
+		}
+		a.missLocked(state, m.Message)
 	case "snapshot":
-		if err := a.takeSnapshot(m); err != nil {
-			a.log.Error("could not spool the trainer's snapshot", "file", m.File, "err", err)
+		var samples []merge.MemorySample
+		var w *Window
+		if m.Reason == "window" && a.win != nil && a.win.w.ID == m.Window {
+			samples = a.stopSamplingLocked()
+			ww := a.win.w
+			w = &ww
+			a.win = nil
+		}
+		a.working++
+		if !a.goLocked(func() { a.takeSnapshot(m, w, samples, false) }) {
+			a.working--
 		}
 	case "hello":
 		a.log.Warn("a second hello on one connection is ignored")
+	}
+}
+
+// noteBatchLocked records the trainer's batch and keeps a moving average of its
+// step time from the batches' report times.
+func (a *Agent) noteBatchLocked(b, tUS int64) {
+	if b > a.batch && a.batch >= 0 && tUS > a.batchUS && a.batchUS > 0 {
+		step := float64(tUS-a.batchUS) / float64(b-a.batch)
+		if a.stepUS == 0 {
+			a.stepUS = step
+		} else {
+			a.stepUS = 0.8*a.stepUS + 0.2*step
+		}
+	}
+	if b != a.batch {
+		a.batch, a.batchUS = b, tUS
 	}
 }
 
@@ -534,87 +780,4 @@ func (a *Agent) stopSamplingLocked() []merge.MemorySample {
 	s := a.samples
 	a.samples = nil
 	return s
-}
-
-// takeSnapshot moves a finished snapshot into a spool job and wakes the uploader.
-func (a *Agent) takeSnapshot(m *Message) error {
-	src, err := a.sp.incomingFile(m.File)
-	if err != nil {
-		return err
-	}
-	a.mu.Lock()
-	var w Window
-	switch {
-	case m.Reason == "oom":
-		w = Window{ID: 0, Start: a.batch, Stop: a.batch + 1}
-	case a.active != nil && a.active.ID == m.Window:
-		w = *a.active
-		a.active = nil
-	default:
-		a.mu.Unlock()
-		return fmt.Errorf("snapshot for window %d, which this agent did not arm", m.Window)
-	}
-	var samples []merge.MemorySample
-	if m.Reason == "window" {
-		samples = a.stopSamplingLocked()
-	}
-	var info *merge.GPUInfo
-	if a.device != nil {
-		i := a.device.Info()
-		info = &merge.GPUInfo{UUID: i.UUID, Name: i.Name, TotalBytes: i.TotalBytes, PCIBusID: i.PCIBusID}
-	} else if a.uuid != "" {
-		info = &merge.GPUInfo{UUID: a.uuid}
-	}
-	a.mu.Unlock()
-
-	data, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	s, err := snapshot.DecodeAny(data)
-	if err != nil {
-		return fmt.Errorf("the trainer's snapshot does not decode: %w", err)
-	}
-	events := 0
-	for _, tr := range s.DeviceTraces {
-		events += len(tr)
-	}
-	id := a.cfg.Identity
-	vars := naming.Vars{"run_name": id.RunName, "rank": id.Rank, "local_rank": id.LocalRank, "node_rank": id.NodeRank,
-		"world_size": id.WorldSize, "local_world_size": max(id.LocalWorldSize, 1), "batch": w.Stop, "window": int64(w.ID)}
-	folder, err := a.tmpl.remote.Render(vars)
-	if err != nil {
-		return err
-	}
-	name, err := a.tmpl.file.Render(vars)
-	if err != nil {
-		return err
-	}
-	if m.Reason == "oom" {
-		name += ".oom"
-	}
-	key, err := naming.Join(folder, name+".pickle")
-	if err != nil {
-		return err
-	}
-	meta := merge.RankMeta{Version: 1, RunName: id.RunName, Rank: id.Rank, LocalRank: id.LocalRank, NodeRank: id.NodeRank,
-		WorldSize: id.WorldSize, LocalWorldSize: id.LocalWorldSize, GPU: info, Reason: m.Reason, Samples: samples}
-	meta.Hostname, _ = os.Hostname()
-	if m.Reason == "window" {
-		meta.Window = &merge.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}
-	}
-	for _, b := range m.Batches {
-		meta.Batches = append(meta.Batches, merge.BatchMark{Batch: b.Batch, StartUS: b.StartUS, EndUS: b.EndUS})
-	}
-	mb, _ := json.MarshalIndent(meta, "", "  ")
-	sum, size := sha256Hex(data), int64(len(data))
-	j := job{Key: key, MetaKey: merge.MetaName(key), SHA256: sum, Size: size, Events: events, Overwrite: a.cfg.Overwrite,
-		Created: time.Now().UTC(), Window: w.ID, Rank: id.Rank}
-	jobID, err := a.sp.addJob(m.File, src, j, mb)
-	if err != nil {
-		return err
-	}
-	a.log.Info("snapshot spooled", "window", w.ID, "reason", m.Reason, "events", events, "bytes", size, "key", key, "nvml_samples", len(samples), "job", jobID)
-	a.up.kick()
-	return nil
 }

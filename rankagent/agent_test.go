@@ -88,25 +88,29 @@ func replaySnapshot(t *testing.T) []byte {
 	return b
 }
 
-// runReplay starts a replay trainer against the agent.
-func runReplay(t *testing.T, h *harness, rank int) context.CancelFunc {
+// runReplay starts a replay trainer against the agent; it waits for a window before
+// each batch in holds (default: batch 3).
+func runReplay(t *testing.T, h *harness, rank int, holds ...int64) context.CancelFunc {
+	if len(holds) == 0 {
+		holds = []int64{3}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		Replay(ctx, ReplayConfig{Socket: h.agent.Socket(), Snapshot: replaySnapshot(t), Pace: 15 * time.Millisecond, Rank: rank, UUID: "GPU-test"})
+		Replay(ctx, ReplayConfig{Socket: h.agent.Socket(), Snapshot: replaySnapshot(t), Pace: 15 * time.Millisecond, Rank: rank, UUID: "GPU-test", HoldAt: holds})
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return cancel
 }
 
-// armAhead arms a window a few batches past the trainer's current batch.
-func armAhead(t *testing.T, h *harness, ahead, length int64) Window {
+// armAt waits until the replay trainer holds before batch start, then arms
+// [start, start+length): the window reaches it in time however slow the machine is.
+func armAt(t *testing.T, h *harness, start, length int64) Window {
 	t.Helper()
-	testutil.Eventually(t, 5*time.Second, "the trainer's first batch", func() bool { return h.agent.Batch() >= 0 })
-	b := h.agent.Batch()
-	w, err := h.agent.Arm(b+ahead, b+ahead+length)
+	testutil.Eventually(t, 20*time.Second, fmt.Sprintf("the trainer to hold before batch %d", start), func() bool { return h.agent.Batch() == start-1 })
+	w, err := h.agent.ArmNext(start, start+length)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,8 +178,8 @@ func TestAgentReplayFolderStore(t *testing.T) {
 	cfg := DefaultConfig(testID(2))
 	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
 	h := startAgent(t, cfg)
-	runReplay(t, h, 2)
-	w := armAhead(t, h, 3, 4)
+	runReplay(t, h, 2, 3, 12)
+	w := armAt(t, h, 3, 4)
 	r := waitUpload(t, h, 20*time.Second)
 	if r.Err != nil {
 		t.Fatal(r.Err)
@@ -188,7 +192,7 @@ func TestAgentReplayFolderStore(t *testing.T) {
 	checkUploaded(t, st, r.Key, w)
 	testutil.Eventually(t, 5*time.Second, "an empty spool", h.agent.Idle)
 	// a second window gets its own name
-	w2 := armAhead(t, h, 2, 2)
+	w2 := armAt(t, h, 12, 2)
 	r2 := waitUpload(t, h, 20*time.Second)
 	if r2.Err != nil || r2.Key == r.Key || w2.ID != w.ID+1 {
 		t.Fatalf("second window: %+v (ids %d, %d)", r2, w.ID, w2.ID)
@@ -289,7 +293,7 @@ func TestAgentMinIOStoreGoesAway(t *testing.T) {
 	cfg.OpenStore = func(ctx context.Context) (store.Store, error) { return store.Open(ctx, scfg) }
 	h := startAgent(t, cfg)
 	runReplay(t, h, 1)
-	w := armAhead(t, h, 2, 3)
+	w := armAt(t, h, 3, 3)
 	testutil.Eventually(t, 20*time.Second, "the store to go away mid-upload", p.down.Load)
 	testutil.Eventually(t, 10*time.Second, "a failed attempt", func() bool { return h.agent.Stats().Retries > 0 })
 	// while the store is away the snapshot is in the spool
@@ -331,7 +335,7 @@ func TestSpoolSurvivesRestart(t *testing.T) {
 	}
 	h := startAgent(t, cfg)
 	runReplay(t, h, 3)
-	w := armAhead(t, h, 2, 2)
+	w := armAt(t, h, 3, 2)
 	testutil.Eventually(t, 20*time.Second, "a spooled snapshot", func() bool { return len(h.agent.sp.pendingJobs()) == 1 })
 	h.stop()
 	allow.Store(true)
@@ -355,7 +359,7 @@ func TestExistingObjectIsKept(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "run1", "torch_memory_traces", "fixed.pickle"), []byte("older"), 0o644)
 	h := startAgent(t, cfg)
 	runReplay(t, h, 0)
-	armAhead(t, h, 2, 2)
+	armAt(t, h, 3, 2)
 	r := waitUpload(t, h, 20*time.Second)
 	if !errors.Is(r.Err, store.ErrExists) {
 		t.Fatalf("want ErrExists, got %+v", r)
@@ -412,7 +416,7 @@ func TestGarbageOnSocket(t *testing.T) {
 	}
 	// and after all that, a real trainer still records and uploads
 	runReplay(t, h, 1)
-	armAhead(t, h, 2, 2)
+	armAt(t, h, 3, 2)
 	if r := waitUpload(t, h, 20*time.Second); r.Err != nil {
 		t.Fatal(r.Err)
 	}
@@ -422,16 +426,35 @@ func TestArmErrors(t *testing.T) {
 	cfg := DefaultConfig(testID(0))
 	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(t.TempDir(), true) }
 	h := startAgent(t, cfg)
-	if _, err := h.agent.Arm(5, 5); err == nil {
+	if _, err := h.agent.ArmNext(5, 5); err == nil {
 		t.Fatal("an empty window was armed")
 	}
-	if _, err := h.agent.Arm(-1, 3); err == nil {
+	if _, err := h.agent.ArmNext(-1, 3); err == nil {
 		t.Fatal("a negative window was armed")
+	}
+	if err := h.agent.Arm(Window{Start: 1, Stop: 2}); err == nil {
+		t.Fatal("window id 0 was armed")
 	}
 	runReplay(t, h, 0)
 	testutil.Eventually(t, 5*time.Second, "batches", func() bool { return h.agent.Batch() >= 2 })
-	if _, err := h.agent.Arm(0, 2); err == nil || !strings.Contains(err.Error(), "past the window's start") {
+	if _, err := h.agent.ArmNext(0, 2); !errors.Is(err, ErrPassed) {
 		t.Fatalf("a window in the past: %v", err)
+	}
+	w, err := h.agent.ArmNext(100, 102)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.agent.Arm(w); err != nil {
+		t.Fatalf("arming the same window again: %v", err)
+	}
+	if err := h.agent.Arm(Window{ID: w.ID + 1, Start: 200, Stop: 201}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a second window while one is in progress: %v", err)
+	}
+	if err := h.agent.Cancel(w.ID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.agent.Arm(Window{ID: w.ID, Start: 300, Stop: 301}); !errors.Is(err, ErrStale) {
+		t.Fatalf("an old window id: %v", err)
 	}
 }
 

@@ -33,11 +33,11 @@ func TestHookWithRealAgent(t *testing.T) {
 	cfg := DefaultConfig(testID(2))
 	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
 	h := startAgent(t, cfg)
-	w, err := h.agent.Arm(5, 8) // armed before the trainer exists: sent when it connects
+	w, err := h.agent.ArmNext(5, 8) // armed before the trainer exists: sent when it connects
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(py, filepath.Join("hook", "testdata", "train_fake.py"), "30", "0.02")
+	cmd := exec.Command(py, filepath.Join("hook", "testdata", "train_fake.py"), "30", "0.02", "1")
 	cmd.Env = append(os.Environ(),
 		"MEMSNAP_SOCKET="+h.agent.Socket(),
 		"MEMSNAP_FAKE_SNAPSHOT="+testutil.Snapshot(t, "ddp4/rank2.5.memory_snapshot.pickle"),

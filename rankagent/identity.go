@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/memsnap/memsnap/naming"
 )
 
 // Identity is who a rank is in its job.
@@ -137,4 +139,57 @@ func DefaultSocketPath(runName string, localRank int) string {
 		run = run[:40]
 	}
 	return filepath.Join(base, fmt.Sprintf("memsnap-%d", os.Getuid()), fmt.Sprintf("%s.%d.sock", run, localRank))
+}
+
+// Overrides are identity fields given on the command line; negative ints and empty
+// strings leave the launcher's values.
+type Overrides struct {
+	RunName                                          string
+	Rank, LocalRank, NodeRank, WorldSize, LocalWorld int
+}
+
+// ResolveIdentity takes the launcher's identity from the environment (or a single
+// rank when there is no launcher) and applies the overrides.
+func ResolveIdentity(getenv func(string) string, o Overrides) (Identity, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	id, found, err := IdentityFromEnv(getenv)
+	if err != nil {
+		return id, err
+	}
+	if !found {
+		id = Identity{WorldSize: 1, LocalWorldSize: 1, Launcher: "flags", RunName: getenv("MEMSNAP_RUN_NAME")}
+	}
+	for _, f := range []struct {
+		v   int
+		dst *int
+	}{{o.Rank, &id.Rank}, {o.LocalRank, &id.LocalRank}, {o.NodeRank, &id.NodeRank}, {o.WorldSize, &id.WorldSize}, {o.LocalWorld, &id.LocalWorldSize}} {
+		if f.v >= 0 {
+			*f.dst = f.v
+		}
+	}
+	if o.RunName != "" {
+		id.RunName = o.RunName
+	}
+	if id.RunName == "" {
+		id.RunName = "memsnap"
+	}
+	return id, id.Check()
+}
+
+// DefaultSpool is the spool folder beside Composer's local folder: folder (a
+// template such as "{run_name}/torch_traces") rendered for id, then
+// ".memsnap-spool-rank<rank>".
+func DefaultSpool(folder string, id Identity) (string, error) {
+	t, err := naming.Parse(folder)
+	if err != nil {
+		return "", err
+	}
+	f, err := t.Render(naming.Vars{"run_name": id.RunName, "rank": id.Rank, "local_rank": id.LocalRank, "node_rank": id.NodeRank,
+		"world_size": id.WorldSize, "local_world_size": max(id.LocalWorldSize, 1)})
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(f, fmt.Sprintf(".memsnap-spool-rank%d", id.Rank)), nil
 }

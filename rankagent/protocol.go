@@ -32,14 +32,16 @@ type Message struct {
 	Batch  *int64 `json:"batch,omitempty"`
 	TimeUS int64  `json:"t_us,omitempty"`
 
-	// snapshot / error (hook -> agent)
+	// snapshot / error / armed / recording (hook -> agent)
 	Window  uint64      `json:"window,omitempty"`
 	Reason  string      `json:"reason,omitempty"` // "window" or "oom"
 	File    string      `json:"file,omitempty"`   // a base name inside the spool's incoming folder
 	Batches []BatchMark `json:"batches,omitempty"`
 	Message string      `json:"message,omitempty"`
+	Code    string      `json:"code,omitempty"` // error: one of the Code* constants
 
-	// welcome / window / cancel (agent -> hook)
+	// welcome / window / cancel (agent -> hook); Start and Stop also in a snapshot
+	// (hook -> agent): the window the hook recorded
 	Spool      string `json:"spool,omitempty"`
 	ID         uint64 `json:"id,omitempty"`
 	Start      int64  `json:"start,omitempty"`
@@ -54,6 +56,14 @@ type BatchMark struct {
 	StartUS int64 `json:"start_us"`
 	EndUS   int64 `json:"end_us"`
 }
+
+// Error codes a hook sends with an error message, so the agent can tell a window the
+// trainer was too late for from one it failed to record.
+const (
+	CodeStartPassed  = "start_passed"  // the trainer was past the window's start when it arrived
+	CodeRecordFailed = "record_failed" // turning allocator history on failed
+	CodeDumpFailed   = "dump_failed"   // taking or writing the snapshot failed (a full disk, say)
+)
 
 // ErrProtocol is wrapped by every refusal of a trainer message.
 var ErrProtocol = errors.New("rankagent: bad trainer message")
@@ -94,6 +104,14 @@ func ParseMessage(line []byte) (*Message, error) {
 		if m.Batch == nil || *m.Batch < 0 {
 			return bad("needs a batch >= 0")
 		}
+	case "armed":
+		if m.Window == 0 {
+			return bad("no window id")
+		}
+	case "recording":
+		if m.Window == 0 || m.Batch == nil || *m.Batch < 0 {
+			return bad("needs a window id and a batch >= 0")
+		}
 	case "snapshot":
 		if m.Reason != "window" && m.Reason != "oom" {
 			return bad("reason %q (window or oom)", m.Reason)
@@ -103,6 +121,9 @@ func ParseMessage(line []byte) (*Message, error) {
 		}
 		if m.Reason == "window" && m.Window == 0 {
 			return bad("no window id")
+		}
+		if m.Start < 0 || m.Stop < 0 || (m.Stop != 0 && m.Stop <= m.Start) {
+			return bad("window [%d, %d) is empty or negative", m.Start, m.Stop)
 		}
 		if len(m.Batches) > 1<<16 {
 			return bad("%d batch marks", len(m.Batches))
@@ -115,6 +136,11 @@ func ParseMessage(line []byte) (*Message, error) {
 	case "error":
 		if len(m.Message) > 4096 {
 			m.Message = m.Message[:4096]
+		}
+		switch m.Code {
+		case "", CodeStartPassed, CodeRecordFailed, CodeDumpFailed:
+		default:
+			return bad("unknown code %q", m.Code)
 		}
 	default:
 		return bad("unknown message type")
@@ -133,6 +159,8 @@ func checkSpoolName(name string) error {
 		return fmt.Errorf("file %q is not a plain name", name)
 	case strings.HasPrefix(name, "."):
 		return fmt.Errorf("file %q is hidden", name)
+	case !strings.HasSuffix(name, ".pickle"):
+		return fmt.Errorf("file %q does not end in .pickle", name)
 	}
 	return nil
 }

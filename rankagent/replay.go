@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,14 +25,19 @@ type ReplayConfig struct {
 	Snapshot []byte        // a torch snapshot pickle to replay
 	Batches  int64         // how many batches to run (0: until ctx ends)
 	Pace     time.Duration // the length of one batch (default 20ms)
-	Rank     int
-	UUID     string // the device UUID reported in hello
-	Logger   *slog.Logger
+	// HoldAt lists batches before which the trainer waits until it has a window
+	// (or ctx ends): a trainer slow at those points, so tests and the demo never
+	// depend on how fast the machine is.
+	HoldAt []int64
+	Rank   int
+	UUID   string // the device UUID reported in hello
+	Logger *slog.Logger
 }
 
 // Replay runs the replay trainer until its batches are done or ctx ends. Like the
 // Python hook, it keeps training when the agent is absent and reconnects when it
-// returns.
+// returns, reports a window whose start it has passed, and records a window only
+// from its first batch.
 func Replay(ctx context.Context, cfg ReplayConfig) error {
 	if cfg.Pace <= 0 {
 		cfg.Pace = 20 * time.Millisecond
@@ -43,21 +49,27 @@ func Replay(ctx context.Context, cfg ReplayConfig) error {
 	if err != nil {
 		return fmt.Errorf("rankagent: replay snapshot: %w", err)
 	}
-	rt := &replay{cfg: cfg, base: base, log: cfg.Logger.With("replay_rank", cfg.Rank)}
-	return rt.run(ctx)
+	rt := &replay{cfg: cfg, base: base, log: cfg.Logger.With("replay_rank", cfg.Rank), batch: -1, got: make(chan struct{}, 1)}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer rt.close()
+	return rt.run(ctx, &wg)
 }
 
 type replay struct {
 	cfg  ReplayConfig
 	base *snapshot.Snapshot
 	log  *slog.Logger
+	got  chan struct{} // a window arrived
 
-	mu       sync.Mutex
-	conn     net.Conn
-	spool    string
-	window   *Message
-	marks    []BatchMark
-	recStart int64
+	mu        sync.Mutex
+	conn      net.Conn
+	spool     string
+	batch     int64    // the batch the trainer is in (-1 before the first)
+	window    *Message // armed, not recording yet
+	recording *Message
+	marks     []BatchMark
+	closed    bool
 }
 
 func (r *replay) send(m *Message) {
@@ -82,12 +94,22 @@ func (r *replay) drop(c net.Conn) {
 	c.Close()
 }
 
-// connect dials the agent (once); the reader goroutine handles its messages.
-func (r *replay) connect(ctx context.Context) {
+func (r *replay) close() {
 	r.mu.Lock()
-	connected := r.conn != nil
+	r.closed = true
+	c := r.conn
 	r.mu.Unlock()
-	if connected {
+	if c != nil {
+		c.Close()
+	}
+}
+
+// connect dials the agent (once); a reader goroutine handles its messages.
+func (r *replay) connect(wg *sync.WaitGroup) {
+	r.mu.Lock()
+	skip := r.conn != nil || r.closed
+	r.mu.Unlock()
+	if skip {
 		return
 	}
 	c, err := net.DialTimeout("unix", r.cfg.Socket, time.Second)
@@ -98,8 +120,10 @@ func (r *replay) connect(ctx context.Context) {
 	r.conn = c
 	r.mu.Unlock()
 	rank := r.cfg.Rank
-	r.send(&Message{V: ProtocolVersion, Type: "hello", PID: os.Getpid(), Rank: &rank, DeviceUUID: r.cfg.UUID, Torch: "replay", Hook: "memsnap-replay"})
+	r.send(&Message{V: ProtocolVersion, Type: "hello", PID: os.Getpid(), Rank: &rank, DeviceUUID: r.cfg.UUID, Torch: "replay", Hook: "memsnap-replay/2"})
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		sc := bufio.NewScanner(c)
 		sc.Buffer(make([]byte, 4096), MaxLine)
 		for sc.Scan() {
@@ -107,69 +131,137 @@ func (r *replay) connect(ctx context.Context) {
 			if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 				continue
 			}
-			r.mu.Lock()
-			switch m.Type {
-			case "welcome":
-				r.spool = m.Spool
-			case "window":
-				w := m
-				r.window = &w
-			case "error":
-				r.log.Warn("agent says", "message", m.Message)
-			}
-			r.mu.Unlock()
+			r.onMessage(&m)
 		}
 		r.drop(c)
 	}()
 }
 
-func (r *replay) run(ctx context.Context) error {
+func (r *replay) onMessage(m *Message) {
+	r.mu.Lock()
+	var reply *Message
+	switch m.Type {
+	case "welcome":
+		r.spool = m.Spool
+	case "window":
+		switch {
+		case m.Stop <= m.Start || m.Start < 0:
+		case r.recording != nil && r.recording.ID == m.ID:
+		case r.batch >= m.Start:
+			reply = &Message{Type: "error", Window: m.ID, Code: CodeStartPassed,
+				Message: fmt.Sprintf("window start %d already passed (batch %d)", m.Start, r.batch)}
+		default:
+			w := *m
+			r.window = &w
+			reply = &Message{Type: "armed", Window: m.ID}
+			select {
+			case r.got <- struct{}{}:
+			default:
+			}
+		}
+	case "cancel":
+		if r.window != nil && r.window.ID == m.ID {
+			r.window = nil
+		}
+		if r.recording != nil && r.recording.ID == m.ID {
+			r.recording, r.marks = nil, nil
+		}
+	case "error":
+		r.log.Warn("agent says", "message", m.Message)
+	}
+	r.mu.Unlock()
+	if reply != nil {
+		r.send(reply)
+	}
+}
+
+func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 	for b := int64(0); r.cfg.Batches == 0 || b < r.cfg.Batches; b++ {
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.connect(ctx)
+		r.connect(wg)
+		if slices.Contains(r.cfg.HoldAt, b) {
+			r.hold(ctx, wg)
+		}
 		start := time.Now().UnixMicro()
 		bb := b
 		r.send(&Message{Type: "batch", Batch: &bb, TimeUS: start})
 		r.mu.Lock()
-		w := r.window
-		if w != nil && b == w.Start {
-			r.recStart, r.marks = start, nil
+		r.batch = b
+		var reply *Message
+		if w := r.window; w != nil && r.recording == nil {
+			switch {
+			case b == w.Start:
+				r.recording, r.window, r.marks = w, nil, nil
+				reply = &Message{Type: "recording", Window: w.ID, Batch: &bb, TimeUS: start}
+			case b > w.Start:
+				r.window = nil
+				reply = &Message{Type: "error", Window: w.ID, Code: CodeStartPassed,
+					Message: fmt.Sprintf("window start %d already passed (batch %d)", w.Start, b)}
+			}
 		}
 		r.mu.Unlock()
+		if reply != nil {
+			r.send(reply)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(r.cfg.Pace):
 		}
 		end := time.Now().UnixMicro()
-		if w != nil && b >= w.Start && b < w.Stop {
-			r.mu.Lock()
+		r.mu.Lock()
+		w := r.recording
+		var marks []BatchMark
+		if w != nil {
 			r.marks = append(r.marks, BatchMark{Batch: b, StartUS: start, EndUS: end})
-			r.mu.Unlock()
-		}
-		if w != nil && b == w.Stop-1 {
-			if err := r.dump(w, end); err != nil {
-				r.log.Error("replay could not dump its snapshot", "err", err)
-				r.send(&Message{Type: "error", Window: w.ID, Message: err.Error()})
+			if b == w.Stop-1 {
+				marks, r.recording, r.marks = r.marks, nil, nil
 			}
-			r.mu.Lock()
-			r.window = nil
-			r.mu.Unlock()
+		}
+		r.mu.Unlock()
+		if marks != nil {
+			if err := r.dump(w, marks); err != nil {
+				r.log.Error("replay could not dump its snapshot", "err", err)
+				r.send(&Message{Type: "error", Window: w.ID, Code: CodeDumpFailed, Message: err.Error()})
+			}
 		}
 	}
 	return nil
 }
 
-// dump writes the base snapshot with its events moved into the window's time span.
-func (r *replay) dump(w *Message, end int64) error {
+// hold waits until a window has arrived (or ctx ends), staying connected.
+func (r *replay) hold(ctx context.Context, wg *sync.WaitGroup) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		r.mu.Lock()
+		has := r.window != nil
+		r.mu.Unlock()
+		if has {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.got:
+		case <-t.C:
+			r.connect(wg)
+		}
+	}
+}
+
+// dump writes the base snapshot with its events spread over the recorded batches,
+// then the snapshot message beside it, as the hook does.
+func (r *replay) dump(w *Message, marks []BatchMark) error {
 	r.mu.Lock()
-	spool, marks, start := r.spool, append([]BatchMark(nil), r.marks...), r.recStart
+	spool := r.spool
 	r.mu.Unlock()
 	if spool == "" {
 		return errors.New("no spool folder from the agent")
 	}
+	start, end := marks[0].StartUS, marks[len(marks)-1].EndUS
 	s := *r.base
 	var t0, t1 int64 = 1<<63 - 1, -1 << 63
 	for _, tr := range s.DeviceTraces {
@@ -177,13 +269,13 @@ func (r *replay) dump(w *Message, end int64) error {
 			t0, t1 = min(t0, e.TimeUS), max(t1, e.TimeUS)
 		}
 	}
-	span := max(t1-t0, 1)
+	scale := float64(end-start) / float64(max(t1-t0, 1))
 	traces := make([][]*snapshot.TraceEntry, len(s.DeviceTraces))
 	for i, tr := range s.DeviceTraces {
 		out := make([]*snapshot.TraceEntry, len(tr))
 		for j, e := range tr {
 			c := *e
-			c.TimeUS = start + (e.TimeUS-t0)*(end-start)/span
+			c.TimeUS = start + int64(float64(e.TimeUS-t0)*scale)
 			out[j] = &c
 		}
 		traces[i] = out
@@ -194,13 +286,24 @@ func (r *replay) dump(w *Message, end int64) error {
 		return err
 	}
 	name := fmt.Sprintf("rank%d.w%d.%d.pickle", r.cfg.Rank, w.ID, time.Now().UnixNano())
-	tmp := filepath.Join(spool, "."+name)
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	msg := &Message{Type: "snapshot", Window: w.ID, Reason: "window", File: name, Batches: marks, Start: w.Start, Stop: w.Stop}
+	if err := writeAtomic(filepath.Join(spool, companion(name)), encodeMessage(msg)); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(spool, name)); err != nil {
+	if err := writeAtomic(filepath.Join(spool, name), b); err != nil {
+		os.Remove(filepath.Join(spool, companion(name)))
 		return err
 	}
-	r.send(&Message{Type: "snapshot", Window: w.ID, Reason: "window", File: name, Batches: marks})
+	r.send(msg)
 	return nil
+}
+
+// writeAtomic writes b under a hidden name beside p and renames it into place.
+func writeAtomic(p string, b []byte) error {
+	tmp := filepath.Join(filepath.Dir(p), "."+filepath.Base(p))
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, p)
 }

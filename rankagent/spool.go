@@ -10,26 +10,33 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/naming"
 )
 
 // The spool is a local folder (owner-only) that holds every snapshot until the
 // store has it:
 //
-//	incoming/       the hook writes finished snapshots here
+//	incoming/       the hook writes finished snapshots here: NAME.pickle, and beside
+//	                it NAME.json, the snapshot message, so an agent that starts later
+//	                can adopt the file even if it never heard of it
 //	pending/<job>/  snapshot.pickle, meta.json and job.json, waiting for upload
-//	failed/<job>/   jobs the store refused for good (an existing object, say)
+//	failed/<job>/   jobs that can never be uploaded as they are (an existing object,
+//	                a name the store refuses, a corrupt file), with error.txt
 //
 // A job is created under a hidden name and renamed into pending/ once complete, so
 // a crash never leaves half a job there; an agent that restarts uploads what
-// pending/ holds. Nothing is deleted before the store has confirmed it.
+// pending/ holds and adopts what incoming/ holds. Nothing is deleted before the
+// store has confirmed it.
 type spool struct {
 	root string
 }
@@ -44,17 +51,21 @@ type job struct {
 	Overwrite bool      `json:"overwrite"`
 	Created   time.Time `json:"created"`
 	Window    uint64    `json:"window"`
+	Start     int64     `json:"start"`
+	Stop      int64     `json:"stop"`
+	Reason    string    `json:"reason,omitempty"`  // "window" or "oom"
+	Partial   string    `json:"partial,omitempty"` // why the snapshot does not cover the whole window
 	Rank      int       `json:"rank"`
 }
 
 func openSpool(root string) (*spool, error) {
-	for _, d := range []string{"", "incoming", "pending", "failed"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o700); err != nil {
-			return nil, fmt.Errorf("rankagent: spool %s: %w", root, err)
-		}
+	if err := privateDir(root); err != nil {
+		return nil, fmt.Errorf("rankagent: spool: %w", err)
 	}
-	if err := os.Chmod(root, 0o700); err != nil {
-		return nil, fmt.Errorf("rankagent: spool %s: %w", root, err)
+	for _, d := range []string{"incoming", "pending", "failed"} {
+		if err := privateDir(filepath.Join(root, d)); err != nil {
+			return nil, fmt.Errorf("rankagent: spool: %w", err)
+		}
 	}
 	return &spool{root: root}, nil
 }
@@ -76,6 +87,55 @@ func (s *spool) incomingFile(name string) (string, error) {
 		return "", fmt.Errorf("%s is not a regular file", name)
 	}
 	return p, nil
+}
+
+// companion is the path of the snapshot message the hook writes beside NAME.pickle.
+func companion(pickle string) string { return strings.TrimSuffix(pickle, ".pickle") + ".json" }
+
+// incomingSnapshots lists the complete snapshots waiting in incoming/, oldest first
+// (hidden files are still being written).
+func (s *spool) incomingSnapshots() []string {
+	ents, _ := os.ReadDir(s.incoming())
+	type f struct {
+		name string
+		t    time.Time
+	}
+	var fs []f
+	for _, e := range ents {
+		if checkSpoolName(e.Name()) != nil || !e.Type().IsRegular() {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue
+		}
+		fs = append(fs, f{e.Name(), info.ModTime()})
+	}
+	sort.Slice(fs, func(i, j int) bool { return fs[i].t.Before(fs[j].t) })
+	out := make([]string, len(fs))
+	for i, x := range fs {
+		out[i] = x.name
+	}
+	return out
+}
+
+// incomingMessage reads the snapshot message the hook left beside name, or returns
+// nil when there is none.
+func (s *spool) incomingMessage(name string) *Message {
+	f, err := os.Open(companion(filepath.Join(s.incoming(), name)))
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxLine+1))
+	if err != nil {
+		return nil
+	}
+	m, err := ParseMessage(b)
+	if err != nil || m.Type != "snapshot" || m.File != name {
+		return nil
+	}
+	return m
 }
 
 func hashFile(p string) (string, int64, error) {
@@ -108,30 +168,58 @@ func writeFileSync(p string, b []byte) error {
 	return f.Close()
 }
 
+func jobID(rank int, window uint64) string {
+	return fmt.Sprintf("r%d-w%d-%d", rank, window, time.Now().UnixNano())
+}
+
 // addJob moves a finished snapshot from incoming/ into a new pending job.
-func (s *spool) addJob(name, src string, j job, meta []byte) (string, error) {
-	id := fmt.Sprintf("r%d-w%d-%d", j.Rank, j.Window, time.Now().UnixNano())
+func (s *spool) addJob(src string, j job, meta []byte) (string, error) {
+	id := jobID(j.Rank, j.Window)
 	tmp := filepath.Join(s.root, "pending", ".tmp-"+id)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return "", err
 	}
-	if err := os.Rename(src, filepath.Join(tmp, "snapshot.pickle")); err != nil {
-		return "", err
-	}
 	if err := writeFileSync(filepath.Join(tmp, "meta.json"), meta); err != nil {
+		os.RemoveAll(tmp)
 		return "", err
 	}
 	jb, _ := json.MarshalIndent(j, "", "  ")
 	if err := writeFileSync(filepath.Join(tmp, "job.json"), jb); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	// the snapshot moves last: until then, a crash leaves it in incoming/ to adopt
+	if err := os.Rename(src, filepath.Join(tmp, "snapshot.pickle")); err != nil {
+		os.RemoveAll(tmp)
 		return "", err
 	}
 	if err := os.Rename(tmp, filepath.Join(s.root, "pending", id)); err != nil {
 		return "", err
 	}
+	os.Remove(companion(src))
 	return id, nil
 }
 
-// recover finishes jobs a crash left under their hidden names.
+// reject moves a snapshot from incoming/ that can never be uploaded (it does not
+// decode, say) into failed/ with the reason, so it is kept for a person to look at
+// and not adopted again.
+func (s *spool) reject(src string, rank int, window uint64, reason error) (string, error) {
+	id := jobID(rank, window)
+	dir := filepath.Join(s.root, "failed", id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.Rename(src, filepath.Join(dir, "snapshot.pickle")); err != nil {
+		return "", err
+	}
+	os.Rename(companion(src), filepath.Join(dir, "message.json"))
+	os.WriteFile(filepath.Join(dir, "error.txt"), []byte(reason.Error()+"\n"), 0o600)
+	return dir, nil
+}
+
+// recover finishes jobs a crash left under their hidden names. A hidden job holds
+// its snapshot only once job.json is written, so it is complete then; one without
+// job.json never took its snapshot out of incoming/, and is removed.
 func (s *spool) recover(log *slog.Logger) {
 	ents, _ := os.ReadDir(filepath.Join(s.root, "pending"))
 	for _, e := range ents {
@@ -139,19 +227,28 @@ func (s *spool) recover(log *slog.Logger) {
 			continue
 		}
 		dir := filepath.Join(s.root, "pending", e.Name())
-		if _, err := os.Stat(filepath.Join(dir, "job.json")); err == nil {
-			os.Rename(dir, filepath.Join(s.root, "pending", strings.TrimPrefix(e.Name(), ".tmp-")))
+		if _, err := os.Stat(filepath.Join(dir, "snapshot.pickle")); err == nil {
+			if err := os.Rename(dir, filepath.Join(s.root, "pending", strings.TrimPrefix(e.Name(), ".tmp-"))); err != nil {
+				log.Warn("an interrupted spool job could not be finished", "dir", dir, "err", err)
+			}
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(dir, "snapshot.pickle")); err == nil {
-			log.Warn("an incomplete spool job holds a snapshot; it is kept, not uploaded", "dir", dir)
-		}
+		os.RemoveAll(dir)
 	}
 }
 
 // pendingJobs lists the jobs waiting for upload, oldest first.
 func (s *spool) pendingJobs() []string {
-	ents, _ := os.ReadDir(filepath.Join(s.root, "pending"))
+	return s.jobs("pending")
+}
+
+// failedJobs lists the jobs kept in failed/.
+func (s *spool) failedJobs() []string {
+	return s.jobs("failed")
+}
+
+func (s *spool) jobs(sub string) []string {
+	ents, _ := os.ReadDir(filepath.Join(s.root, sub))
 	var out []string
 	for _, e := range ents {
 		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
@@ -162,7 +259,9 @@ func (s *spool) pendingJobs() []string {
 	return out
 }
 
-// uploader uploads pending jobs, retrying with backoff while the store is away.
+// uploader uploads pending jobs. A job that fails for good goes to failed/ at once;
+// one that fails for now is retried with jittered backoff of its own, so one failing
+// job never holds up the others.
 type uploader struct {
 	sp       *spool
 	open     func(context.Context) (store.Store, error)
@@ -175,24 +274,45 @@ type uploader struct {
 	mu    sync.Mutex
 	st    store.Store
 	busy  bool
-	stats UploadStats
+	tries map[string]*retry
+	stats uploadStats
+}
+
+// retry is one job's backoff state.
+type retry struct {
+	attempts int
+	next     time.Time
 }
 
 // UploadResult reports one finished upload (or a job that failed for good).
 type UploadResult struct {
-	Key    string
-	Size   int64
-	SHA256 string
-	Events int
-	Window uint64
-	Err    error
+	Key     string
+	MetaKey string
+	Size    int64
+	SHA256  string
+	Events  int
+	Window  Window
+	Reason  string // "window" or "oom"
+	Partial string // why the snapshot does not cover its whole window ("" when it does)
+	Err     error  // set when the job failed for good; the snapshot is in the spool's failed/
 }
 
-// UploadStats counts what the uploader did.
-type UploadStats struct {
-	Uploaded int
-	Failed   int
-	Retries  int
+type uploadStats struct {
+	uploaded, failed, retries int
+}
+
+// errSpoolCorrupt: a spooled file no longer has the checksum it was spooled with.
+var errSpoolCorrupt = errors.New("rankagent: the spooled snapshot changed on disk")
+
+// permanent reports whether retrying an upload cannot help.
+func permanent(err error) bool {
+	if errors.Is(err, errSpoolCorrupt) || errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	if errors.Is(err, store.ErrExists) || errors.Is(err, store.ErrChecksum) || errors.Is(err, naming.ErrBadKey) {
+		return true
+	}
+	return errors.Is(err, syscall.ENAMETOOLONG) || errors.Is(err, syscall.EINVAL)
 }
 
 func (u *uploader) kick() {
@@ -217,31 +337,42 @@ func (u *uploader) store(ctx context.Context) (store.Store, error) {
 }
 
 func (u *uploader) run(ctx context.Context) {
-	wait := u.minWait
 	for {
-		err := u.drain(ctx)
+		next := u.drain(ctx)
+		var timer *time.Timer
 		var t <-chan time.Time
-		if err != nil {
-			u.log.Warn("upload failed; the snapshot stays in the spool and is retried", "err", err, "retry_in", wait)
-			u.mu.Lock()
-			u.stats.Retries++
-			u.mu.Unlock()
-			t = time.After(wait)
-			wait = min(wait*2, u.maxWait)
-		} else {
-			wait = u.minWait
+		if !next.IsZero() {
+			timer = time.NewTimer(max(time.Until(next), time.Millisecond))
+			t = timer.C
 		}
 		select {
 		case <-ctx.Done():
-			return
 		case <-u.wake:
 		case <-t:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return
 		}
 	}
 }
 
-// drain uploads every pending job; it stops at the first retryable failure.
-func (u *uploader) drain(ctx context.Context) error {
+// backoff is the wait before attempt n+1: doubling from minWait up to maxWait, with
+// jitter, so agents that lost one store do not all come back at once.
+func (u *uploader) backoff(attempts int) time.Duration {
+	d := u.minWait
+	for i := 1; i < attempts && d < u.maxWait; i++ {
+		d *= 2
+	}
+	d = min(d, u.maxWait)
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+// drain tries every pending job that is due; it returns when the next one is due
+// (zero when none waits).
+func (u *uploader) drain(ctx context.Context) time.Time {
 	u.mu.Lock()
 	u.busy = true
 	u.mu.Unlock()
@@ -250,31 +381,85 @@ func (u *uploader) drain(ctx context.Context) error {
 		u.busy = false
 		u.mu.Unlock()
 	}()
-	for _, id := range u.sp.pendingJobs() {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err := u.upload(ctx, id); err != nil {
-			return err
+	var next time.Time
+	ids := u.sp.pendingJobs()
+	live := map[string]bool{}
+	for _, id := range ids {
+		live[id] = true
+	}
+	u.mu.Lock()
+	for id := range u.tries {
+		if !live[id] {
+			delete(u.tries, id)
 		}
 	}
-	return nil
+	u.mu.Unlock()
+	for _, id := range ids {
+		if ctx.Err() != nil {
+			return time.Time{}
+		}
+		u.mu.Lock()
+		r := u.tries[id]
+		u.mu.Unlock()
+		if r != nil && time.Now().Before(r.next) {
+			if next.IsZero() || r.next.Before(next) {
+				next = r.next
+			}
+			continue
+		}
+		res, err := u.upload(ctx, id)
+		if err == nil {
+			u.mu.Lock()
+			delete(u.tries, id)
+			u.mu.Unlock()
+			continue
+		}
+		if ctx.Err() != nil {
+			return time.Time{}
+		}
+		if permanent(err) {
+			u.fail(id, err, res)
+			continue
+		}
+		u.mu.Lock()
+		if r == nil {
+			r = &retry{}
+			u.tries[id] = r
+		}
+		r.attempts++
+		wait := u.backoff(r.attempts)
+		r.next = time.Now().Add(wait)
+		u.stats.retries++
+		if r.next.Before(next) || next.IsZero() {
+			next = r.next
+		}
+		u.mu.Unlock()
+		u.log.Warn("upload failed; the snapshot stays in the spool and is retried", "job", id, "err", err, "attempt", r.attempts, "retry_in", wait.Round(time.Millisecond))
+	}
+	return next
 }
 
-func (u *uploader) upload(ctx context.Context, id string) error {
+func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) {
 	dir := filepath.Join(u.sp.root, "pending", id)
 	jb, err := os.ReadFile(filepath.Join(dir, "job.json"))
 	if err != nil {
-		return u.fail(id, fmt.Errorf("job.json: %w", err), UploadResult{})
+		return UploadResult{}, fmt.Errorf("%w: job.json: %w", errSpoolCorrupt, err)
 	}
 	var j job
 	if err := json.Unmarshal(jb, &j); err != nil {
-		return u.fail(id, fmt.Errorf("job.json: %w", err), UploadResult{})
+		return UploadResult{}, fmt.Errorf("%w: job.json: %w", errSpoolCorrupt, err)
 	}
-	res := UploadResult{Key: j.Key, Size: j.Size, SHA256: j.SHA256, Events: j.Events, Window: j.Window}
+	res := UploadResult{Key: j.Key, MetaKey: j.MetaKey, Size: j.Size, SHA256: j.SHA256, Events: j.Events,
+		Window: Window{ID: j.Window, Start: j.Start, Stop: j.Stop}, Reason: j.Reason, Partial: j.Partial}
+	snap := filepath.Join(dir, "snapshot.pickle")
+	if sum, _, err := hashFile(snap); err != nil {
+		return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
+	} else if !strings.EqualFold(sum, j.SHA256) {
+		return res, fmt.Errorf("%w: %s has SHA-256 %s, spooled as %s", errSpoolCorrupt, snap, sum, j.SHA256)
+	}
 	st, err := u.store(ctx)
 	if err != nil {
-		return err
+		return res, err
 	}
 	put := func(key, path, sum string, overwrite bool) error {
 		f, err := os.Open(path)
@@ -289,41 +474,37 @@ func (u *uploader) upload(ctx context.Context, id string) error {
 		_, err = st.Put(ctx, key, f, store.PutOptions{SHA256: sum, Overwrite: overwrite, Size: size})
 		if errors.Is(err, store.ErrExists) {
 			// an earlier attempt may have stored it before the agent stopped
-			if info, serr := st.Stat(ctx, key); serr == nil && strings.EqualFold(info.SHA256, sum) && sum != "" {
+			if info, serr := st.Stat(ctx, key); serr == nil && sum != "" && strings.EqualFold(info.SHA256, sum) {
 				return nil
 			}
 		}
 		return err
 	}
-	err = put(j.Key, filepath.Join(dir, "snapshot.pickle"), j.SHA256, j.Overwrite)
-	if errors.Is(err, store.ErrExists) || errors.Is(err, store.ErrNoBucket) || errors.Is(err, store.ErrAccess) {
-		if errors.Is(err, store.ErrExists) {
-			return u.fail(id, err, res) // retrying cannot help
-		}
-		return err // the bucket or the credentials may be fixed: keep retrying
+	if err := put(j.Key, snap, j.SHA256, j.Overwrite); err != nil {
+		return res, err
 	}
+	metaSum, _, err := hashFile(filepath.Join(dir, "meta.json"))
 	if err != nil {
-		return err
+		return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
 	}
-	metaSum, _, _ := hashFile(filepath.Join(dir, "meta.json"))
 	if err := put(j.MetaKey, filepath.Join(dir, "meta.json"), metaSum, true); err != nil {
-		return err
+		return res, err
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		u.log.Warn("uploaded, but the spool job could not be removed", "dir", dir, "err", err)
 	}
 	u.mu.Lock()
-	u.stats.Uploaded++
+	u.stats.uploaded++
 	u.mu.Unlock()
-	u.log.Info("uploaded snapshot", "key", j.Key, "bytes", j.Size, "sha256", j.SHA256[:12], "events", j.Events, "store", st.String())
+	u.log.Info("uploaded snapshot", "key", j.Key, "bytes", j.Size, "sha256", j.SHA256[:min(12, len(j.SHA256))], "events", j.Events, "window", j.Window, "store", st.String())
 	if u.onResult != nil {
 		u.onResult(res)
 	}
-	return nil
+	return res, nil
 }
 
 // fail moves a job that can never succeed to failed/ and reports it.
-func (u *uploader) fail(id string, err error, res UploadResult) error {
+func (u *uploader) fail(id string, err error, res UploadResult) {
 	src := filepath.Join(u.sp.root, "pending", id)
 	dst := filepath.Join(u.sp.root, "failed", id)
 	if rerr := os.Rename(src, dst); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
@@ -331,14 +512,14 @@ func (u *uploader) fail(id string, err error, res UploadResult) error {
 	}
 	os.WriteFile(filepath.Join(dst, "error.txt"), []byte(err.Error()+"\n"), 0o600)
 	u.mu.Lock()
-	u.stats.Failed++
+	u.stats.failed++
+	delete(u.tries, id)
 	u.mu.Unlock()
 	u.log.Error("snapshot not uploaded; kept in the spool", "dir", dst, "err", err)
 	res.Err = err
 	if u.onResult != nil {
 		u.onResult(res)
 	}
-	return nil
 }
 
 func (u *uploader) idle() bool {

@@ -8,9 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,7 +56,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	requireGPU := fs.Bool("require-gpu", false, "fail the window when the trainer's GPU cannot be read through NVML")
 	maxEntries := fs.Int("max-entries", 100000, "allocator history entries torch keeps")
 	stacks := fs.String("stacks", "python", "stacks torch records: python or all")
-	drain := fs.Duration("drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits")
+	drain := fs.Duration("drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits (a second Ctrl-C stops the wait)")
 	var sf storeFlags
 	sf.register(fs)
 	// flags stop at "--"; what follows is the trainer's command
@@ -82,29 +80,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	stderr, stdout = &syncWriter{w: stderr}, &syncWriter{w: stdout}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 
-	id, found, err := rankagent.IdentityFromEnv(nil)
+	id, err := rankagent.ResolveIdentity(nil, rankagent.Overrides{RunName: *runName, Rank: *rank, LocalRank: *localRank,
+		NodeRank: *nodeRank, WorldSize: *world, LocalWorld: *localWorld})
 	if err != nil {
-		return err
-	}
-	if !found {
-		id = rankagent.Identity{WorldSize: 1, LocalWorldSize: 1, Launcher: "flags"}
-		id.RunName = os.Getenv("MEMSNAP_RUN_NAME")
-	}
-	for _, o := range []struct {
-		v   int
-		dst *int
-	}{{*rank, &id.Rank}, {*localRank, &id.LocalRank}, {*nodeRank, &id.NodeRank}, {*world, &id.WorldSize}, {*localWorld, &id.LocalWorldSize}} {
-		if o.v >= 0 {
-			*o.dst = o.v
-		}
-	}
-	if *runName != "" {
-		id.RunName = *runName
-	}
-	if id.RunName == "" {
-		id.RunName = "memsnap"
-	}
-	if err := id.Check(); err != nil {
 		return err
 	}
 	cfg := rankagent.DefaultConfig(id)
@@ -113,16 +91,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.Logger = log
 	cfg.Spool = *spoolDir
 	if cfg.Spool == "" {
-		ft, err := naming.Parse(*folder)
-		if err != nil {
+		if cfg.Spool, err = rankagent.DefaultSpool(*folder, id); err != nil {
 			return err
 		}
-		f, err := ft.Render(naming.Vars{"run_name": id.RunName, "rank": id.Rank, "local_rank": id.LocalRank, "node_rank": id.NodeRank,
-			"world_size": id.WorldSize, "local_world_size": max(id.LocalWorldSize, 1)})
-		if err != nil {
-			return err
-		}
-		cfg.Spool = filepath.Join(f, fmt.Sprintf(".memsnap-spool-rank%d", id.Rank))
 	}
 	scfg := sf.config(*storeURL, true)
 	cfg.OpenStore = func(ctx context.Context) (store.Store, error) { return store.Open(ctx, scfg) }
@@ -146,49 +117,38 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if !ok || err1 != nil || err2 != nil {
 			return fmt.Errorf("--window %q: want START:STOP", *window)
 		}
-		if _, err := a.Arm(start, stop); err != nil {
+		if _, err := a.ArmNext(start, stop); err != nil {
 			return err
 		}
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
 	if len(cmdArgs) == 0 {
-		return <-done
+		return a.Run(ctx)
 	}
-	// launch the trainer with the socket in its environment
-	child := exec.Command(cmdArgs[0], cmdArgs[1:]...)
-	child.Stdin, child.Stdout, child.Stderr = os.Stdin, stdout, stderr
-	child.Env = append(os.Environ(), "MEMSNAP_SOCKET="+a.Socket())
-	if err := child.Start(); err != nil {
-		cancel()
-		<-done
-		return fmt.Errorf("starting %s: %w", cmdArgs[0], err)
-	}
-	sigs := make(chan os.Signal, 2)
+	// the trainer gets the signals; the agent lives until its snapshots are up
+	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	go func() {
-		for s := range sigs {
-			child.Process.Signal(s)
-		}
-	}()
-	werr := child.Wait()
-	deadline := time.Now().Add(*drain)
-	for !a.Idle() && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
+	o, err := rankagent.RunWithTrainer(a, rankagent.Trainer{Command: cmdArgs, Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
+		Signals: sigs, DrainTimeout: *drain, OnExit: func(code int) {
+			if !a.Idle() {
+				log.Info("the trainer exited; waiting for uploads (Ctrl-C stops the wait)", "status", code, "timeout", *drain)
+			}
+		}})
+	if err != nil {
+		return err
 	}
-	if !a.Idle() {
-		log.Warn("uploads still pending at exit; they stay in the spool and go up when an agent with this spool starts again", "spool", cfg.Spool)
+	switch {
+	case o.Stopped:
+		log.Warn("stopped while uploading: "+o.String(), "spool", cfg.Spool)
+	case len(o.Problems) > 0:
+		log.Error(o.String(), "spool", cfg.Spool)
+	default:
+		log.Info(o.String())
 	}
-	cancel()
-	<-done
-	var ee *exec.ExitError
-	if errors.As(werr, &ee) {
-		return exitError{ee.ExitCode()}
+	if c := o.Code(); c != 0 {
+		return exitError{c}
 	}
-	return werr
+	return nil
 }
 
 // syncWriter serialises writes from several goroutines.

@@ -27,7 +27,7 @@ func TestAgentCommandLaunchesTrainer(t *testing.T) {
 	t.Setenv("LOCAL_WORLD_SIZE", "2")
 	t.Setenv("TORCHELASTIC_RUN_ID", "job42")
 	code, _, stderr := runCLI(t, "agent", "--store", storeDir, "--spool", spool, "--socket", filepath.Join(sockDir, "s"),
-		"--window", "4:7", "--", py, filepath.Join(hook, "testdata", "train_fake.py"), "12", "0.02")
+		"--window", "4:7", "--", py, filepath.Join(hook, "testdata", "train_fake.py"), "12", "0.02", "1")
 	if code != 0 {
 		t.Fatalf("agent exited %d:\n%s", code, stderr)
 	}

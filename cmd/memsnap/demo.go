@@ -71,7 +71,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return err
 		}
-		if _, err := a.Arm(start, stop); err != nil {
+		if _, err := a.ArmNext(start, stop); err != nil {
 			return err
 		}
 		snap, err := demodata.Rank(r)
@@ -82,7 +82,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		go func() { defer wg.Done(); a.Run(agentCtx) }()
 		go func(r int) {
 			defer wg.Done()
-			rankagent.Replay(agentCtx, rankagent.ReplayConfig{Socket: cfg.Socket, Snapshot: snap, Batches: stop + 3, Pace: 25 * time.Millisecond, Rank: r, UUID: fmt.Sprintf("GPU-demo-%d", r)})
+			rankagent.Replay(agentCtx, rankagent.ReplayConfig{Socket: cfg.Socket, Snapshot: snap, Batches: stop + 3, Pace: 25 * time.Millisecond, HoldAt: []int64{start}, Rank: r, UUID: fmt.Sprintf("GPU-demo-%d", r)})
 		}(r)
 	}
 	for i := 0; i < demodata.Ranks; i++ {

@@ -40,8 +40,13 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
-HOOK_VERSION = "memsnap-hook/1"
+HOOK_VERSION = "memsnap-hook/2"
 MAX_LINE = 64 << 10
+
+# error codes the agent tells apart
+CODE_START_PASSED = "start_passed"
+CODE_RECORD_FAILED = "record_failed"
+CODE_DUMP_FAILED = "dump_failed"
 
 
 def _now_us():
@@ -73,6 +78,26 @@ def _local_rank():
 
 def _rank():
     return _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+
+
+def _private_dir_problem(path):
+    """Why the folder ``path`` is unsafe to share with the agent (another local user
+    could replace the socket or read the snapshots), or None when it is safe: it must
+    be a real folder owned by this user and writable by no one else."""
+    import stat
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return "%s: %s" % (path, e.strerror)
+    if stat.S_ISLNK(st.st_mode):
+        return "%s is a symbolic link" % path
+    if not stat.S_ISDIR(st.st_mode):
+        return "%s is not a folder" % path
+    if st.st_uid != os.getuid():
+        return "%s belongs to user %d, not to this user (%d)" % (path, st.st_uid, os.getuid())
+    if st.st_mode & 0o022:
+        return "%s is writable by others (mode %o)" % (path, st.st_mode & 0o777)
+    return None
 
 
 def default_socket_path(run_name=None, local_rank=None):
@@ -161,6 +186,7 @@ class Hook:
         self._closed = False
         self._oom_attached = False
         self._wake = threading.Event()
+        self._unsafe = None       # why the socket's folder was refused, once
         self.errors = []          # what went wrong, for tests and logs
         self._thread = None
         if connect:
@@ -183,12 +209,14 @@ class Hook:
                     self._attach_oom()
                 except Exception as e:  # recording failed: tell the agent, train on
                     self._window = None
-                    self._send({"type": "error", "window": w["id"], "message": "could not start recording: %r" % (e,)})
+                    self._send({"type": "error", "window": w["id"], "code": CODE_RECORD_FAILED,
+                                "message": "could not start recording: %r" % (e,)})
                     return
                 self._recording, self._marks = w, []
+                self._send({"type": "recording", "window": w["id"], "batch": batch, "t_us": now})
             elif batch > w["start"]:
                 self._window = None
-                self._send({"type": "error", "window": w["id"],
+                self._send({"type": "error", "window": w["id"], "code": CODE_START_PASSED,
                             "message": "window start %d already passed (batch %d)" % (w["start"], batch)})
                 return
         if self._recording is not None:
@@ -206,7 +234,8 @@ class Hook:
                 snap = self._torch.snapshot()
             except Exception as e:
                 snap = None
-                self._send({"type": "error", "window": w["id"], "message": "could not take the snapshot: %r" % (e,)})
+                self._send({"type": "error", "window": w["id"], "code": CODE_DUMP_FAILED,
+                            "message": "could not take the snapshot: %r" % (e,)})
             try:
                 self._torch.stop()
             except Exception:
@@ -215,7 +244,7 @@ class Hook:
                 marks, self._marks = self._marks, []
                 # pickling and writing happen on the hook's thread, not here
                 with self._lock:
-                    self._outbox.append(("dump", w["id"], "window", snap, marks))
+                    self._outbox.append(("dump", w, "window", snap, marks))
                 self._wake.set()
 
     def step(self, batch):
@@ -244,9 +273,10 @@ class Hook:
         try:
             snap = self._torch.snapshot()
             # written now: the process may not live long after an OOM
-            self._dump(0, "oom", snap, [])
+            self._dump(None, "oom", snap, [])
         except Exception as e:
             self.errors.append("oom dump: %r" % (e,))
+            self._send({"type": "error", "code": CODE_DUMP_FAILED, "message": "could not dump the OOM snapshot: %r" % (e,)})
 
     # --- the hook's thread --------------------------------------------------------
 
@@ -256,6 +286,21 @@ class Hook:
         self._wake.set()
 
     def _connect(self):
+        problem = _private_dir_problem(os.path.dirname(os.path.abspath(self.socket_path)))
+        if problem is None:
+            try:
+                st = os.lstat(self.socket_path)
+                if st.st_uid != os.getuid():
+                    problem = "%s belongs to user %d, not to this user" % (self.socket_path, st.st_uid)
+            except OSError:
+                pass  # no socket yet: connect fails below
+        if problem is not None:
+            if self._unsafe != problem:
+                self._unsafe = problem
+                msg = "memsnap hook: not connecting to the agent: %s" % problem
+                self.errors.append(msg)
+                print(msg, file=sys.stderr)
+            raise OSError(problem)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.settimeout(1.0)
@@ -330,13 +375,22 @@ class Hook:
         keep = []
         for it in items:
             if it[0] == "dump":
-                _, wid, reason, snap, marks = it
+                _, w, reason, snap, marks = it
+                if self._spool is None:
+                    keep.append(it)  # written once the agent says where
+                    continue
                 try:
-                    self._dump(wid, reason, snap, marks, send=connected)
+                    self._dump(w, reason, snap, marks, send=connected)
                 except Exception as e:
                     self.errors.append("dump: %r" % (e,))
-                    if not connected:
-                        keep.append(it)
+                    msg = {"type": "error", "code": CODE_DUMP_FAILED,
+                           "message": "could not write the snapshot: %r" % (e,)}
+                    if w is not None:
+                        msg["window"] = w["id"]
+                    if connected:
+                        self._sock.sendall((json.dumps(msg) + "\n").encode())
+                    else:
+                        keep.append(("msg", msg))
             elif connected:
                 self._sock.sendall((json.dumps(it[1]) + "\n").encode())
             else:
@@ -345,16 +399,39 @@ class Hook:
             with self._lock:
                 self._outbox = keep + self._outbox
 
-    def _dump(self, window_id, reason, snap, marks, send=True):
+    def _dump(self, w, reason, snap, marks, send=True):
+        """Write the snapshot into the agent's spool: first the snapshot message beside
+        it (NAME.json, so an agent that starts later can adopt the file), then the
+        pickle under a hidden name, renamed into place once complete. A failure (a full
+        disk) removes what was written and raises."""
         spool = self._spool
         if spool is None:
             raise OSError("no spool folder from the agent yet")
-        name = "rank%d.%s%d.%d.pickle" % (_rank(), "w" if reason == "window" else "oom", window_id, time.time_ns())
-        tmp = os.path.join(spool, "." + name)
-        with open(tmp, "wb") as f:
-            pickle.dump(snap, f, protocol=4)
-        os.rename(tmp, os.path.join(spool, name))
-        msg = {"type": "snapshot", "window": window_id, "reason": reason, "file": name, "batches": marks}
+        wid = w["id"] if w is not None else 0
+        name = "rank%d.%s%d.%d.pickle" % (_rank(), "w" if reason == "window" else "oom", wid, time.time_ns())
+        msg = {"type": "snapshot", "window": wid, "reason": reason, "file": name, "batches": marks}
+        if w is not None:
+            msg["start"], msg["stop"] = w["start"], w["stop"]
+        line = (json.dumps(msg) + "\n").encode()
+        side = os.path.join(spool, name[:-len(".pickle")] + ".json")
+        written = []
+        try:
+            for path, write in ((side, lambda f: f.write(line)), (os.path.join(spool, name), lambda f: pickle.dump(snap, f, protocol=4))):
+                t = os.path.join(spool, "." + os.path.basename(path))
+                written.append(t)
+                with open(t, "wb") as f:
+                    write(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.rename(t, path)
+                written[-1] = path
+        except BaseException:
+            for p in written:
+                try:
+                    os.remove(p)
+                except OSError:
+                    pass
+            raise
         if send and self._sock is not None and threading.current_thread() is self._thread:
             self._sock.sendall((json.dumps(msg) + "\n").encode())
         else:
@@ -371,8 +448,12 @@ class Hook:
         t = m.get("type")
         if t == "welcome":
             sp = m.get("spool")
-            if isinstance(sp, str) and os.path.isdir(sp):
-                self._spool = sp
+            if isinstance(sp, str):
+                problem = _private_dir_problem(sp)
+                if problem is None:
+                    self._spool = sp
+                else:
+                    self.errors.append("agent's spool refused: %s" % problem)
         elif t == "window":
             try:
                 w = {"id": int(m["id"]), "start": int(m["start"]), "stop": int(m["stop"]),
@@ -380,12 +461,25 @@ class Hook:
             except (KeyError, TypeError, ValueError):
                 self.errors.append("agent sent a malformed window")
                 return
-            if w["stop"] > w["start"] >= 0 and (self._recording is None or self._recording["id"] != w["id"]):
-                self._window = w
+            if not (w["stop"] > w["start"] >= 0) or (self._recording is not None and self._recording["id"] == w["id"]):
+                return
+            if self._batch >= w["start"]:
+                self._send({"type": "error", "window": w["id"], "code": CODE_START_PASSED,
+                            "message": "window start %d already passed (batch %d)" % (w["start"], self._batch)})
+                return
+            self._window = w
+            self._send({"type": "armed", "window": w["id"]})
         elif t == "cancel":
             w = self._window
             if w is not None and w["id"] == m.get("id"):
                 self._window = None
+            r = self._recording
+            if r is not None and r["id"] == m.get("id"):
+                self._recording, self._marks = None, []
+                try:
+                    self._torch.stop()
+                except Exception:
+                    pass
         elif t == "error":
             self.errors.append("agent: %s" % (m.get("message"),))
 

@@ -111,6 +111,62 @@ class HookTest(unittest.TestCase):
             hook.close()
             agent.close()
 
+    def test_window_lifecycle_messages_and_companion(self):
+        agent = FakeAgent({"id": 4, "start": 2, "stop": 4})
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            self.assertTrue(wait(lambda: agent.of("armed")), "no armed message")
+            self.assertEqual(agent.of("armed")[0]["window"], 4)
+            self.run_batches(hook, 6)
+            self.assertTrue(wait(lambda: agent.of("snapshot")))
+            self.assertEqual(agent.of("recording")[0], {"type": "recording", "window": 4, "batch": 2,
+                                                        "t_us": agent.of("recording")[0]["t_us"]})
+            snap = agent.of("snapshot")[0]
+            self.assertEqual((snap["start"], snap["stop"]), (2, 4))
+            side = os.path.join(agent.spool, snap["file"][:-len(".pickle")] + ".json")
+            with open(side) as f:
+                self.assertEqual(json.loads(f.read()), snap)
+            self.assertFalse([n for n in os.listdir(agent.spool) if n.startswith(".")], "hidden leftovers")
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_failed_dump_reaches_the_agent(self):
+        import errno
+
+        class Full:
+            def __reduce__(self):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        orig = torch.cuda.memory._snapshot
+        torch.cuda.memory._snapshot = lambda: {"segments": [], "device_traces": [[]], "x": Full()}
+        agent = FakeAgent({"id": 5, "start": 1, "stop": 2})
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            self.assertTrue(wait(lambda: agent.of("armed")))
+            self.run_batches(hook, 3)
+            self.assertTrue(wait(lambda: agent.of("error")), "the failed dump was not reported")
+            err = agent.of("error")[0]
+            self.assertEqual((err["code"], err["window"]), ("dump_failed", 5))
+            self.assertIn("No space left", err["message"])
+            self.assertEqual(os.listdir(agent.spool), [], "a failed dump left files behind")
+            self.assertFalse(agent.of("snapshot"))
+        finally:
+            torch.cuda.memory._snapshot = orig
+            hook.close()
+            agent.close()
+
+    def test_refuses_a_socket_folder_others_can_write(self):
+        agent = FakeAgent({"id": 1, "start": 1, "stop": 2})
+        os.chmod(agent.dir, 0o777)
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            self.assertTrue(wait(lambda: any("writable by others" in e for e in hook.errors)), hook.errors)
+            self.assertFalse(agent.of("hello"), "the hook connected through a folder others can write")
+        finally:
+            hook.close()
+            agent.close()
+
     def test_legacy_signature(self):
         calls = []
 
@@ -141,6 +197,7 @@ class HookTest(unittest.TestCase):
             self.run_batches(hook, 1, first=5)
             self.assertTrue(wait(lambda: agent.of("error")))
             self.assertIn("already passed", agent.of("error")[0]["message"])
+            self.assertEqual(agent.of("error")[0]["code"], "start_passed")
             self.assertFalse([c for c in torch.calls if c[0] == "record"])
         finally:
             hook.close()

@@ -1,0 +1,151 @@
+package rankagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// Trainer is a training command the agent launches and waits for
+// (`memsnap agent -- python train.py`).
+type Trainer struct {
+	Command []string
+	Env     []string // added to this process's environment (MEMSNAP_SOCKET is set too)
+	Stdin   io.Reader
+	Stdout  io.Writer
+	Stderr  io.Writer
+	// Signals are forwarded to the trainer while it runs; one that arrives after it
+	// exited stops the wait for uploads at once.
+	Signals <-chan os.Signal
+	// DrainTimeout bounds the wait for uploads after the trainer exits.
+	DrainTimeout time.Duration
+	// OnExit, when set, is called with the trainer's exit status once it exited,
+	// before the wait for uploads.
+	OnExit func(code int)
+}
+
+// Outcome is how a launched training run ended for memsnap.
+type Outcome struct {
+	ExitCode int      // the trainer's exit status (-1 when it could not start or was killed by a signal)
+	Stats    Stats    // what the agent did
+	Problems []string // what memsnap did not do: windows missed, snapshots not uploaded
+	Stopped  bool     // a signal stopped the wait for uploads
+}
+
+// Code is the status `memsnap agent -- CMD` exits with: the trainer's when it
+// failed, else 1 when a window was missed or a snapshot was not uploaded, else 0.
+func (o Outcome) Code() int {
+	switch {
+	case o.ExitCode > 0:
+		return o.ExitCode
+	case o.ExitCode < 0:
+		return 1
+	case len(o.Problems) > 0:
+		return 1
+	}
+	return 0
+}
+
+// RunWithTrainer runs the agent, launches the trainer with the agent's socket in
+// its environment, waits for it, then waits (up to DrainTimeout, or until a signal)
+// for the agent to upload what it holds, and stops the agent. The agent outlives
+// the signals that stop the trainer: it must still take the trainer's last
+// snapshot and upload it.
+func RunWithTrainer(a *Agent, t Trainer) (Outcome, error) {
+	if len(t.Command) == 0 {
+		return Outcome{}, errors.New("rankagent: no trainer command")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	stop := func() error { cancel(); return <-done }
+
+	child := exec.Command(t.Command[0], t.Command[1:]...)
+	child.Stdin, child.Stdout, child.Stderr = t.Stdin, t.Stdout, t.Stderr
+	child.Env = append(append(os.Environ(), t.Env...), "MEMSNAP_SOCKET="+a.Socket())
+	if err := child.Start(); err != nil {
+		stop()
+		return Outcome{ExitCode: -1}, fmt.Errorf("rankagent: starting %s: %w", t.Command[0], err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	var werr error
+wait:
+	for {
+		select {
+		case s := <-t.Signals:
+			child.Process.Signal(s)
+		case werr = <-exited:
+			break wait
+		case err := <-done: // the agent stopped on its own (it could not listen)
+			child.Process.Kill()
+			<-exited
+			return Outcome{ExitCode: -1}, err
+		}
+	}
+	o := Outcome{ExitCode: 0}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(werr, &ee):
+		o.ExitCode = ee.ExitCode()
+	case werr != nil:
+		o.ExitCode = -1
+	}
+	if t.OnExit != nil {
+		t.OnExit(o.ExitCode)
+	}
+	// the trainer is gone: a window it never reached is missed
+	if w, st, ok := a.Current(); ok && (st == WindowQueued || st == WindowSent || st == WindowArmed || st == WindowRecording) {
+		a.Cancel(w.ID, "the trainer exited before the window was recorded")
+		a.mu.Lock()
+		a.stats.WindowsMissed++
+		a.mu.Unlock()
+	}
+	deadline := time.NewTimer(t.DrainTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+drain:
+	for !a.Idle() {
+		select {
+		case <-t.Signals:
+			o.Stopped = true
+			break drain
+		case <-deadline.C:
+			break drain
+		case <-tick.C:
+		}
+	}
+	if err := stop(); err != nil {
+		return o, err
+	}
+	o.Stats = a.Stats()
+	s := o.Stats
+	if s.WindowsMissed > 0 {
+		o.Problems = append(o.Problems, fmt.Sprintf("%d window(s) missed", s.WindowsMissed))
+	}
+	if s.WindowsPartial > 0 {
+		o.Problems = append(o.Problems, fmt.Sprintf("%d snapshot(s) did not cover their whole window (kept under .partial names)", s.WindowsPartial))
+	}
+	if s.UploadFailed > 0 {
+		o.Problems = append(o.Problems, fmt.Sprintf("%d snapshot(s) refused by the store (kept in %s/failed)", s.UploadFailed, a.Spool()))
+	}
+	if s.Pending > 0 {
+		o.Problems = append(o.Problems, fmt.Sprintf("%d snapshot(s) not uploaded yet (kept in %s/pending; an agent started with this spool uploads them)", s.Pending, a.Spool()))
+	}
+	return o, nil
+}
+
+// String says how the run ended, for the agent's last log line.
+func (o Outcome) String() string {
+	if len(o.Problems) == 0 {
+		return fmt.Sprintf("trainer exited %d; %d snapshot(s) uploaded", o.ExitCode, o.Stats.Uploaded)
+	}
+	return fmt.Sprintf("trainer exited %d; %s", o.ExitCode, strings.Join(o.Problems, "; "))
+}

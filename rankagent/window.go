@@ -1,0 +1,308 @@
+package rankagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/snapshot"
+)
+
+// WindowState is where a window stands on this rank.
+type WindowState string
+
+// A window's life: queued (no trainer yet) → sent → armed (the trainer confirmed
+// it is before the start) → recording → spooled (or partial) → uploaded; or it ends
+// missed (the trainer was past the start), failed or cancelled.
+const (
+	WindowQueued    WindowState = "queued"
+	WindowSent      WindowState = "sent"
+	WindowArmed     WindowState = "armed"
+	WindowRecording WindowState = "recording"
+	WindowSpooled   WindowState = "spooled"
+	WindowPartial   WindowState = "partial"
+	WindowUploaded  WindowState = "uploaded"
+	WindowMissed    WindowState = "missed"
+	WindowFailed    WindowState = "failed"
+	WindowCancelled WindowState = "cancelled"
+)
+
+// WindowEvent is one step of a window's life on this rank.
+type WindowEvent struct {
+	Window Window
+	State  WindowState
+	Batch  int64         // the trainer's batch then
+	Reason string        // why, for missed, partial, failed and cancelled
+	Upload *UploadResult // for uploaded, and for a snapshot the store refused (State failed)
+	Time   time.Time
+}
+
+// eventLocked reports a step of the window in progress.
+func (a *Agent) eventLocked(st WindowState, reason string) {
+	if a.win == nil {
+		return
+	}
+	a.post(WindowEvent{Window: a.win.w, State: st, Batch: a.batch, Reason: reason, Time: time.Now()})
+}
+
+func (a *Agent) post(e WindowEvent) {
+	if f := a.cfg.OnWindow; f != nil {
+		a.ev.post(func() { f(e) })
+	}
+}
+
+// dispatcher runs callbacks one at a time, in order, on its own goroutine, so the
+// agent never calls out while holding a lock and a slow callback blocks no one.
+type dispatcher struct {
+	mu     sync.Mutex
+	q      []func()
+	wake   chan struct{}
+	closed bool
+}
+
+func newDispatcher() *dispatcher { return &dispatcher{wake: make(chan struct{}, 1)} }
+
+func (d *dispatcher) post(f func()) {
+	d.mu.Lock()
+	d.q = append(d.q, f)
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// close makes run return once the queue is empty.
+func (d *dispatcher) close() {
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *dispatcher) run() {
+	for {
+		d.mu.Lock()
+		q, closed := d.q, d.closed
+		d.q = nil
+		d.mu.Unlock()
+		for _, f := range q {
+			f()
+		}
+		if len(q) == 0 {
+			if closed {
+				return
+			}
+			<-d.wake
+		}
+	}
+}
+
+// uploaded is the uploader's report, turned into callbacks.
+func (a *Agent) uploaded(r UploadResult) {
+	if f := a.cfg.OnUpload; f != nil {
+		a.ev.post(func() { f(r) })
+	}
+	st := WindowUploaded
+	if r.Err != nil {
+		st = WindowFailed
+	}
+	rr := r
+	reason := ""
+	if r.Err != nil {
+		reason = r.Err.Error()
+	} else if r.Partial != "" {
+		reason = r.Partial
+	}
+	a.post(WindowEvent{Window: r.Window, State: st, Batch: a.Batch(), Reason: reason, Upload: &rr, Time: time.Now()})
+}
+
+// adopt takes into the spool every complete snapshot an earlier agent (or this
+// one, before a restart) left in incoming/.
+func (a *Agent) adopt(ctx context.Context) {
+	for _, name := range a.sp.incomingSnapshots() {
+		if ctx.Err() != nil {
+			return
+		}
+		m := a.sp.incomingMessage(name)
+		if m == nil {
+			m = &Message{Type: "snapshot", Reason: "window", File: name}
+		}
+		a.log.Info("adopting a snapshot left in the spool", "file", name, "window", m.Window)
+		a.mu.Lock()
+		a.working++
+		a.mu.Unlock()
+		a.takeSnapshot(m, nil, nil, true)
+	}
+}
+
+// coverage checks that the batch marks are exactly the window's batches, in
+// order; it returns why not, or "".
+func coverage(w Window, marks []BatchMark) string {
+	if w.Stop <= w.Start {
+		return "the window's batches are unknown"
+	}
+	want := w.Stop - w.Start
+	ok := int64(len(marks)) == want
+	for i, m := range marks {
+		if !ok || m.Batch != w.Start+int64(i) {
+			ok = false
+			break
+		}
+	}
+	if ok {
+		return ""
+	}
+	if len(marks) == 0 {
+		return fmt.Sprintf("no batch marks for [%d, %d)", w.Start, w.Stop)
+	}
+	return fmt.Sprintf("batch marks cover %d batches from %d to %d, the window is [%d, %d)", len(marks), marks[0].Batch, marks[len(marks)-1].Batch, w.Start, w.Stop)
+}
+
+// takeSnapshot moves a finished snapshot from incoming/ into a spool job and wakes
+// the uploader. armed is the window the agent armed, when the snapshot is its;
+// otherwise the window is the one the hook names. A snapshot that does not cover
+// its whole window is kept under a ".partial" name, never the window's own.
+func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySample, adopted bool) {
+	defer func() {
+		a.mu.Lock()
+		a.working--
+		a.mu.Unlock()
+	}()
+	src, err := a.sp.incomingFile(m.File)
+	if err != nil {
+		a.log.Error("could not spool the trainer's snapshot", "file", m.File, "err", err)
+		return
+	}
+	a.mu.Lock()
+	batch := a.batch
+	a.mu.Unlock()
+	var w Window
+	partial := ""
+	switch {
+	case m.Reason == "oom":
+		w = Window{Start: max(batch, 0), Stop: max(batch, 0) + 1}
+	case armed != nil:
+		w = *armed
+		if m.Stop != 0 && (m.Start != w.Start || m.Stop != w.Stop) {
+			partial = fmt.Sprintf("the trainer recorded [%d, %d), the window is [%d, %d)", m.Start, m.Stop, w.Start, w.Stop)
+		}
+	default:
+		w = Window{ID: m.Window, Start: m.Start, Stop: m.Stop}
+	}
+	if m.Reason == "window" && partial == "" {
+		partial = coverage(w, m.Batches)
+	}
+	fail := func(err error) {
+		a.log.Error("the trainer's snapshot cannot be uploaded; it is kept in the spool", "file", m.File, "err", err)
+		if dir, rerr := a.sp.reject(src, a.cfg.Identity.Rank, w.ID, err); rerr == nil {
+			a.log.Info("kept", "dir", dir)
+		}
+		if m.Reason == "window" {
+			a.mu.Lock()
+			a.stats.WindowsMissed++
+			a.mu.Unlock()
+			a.post(WindowEvent{Window: w, State: WindowFailed, Batch: batch, Reason: err.Error(), Time: time.Now()})
+		}
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		fail(err)
+		return
+	}
+	ctx := a.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	s, err := snapshot.DecodeAny(data)
+	if err != nil {
+		if ctx.Err() != nil {
+			return // left in incoming/: the next agent adopts it
+		}
+		fail(fmt.Errorf("the trainer's snapshot does not decode: %w", err))
+		return
+	}
+	events := 0
+	for _, tr := range s.DeviceTraces {
+		events += len(tr)
+	}
+	s = nil
+	kind := ""
+	switch {
+	case m.Reason == "oom":
+		kind = "oom"
+	case partial != "":
+		kind = "partial"
+	}
+	key, err := renderKey(&a.cfg, a.tmpl.remote, a.tmpl.file, w, kind)
+	if err != nil {
+		fail(err)
+		return
+	}
+	id := a.cfg.Identity
+	a.mu.Lock()
+	meta := merge.RankMeta{Version: 1, RunName: id.RunName, Rank: id.Rank, LocalRank: id.LocalRank, NodeRank: id.NodeRank,
+		WorldSize: id.WorldSize, LocalWorldSize: id.LocalWorldSize, GPU: a.gpuInfoLocked(), Reason: m.Reason, Samples: samples, Partial: partial}
+	if a.offset != nil {
+		off, rtt := a.offset.offsetUS, a.offset.rttUS
+		meta.ClockOffsetUS, meta.ClockRTTUS = &off, &rtt
+	}
+	a.mu.Unlock()
+	meta.Hostname, _ = os.Hostname()
+	if m.Reason == "window" {
+		meta.Window = &merge.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}
+	}
+	for _, b := range m.Batches {
+		meta.Batches = append(meta.Batches, merge.BatchMark{Batch: b.Batch, StartUS: b.StartUS, EndUS: b.EndUS})
+	}
+	mb, _ := json.MarshalIndent(meta, "", "  ")
+	j := job{Key: key, MetaKey: merge.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Events: events, Overwrite: a.cfg.Overwrite,
+		Created: time.Now().UTC(), Window: w.ID, Start: w.Start, Stop: w.Stop, Reason: m.Reason, Partial: partial, Rank: id.Rank}
+	jobID, err := a.sp.addJob(src, j, mb)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			a.log.Error("the trainer's snapshot went away before it was spooled", "file", m.File, "err", err)
+			return
+		}
+		fail(err)
+		return
+	}
+	state := WindowSpooled
+	a.mu.Lock()
+	switch {
+	case m.Reason == "oom":
+	case partial != "":
+		state = WindowPartial
+		a.stats.WindowsPartial++
+	default:
+		a.stats.WindowsRecorded++
+	}
+	a.mu.Unlock()
+	if partial != "" {
+		a.log.Warn("the snapshot does not cover its whole window; it is kept under a .partial name", "window", w.ID, "reason", partial, "key", key)
+	}
+	a.log.Info("snapshot spooled", "window", w.ID, "reason", m.Reason, "events", events, "bytes", j.Size, "key", key, "nvml_samples", len(samples), "job", jobID, "adopted", adopted)
+	if m.Reason == "window" {
+		a.post(WindowEvent{Window: w, State: state, Batch: batch, Reason: partial, Time: time.Now()})
+	}
+	a.up.kick()
+}
+
+func (a *Agent) gpuInfoLocked() *merge.GPUInfo {
+	if a.device != nil {
+		i := a.device.Info()
+		return &merge.GPUInfo{UUID: i.UUID, Name: i.Name, TotalBytes: i.TotalBytes, PCIBusID: i.PCIBusID}
+	}
+	if a.uuid != "" {
+		return &merge.GPUInfo{UUID: a.uuid}
+	}
+	return nil
+}
