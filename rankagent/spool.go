@@ -16,11 +16,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/naming"
 )
 
 // The spool is a local folder (owner-only) that holds every snapshot until the
@@ -304,15 +302,10 @@ type uploadStats struct {
 // errSpoolCorrupt: a spooled file no longer has the checksum it was spooled with.
 var errSpoolCorrupt = errors.New("rankagent: the spooled snapshot changed on disk")
 
-// permanent reports whether retrying an upload cannot help.
+// permanent reports whether retrying an upload cannot help: the store refuses the
+// job for good, or the spooled files themselves are broken.
 func permanent(err error) bool {
-	if errors.Is(err, errSpoolCorrupt) || errors.Is(err, fs.ErrNotExist) {
-		return true
-	}
-	if errors.Is(err, store.ErrExists) || errors.Is(err, store.ErrChecksum) || errors.Is(err, naming.ErrBadKey) {
-		return true
-	}
-	return errors.Is(err, syscall.ENAMETOOLONG) || errors.Is(err, syscall.EINVAL)
+	return store.Permanent(err) || errors.Is(err, errSpoolCorrupt)
 }
 
 func (u *uploader) kick() {

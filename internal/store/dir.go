@@ -12,11 +12,16 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/memsnap/memsnap/naming"
 )
 
 const tmpPrefix = ".memsnap-tmp-"
+
+// maxSegment is the longest file name, in bytes, that common file systems hold
+// (NAME_MAX on Linux, and the limit of ext4, XFS, APFS and NTFS).
+const maxSegment = 255
 
 // Dir is a store in a local folder: each key is a file under the root.
 type Dir struct {
@@ -55,12 +60,32 @@ func (d *Dir) String() string { return d.root }
 // Root returns the folder's absolute path.
 func (d *Dir) Root() string { return d.root }
 
+// path checks key and returns it cleaned, with its file's path. A key with a
+// segment longer than a file name may be is refused here, as a bad key, rather
+// than by the file system later.
 func (d *Dir) path(key string) (string, string, error) {
 	k, err := naming.CleanKey(key)
 	if err != nil {
 		return "", "", err
 	}
+	for _, seg := range strings.Split(k, "/") {
+		if len(seg) > maxSegment {
+			return "", "", fmt.Errorf("%w: %.40q…: a segment of %d bytes is longer than the %d a file name may have", naming.ErrBadKey, k, len(seg), maxSegment)
+		}
+	}
 	return k, filepath.Join(d.root, filepath.FromSlash(k)), nil
+}
+
+// fsErr wraps a file-system error about key k. A name the file system cannot hold
+// (ENAMETOOLONG, as on a file system with shorter names) is a bad key.
+func fsErr(what, k string, err error) error {
+	if errors.Is(err, syscall.ENAMETOOLONG) {
+		return fmt.Errorf("%w: %s %.40q…: the name is too long for the file system: %w", naming.ErrBadKey, what, k, err)
+	}
+	if what == "" {
+		return fmt.Errorf("store: %s: %w", k, err)
+	}
+	return fmt.Errorf("store: %s %s: %w", what, k, err)
 }
 
 // Put writes to a temporary file beside the target, then links it into place (which
@@ -76,11 +101,11 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, opts PutOptions)
 		}
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+		return ObjectInfo{}, fsErr("", k, err)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(p), tmpPrefix+"*")
 	if err != nil {
-		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+		return ObjectInfo{}, fsErr("", k, err)
 	}
 	defer os.Remove(tmp.Name())
 	h := sha256.New()
@@ -95,7 +120,7 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, opts PutOptions)
 		err = cerr
 	}
 	if err != nil {
-		return ObjectInfo{}, fmt.Errorf("store: writing %s: %w", k, err)
+		return ObjectInfo{}, fsErr("writing", k, err)
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
 	if opts.SHA256 != "" && !strings.EqualFold(opts.SHA256, sum) {
@@ -110,11 +135,11 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, opts PutOptions)
 		}
 	}
 	if err != nil {
-		return ObjectInfo{}, fmt.Errorf("store: placing %s: %w", k, err)
+		return ObjectInfo{}, fsErr("placing", k, err)
 	}
 	st, err := os.Stat(p)
 	if err != nil {
-		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+		return ObjectInfo{}, fsErr("", k, err)
 	}
 	return ObjectInfo{Key: k, Size: n, SHA256: sum, ModTime: st.ModTime()}, nil
 }
@@ -144,7 +169,7 @@ func (d *Dir) PutFile(ctx context.Context, key, path string, opts PutOptions) (O
 		}
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+		return ObjectInfo{}, fsErr("", k, err)
 	}
 	if err := os.Chmod(path, 0o644); err != nil {
 		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
@@ -160,11 +185,11 @@ func (d *Dir) PutFile(ctx context.Context, key, path string, opts PutOptions) (O
 		}
 	}
 	if err != nil {
-		return ObjectInfo{}, fmt.Errorf("store: placing %s: %w", k, err)
+		return ObjectInfo{}, fsErr("placing", k, err)
 	}
 	st, err := os.Stat(p)
 	if err != nil {
-		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+		return ObjectInfo{}, fsErr("", k, err)
 	}
 	return ObjectInfo{Key: k, Size: st.Size(), SHA256: opts.SHA256, ModTime: st.ModTime()}, nil
 }
@@ -185,7 +210,7 @@ func (d *Dir) Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, e
 		return nil, ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrNotFound, k, d.root)
 	}
 	if err != nil {
-		return nil, ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
+		return nil, ObjectInfo{}, fsErr("", k, err)
 	}
 	st, err := f.Stat()
 	if err != nil || st.IsDir() {
@@ -254,7 +279,7 @@ func (d *Dir) Delete(ctx context.Context, key string) error {
 		return err
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("store: deleting %s: %w", k, err)
+		return fsErr("deleting", k, err)
 	}
 	return nil
 }

@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -21,43 +19,59 @@ import (
 // shaMeta is the user metadata key under which Put records the content's SHA-256.
 const shaMeta = "Memsnap-Sha256"
 
+// maxSinglePut is the largest body S3 accepts in one PUT (5 GiB).
+const maxSinglePut = 5 << 30
+
 // S3 is a store in an S3 bucket under a key prefix, through minio-go.
 type S3 struct {
-	client   *minio.Client
-	endpoint string
-	bucket   string
-	prefix   string // "" or ends with '/'
-	partSize uint64
+	client       *minio.Client
+	endpoint     string // host:port, never with credentials
+	bucket       string
+	prefix       string // "" or ends with '/'
+	partSize     uint64
+	singlePutMax int64  // the largest body a Put without Overwrite sends as one PUT
+	spoolDir     string // where bodies of unknown size or checksum are staged
 }
 
 var _ Store = (*S3)(nil)
 
 // OpenS3 connects to the bucket cfg.URL names and checks that it exists (creating it
 // with cfg.CreateBucket), so a wrong endpoint, bad credentials or a missing bucket
-// are reported at start-up.
+// are reported at start-up. Credentials written into the endpoint URL
+// (http://user:secret@host:port) serve when none are given in cfg.Credentials.
 func OpenS3(ctx context.Context, cfg Config) (*S3, error) {
+	if err := checkStoreURL(cfg.URL); err != nil {
+		return nil, err
+	}
 	u, err := naming.ParseS3(cfg.URL)
 	if err != nil {
 		return nil, err
 	}
-	cfg.FromEnv()
+	if cfg.Endpoint == "" {
+		cfg.Endpoint = firstEnv(endpointEnv...)
+	}
 	if cfg.Endpoint == "" {
 		return nil, errors.New("store: no S3 endpoint: pass --endpoint or set S3_ENDPOINT_URL")
 	}
-	host, secure, err := parseEndpoint(cfg.Endpoint)
+	ep, err := parseEndpoint(cfg.Endpoint)
 	if err != nil {
 		return nil, err
 	}
-	client, err := minio.New(host, &minio.Options{
+	if cfg.Credentials, err = ep.credentials(cfg.Credentials, redactEndpoint(cfg.Endpoint)); err != nil {
+		return nil, err
+	}
+	cfg.FromEnv()
+	client, err := minio.New(ep.host, &minio.Options{
 		Creds:      credentials.NewStaticV4(cfg.Credentials.AccessKey, cfg.Credentials.SecretKey, cfg.Credentials.SessionToken),
-		Secure:     secure,
+		Secure:     ep.secure,
 		Region:     cfg.Region,
 		MaxRetries: 3,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: S3 endpoint %s: %w", host, err)
+		return nil, fmt.Errorf("store: S3 endpoint %s: %w", ep.host, err)
 	}
-	s := &S3{client: client, endpoint: host, bucket: u.Bucket, partSize: cfg.PartSize}
+	s := &S3{client: client, endpoint: ep.host, bucket: u.Bucket, partSize: cfg.PartSize,
+		singlePutMax: maxSinglePut, spoolDir: cfg.SpoolDir}
 	if u.Key != "" {
 		s.prefix = strings.TrimSuffix(u.Key, "/") + "/"
 	}
@@ -73,7 +87,7 @@ func OpenS3(ctx context.Context, cfg Config) (*S3, error) {
 	}
 	if !ok {
 		if !cfg.CreateBucket {
-			return nil, fmt.Errorf("%w: %s at %s", ErrNoBucket, u.Bucket, host)
+			return nil, fmt.Errorf("%w: %s at %s", ErrNoBucket, u.Bucket, ep.host)
 		}
 		if err := client.MakeBucket(ctx, u.Bucket, minio.MakeBucketOptions{Region: cfg.Region}); err != nil {
 			if r := minio.ToErrorResponse(err); r.Code != "BucketAlreadyOwnedByYou" {
@@ -82,23 +96,6 @@ func OpenS3(ctx context.Context, cfg Config) (*S3, error) {
 		}
 	}
 	return s, nil
-}
-
-func parseEndpoint(ep string) (host string, secure bool, err error) {
-	if !strings.Contains(ep, "://") {
-		return strings.TrimSuffix(ep, "/"), false, nil
-	}
-	u, err := url.Parse(ep)
-	if err != nil {
-		return "", false, fmt.Errorf("store: endpoint %q: %w", ep, err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return "", false, fmt.Errorf("store: endpoint %q: scheme must be http or https", ep)
-	}
-	if u.Path != "" && u.Path != "/" {
-		return "", false, fmt.Errorf("store: endpoint %q must not have a path", ep)
-	}
-	return u.Host, u.Scheme == "https", nil
 }
 
 func (s *S3) String() string {
@@ -133,6 +130,10 @@ func (s *S3) wrap(err error, what string) error {
 			return fmt.Errorf("%w: %s at %s: %s (%s)", ErrAccess, what, s.endpoint, resp.Code, resp.Message)
 		case "PreconditionFailed":
 			return fmt.Errorf("%w: %s: %s in %s", ErrExists, what, resp.Key, s)
+		case "XMinioInvalidObjectName", "InvalidObjectName", "KeyTooLongError":
+			return fmt.Errorf("%w: %s: %s refuses the name: %s (%s)", naming.ErrBadKey, what, s, resp.Code, resp.Message)
+		case "EntityTooLarge":
+			return fmt.Errorf("%w: %s: %s (%s)", ErrTooLarge, what, s, resp.Message)
 		}
 		if resp.StatusCode == 404 {
 			return fmt.Errorf("%w: %s in %s", ErrNotFound, what, s)
@@ -150,54 +151,6 @@ func (s *S3) wrap(err error, what string) error {
 		}
 	}
 	return fmt.Errorf("store: %s at %s: %w", what, s.endpoint, err)
-}
-
-// Put streams r to the object. A reader that can seek (a spooled file) is hashed
-// first so its SHA-256 is stored with the object; any other reader is hashed as it
-// streams. Without Overwrite the request is conditional (If-None-Match: *), so two
-// writers can never replace each other's object.
-func (s *S3) Put(ctx context.Context, key string, r io.Reader, opts PutOptions) (ObjectInfo, error) {
-	k, full, err := s.key(key)
-	if err != nil {
-		return ObjectInfo{}, err
-	}
-	size := opts.Size
-	if size <= 0 {
-		size = -1 // unknown: minio-go streams it in parts
-	}
-	want := opts.SHA256
-	if rs, ok := r.(io.ReadSeeker); ok && want == "" {
-		h := sha256.New()
-		n, err := io.Copy(h, rs)
-		if err != nil {
-			return ObjectInfo{}, fmt.Errorf("store: hashing %s: %w", k, err)
-		}
-		if _, err := rs.Seek(-n, io.SeekCurrent); err != nil {
-			return ObjectInfo{}, fmt.Errorf("store: rewinding %s: %w", k, err)
-		}
-		want, size = hex.EncodeToString(h.Sum(nil)), n
-	}
-	po := minio.PutObjectOptions{PartSize: s.partSize, ContentType: opts.ContentType}
-	if po.ContentType == "" {
-		po.ContentType = "application/octet-stream"
-	}
-	if want != "" {
-		po.UserMetadata = map[string]string{shaMeta: strings.ToLower(want)}
-	}
-	if !opts.Overwrite {
-		po.SetMatchETagExcept("*")
-	}
-	h := sha256.New()
-	info, err := s.client.PutObject(ctx, s.bucket, full, io.TeeReader(r, h), size, po)
-	if err != nil {
-		return ObjectInfo{}, s.wrap(err, "putting "+k)
-	}
-	sum := hex.EncodeToString(h.Sum(nil))
-	if want != "" && !strings.EqualFold(want, sum) {
-		_ = s.client.RemoveObject(context.WithoutCancel(ctx), s.bucket, full, minio.RemoveObjectOptions{})
-		return ObjectInfo{}, fmt.Errorf("%w: %s: got %s, want %s", ErrChecksum, k, sum, want)
-	}
-	return ObjectInfo{Key: k, Size: info.Size, SHA256: sum, ModTime: info.LastModified}, nil
 }
 
 func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error) {

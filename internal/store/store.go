@@ -2,9 +2,11 @@
 // implementation (minio-go) and a local-folder implementation (the embedded default,
 // for use with no server).
 //
-// Every Put streams its body, computes a SHA-256 of what it wrote, and refuses to
-// replace an existing object unless asked. Errors wrap the sentinels below so callers
-// can tell a missing bucket from bad credentials from an unreachable endpoint.
+// Every Put streams its body (on S3, one of unknown size or checksum through a
+// temporary file), computes a SHA-256 of what it wrote, and refuses to replace an
+// existing object unless asked, even against concurrent writers. Errors wrap the
+// sentinels below so callers can tell a missing bucket from bad credentials from an
+// unreachable endpoint, and Permanent tells which of them retrying cannot fix.
 package store
 
 import (
@@ -32,7 +34,38 @@ var (
 	ErrUnreachable = errors.New("store: endpoint unreachable")
 	// ErrChecksum: what was stored does not match the checksum the caller gave.
 	ErrChecksum = errors.New("store: checksum mismatch")
+	// ErrTooLarge: the object is larger than the store can hold in one object.
+	ErrTooLarge = errors.New("store: object too large")
 )
+
+// Permanent reports whether err is one that retrying the same operation cannot
+// fix, so that a queue of uploads can put the job aside at once rather than retry
+// it: the object exists (ErrExists), the content does not match the checksum given
+// (ErrChecksum), the key is refused (naming.ErrBadKey, which a folder store also
+// returns for a name its file system cannot hold), or the object is too large
+// (ErrTooLarge).
+//
+// Everything else is transient, including errors this package does not know: an
+// unreachable endpoint, a missing bucket and refused credentials (an operator can
+// fix those while the job waits), a cancelled or expired context, server errors and
+// time-outs. An error that wraps one of those is transient even when it also wraps
+// a permanent one.
+func Permanent(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, transient := range []error{context.Canceled, context.DeadlineExceeded, ErrUnreachable, ErrNoBucket, ErrAccess} {
+		if errors.Is(err, transient) {
+			return false
+		}
+	}
+	for _, permanent := range []error{ErrExists, ErrChecksum, ErrTooLarge, naming.ErrBadKey} {
+		if errors.Is(err, permanent) {
+			return true
+		}
+	}
+	return false
+}
 
 // ObjectInfo describes one stored object.
 type ObjectInfo struct {
@@ -46,11 +79,14 @@ type ObjectInfo struct {
 type PutOptions struct {
 	// Overwrite replaces an existing object; without it an existing object is ErrExists.
 	Overwrite bool
-	// Size is the body's length when known, or 0 when not; a known size lets the S3 store
-	// choose between one request and a multipart upload up front.
+	// Size is the body's length when known, or 0 when not. A body that can seek (a
+	// file) is measured instead. The S3 store sends a body that cannot seek as it
+	// reads it only when both Size and SHA256 are given; any other such body is first
+	// copied to a temporary file (Config.SpoolDir), hashing it, so that its SHA-256
+	// is recorded and a Put without Overwrite can be one conditional request.
 	Size int64
 	// SHA256, when set, is the hex SHA-256 the caller expects the body to have; a
-	// mismatch removes what was written and returns ErrChecksum.
+	// mismatch returns ErrChecksum and leaves no object behind.
 	SHA256 string
 	// ContentType is stored with the object on S3 ("application/octet-stream" when empty).
 	ContentType string
@@ -94,7 +130,9 @@ type Config struct {
 	// (optionally file://path).
 	URL string
 	// Endpoint is the S3 endpoint, host:port or http(s)://host:port. Empty reads
-	// S3_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or MINIO_ENDPOINT.
+	// S3_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or MINIO_ENDPOINT. A
+	// user and secret written into it (http://user:secret@host:port) serve as the
+	// credentials when Credentials names none; they never appear in messages.
 	Endpoint string
 	// Credentials; empty fields read AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
 	// AWS_SESSION_TOKEN, then MINIO_ACCESS_KEY / MINIO_SECRET_KEY, then
@@ -103,9 +141,25 @@ type Config struct {
 	// Region of the bucket; empty lets the client discover it (us-east-1 for MinIO).
 	Region string
 	// PartSize is the multipart upload part size in bytes (0: 16 MiB, at least 5 MiB).
+	// Multipart uploads carry a Put with Overwrite above this size, and one without
+	// only above 5 GiB (S3's limit for one PUT), which may raise it to fit 10000 parts.
 	PartSize uint64
 	// CreateBucket makes the bucket (or the root folder) when it is missing.
 	CreateBucket bool
+	// SpoolDir is the folder where the S3 store stages a body of unknown size or
+	// checksum before sending it (empty: os.TempDir()). It needs room for the
+	// largest such body.
+	SpoolDir string
+}
+
+// String describes cfg for messages, without credentials.
+func (cfg Config) String() string {
+	u := cfg.URL
+	if strings.Contains(u, "://") { // a folder path keeps its '@'s
+		u = redactEndpoint(u)
+	}
+	return fmt.Sprintf("store.Config{URL: %s, Endpoint: %s, %s, Region: %s}",
+		u, redactEndpoint(cfg.Endpoint), cfg.Credentials, cfg.Region)
 }
 
 // Open returns the store cfg names.
@@ -118,7 +172,7 @@ func Open(ctx context.Context, cfg Config) (Store, error) {
 	}
 	path := strings.TrimPrefix(cfg.URL, "file://")
 	if strings.Contains(path, "://") {
-		return nil, fmt.Errorf("store: %q: unsupported scheme (use s3:// or a folder)", cfg.URL)
+		return nil, fmt.Errorf("store: %s: unsupported scheme (use s3:// or a folder)", redactEndpoint(cfg.URL))
 	}
 	return OpenDir(path, cfg.CreateBucket)
 }
@@ -126,16 +180,9 @@ func Open(ctx context.Context, cfg Config) (Store, error) {
 // FromEnv fills the endpoint and credentials of cfg from the environment where they
 // are empty.
 func (cfg *Config) FromEnv() {
-	first := func(names ...string) string {
-		for _, n := range names {
-			if v := os.Getenv(n); v != "" {
-				return v
-			}
-		}
-		return ""
-	}
+	first := firstEnv
 	if cfg.Endpoint == "" {
-		cfg.Endpoint = first("S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MINIO_ENDPOINT")
+		cfg.Endpoint = first(endpointEnv...)
 	}
 	if cfg.Credentials.AccessKey == "" {
 		cfg.Credentials.AccessKey = first("AWS_ACCESS_KEY_ID", "MINIO_ACCESS_KEY", "MINIO_ROOT_USER")
@@ -149,6 +196,19 @@ func (cfg *Config) FromEnv() {
 	if cfg.Region == "" {
 		cfg.Region = first("AWS_REGION", "AWS_DEFAULT_REGION")
 	}
+}
+
+// endpointEnv are the variables that name the S3 endpoint, in order of preference.
+var endpointEnv = []string{"S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MINIO_ENDPOINT"}
+
+// firstEnv returns the first of the named variables that is set and not empty.
+func firstEnv(names ...string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 // PutFile stores the local file at path under key. Stores that can (a folder on the

@@ -10,10 +10,12 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/naming"
 )
 
 type opener struct {
@@ -30,19 +32,28 @@ func openers(t *testing.T) []opener {
 			}
 			return d
 		}},
-		{"minio", func(t *testing.T) Store {
-			m := testutil.RequireMinIO(t)
-			s, err := Open(testutil.Context(t, time.Minute), Config{
-				URL: "s3://" + testutil.BucketName(t) + "/some/prefix", Endpoint: m.Endpoint,
-				Credentials:  Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey},
-				CreateBucket: true, PartSize: 5 << 20,
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+		{"minio", func(t *testing.T) Store { return openMinIO(t) }},
+		// Objects over 8 MiB take the path of those over 5 GiB: a multipart upload
+		// whose completion is conditional.
+		{"minio-multipart", func(t *testing.T) Store {
+			s := openMinIO(t)
+			s.singlePutMax = 8 << 20
 			return s
 		}},
 	}
+}
+
+func openMinIO(t *testing.T) *S3 {
+	m := testutil.RequireMinIO(t)
+	s, err := OpenS3(testutil.Context(t, time.Minute), Config{
+		URL: "s3://" + testutil.BucketName(t) + "/some/prefix", Endpoint: m.Endpoint,
+		Credentials:  Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey},
+		CreateBucket: true, PartSize: 5 << 20, SpoolDir: t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
@@ -150,9 +161,12 @@ func TestStores(t *testing.T) {
 				}
 			})
 			t.Run("bad-keys", func(t *testing.T) {
-				for _, k := range []string{"../escape", "a/../../b", "", "x\x00y"} {
-					if _, err := s.Put(ctx, k, strings.NewReader("x"), PutOptions{}); err == nil {
-						t.Errorf("put %q was accepted", k)
+				long := strings.Repeat("k", naming.MaxKeyLen+1)
+				segment := "run/" + strings.Repeat("s", 300) + "/rank0" // too long for a file name
+				for _, k := range []string{"../escape", "a/../../b", "", "x\x00y", long, segment} {
+					_, err := s.Put(ctx, k, strings.NewReader("x"), PutOptions{})
+					if !errors.Is(err, naming.ErrBadKey) || !Permanent(err) {
+						t.Errorf("put %.30q: want a permanent error wrapping naming.ErrBadKey, got %v", k, err)
 					}
 				}
 			})
@@ -235,4 +249,88 @@ func TestCredentialsNeverPrint(t *testing.T) {
 		t.Fatalf("Credentials.String leaks: %s", s)
 	}
 	_ = context.Background()
+}
+
+// TestPutOneWinner races writers of different content to one key without Overwrite:
+// exactly one may succeed, the others get ErrExists, and the stored object is the
+// winner's, byte for byte.
+func TestPutOneWinner(t *testing.T) {
+	const writers = 4
+	cases := []struct {
+		name     string
+		size     int
+		seekable bool // a bytes.Reader (hashed up front) or a plain stream
+		known    bool // PutOptions.Size given
+	}{
+		{"1MB", 1 << 20, true, true},
+		{"40MB", 40 << 20, true, true},
+		{"40MB-stream", 40 << 20, false, true},
+		{"unknown-size", 40 << 20, false, false},
+	}
+	for _, o := range openers(t) {
+		t.Run(o.name, func(t *testing.T) {
+			ctx := testutil.Context(t, 5*time.Minute)
+			s := o.open(t)
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					bodies := make([][]byte, writers)
+					for i := range bodies {
+						bodies[i] = make([]byte, c.size)
+						rand.Read(bodies[i])
+					}
+					key := "race/" + c.name
+					start := make(chan struct{})
+					errs := make([]error, writers)
+					infos := make([]ObjectInfo, writers)
+					var wg sync.WaitGroup
+					for i := range writers {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							var r io.Reader = bytes.NewReader(bodies[i])
+							if !c.seekable {
+								r = io.MultiReader(r) // hides Seek and ReadAt
+							}
+							opts := PutOptions{}
+							if c.known {
+								opts.Size = int64(c.size)
+							}
+							<-start
+							infos[i], errs[i] = s.Put(ctx, key, r, opts)
+						}()
+					}
+					close(start)
+					wg.Wait()
+					winner := -1
+					for i, err := range errs {
+						switch {
+						case err == nil && winner >= 0:
+							t.Errorf("writers %d and %d both succeeded", winner, i)
+						case err == nil:
+							winner = i
+						case !errors.Is(err, ErrExists):
+							t.Errorf("writer %d: want ErrExists, got %v", i, err)
+						}
+					}
+					if winner < 0 {
+						t.Fatalf("no writer succeeded: %v", errs)
+					}
+					want := sum(bodies[winner])
+					if infos[winner].SHA256 != want || infos[winner].Size != int64(c.size) {
+						t.Errorf("winner's info %+v, want sha256 %s and %d bytes", infos[winner], want, c.size)
+					}
+					got, err := ReadAll(ctx, s, key)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if sum(got) != want {
+						t.Fatalf("stored object (%d bytes, sha256 %s) is not the winner's (writer %d, %s)", len(got), sum(got), winner, want)
+					}
+					if st, err := s.Stat(ctx, key); err != nil || st.SHA256 != want {
+						t.Fatalf("stat = %+v, %v; want sha256 %s", st, err, want)
+					}
+				})
+			}
+		})
+	}
 }
