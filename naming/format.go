@@ -32,29 +32,74 @@ func (k Kind) String() string {
 }
 
 // spec is a parsed Python format specification
-// ([[fill]align][sign][z][#][0][width][grouping][.precision][type]).
+// ([[fill]align][sign][z][#][0][width][grouping][.precision][type]), with the
+// defaults CPython fills in resolved: fill and align as the '0' option sets them.
 type spec struct {
 	fill      rune
-	align     byte // 0, '<', '>', '=', '^'
+	align     byte // 0 (the kind's default: '<' for str, '>' for numbers), '<', '>', '=', '^'
 	sign      byte // 0, '+', '-', ' '
 	zeroCoerc bool // 'z'
 	alt       bool // '#'
-	width     int
+	width     int  // 0 when absent
 	grouping  byte // 0, ',', '_'
 	precision int  // -1 when absent
 	typ       byte // 0 when absent
 }
 
-const maxWidth = 1024 // an object key is at most 1024 bytes, so is any field
+// defaultSpec is the spec of a field written without one.
+var defaultSpec = spec{fill: ' ', precision: -1}
 
-// parseSpec parses spec text and checks it against the kind of value it formats,
-// with the errors Python's str.format would raise.
+// Limits on widths and precisions. A width above MaxKeyLen, or a precision above it
+// where the precision sets the number of digits (fixed and exponent notation, the
+// alternate form), makes every field longer than a name may be, so Parse refuses
+// such a spec although Python would take it. Where a float's precision only bounds its
+// digits ('g' and the empty type), precisions above maxPrecision give the same text
+// as maxPrecision: a double has at most 767 significant digits and a decimal exponent
+// below 309.
+const (
+	maxWidth          = MaxKeyLen
+	maxPrecision      = MaxKeyLen
+	pyMaxPrecisionInt = math.MaxInt32 // CPython's limit on a float's precision
+)
+
+func isAlign(b byte) bool { return b == '<' || b == '>' || b == '=' || b == '^' }
+
+// parseSpec parses spec text as CPython's format-spec parser does and checks it
+// against the kind of value it formats, refusing what Python's str.format would refuse.
 func parseSpec(s string, k Kind) (spec, error) {
-	sp := spec{fill: ' ', precision: -1}
+	if !utf8.ValidString(s) {
+		return spec{}, fmt.Errorf("format specifier %q is not valid UTF-8", s)
+	}
+	sp := defaultSpec
+	i := sp.parseFlags(s, k)
+	i, err := sp.parseSizes(s, i)
+	if err != nil {
+		return sp, err
+	}
+	if rest := s[i:]; utf8.RuneCountInString(rest) > 1 {
+		return sp, fmt.Errorf("invalid format specifier %q for object of type '%s'", s, k)
+	} else if rest != "" {
+		switch {
+		case rest == "\x00" && k == KindFloat:
+			// CPython reads a NUL type as none, which for float is the default.
+		case len(rest) > 1 || rest[0] == 0:
+			return sp, fmt.Errorf("unknown format code %q for object of type '%s'", rest, k)
+		default:
+			sp.typ = rest[0]
+		}
+	}
+	if err := sp.checkGrouping(k); err != nil {
+		return sp, err
+	}
+	return sp, sp.check(k)
+}
+
+// parseFlags reads [[fill]align][sign][z][#][0] and returns where it stopped.
+func (sp *spec) parseFlags(s string, k Kind) int {
 	i := 0
-	isAlign := func(b byte) bool { return b == '<' || b == '>' || b == '=' || b == '^' }
+	fillGiven := false
 	if r, n := utf8.DecodeRuneInString(s); n > 0 && n < len(s) && isAlign(s[n]) {
-		sp.fill, sp.align = r, s[n]
+		sp.fill, sp.align, fillGiven = r, s[n], true
 		i = n + 1
 	} else if len(s) > 0 && isAlign(s[0]) {
 		sp.align = s[0]
@@ -72,113 +117,154 @@ func parseSpec(s string, k Kind) (spec, error) {
 		sp.alt = true
 		i++
 	}
-	if i < len(s) && s[i] == '0' {
-		if sp.align == 0 {
-			sp.fill, sp.align = '0', '='
-			if k == KindString {
-				sp.align = '<'
-			}
+	if !fillGiven && i < len(s) && s[i] == '0' {
+		// The '0' option sets the fill whatever the alignment; it makes numbers
+		// (never strings) align with '=' when no alignment is given. After an
+		// explicit fill the '0' is read as part of the width.
+		sp.fill = '0'
+		if sp.align == 0 && k != KindString {
+			sp.align = '='
 		}
 		i++
 	}
-	start := i
-	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-		i++
-	}
-	if i > start {
-		w, err := strconv.Atoi(s[start:i])
-		if err != nil || w > maxWidth {
-			return sp, fmt.Errorf("width %q is too large (at most %d)", s[start:i], maxWidth)
+	return i
+}
+
+// parseSizes reads [width][grouping][.precision] from s[i:] and returns where it stopped.
+func (sp *spec) parseSizes(s string, i int) (int, error) {
+	digits, i := scanDigits(s, i)
+	if digits != "" {
+		w, err := strconv.ParseInt(digits, 10, 64)
+		if err != nil {
+			return i, fmt.Errorf("too many decimal digits in format string")
 		}
-		sp.width = w
+		if w > maxWidth {
+			return i, fmt.Errorf("width %d is too large: the field alone would exceed the %d bytes a name may have", w, MaxKeyLen)
+		}
+		sp.width = int(w)
 	}
 	if i < len(s) && (s[i] == ',' || s[i] == '_') {
 		sp.grouping = s[i]
 		i++
+		if i < len(s) && (s[i] == ',' || s[i] == '_') && s[i] != sp.grouping {
+			return i, fmt.Errorf("cannot specify both ',' and '_'")
+		}
 	}
 	if i < len(s) && s[i] == '.' {
-		i++
-		start = i
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
+		digits, i = scanDigits(s, i+1)
+		if digits == "" {
+			return i, fmt.Errorf("format specifier missing precision")
 		}
-		if i == start {
-			return sp, fmt.Errorf("format specifier missing precision")
+		p, err := strconv.ParseInt(digits, 10, 64)
+		if err != nil {
+			return i, fmt.Errorf("too many decimal digits in format string")
 		}
-		p, err := strconv.Atoi(s[start:i])
-		if err != nil || p > maxWidth {
-			return sp, fmt.Errorf("precision %q is too large (at most %d)", s[start:i], maxWidth)
-		}
-		sp.precision = p
+		sp.precision = int(min(p, math.MaxInt))
 	}
-	if i < len(s) {
-		sp.typ = s[i]
-		i++
-	}
-	if i < len(s) {
-		return sp, fmt.Errorf("invalid format specifier %q", s)
-	}
-	return sp, sp.check(k)
+	return i, nil
 }
 
+func scanDigits(s string, i int) (string, int) {
+	start := i
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return s[start:i], i
+}
+
+// checkGrouping refuses a grouping option the presentation type does not take
+// (with the type a kind defaults to: 's' for str, 'd' for int).
+func (sp spec) checkGrouping(k Kind) error {
+	if sp.grouping == 0 {
+		return nil
+	}
+	typ := sp.typ
+	if typ == 0 {
+		switch k {
+		case KindString:
+			typ = 's'
+		case KindInt:
+			typ = 'd'
+		}
+	}
+	switch typ {
+	case 0, 'd', 'e', 'E', 'f', 'F', 'g', 'G', '%':
+		return nil
+	case 'b', 'o', 'x', 'X':
+		if sp.grouping == '_' {
+			return nil
+		}
+	}
+	return fmt.Errorf("cannot specify '%c' with '%c'", sp.grouping, typ)
+}
+
+// check refuses what CPython refuses once a spec is parsed, for a value of kind k,
+// and what names do not take (format code 'c', precisions that are too long).
 func (sp spec) check(k Kind) error {
 	switch k {
 	case KindString:
 		switch {
 		case sp.typ != 0 && sp.typ != 's':
 			return fmt.Errorf("unknown format code '%c' for object of type 'str'", sp.typ)
-		case sp.align == '=':
-			return fmt.Errorf("'=' alignment not allowed in string format specifier")
 		case sp.sign != 0:
 			return fmt.Errorf("sign not allowed in string format specifier")
 		case sp.zeroCoerc:
 			return fmt.Errorf("negative zero coercion (z) not allowed in string format specifier")
 		case sp.alt:
 			return fmt.Errorf("alternate form (#) not allowed in string format specifier")
-		case sp.grouping != 0:
-			return fmt.Errorf("cannot specify '%c' with 's'", sp.grouping)
+		case sp.align == '=':
+			return fmt.Errorf("'=' alignment not allowed in string format specifier")
 		}
+		return nil
 	case KindInt:
 		switch sp.typ {
-		case 0, 'd', 'n', 'b', 'o', 'x', 'X':
+		case 0, 'd', 'n', 'b', 'o', 'x', 'X', 'c':
 			if sp.precision >= 0 {
 				return fmt.Errorf("precision not allowed in integer format specifier")
 			}
 			if sp.zeroCoerc {
 				return fmt.Errorf("negative zero coercion (z) not allowed in integer format specifier")
 			}
-			if sp.grouping == ',' && sp.typ != 0 && sp.typ != 'd' {
-				return fmt.Errorf("cannot specify ',' with '%c'", sp.typ)
+			if sp.typ == 'c' {
+				// Python writes the character with that code point; a rank or a
+				// batch as a character is never a useful name.
+				return fmt.Errorf("format code 'c' is not supported in names")
 			}
-			if sp.grouping != 0 && sp.typ == 'n' {
-				return fmt.Errorf("cannot specify '%c' with 'n'", sp.grouping)
-			}
+			return nil
 		case 'e', 'E', 'f', 'F', 'g', 'G', '%':
 			return sp.check(KindFloat)
-		case 'c':
-			return fmt.Errorf("format code 'c' is not supported in names")
-		default:
-			return fmt.Errorf("unknown format code '%c' for object of type 'int'", sp.typ)
 		}
-	case KindFloat:
+		return fmt.Errorf("unknown format code '%c' for object of type 'int'", sp.typ)
+	default:
 		switch sp.typ {
 		case 0, 'e', 'E', 'f', 'F', 'g', 'G', 'n', '%':
-			if sp.grouping != 0 && sp.typ == 'n' {
-				return fmt.Errorf("cannot specify '%c' with 'n'", sp.grouping)
-			}
-			if sp.grouping == '_' || sp.grouping == ',' {
-				// allowed for all other float types
-			}
 		default:
 			return fmt.Errorf("unknown format code '%c' for object of type 'float'", sp.typ)
 		}
+		if sp.precision > pyMaxPrecisionInt {
+			return fmt.Errorf("precision too big")
+		}
+		if sp.precision > maxPrecision && sp.precisionSetsLength() {
+			return fmt.Errorf("precision %d is too large: every finite value would exceed the %d bytes a name may have", sp.precision, MaxKeyLen)
+		}
+		return nil
 	}
-	return nil
+}
+
+// precisionSetsLength reports whether a float formatted with sp has at least
+// precision digits: fixed and exponent notation, and the alternate form of the others,
+// which keeps trailing zeros.
+func (sp spec) precisionSetsLength() bool {
+	switch sp.typ {
+	case 'e', 'E', 'f', 'F', '%':
+		return true
+	}
+	return sp.alt
 }
 
 // formatString applies sp to a str value as Python does.
 func (sp spec) formatString(v string) string {
-	if sp.precision >= 0 && utf8.RuneCountInString(v) > sp.precision {
+	if sp.precision >= 0 && sp.precision < len(v) {
 		n := 0
 		for i := range v {
 			if n == sp.precision {
@@ -192,121 +278,229 @@ func (sp spec) formatString(v string) string {
 	if align == 0 {
 		align = '<'
 	}
-	return sp.pad("", v, align)
+	n := utf8.RuneCountInString(v)
+	if n >= sp.width {
+		return v
+	}
+	var b strings.Builder
+	left := 0
+	switch align {
+	case '>':
+		left = sp.width - n
+	case '^':
+		left = (sp.width - n) / 2
+	}
+	sp.writeFill(&b, left)
+	b.WriteString(v)
+	sp.writeFill(&b, sp.width-n-left)
+	return b.String()
+}
+
+func (sp spec) writeFill(b *strings.Builder, n int) {
+	for ; n > 0; n-- {
+		b.WriteRune(sp.fill)
+	}
 }
 
 // formatInt applies sp to an int value as Python does.
 func (sp spec) formatInt(v int64) string {
 	switch sp.typ {
 	case 'e', 'E', 'f', 'F', 'g', 'G', '%':
-		return sp.formatFloat(float64(v))
+		return sp.formatFloat(float64(v)) // Python converts to float, rounding to nearest
 	}
-	neg := v < 0
 	u := uint64(v)
-	if neg {
-		u = uint64(-v) // two's complement gives the magnitude, MinInt64 included
+	if v < 0 {
+		u = -u // the magnitude, MinInt64's included
 	}
 	var digits, prefix string
-	group := 3
 	switch sp.typ {
 	case 'b':
-		digits, prefix, group = strconv.FormatUint(u, 2), "0b", 4
+		digits, prefix = strconv.FormatUint(u, 2), "0b"
 	case 'o':
-		digits, prefix, group = strconv.FormatUint(u, 8), "0o", 4
+		digits, prefix = strconv.FormatUint(u, 8), "0o"
 	case 'x':
-		digits, prefix, group = strconv.FormatUint(u, 16), "0x", 4
+		digits, prefix = strconv.FormatUint(u, 16), "0x"
 	case 'X':
-		digits, prefix, group = strings.ToUpper(strconv.FormatUint(u, 16)), "0X", 4
+		digits, prefix = strings.ToUpper(strconv.FormatUint(u, 16)), "0X"
 	default:
 		digits = strconv.FormatUint(u, 10)
 	}
 	if !sp.alt {
 		prefix = ""
 	}
-	return sp.number(neg, prefix, digits, "", group)
+	return sp.number(v < 0, prefix, digits, "")
 }
 
 // formatFloat applies sp to a float value as Python does.
 func (sp spec) formatFloat(f float64) string {
-	neg := math.Signbit(f)
-	if math.IsNaN(f) {
-		neg = false
+	if sp.typ == '%' {
+		f *= 100 // before anything else: a finite value can become infinite
 	}
+	neg := math.Signbit(f) && !math.IsNaN(f) // Python never writes nan's sign
 	a := math.Abs(f)
 	var body string
-	suffix := ""
-	upper := sp.typ == 'E' || sp.typ == 'F' || sp.typ == 'G'
 	switch {
-	case math.IsInf(a, 0) || math.IsNaN(a):
+	case math.IsInf(a, 0):
 		body = "inf"
-		if math.IsNaN(a) {
-			body = "nan"
-		}
-		if sp.typ == '%' {
-			suffix = "%"
-		}
+	case math.IsNaN(a):
+		body = "nan"
 	default:
-		p := sp.precision
-		switch sp.typ {
-		case 'e', 'E':
-			if p < 0 {
-				p = 6
-			}
-			body = pyExp(a, p, sp.alt)
-		case 'f', 'F':
-			if p < 0 {
-				p = 6
-			}
-			body = strconv.FormatFloat(a, 'f', p, 64)
-			if sp.alt && p == 0 {
-				body += "."
-			}
-		case '%':
-			if p < 0 {
-				p = 6
-			}
-			body = strconv.FormatFloat(a*100, 'f', p, 64)
-			if sp.alt && p == 0 {
-				body += "."
-			}
-			suffix = "%"
-		case 'g', 'G', 'n':
-			if p < 0 {
-				p = 6
-			}
-			body = pyGeneral(a, p, sp.alt, false)
-		default: // no type: repr, or 'g'-like with one digit past the point
-			if p < 0 {
-				body = pyRepr(a)
-			} else {
-				body = pyGeneral(a, p, sp.alt, true)
-			}
-		}
+		body = sp.floatDigits(a)
 		if sp.zeroCoerc && neg && isZeroText(body) {
 			neg = false
 		}
 	}
-	if upper {
+	switch sp.typ {
+	case 'E', 'F', 'G':
 		body = strings.ToUpper(body)
+	case '%':
+		body += "%"
 	}
-	intPart, rest := body, ""
-	if i := strings.IndexAny(body, ".eE"); i >= 0 && !strings.HasPrefix(body, "inf") && !strings.HasPrefix(body, "nan") {
-		intPart, rest = body[:i], body[i:]
+	n := 0
+	for n < len(body) && body[n] >= '0' && body[n] <= '9' {
+		n++
 	}
-	return sp.number(neg, "", intPart, rest+suffix, 3)
+	return sp.number(neg, "", body[:n], body[n:])
 }
 
+// floatDigits formats a non-negative finite float without its sign, as CPython's
+// PyOS_double_to_string does for sp's type and precision.
+func (sp spec) floatDigits(a float64) string {
+	p := sp.precision
+	switch sp.typ {
+	case 'e', 'E':
+		if p < 0 {
+			p = 6
+		}
+		s := strconv.FormatFloat(a, 'e', p, 64) // like C, at least two exponent digits
+		if sp.alt && p == 0 {
+			i := strings.IndexByte(s, 'e')
+			s = s[:i] + "." + s[i:]
+		}
+		return s
+	case 'f', 'F', '%':
+		if p < 0 {
+			p = 6
+		}
+		s := strconv.FormatFloat(a, 'f', p, 64)
+		if sp.alt && p == 0 {
+			s += "."
+		}
+		return s
+	case 'g', 'G', 'n':
+		if p < 0 {
+			p = 6
+		}
+		return pyShortFloat(a, 'g', min(max(p, 1), maxPrecision), sp.alt, false)
+	default: // no type: repr, or with a precision 'g' that keeps a ".0"
+		if p < 0 {
+			return pyShortFloat(a, 'r', 0, sp.alt, true)
+		}
+		return pyShortFloat(a, 'g', min(max(p, 1), maxPrecision), sp.alt, true)
+	}
+}
+
+// isZeroText reports whether the digits of a formatted magnitude, up to any exponent,
+// are all zero (what 'z' looks at).
 func isZeroText(s string) bool {
 	for _, c := range s {
 		if c >= '1' && c <= '9' {
 			return false
 		}
+		if c == 'e' {
+			return true
+		}
 	}
 	return true
 }
 
-// number lays out sign, prefix, grouped integer digits and the rest with fill and alignment.
-func (sp spec) number(neg bool, prefix, intDigits, rest string, group int) string {
+// pyShortFloat formats a non-negative finite float as CPython's format_float_short
+// does for code 'g' (p significant digits, p >= 1) or 'r' (the shortest repr);
+// addDot0 is Python's flag for the empty presentation type: an integral result in
+// fixed notation keeps a ".0", and the switch to exponent notation comes one digit
+// earlier.
+func pyShortFloat(a float64, code byte, p int, alt, addDot0 bool) string {
+	prec := p - 1
+	if code == 'r' {
+		prec = -1
+	}
+	s := strconv.FormatFloat(a, 'e', prec, 64)
+	e := strings.IndexByte(s, 'e')
+	exp, _ := strconv.Atoi(s[e+1:])
+	digits := strings.TrimRight(strings.Replace(s[:e], ".", "", 1), "0")
+	decpt := exp + 1
+	if digits == "" {
+		digits, decpt = "0", 1
+	}
+	useExp := false
+	vEnd := len(digits)
+	if code == 'g' {
+		limit := p
+		if addDot0 {
+			limit = p - 1
+		}
+		useExp = decpt <= -4 || decpt > limit
+		if alt {
+			vEnd = p
+		}
+	} else {
+		useExp = decpt <= -4 || decpt > 16
+	}
+	if useExp {
+		exp, decpt = decpt-1, 1
+	}
+	vStart := 0
+	if decpt <= 0 {
+		vStart = decpt - 1
+	}
+	if !useExp && addDot0 {
+		vEnd = max(vEnd, decpt+1)
+	} else {
+		vEnd = max(vEnd, decpt)
+	}
+	var b strings.Builder
+	if decpt <= 0 {
+		b.WriteString(strings.Repeat("0", decpt-vStart))
+		b.WriteByte('.')
+		b.WriteString(strings.Repeat("0", -decpt))
+	}
+	if 0 < decpt && decpt <= len(digits) {
+		b.WriteString(digits[:decpt])
+		b.WriteByte('.')
+		b.WriteString(digits[decpt:])
+	} else {
+		b.WriteString(digits)
+	}
+	if len(digits) < decpt {
+		b.WriteString(strings.Repeat("0", decpt-len(digits)))
+		b.WriteByte('.')
+		b.WriteString(strings.Repeat("0", vEnd-decpt))
+	} else {
+		b.WriteString(strings.Repeat("0", vEnd-len(digits)))
+	}
+	out := b.String()
+	if !alt {
+		out = strings.TrimSuffix(out, ".")
+	}
+	if useExp {
+		sign := byte('+')
+		if exp < 0 {
+			sign, exp = '-', -exp
+		}
+		out += "e" + string(sign)
+		if exp < 10 {
+			out += "0"
+		}
+		out += strconv.Itoa(exp)
+	}
+	return out
+}
+
+// number lays out a formatted number as CPython's calc_number_widths and fill_number
+// do: [padding][sign][prefix][padding][grouped digits][rest][padding], where rest is
+// whatever follows the leading digits (decimal point, fraction, exponent, '%', or all
+// of "inf" and "nan").
+func (sp spec) number(neg bool, prefix, digits, rest string) string {
 	sign := ""
 	switch {
 	case neg:
@@ -320,162 +514,72 @@ func (sp spec) number(neg bool, prefix, intDigits, rest string, group int) strin
 	if align == 0 {
 		align = '>'
 	}
-	if sp.grouping != 0 && align == '=' && sp.fill == '0' {
-		// Python pads zero-filled grouped numbers with grouped zeros.
-		minDigits := sp.width - len(sign) - len(prefix) - len(rest)
-		intDigits = groupDigits(intDigits, sp.grouping, group, minDigits)
-		return sign + prefix + intDigits + rest
+	nonDigits := len(sign) + len(prefix) + len(rest)
+	minWidth := 0
+	if sp.fill == '0' && align == '=' {
+		minWidth = sp.width - nonDigits
 	}
-	if sp.grouping != 0 {
-		intDigits = groupDigits(intDigits, sp.grouping, group, 0)
+	if digits != "" {
+		every := 0
+		switch {
+		case sp.grouping == 0 || sp.typ == 'n':
+		case sp.typ == 'b' || sp.typ == 'o' || sp.typ == 'x' || sp.typ == 'X':
+			every = 4
+		default:
+			every = 3
+		}
+		digits = groupDigits(digits, sp.grouping, every, minWidth)
 	}
-	if align == '=' {
-		return sp.pad(sign+prefix, intDigits+rest, '=')
+	var b strings.Builder
+	pad := sp.width - nonDigits - len(digits)
+	left, mid := 0, 0
+	switch align {
+	case '>':
+		left = pad
+	case '^':
+		left = pad / 2
+	case '=':
+		mid = pad
 	}
-	return sp.pad("", sign+prefix+intDigits+rest, align)
+	sp.writeFill(&b, left)
+	b.WriteString(sign)
+	b.WriteString(prefix)
+	sp.writeFill(&b, mid)
+	b.WriteString(digits)
+	b.WriteString(rest)
+	sp.writeFill(&b, pad-left-mid)
+	return b.String()
 }
 
-func groupDigits(d string, sep byte, every, minLen int) string {
-	if d == "inf" || d == "nan" || d == "INF" || d == "NAN" {
-		return d
+// groupDigits inserts sep between groups of every digits (none when every is 0) and
+// pads with zeros on the left to at least minWidth characters, as CPython's
+// _PyUnicode_InsertThousandsGrouping does: a group is completed with zeros rather
+// than starting the number with a separator.
+func groupDigits(d string, sep byte, every, minWidth int) string {
+	minWidth = max(minWidth, 0)
+	remaining := len(d)
+	var groups []string // from the right
+	if every == 0 {
+		n := max(remaining, minWidth, 1)
+		return strings.Repeat("0", n-remaining) + d
 	}
 	for {
-		var b strings.Builder
-		n := len(d)
-		for i := 0; i < n; i++ {
-			if i > 0 && (n-i)%every == 0 {
-				b.WriteByte(sep)
-			}
-			b.WriteByte(d[i])
+		n := min(every, max(remaining, minWidth, 1))
+		chars := min(remaining, n)
+		groups = append(groups, strings.Repeat("0", n-chars)+d[remaining-chars:remaining])
+		remaining -= chars
+		minWidth -= n
+		if remaining <= 0 && minWidth <= 0 {
+			break
 		}
-		out := b.String()
-		if len(out) >= minLen {
-			return out
-		}
-		d = "0" + d
+		minWidth-- // the separator
 	}
-}
-
-// pad fills to width; for '=' the fill goes between head (sign, prefix) and body.
-func (sp spec) pad(head, body string, align byte) string {
-	n := utf8.RuneCountInString(head) + utf8.RuneCountInString(body)
-	if n >= sp.width {
-		return head + body
-	}
-	fill := strings.Repeat(string(sp.fill), sp.width-n)
-	switch align {
-	case '<':
-		return head + body + fill
-	case '^':
-		l := (sp.width - n) / 2
-		f := []rune(fill)
-		return string(f[:l]) + head + body + string(f[l:])
-	case '=':
-		return head + fill + body
-	default:
-		return fill + head + body
-	}
-}
-
-// pyExp formats a non-negative finite float as Python's 'e' with p digits after the point.
-func pyExp(a float64, p int, alt bool) string {
-	s := strconv.FormatFloat(a, 'e', p, 64) // Go also writes at least two exponent digits
-	if alt && p == 0 {
-		i := strings.IndexByte(s, 'e')
-		s = s[:i] + "." + s[i:]
-	}
-	return s
-}
-
-// decimalExp returns the decimal exponent of a rounded to p significant digits.
-func decimalExp(a float64, p int) int {
-	if a == 0 {
-		return 0
-	}
-	s := strconv.FormatFloat(a, 'e', p-1, 64)
-	e, _ := strconv.Atoi(s[strings.IndexByte(s, 'e')+1:])
-	return e
-}
-
-// pyGeneral formats like Python's 'g' (or, with noType, like the empty type with a precision).
-func pyGeneral(a float64, p int, alt, noType bool) string {
-	if p == 0 {
-		p = 1
-	}
-	exp := decimalExp(a, p)
-	limit := p
-	if noType {
-		limit = p - 1
-		if limit < 1 {
-			limit = 1
+	var b strings.Builder
+	for i := len(groups) - 1; i >= 0; i-- {
+		b.WriteString(groups[i])
+		if i > 0 {
+			b.WriteByte(sep)
 		}
 	}
-	var s string
-	if exp >= -4 && exp < limit {
-		s = strconv.FormatFloat(a, 'f', p-1-exp, 64)
-		if !alt {
-			s = trimZeros(s)
-		}
-		if noType && !strings.Contains(s, ".") {
-			s += ".0"
-		}
-		if alt && !strings.Contains(s, ".") {
-			s += "."
-		}
-		return s
-	}
-	s = strconv.FormatFloat(a, 'e', p-1, 64)
-	if !alt {
-		i := strings.IndexByte(s, 'e')
-		s = trimZeros(s[:i]) + s[i:]
-	}
-	return s
-}
-
-func trimZeros(s string) string {
-	if !strings.Contains(s, ".") {
-		return s
-	}
-	s = strings.TrimRight(s, "0")
-	return strings.TrimSuffix(s, ".")
-}
-
-// pyRepr formats a non-negative finite float as Python's repr does.
-func pyRepr(a float64) string {
-	if a == 0 {
-		return "0.0"
-	}
-	s := strconv.FormatFloat(a, 'e', -1, 64) // shortest digits: d.ddde±XX
-	i := strings.IndexByte(s, 'e')
-	mant, exp := strings.Replace(s[:i], ".", "", 1), s[i+1:]
-	e, _ := strconv.Atoi(exp)
-	if e < -4 || e >= 16 {
-		m := mant[:1]
-		if len(mant) > 1 {
-			m += "." + mant[1:]
-		}
-		es := strconv.Itoa(abs(e))
-		if len(es) < 2 {
-			es = "0" + es
-		}
-		sign := "+"
-		if e < 0 {
-			sign = "-"
-		}
-		return m + "e" + sign + es
-	}
-	if e < 0 {
-		return "0." + strings.Repeat("0", -e-1) + mant
-	}
-	if len(mant) <= e+1 {
-		return mant + strings.Repeat("0", e+1-len(mant)) + ".0"
-	}
-	return mant[:e+1] + "." + mant[e+1:]
-}
-
-func abs(x int) int {
-	if x < 0 {
-		return -x
-	}
-	return x
+	return b.String()
 }

@@ -65,7 +65,7 @@ func (t *Template) compileMatcher() {
 		}
 		decimal := p.spec.typ == 0 || p.spec.typ == 'd' || p.spec.typ == 'n'
 		switch {
-		case p.kind == KindInt && decimal:
+		case p.kind == KindInt && decimal && !p.spec.digitFill():
 			b.WriteString(`( *[-+ ]?[0-9][0-9_,]*)`)
 			t.groups = append(t.groups, group{p.name, KindInt})
 		case p.kind == KindString:
@@ -78,4 +78,13 @@ func (t *Template) compileMatcher() {
 	}
 	b.WriteString("$")
 	t.re = regexp.MustCompile(b.String())
+}
+
+// digitFill reports whether padding with sp adds digits that are not leading zeros
+// ("30000" for 3 with "<05"), so that an integer cannot be read back.
+func (sp spec) digitFill() bool {
+	if sp.fill < '0' || sp.fill > '9' {
+		return false
+	}
+	return !(sp.fill == '0' && (sp.align == 0 || sp.align == '>' || sp.align == '='))
 }

@@ -3,9 +3,12 @@ package naming
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/memsnap/memsnap/internal/testutil"
 )
 
 var composerVars = Vars{
@@ -83,6 +86,15 @@ func TestParseErrors(t *testing.T) {
 		{"{rank:99999}", "too large"},
 		{"{rank:c}", "not supported"},
 		{"{rank:,x}", "cannot specify ','"},
+		{"{rank:,_}", "cannot specify both"},
+		{"{rank:_n}", "cannot specify '_' with 'n'"},
+		{"{run_name:,}", "cannot specify ',' with 's'"},
+		{"{run_name:\x00}", "unknown format code"},
+		{"{rank:5\x00}", "unknown format code"},
+		{"{total_wct:.2147483648g}", "precision too big"},
+		{"{total_wct:.1025f}", "too large"},
+		{"{total_wct:#.1025g}", "too large"},
+		{"{rank:.99999999999999999999}", "too many decimal digits"},
 	}
 	for _, c := range cases {
 		t.Run(c.tmpl, func(t *testing.T) {
@@ -95,6 +107,61 @@ func TestParseErrors(t *testing.T) {
 	_, err := Parse("{nope}")
 	if !errors.Is(err, ErrUnknownVariable) {
 		t.Fatalf("want ErrUnknownVariable, got %v", err)
+	}
+}
+
+// TestFormatDivergencesFixed holds specs memsnap once rendered differently from
+// CPython's str.format; want is what Python 3.11 to 3.13 give.
+func TestFormatDivergencesFixed(t *testing.T) {
+	cases := []struct {
+		tmpl string
+		vars Vars
+		want string
+	}{
+		// '0' sets the fill even with an explicit alignment.
+		{"{run_name:>05}", Vars{"run_name": "ab"}, "000ab"},
+		{"{run_name:^07}", Vars{"run_name": "ab"}, "00ab000"},
+		{"{rank:<05}", Vars{"rank": 3}, "30000"},
+		{"{rank:^+07x}", Vars{"rank": 255}, "00+ff00"},
+		{"{epoch_wct:>010.2f}", Vars{"epoch_wct": 3.25}, "0000003.25"},
+		// No type with a precision: exponent notation from exp >= precision-1.
+		{"{total_wct:.0}", Vars{"total_wct": 2.0}, "2e+00"},
+		{"{total_wct:.1}", Vars{"total_wct": 0.0}, "0e+00"},
+		{"{total_wct:.0}", Vars{"total_wct": 12.5}, "1e+01"},
+		// '#' keeps the point of a one-digit mantissa.
+		{"{batch_wct:#}", Vars{"batch_wct": 1e-05}, "1.e-05"},
+		{"{total_wct:#}", Vars{"total_wct": 1e16}, "1.e+16"},
+		{"{total_wct:#.1g}", Vars{"total_wct": 20.0}, "2.e+01"},
+		{"{total_wct:#.0}", Vars{"total_wct": 0.0}, "0.e+00"},
+		// '%' scales first: the largest float becomes inf.
+		{"{total_wct:%}", Vars{"total_wct": math.MaxFloat64}, "inf%"},
+		{"{total_wct:z,%}", Vars{"total_wct": -math.MaxFloat64}, "-inf%"},
+		// Zero padding of inf and nan with grouping.
+		{"{total_wct:010,}", Vars{"total_wct": math.Inf(1)}, "0000000inf"},
+		{"{total_wct:+010_}", Vars{"total_wct": math.NaN()}, "+000000nan"},
+		// Precisions above MaxKeyLen that can still make a short name.
+		{"{total_wct:.1025g}", Vars{"total_wct": 1.5}, "1.5"},
+		{"{run_name:.2000}", Vars{"run_name": "ab"}, "ab"},
+		// A NUL type is no type for float.
+		{"{total_wct:5\x00}", Vars{"total_wct": 1.5}, "  1.5"},
+		// Zero-filled grouping completes a group rather than start with a separator.
+		{"{token:0=12,}", Vars{"token": 1234}, "0,000,001,234"},
+		{"{token:08,}", Vars{"token": 1234}, "0,001,234"},
+	}
+	for _, c := range cases {
+		t.Run(c.tmpl, func(t *testing.T) {
+			tm, err := Parse(c.tmpl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := tm.Render(c.vars)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != c.want {
+				t.Fatalf("got %q, want %q", got, c.want)
+			}
+		})
 	}
 }
 
@@ -171,10 +238,7 @@ func TestParseS3(t *testing.T) {
 
 // TestAgainstPython renders every case with CPython's str.format and with ours.
 func TestAgainstPython(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not found")
-	}
+	py := testutil.Python(t)
 	tmpls := []string{
 		"{run_name}/torch_traces/rank{rank}.{batch}.memory_snapshot", TorchtitanSnapshotName,
 		"{rank:06d}", "{rank:>5}", "{rank:<5}|", "{rank:^7}|", "{rank:x^7}", "{rank:=+8}", "{rank: }",
@@ -321,6 +385,18 @@ func TestMatch(t *testing.T) {
 		v, ok := MustParse(c.tmpl).Match(c.name)
 		if ok != c.ok || (ok && v["rank"] != c.rank) {
 			t.Errorf("%q ~ %q: %v %v", c.tmpl, c.name, v, ok)
+		}
+	}
+	// Digits padded on the right cannot be read back: 3 with "<05" is "30000".
+	for _, tmpl := range []string{"r{rank:<05}.p", "r{rank:0<5}.p", "r{rank:1>5}.p"} {
+		tm := MustParse(tmpl)
+		name, err := tm.Render(Vars{"rank": 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := tm.Match(name)
+		if _, has := v["rank"]; !ok || has {
+			t.Errorf("%q ~ %q: %v %v, want a match that recovers no rank", tmpl, name, v, ok)
 		}
 	}
 }

@@ -5,6 +5,13 @@
 // A Template is parsed and checked once, up front: an unknown variable, an unclosed
 // brace or a format spec that Python would refuse for that variable's type is an
 // error at Parse time, never at export time. The package does no I/O.
+//
+// Format specs render as CPython 3.11 and later render them for str, int and float,
+// with 'n' as in the C locale (Python's default). Parse also refuses a few specs
+// Python accepts: format code 'c' for integers (a character is no part of a name),
+// conversions (!r, !s, !a), nested fields, and widths or digit-setting precisions
+// above MaxKeyLen, which make every name longer than a key may be (an infinite or
+// NaN float would still render short with such a precision; that case is given up).
 package naming
 
 import (
@@ -164,7 +171,7 @@ func parseField(field string) (part, error) {
 		}
 		p.spec = sp
 	} else {
-		p.spec = spec{fill: ' ', precision: -1}
+		p.spec = defaultSpec
 	}
 	return p, nil
 }
