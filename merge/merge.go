@@ -33,6 +33,10 @@ const (
 	OutSummary = "summary"
 	OutHTML    = "html"
 	OutPB      = "pb"
+	// OutInputs is the claim, written before the outputs: what was merged, with what
+	// options. OutManifest is written after them: it publishes the merge.
+	OutInputs   = "inputs"
+	OutManifest = "manifest"
 )
 
 // DefaultOutputBase is the default name (a template) of the merged outputs, before
@@ -41,7 +45,7 @@ const DefaultOutputBase = "merged"
 
 var outSuffix = map[string]string{
 	OutPickle: ".memory_snapshot.pickle", OutTrace: ".trace.json", OutSummary: ".summary.json",
-	OutHTML: ".html", OutPB: ".memsnap.pb",
+	OutHTML: ".html", OutPB: ".memsnap.pb", OutInputs: ".inputs.json", OutManifest: ".manifest.json",
 }
 
 var outOrder = []string{OutPickle, OutTrace, OutSummary, OutHTML, OutPB}
@@ -74,6 +78,11 @@ type Config struct {
 	Workers int
 	// TempDir holds the outputs while they are written (default os.TempDir()).
 	TempDir string
+	// Window is the window the inputs recorded, for the claim and the manifest (nil
+	// when unknown).
+	Window *WindowInfo
+	// MissingReasons says why a rank is missing, for the manifest (rank -> reason).
+	MissingReasons map[int]string
 	// Logger receives progress; nil discards it.
 	Logger *slog.Logger
 }
@@ -110,13 +119,13 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if c.WorldSize < 0 {
-		return fmt.Errorf("merge: world size %d", c.WorldSize)
+	if c.WorldSize < 0 || c.WorldSize > MaxRanks {
+		return fmt.Errorf("merge: world size %d (at most %d)", c.WorldSize, MaxRanks)
 	}
 	return nil
 }
 
-// OutputKeys renders the names of the five outputs.
+// OutputKeys renders the names of the outputs, the claim and the manifest.
 func OutputKeys(base string, vars naming.Vars) (map[string]string, error) {
 	t, err := naming.Parse(base)
 	if err != nil {
@@ -137,10 +146,22 @@ func OutputKeys(base string, vars naming.Vars) (map[string]string, error) {
 
 type loaded struct {
 	ranks []*rankData // one, or several for a .memsnap.pb
+	ref   InputRef
 	err   error
 }
 
-// Merge merges the inputs rank by rank into the five outputs and stores them.
+// MaxRanks is the largest world size a merge accepts: a rank number, a world size
+// in a sidecar or a timeline, or a flag above it is refused, so a hostile name such
+// as rank50000000.5.memory_snapshot.pickle cannot make a merge write gigabytes of
+// empty ranks.
+const MaxRanks = 1 << 16
+
+// Merge merges the inputs rank by rank into the five outputs and publishes them:
+// the claim (<base>.inputs.json, what was merged), the outputs, and last the
+// manifest (<base>.manifest.json, every output's checksum). A reader that finds the
+// manifest finds every output; a merge interrupted before its manifest is finished
+// by running it again with the same inputs, since a merge's outputs depend on
+// nothing but its inputs and options.
 func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -150,17 +171,13 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	if !cfg.Overwrite {
-		for _, k := range outOrder {
-			if _, err := cfg.Out.Stat(ctx, keys[k]); err == nil {
-				return nil, fmt.Errorf("merge: %s exists in %s (pass overwrite to replace it): %w", keys[k], cfg.Out, store.ErrExists)
-			} else if !errors.Is(err, store.ErrNotFound) {
-				return nil, err
-			}
+		if _, err := cfg.Out.Stat(ctx, keys[OutManifest]); err == nil {
+			return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already (pass overwrite to replace it): %w", keys[OutManifest], cfg.Out, store.ErrExists)
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return nil, err
 		}
 	}
-	log := cfg.Logger
 	start := time.Now()
-
 	var tmp string
 	if d, ok := cfg.Out.(*store.Dir); ok && cfg.TempDir == "" {
 		tmp, err = d.TempDir() // outputs are moved into place, not copied
@@ -171,15 +188,11 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("merge: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	files := map[string]*os.File{}
-	for _, k := range outOrder {
-		f, err := os.Create(filepath.Join(tmp, k))
-		if err != nil {
-			return nil, fmt.Errorf("merge: %w", err)
-		}
-		defer f.Close()
-		files[k] = f
+	b, err := newBuilder(&cfg, tmp)
+	if err != nil {
+		return nil, err
 	}
+	defer b.close()
 
 	// Decode ahead in parallel, consume in rank order.
 	ctx, cancel := context.WithCancel(ctx)
@@ -199,24 +212,7 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 			go func(i int, in Input) { results[i] <- load(ctx, in) }(i, in)
 		}
 	}()
-
-	in := newInterner()
-	pw, err := snapshot.NewWriter(files[OutPickle])
-	if err != nil {
-		return nil, err
-	}
-	tw := newTraceWriter(files[OutTrace])
-	pbw := newPBWriter(files[OutPB], in)
-	var (
-		summaries []RankSummary
-		curves    []htmlRank
-		segments  []*snapshot.Segment
-		settings  snapshot.Value
-		annots    []snapshot.Value
-		seen      = map[int]string{}
-		nextRank  = 0 // the next device_traces index of the merged pickle
-		worldMeta = 0
-	)
+	var refs []InputRef
 	for i := range cfg.Inputs {
 		var l loaded
 		select {
@@ -228,159 +224,245 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 		if l.err != nil {
 			return nil, l.err
 		}
+		refs = append(refs, l.ref)
 		for _, r := range l.ranks {
-			if prev, ok := seen[r.rank]; ok {
-				return nil, fmt.Errorf("merge: rank %d is in both %s and %s", r.rank, prev, r.source)
-			}
-			if r.rank < nextRank {
-				return nil, fmt.Errorf("merge: rank %d of %s arrives after rank %d; pass one merged file per rank range", r.rank, r.source, nextRank-1)
-			}
-			seen[r.rank] = r.source
-			for ; nextRank < r.rank; nextRank++ { // ranks with no input: empty traces
-				if err := pw.Trace(nil, 0); err != nil {
-					return nil, err
-				}
-			}
-			nextRank++
-			if r.meta != nil {
-				worldMeta = max(worldMeta, r.meta.WorldSize)
-			}
-			r.shiftUS = cfg.shift(r)
-			for _, e := range r.trace {
-				in.frameList(e.Frames)
-			}
-			tw.process(r.rank)
-			lastA, lastR := int64(-1), int64(-1)
-			s, pts := r.analyze(func(t, a, res int64) {
-				if a != lastA {
-					tw.counter(r.rank, "allocated", t, a)
-					lastA = a
-				}
-				if res != lastR {
-					tw.counter(r.rank, "reserved", t, res)
-					lastR = res
-				}
-			})
-			for _, o := range s.OOMs {
-				tw.oom(r.rank, o)
-			}
-			hr := htmlRank{Rank: r.rank, Peak: s.PeakAllocatedBytes, Pts: make([][2]int64, len(pts))}
-			for j, p := range pts {
-				hr.Pts[j] = [2]int64{p.t, p.v}
-			}
-			for _, o := range s.OOMs {
-				hr.OOMs = append(hr.OOMs, [2]int64{o.TimeUS, o.AllocatedThen})
-			}
-			if r.meta != nil {
-				for _, b := range r.meta.Batches {
-					tw.batch(r.rank, b, r.shiftUS)
-					hr.Batches = append(hr.Batches, [3]int64{b.Batch, b.StartUS + r.shiftUS, b.EndUS + r.shiftUS})
-				}
-				for _, m := range r.meta.Samples {
-					tw.counter(r.rank, "device used (NVML)", m.TimeUS+r.shiftUS, m.DeviceUsedBytes)
-					if m.ProcessUsedBytes > 0 {
-						tw.counter(r.rank, "process used (NVML)", m.TimeUS+r.shiftUS, m.ProcessUsedBytes)
-					}
-				}
-			}
-			if err := pw.Trace(r.trace, r.shiftUS); err != nil {
+			if err := b.add(r); err != nil {
 				return nil, err
 			}
-			pbw.rank(r, s)
-			for _, g := range r.segs {
-				in.frameList(g.Frames)
-				for _, b := range g.Blocks {
-					in.frameList(b.Frames)
-				}
-				g.Device = int64(r.rank)
-				segments = append(segments, g)
-			}
-			if settings == nil && r.snap.Has&snapshot.SnapAllocatorSettings != 0 {
-				settings = r.snap.AllocatorSettings
-			}
-			if l, ok := r.snap.ExternalAnnotations.(*snapshot.List); ok {
-				for _, a := range l.Items {
-					if d, ok := a.(*snapshot.Dict); ok {
-						c := &snapshot.Dict{Items: append([]snapshot.Item(nil), d.Items...)}
-						c.Set("rank", int64(r.rank))
-						a = c
-					}
-					annots = append(annots, a)
-				}
-			}
-			summaries = append(summaries, s)
-			curves = append(curves, hr)
-			log.Info("merged rank", "rank", r.rank, "events", len(r.trace), "peak_allocated", human(s.PeakAllocatedBytes), "source", r.source)
-			r.snap, r.trace = nil, nil // let the decoded rank go
 		}
 	}
+	sum, err := b.finish()
+	if err != nil {
+		return nil, err
+	}
+	sum.Outputs = map[string]string{}
+	for _, k := range outOrder {
+		sum.Outputs[k] = keys[k]
+	}
+	if err := b.writeSummary(sum); err != nil {
+		return nil, err
+	}
+	if err := publish(ctx, &cfg, keys, tmp, refs, sum); err != nil {
+		return nil, err
+	}
+	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "elapsed", time.Since(start).Round(time.Millisecond))
+	return &Result{Summary: sum, Outputs: keys}, nil
+}
 
-	world := cfg.WorldSize
+// builder writes the merged outputs into temporary files, one rank at a time.
+type builder struct {
+	cfg       *Config
+	files     map[string]*os.File
+	in        *interner
+	pw        *snapshot.Writer
+	tw        *traceWriter
+	pbw       *pbWriter
+	summaries []RankSummary
+	curves    []htmlRank
+	segments  []*snapshot.Segment
+	settings  snapshot.Value
+	annots    []snapshot.Value
+	seen      map[int]string
+	nextRank  int // the next device_traces index of the merged pickle
+	worldMeta int
+}
+
+func newBuilder(cfg *Config, tmp string) (*builder, error) {
+	b := &builder{cfg: cfg, files: map[string]*os.File{}, in: newInterner(), seen: map[int]string{}}
+	for _, k := range outOrder {
+		f, err := os.Create(filepath.Join(tmp, k))
+		if err != nil {
+			b.close()
+			return nil, fmt.Errorf("merge: %w", err)
+		}
+		b.files[k] = f
+	}
+	pw, err := snapshot.NewWriter(b.files[OutPickle])
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	b.pw = pw
+	b.tw = newTraceWriter(b.files[OutTrace])
+	b.pbw = newPBWriter(b.files[OutPB], b.in)
+	return b, nil
+}
+
+func (b *builder) close() {
+	for _, f := range b.files {
+		f.Close()
+	}
+}
+
+// add merges one rank.
+func (b *builder) add(r *rankData) error {
+	if prev, ok := b.seen[r.rank]; ok {
+		return fmt.Errorf("merge: rank %d is in both %s and %s", r.rank, prev, r.source)
+	}
+	if r.rank < b.nextRank {
+		return fmt.Errorf("merge: rank %d of %s arrives after rank %d; pass one merged file per rank range", r.rank, r.source, b.nextRank-1)
+	}
+	if r.rank >= MaxRanks || (b.cfg.WorldSize > 0 && r.rank >= b.cfg.WorldSize) {
+		return fmt.Errorf("merge: rank %d of %s is outside the world size (%d, at most %d)", r.rank, r.source, max(b.cfg.WorldSize, 0), MaxRanks)
+	}
+	b.seen[r.rank] = r.source
+	for ; b.nextRank < r.rank; b.nextRank++ { // ranks with no input: empty traces
+		if err := b.pw.Trace(nil, 0); err != nil {
+			return err
+		}
+	}
+	b.nextRank++
+	if r.meta != nil {
+		b.worldMeta = max(b.worldMeta, r.meta.WorldSize)
+	}
+	r.shiftUS = b.cfg.shift(r)
+	for _, e := range r.trace {
+		b.in.frameList(e.Frames)
+	}
+	tw := b.tw
+	tw.process(r.rank)
+	lastA, lastR := int64(-1), int64(-1)
+	s, pts := r.analyze(func(t, a, res int64) {
+		if a != lastA {
+			tw.counter(r.rank, "allocated", t, a)
+			lastA = a
+		}
+		if res != lastR {
+			tw.counter(r.rank, "reserved", t, res)
+			lastR = res
+		}
+	})
+	for _, o := range s.OOMs {
+		tw.oom(r.rank, o)
+	}
+	hr := htmlRank{Rank: r.rank, Peak: s.PeakAllocatedBytes, Pts: make([][2]int64, len(pts))}
+	for j, p := range pts {
+		hr.Pts[j] = [2]int64{p.t, p.v}
+	}
+	for _, o := range s.OOMs {
+		hr.OOMs = append(hr.OOMs, [2]int64{o.TimeUS, o.AllocatedThen})
+	}
+	if r.meta != nil {
+		for _, m := range r.meta.Batches {
+			tw.batch(r.rank, m, r.shiftUS)
+			hr.Batches = append(hr.Batches, [3]int64{m.Batch, m.StartUS + r.shiftUS, m.EndUS + r.shiftUS})
+		}
+		for _, m := range r.meta.Samples {
+			tw.counter(r.rank, "device used (NVML)", m.TimeUS+r.shiftUS, m.DeviceUsedBytes)
+			if m.ProcessUsedBytes > 0 {
+				tw.counter(r.rank, "process used (NVML)", m.TimeUS+r.shiftUS, m.ProcessUsedBytes)
+			}
+		}
+	}
+	if err := b.pw.Trace(r.trace, r.shiftUS); err != nil {
+		return err
+	}
+	b.pbw.rank(r, s)
+	for _, g := range r.segs {
+		b.in.frameList(g.Frames)
+		for _, bl := range g.Blocks {
+			b.in.frameList(bl.Frames)
+		}
+		g.Device = int64(r.rank)
+		b.segments = append(b.segments, g)
+	}
+	if b.settings == nil && r.snap.Has&snapshot.SnapAllocatorSettings != 0 {
+		b.settings = r.snap.AllocatorSettings
+	}
+	if l, ok := r.snap.ExternalAnnotations.(*snapshot.List); ok {
+		for _, a := range l.Items {
+			if d, ok := a.(*snapshot.Dict); ok {
+				c := &snapshot.Dict{Items: append([]snapshot.Item(nil), d.Items...)}
+				c.Set("rank", int64(r.rank))
+				a = c
+			}
+			b.annots = append(b.annots, a)
+		}
+	}
+	b.summaries = append(b.summaries, s)
+	b.curves = append(b.curves, hr)
+	b.cfg.Logger.Info("merged rank", "rank", r.rank, "events", len(r.trace), "peak_allocated", human(s.PeakAllocatedBytes), "source", r.source)
+	r.snap, r.trace = nil, nil // let the decoded rank go
+	return nil
+}
+
+// world is the world size: the configured one, else the largest the ranks'
+// metadata names, else the highest rank plus one.
+func (b *builder) world() (int, error) {
+	world := b.cfg.WorldSize
 	if world == 0 {
-		world = max(worldMeta, nextRank)
+		world = max(b.worldMeta, b.nextRank)
 	}
-	if world < nextRank {
-		return nil, fmt.Errorf("merge: rank %d is outside world size %d", nextRank-1, world)
+	if world > MaxRanks {
+		return 0, fmt.Errorf("merge: world size %d is above the %d ranks a merge takes", world, MaxRanks)
 	}
-	for ; nextRank < world; nextRank++ {
-		if err := pw.Trace(nil, 0); err != nil {
+	if world < b.nextRank {
+		return 0, fmt.Errorf("merge: rank %d is outside world size %d", b.nextRank-1, world)
+	}
+	return world, nil
+}
+
+// finish writes every output but the summary and returns the summary.
+func (b *builder) finish() (*Summary, error) {
+	world, err := b.world()
+	if err != nil {
+		return nil, err
+	}
+	for ; b.nextRank < world; b.nextRank++ {
+		if err := b.pw.Trace(nil, 0); err != nil {
 			return nil, err
 		}
 	}
-	sum := &Summary{Version: 1, WorldSize: world, Align: cfg.Align, ClockOffsetsUS: map[string]int64{}, MissingRanks: []int{}, Ranks: summaries}
+	sum := &Summary{Version: 1, WorldSize: world, Align: b.cfg.Align, ClockOffsetsUS: map[string]int64{}, MissingRanks: []int{}, Ranks: b.summaries}
 	for r := 0; r < world; r++ {
-		if _, ok := seen[r]; ok {
+		if _, ok := b.seen[r]; ok {
 			sum.RanksMerged = append(sum.RanksMerged, r)
 		} else {
 			sum.MissingRanks = append(sum.MissingRanks, r)
 		}
 	}
-	for _, s := range summaries {
+	for _, s := range b.summaries {
 		sum.ClockOffsetsUS[strconv.Itoa(s.Rank)] = s.ClockOffsetUS
 	}
-	sum.Spread = computeSpread(summaries)
-	sum.Outputs = keys
+	sum.Spread = computeSpread(b.summaries)
 	if len(sum.MissingRanks) > 0 {
-		log.Warn("ranks missing from the merge", "missing", sum.MissingRanks, "world_size", world)
+		b.cfg.Logger.Warn("ranks missing from the merge", "missing", len(sum.MissingRanks), "world_size", world)
 	}
-
 	var annotations snapshot.Value
-	if annots != nil {
-		annotations = &snapshot.List{Items: annots}
+	if b.annots != nil {
+		annotations = &snapshot.List{Items: b.annots}
 	}
-	if err := pw.Finish(segments, settings, annotations, nil); err != nil {
+	if err := b.pw.Finish(b.segments, b.settings, annotations, nil); err != nil {
 		return nil, fmt.Errorf("merge: writing the merged pickle: %w", err)
 	}
-	if err := tw.finish(); err != nil {
+	if err := b.tw.finish(); err != nil {
 		return nil, fmt.Errorf("merge: writing the trace: %w", err)
 	}
-	pbw.header(cfg.Align, world, sum.MissingRanks)
-	if err := pbw.finish(); err != nil {
+	b.pbw.header(b.cfg.Align, world, sum.MissingRanks)
+	if err := b.pbw.finish(); err != nil {
 		return nil, fmt.Errorf("merge: writing the timeline: %w", err)
 	}
-	sb, err := json.MarshalIndent(sum, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	if _, err := files[OutSummary].Write(append(sb, '\n')); err != nil {
-		return nil, err
-	}
-	sort.Slice(curves, func(i, j int) bool { return curves[i].Rank < curves[j].Rank })
-	if err := writeHTML(files[OutHTML], cfg.Title, sum, curves); err != nil {
+	sort.Slice(b.curves, func(i, j int) bool { return b.curves[i].Rank < b.curves[j].Rank })
+	if err := writeHTML(b.files[OutHTML], b.cfg.Title, sum, b.curves); err != nil {
 		return nil, fmt.Errorf("merge: writing the report: %w", err)
 	}
-	for _, k := range outOrder {
-		if err := files[k].Close(); err != nil {
-			return nil, fmt.Errorf("merge: writing %s: %w", keys[k], err)
-		}
-		info, err := store.PutFile(ctx, cfg.Out, keys[k], filepath.Join(tmp, k), store.PutOptions{Overwrite: cfg.Overwrite, ContentType: contentType(k)})
-		if err != nil {
-			return nil, fmt.Errorf("merge: storing %s: %w", keys[k], err)
-		}
-		log.Info("stored", "output", keys[k], "bytes", info.Size, "store", cfg.Out.String())
+	return sum, nil
+}
+
+func (b *builder) writeSummary(sum *Summary) error {
+	sb, err := json.MarshalIndent(sum, "", "  ")
+	if err != nil {
+		return err
 	}
-	log.Info("merge done", "ranks", len(summaries), "missing", len(sum.MissingRanks), "elapsed", time.Since(start).Round(time.Millisecond))
-	return &Result{Summary: sum, Outputs: keys}, nil
+	if _, err := b.files[OutSummary].Write(append(sb, '\n')); err != nil {
+		return err
+	}
+	for _, k := range outOrder {
+		if err := b.files[k].Close(); err != nil {
+			return fmt.Errorf("merge: writing %s: %w", k, err)
+		}
+	}
+	return nil
 }
 
 func contentType(kind string) string {
@@ -417,12 +499,13 @@ func load(ctx context.Context, in Input) loaded {
 	if err != nil {
 		return loaded{err: fmt.Errorf("merge: reading %s: %w", in.Source, err)}
 	}
+	ref := InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: sha256Hex(data)}
 	if isPB(in.Source) {
 		ranks, err := ranksFromPB(data, in.Source)
 		if err != nil {
 			return loaded{err: err}
 		}
-		return loaded{ranks: ranks}
+		return loaded{ranks: ranks, ref: ref}
 	}
 	s, err := snapshot.DecodeAny(data)
 	if err != nil {
@@ -445,6 +528,7 @@ func load(ctx context.Context, in Input) loaded {
 			return loaded{err: fmt.Errorf("merge: reading the metadata of %s: %w", in.Source, err)}
 		}
 		if b != nil {
+			ref.MetaSHA256 = sha256Hex(b)
 			if r.meta, err = ParseRankMeta(b); err != nil {
 				return loaded{err: fmt.Errorf("%s: %w", in.Source, err)}
 			}
@@ -453,5 +537,5 @@ func load(ctx context.Context, in Input) loaded {
 			}
 		}
 	}
-	return loaded{ranks: []*rankData{r}}
+	return loaded{ranks: []*rankData{r}, ref: ref}
 }

@@ -344,7 +344,7 @@ func TestMergeS3(t *testing.T) {
 		t.Fatalf("outlier %d", r.Summary.Spread.OutlierRank)
 	}
 	objs, err := out.List(ctx, "")
-	if err != nil || len(objs) != 5 {
+	if err != nil || len(objs) != 7 {
 		t.Fatalf("list: %v %v", objs, err)
 	}
 	for _, o := range objs {

@@ -28,6 +28,27 @@ func ReadTimeline(data []byte) (*pb.Timeline, error) {
 	if tl.Version != 1 {
 		return nil, fmt.Errorf("merge: timeline version %d is not supported (1 is)", tl.Version)
 	}
+	if tl.WorldSize < 0 || tl.WorldSize > MaxRanks {
+		return nil, fmt.Errorf("merge: timeline world size %d (0 to %d)", tl.WorldSize, MaxRanks)
+	}
+	if len(tl.Ranks) > MaxRanks || len(tl.MissingRanks) > MaxRanks {
+		return nil, fmt.Errorf("merge: timeline holds %d ranks and %d missing ones, more than %d", len(tl.Ranks), len(tl.MissingRanks), MaxRanks)
+	}
+	seen := make(map[int32]bool, len(tl.Ranks))
+	for _, r := range tl.Ranks {
+		switch {
+		case r.Rank < 0 || r.Rank >= MaxRanks || (tl.WorldSize > 0 && r.Rank >= tl.WorldSize):
+			return nil, fmt.Errorf("merge: timeline holds rank %d of world size %d", r.Rank, tl.WorldSize)
+		case seen[r.Rank]:
+			return nil, fmt.Errorf("merge: timeline holds rank %d twice", r.Rank)
+		}
+		seen[r.Rank] = true
+	}
+	for _, r := range tl.MissingRanks {
+		if r < 0 || r >= MaxRanks || seen[r] {
+			return nil, fmt.Errorf("merge: timeline names rank %d missing", r)
+		}
+	}
 	ns, nf := uint32(len(tl.Strings)), uint32(len(tl.Frames))
 	for i, f := range tl.Frames {
 		if f.Name >= ns || f.Filename >= ns {
@@ -35,9 +56,6 @@ func ReadTimeline(data []byte) (*pb.Timeline, error) {
 		}
 	}
 	for _, r := range tl.Ranks {
-		if r.Rank < 0 {
-			return nil, fmt.Errorf("merge: timeline holds rank %d", r.Rank)
-		}
 		for _, e := range r.Events {
 			for _, f := range e.Frames {
 				if f >= nf {

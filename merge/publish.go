@@ -1,0 +1,236 @@
+package merge
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/memsnap/memsnap/internal/store"
+)
+
+// InputRef is one input of a merge as the claim and the manifest record it.
+type InputRef struct {
+	Rank       int    `json:"rank"` // -1 for a merged timeline
+	Source     string `json:"source"`
+	Size       int64  `json:"size"`
+	SHA256     string `json:"sha256"`
+	MetaSHA256 string `json:"meta_sha256,omitempty"` // the sidecar's, when there is one
+}
+
+// Object is one stored output.
+type Object struct {
+	Key    string `json:"key"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Claim is <base>.inputs.json, written before the outputs: the inputs and the
+// options that decide every byte of them. A second merge under the same name
+// proceeds only with the same claim, so it either finishes what the first started
+// (identical outputs) or is refused; it never mixes its outputs with another's.
+type Claim struct {
+	Version   int              `json:"version"`
+	Inputs    []InputRef       `json:"inputs"`
+	WorldSize int              `json:"world_size"`
+	Align     string           `json:"align"`
+	Offsets   map[string]int64 `json:"offsets_us,omitempty"`
+	Title     string           `json:"title,omitempty"`
+	Outputs   map[string]string `json:"outputs"`
+	Window    *WindowInfo      `json:"window,omitempty"`
+	Missing   map[string]string `json:"missing_reasons,omitempty"`
+}
+
+// Manifest is <base>.manifest.json, written last: a merge is published once its
+// manifest exists, and the manifest names every output with its checksum.
+type Manifest struct {
+	Version        int               `json:"version"`
+	Claim          Object            `json:"claim"`
+	Outputs        map[string]Object `json:"outputs"`
+	Inputs         []InputRef        `json:"inputs"`
+	Window         *WindowInfo       `json:"window,omitempty"`
+	WorldSize      int               `json:"world_size"`
+	RanksMerged    []int             `json:"ranks_merged"`
+	MissingRanks   []int             `json:"missing_ranks"`
+	MissingReasons map[string]string `json:"missing_reasons,omitempty"`
+	ClockOffsetsUS map[string]int64  `json:"clock_offsets_us"`
+	Align          string            `json:"align"`
+	Batches        []int64           `json:"batches,omitempty"` // the batches every rank recorded
+	OutlierRank    *int              `json:"outlier_rank,omitempty"`
+}
+
+// ParseManifest parses a manifest, refusing malformed ones.
+func ParseManifest(b []byte) (*Manifest, error) {
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("merge: manifest: %w", err)
+	}
+	if m.Version != 1 {
+		return nil, fmt.Errorf("merge: manifest version %d is not supported (1 is)", m.Version)
+	}
+	if m.WorldSize < 0 || m.WorldSize > MaxRanks {
+		return nil, fmt.Errorf("merge: manifest: world size %d", m.WorldSize)
+	}
+	for k, o := range m.Outputs {
+		if o.Key == "" || o.Size < 0 || len(o.SHA256) != 64 {
+			return nil, fmt.Errorf("merge: manifest: output %s is malformed", k)
+		}
+	}
+	return &m, nil
+}
+
+func sha256Hex(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
+
+func hashFile(p string) (string, int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// putOnce stores a file under key unless the store holds it already with the same
+// checksum; without overwrite, other content under key is an error wrapping
+// store.ErrExists.
+func putOnce(ctx context.Context, cfg *Config, key, path, sum string, kind string) (Object, error) {
+	info, err := store.PutFile(ctx, cfg.Out, key, path, store.PutOptions{Overwrite: cfg.Overwrite, SHA256: sum, ContentType: contentType(kind)})
+	if errors.Is(err, store.ErrExists) {
+		st, serr := cfg.Out.Stat(ctx, key)
+		if serr == nil && strings.EqualFold(st.SHA256, sum) {
+			return Object{Key: key, Size: st.Size, SHA256: sum}, nil
+		}
+		return Object{}, err
+	}
+	if err != nil {
+		return Object{}, err
+	}
+	return Object{Key: key, Size: info.Size, SHA256: sum}, nil
+}
+
+// publish stores the claim, then every output, then the manifest.
+func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary) error {
+	log := cfg.Logger
+	if cfg.Overwrite {
+		// unpublish first: a reader never sees a manifest over outputs being replaced
+		if err := cfg.Out.Delete(ctx, keys[OutManifest]); err != nil {
+			return err
+		}
+	}
+	claim := Claim{Version: 1, Inputs: refs, WorldSize: sum.WorldSize, Align: cfg.Align, Title: cfg.Title, Outputs: map[string]string{}, Window: cfg.Window}
+	for _, k := range outOrder {
+		claim.Outputs[k] = keys[k]
+	}
+	if len(cfg.Offsets) > 0 {
+		claim.Offsets = map[string]int64{}
+		for r, o := range cfg.Offsets {
+			claim.Offsets[strconv.Itoa(r)] = o
+		}
+	}
+	claim.Missing = missingReasons(cfg, sum)
+	cb, _ := json.MarshalIndent(claim, "", "  ")
+	cb = append(cb, '\n')
+	cpath := filepath.Join(tmp, OutInputs)
+	if err := os.WriteFile(cpath, cb, 0o644); err != nil {
+		return fmt.Errorf("merge: %w", err)
+	}
+	cobj, err := putOnce(ctx, cfg, keys[OutInputs], cpath, sha256Hex(cb), OutInputs)
+	if errors.Is(err, store.ErrExists) {
+		return fmt.Errorf("merge: %s in %s names other inputs or options: another merge claimed these names (pass overwrite to replace it): %w", keys[OutInputs], cfg.Out, err)
+	}
+	if err != nil {
+		return fmt.Errorf("merge: storing %s: %w", keys[OutInputs], err)
+	}
+	man := Manifest{Version: 1, Claim: cobj, Outputs: map[string]Object{}, Inputs: refs, Window: cfg.Window, WorldSize: sum.WorldSize,
+		RanksMerged: sum.RanksMerged, MissingRanks: sum.MissingRanks, MissingReasons: claim.Missing, ClockOffsetsUS: sum.ClockOffsetsUS, Align: sum.Align}
+	if man.RanksMerged == nil {
+		man.RanksMerged = []int{}
+	}
+	if sum.Spread != nil && len(sum.Ranks) > 1 {
+		o := sum.Spread.OutlierRank
+		man.OutlierRank = &o
+	}
+	man.Batches = commonBatches(sum.Ranks)
+	for _, k := range outOrder {
+		p := filepath.Join(tmp, k)
+		h, _, err := hashFile(p)
+		if err != nil {
+			return fmt.Errorf("merge: %w", err)
+		}
+		obj, err := putOnce(ctx, cfg, keys[k], p, h, k)
+		if err != nil {
+			return fmt.Errorf("merge: storing %s: %w", keys[k], err)
+		}
+		man.Outputs[k] = obj
+		log.Info("stored", "output", keys[k], "bytes", obj.Size, "store", cfg.Out.String())
+	}
+	mb, _ := json.MarshalIndent(man, "", "  ")
+	mb = append(mb, '\n')
+	mpath := filepath.Join(tmp, OutManifest)
+	if err := os.WriteFile(mpath, mb, 0o644); err != nil {
+		return fmt.Errorf("merge: %w", err)
+	}
+	if _, err := putOnce(ctx, cfg, keys[OutManifest], mpath, sha256Hex(mb), OutManifest); err != nil {
+		return fmt.Errorf("merge: storing %s: %w", keys[OutManifest], err)
+	}
+	log.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
+	return nil
+}
+
+// missingReasons says why each missing rank is missing: the caller's reason, or
+// that no input named it.
+func missingReasons(cfg *Config, sum *Summary) map[string]string {
+	if len(sum.MissingRanks) == 0 {
+		return nil
+	}
+	out := map[string]string{}
+	for _, r := range sum.MissingRanks {
+		why := cfg.MissingReasons[r]
+		if why == "" {
+			why = "no snapshot"
+		}
+		out[strconv.Itoa(r)] = why
+	}
+	return out
+}
+
+// commonBatches returns the batches every merged rank recorded (from the
+// sidecars' batch marks), or nil when no rank has marks.
+func commonBatches(ranks []RankSummary) []int64 {
+	var out []int64
+	for i, r := range ranks {
+		if i == 0 {
+			out = append([]int64(nil), r.Batches...)
+			continue
+		}
+		if !bytes.Equal(int64sKey(out), int64sKey(r.Batches)) {
+			return nil
+		}
+	}
+	return out
+}
+
+func int64sKey(v []int64) []byte {
+	b := make([]byte, 0, len(v)*8)
+	for _, x := range v {
+		b = strconv.AppendInt(b, x, 10)
+		b = append(b, ',')
+	}
+	return b
+}
