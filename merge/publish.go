@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -26,9 +27,11 @@ type InputRef struct {
 	MetaSHA256 string `json:"meta_sha256,omitempty"` // the sidecar's, when there is one
 }
 
-// Object is one stored output.
+// Object is one stored output, named relative to the manifest's folder (where
+// every output of a merge lies), so the manifest reads the same wherever the store
+// is rooted.
 type Object struct {
-	Key    string `json:"key"`
+	Name   string `json:"name"`
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
 }
@@ -80,7 +83,7 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		return nil, fmt.Errorf("merge: manifest: world size %d", m.WorldSize)
 	}
 	for k, o := range m.Outputs {
-		if o.Key == "" || o.Size < 0 || len(o.SHA256) != 64 {
+		if o.Name == "" || strings.ContainsAny(o.Name, "/\\") || o.Name == "." || o.Name == ".." || o.Size < 0 || len(o.SHA256) != 64 {
 			return nil, fmt.Errorf("merge: manifest: output %s is malformed", k)
 		}
 	}
@@ -109,19 +112,19 @@ func hashFile(p string) (string, int64, error) {
 // putOnce stores a file under key unless the store holds it already with the same
 // checksum; without overwrite, other content under key is an error wrapping
 // store.ErrExists.
-func putOnce(ctx context.Context, cfg *Config, key, path, sum string, kind string) (Object, error) {
-	info, err := store.PutFile(ctx, cfg.Out, key, path, store.PutOptions{Overwrite: cfg.Overwrite, SHA256: sum, ContentType: contentType(kind)})
+func putOnce(ctx context.Context, cfg *Config, key, file, sum string, kind string) (Object, error) {
+	info, err := store.PutFile(ctx, cfg.Out, key, file, store.PutOptions{Overwrite: cfg.Overwrite, SHA256: sum, ContentType: contentType(kind)})
 	if errors.Is(err, store.ErrExists) {
 		st, serr := cfg.Out.Stat(ctx, key)
 		if serr == nil && strings.EqualFold(st.SHA256, sum) {
-			return Object{Key: key, Size: st.Size, SHA256: sum}, nil
+			return Object{Name: path.Base(key), Size: st.Size, SHA256: sum}, nil
 		}
 		return Object{}, err
 	}
 	if err != nil {
 		return Object{}, err
 	}
-	return Object{Key: key, Size: info.Size, SHA256: sum}, nil
+	return Object{Name: path.Base(key), Size: info.Size, SHA256: sum}, nil
 }
 
 // publish stores the claim, then every output, then the manifest.
@@ -135,7 +138,7 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 	}
 	claim := Claim{Version: 1, Inputs: refs, WorldSize: sum.WorldSize, Align: cfg.Align, Title: cfg.Title, Outputs: map[string]string{}, Window: cfg.Window}
 	for _, k := range outOrder {
-		claim.Outputs[k] = keys[k]
+		claim.Outputs[k] = path.Base(keys[k])
 	}
 	if len(cfg.Offsets) > 0 {
 		claim.Offsets = map[string]int64{}

@@ -105,9 +105,9 @@ func TestInterruptedMergeIsFinishedByARerun(t *testing.T) {
 		t.Fatalf("manifest %s", mb)
 	}
 	for kind, o := range m.Outputs {
-		sum, size, err := hashFile(filepath.Join(dir, o.Key))
+		sum, size, err := hashFile(filepath.Join(dir, o.Name))
 		if err != nil || sum != o.SHA256 || size != o.Size {
-			t.Fatalf("%s: %s has %s (%d bytes), the manifest says %s (%d)", kind, o.Key, sum, size, o.SHA256, o.Size)
+			t.Fatalf("%s: %s has %s (%d bytes), the manifest says %s (%d)", kind, o.Name, sum, size, o.SHA256, o.Size)
 		}
 	}
 	if res.Outputs[OutManifest] != "merged.manifest.json" {

@@ -2,9 +2,16 @@
 # Install and run a MinIO server on loopback for memsnap's tests and demos.
 #
 #   scripts/minio.sh install   build the pinned MinIO once into the cache folder; print its path
-#   scripts/minio.sh start     start it on a free 127.0.0.1 port with a temporary data folder;
-#                              print the environment (eval "$(scripts/minio.sh start)")
-#   scripts/minio.sh stop      stop it and remove its data folder
+#   scripts/minio.sh start     start a new server on a free 127.0.0.1 port with a new temporary
+#                              data folder; print the environment to use it:
+#                                eval "$(scripts/minio.sh start)"
+#                              sets the tests' MEMSNAP_TEST_S3_*, the CLI's S3_ENDPOINT_URL,
+#                              AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and
+#                              MEMSNAP_MINIO_STATE, the server's own state folder
+#   scripts/minio.sh stop      stop the server MEMSNAP_MINIO_STATE names and remove its folder
+#
+# Every start makes its own server: two runs (or two users) never share one. With
+# MEMSNAP_MINIO_STATE set, start reuses the server in that folder if it still runs.
 #
 # MinIO is AGPL: it is only ever run as a separate process, never imported.
 set -euo pipefail
@@ -12,7 +19,7 @@ set -euo pipefail
 MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"
 CACHE="${MEMSNAP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/memsnap}"
 BIN="$CACHE/minio-$MINIO_VERSION/minio"
-STATE="${MEMSNAP_MINIO_STATE:-${TMPDIR:-/tmp}/memsnap-minio-$(id -u)}"
+STATE="${MEMSNAP_MINIO_STATE:-}"
 
 log() { echo "minio.sh: $*" >&2; }
 
@@ -39,10 +46,15 @@ live() {
 
 start() {
   install >/dev/null
-  if [ -f "$STATE/pid" ] && kill -0 "$(cat "$STATE/pid")" 2>/dev/null; then
+  if [ -n "$STATE" ] && [ -f "$STATE/pid" ] && kill -0 "$(cat "$STATE/pid")" 2>/dev/null && [ -f "$STATE/env" ]; then
     cat "$STATE/env"; return
   fi
-  rm -rf "$STATE"; mkdir -p "$STATE/data"
+  if [ -z "$STATE" ]; then
+    STATE=$(mktemp -d "${TMPDIR:-/tmp}/memsnap-minio.XXXXXX")
+  else
+    rm -rf "$STATE"; mkdir -p "$STATE"
+  fi
+  chmod 700 "$STATE"; mkdir -p "$STATE/data"
   local port user pass
   port=$(free_port)
   user="memsnap-test"
@@ -53,12 +65,16 @@ start() {
   for _ in $(seq 1 150); do
     if live "$port"; then
       cat >"$STATE/env" <<ENV
+export MEMSNAP_MINIO_STATE=$STATE
 export MEMSNAP_TEST_S3_ENDPOINT=http://127.0.0.1:$port
 export MEMSNAP_TEST_S3_ACCESS_KEY=$user
 export MEMSNAP_TEST_S3_SECRET_KEY=$pass
+export S3_ENDPOINT_URL=http://127.0.0.1:$port
+export AWS_ACCESS_KEY_ID=$user
+export AWS_SECRET_ACCESS_KEY=$pass
 ENV
       chmod 600 "$STATE/env"
-      log "MinIO listening on 127.0.0.1:$port (data in $STATE/data)"
+      log "MinIO listening on 127.0.0.1:$port (data in $STATE/data; stop it with: scripts/minio.sh stop)"
       cat "$STATE/env"
       return
     fi
@@ -70,6 +86,9 @@ ENV
 }
 
 stop() {
+  if [ -z "$STATE" ]; then
+    log "MEMSNAP_MINIO_STATE is not set: nothing to stop (start exports it)"; return
+  fi
   if [ -f "$STATE/pid" ]; then
     local pid; pid=$(cat "$STATE/pid")
     kill "$pid" 2>/dev/null || true

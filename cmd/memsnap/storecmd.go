@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,10 +10,13 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -35,35 +39,40 @@ func (s *storeFlags) config(url string, create bool) store.Config {
 	}
 }
 
-// splitLocation splits s3://bucket/prefix/key or a local path into a store root and a key.
-func splitLocation(loc string) (root, key string, err error) {
-	if naming.IsS3(loc) {
-		u, err := naming.ParseS3(loc)
-		if err != nil {
-			return "", "", err
-		}
-		return "s3://" + u.Bucket, u.Key, nil
-	}
-	return filepath.Dir(loc), filepath.Base(loc), nil
-}
-
 func init() {
 	register(&command{
 		name:    "ls",
-		summary: "list stored snapshots and merged outputs under a prefix",
+		summary: "list the published merges (windows) under a store prefix, or with --objects every object",
 		usage:   "[flags] s3://bucket/prefix | FOLDER",
 		run:     runLs,
 	})
 	register(&command{
 		name:    "get",
-		summary: "download stored objects (one key, or every key under a prefix) to a folder",
+		summary: "download a published merge (its manifest), one object, or every object under a prefix; checksums verified",
 		usage:   "[flags] s3://bucket/key-or-prefix [DEST]",
 		run:     runGet,
 	})
 }
 
+// openLocation opens the store holding loc (an s3:// URL or a folder) at its root
+// (the bucket, or the folder itself) and returns the key or prefix loc names in it.
+func openLocation(ctx context.Context, sf *storeFlags, loc string) (store.Store, string, error) {
+	if naming.IsS3(loc) {
+		u, err := naming.ParseS3(loc)
+		if err != nil {
+			return nil, "", err
+		}
+		st, err := store.Open(ctx, sf.config("s3://"+u.Bucket, false))
+		return st, u.Key, err
+	}
+	st, err := store.Open(ctx, sf.config(loc, false))
+	return st, "", err
+}
+
 func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags(commands["ls"], stderr)
+	objects := fs.Bool("objects", false, "list every object (size, time, key) instead of the published merges")
+	asJSON := fs.Bool("json", false, "print one JSON object per published merge (its manifest, with its key)")
 	var sf storeFlags
 	sf.register(fs)
 	rest, err := parse(fs, args)
@@ -74,35 +83,105 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return errUsage
 	}
-	root, prefix := rest[0], ""
-	if naming.IsS3(rest[0]) {
-		u, err := naming.ParseS3(rest[0])
+	st, prefix, err := openLocation(ctx, &sf, rest[0])
+	if err != nil {
+		return err
+	}
+	if *objects {
+		objs, err := st.List(ctx, prefix)
 		if err != nil {
 			return err
 		}
-		root, prefix = "s3://"+u.Bucket, u.Key
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+		for _, o := range objs {
+			fmt.Fprintf(tw, "%d\t%s\t %s\n", o.Size, o.ModTime.UTC().Format("2006-01-02 15:04:05"), o.Key)
+		}
+		tw.Flush()
+		if len(objs) == 0 {
+			fmt.Fprintf(stderr, "memsnap ls: nothing under %s\n", rest[0])
+		}
+		return nil
 	}
-	st, err := store.Open(ctx, sf.config(root, false))
+	pubs, err := merge.ListPublished(ctx, st, prefix)
 	if err != nil {
 		return err
 	}
-	objs, err := st.List(ctx, prefix)
-	if err != nil {
-		return err
+	if len(pubs) == 0 {
+		fmt.Fprintf(stderr, "memsnap ls: no published merge under %s (--objects lists every object)\n", rest[0])
+		return nil
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	for _, o := range objs {
-		fmt.Fprintf(tw, "%d\t%s\t %s\n", o.Size, o.ModTime.UTC().Format("2006-01-02 15:04:05"), o.Key)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, p := range pubs {
+			line := struct {
+				Key      string          `json:"key"`
+				Error    string          `json:"error,omitempty"`
+				Manifest *merge.Manifest `json:"manifest,omitempty"`
+			}{Key: p.Key, Manifest: p.Manifest}
+			if p.Err != nil {
+				line.Error = p.Err.Error()
+			}
+			if err := enc.Encode(line); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	tw.Flush()
-	if len(objs) == 0 {
-		fmt.Fprintf(stderr, "memsnap ls: nothing under %s\n", rest[0])
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WINDOW\tBATCHES\tRANKS\tMISSING\tOUTLIER\tPUBLISHED\tOUTPUTS")
+	for _, p := range pubs {
+		if p.Err != nil {
+			fmt.Fprintf(tw, "?\t\t\t\t\t%s\t%s: %v\n", p.ModTime.UTC().Format("2006-01-02 15:04:05"), p.Key, p.Err)
+			continue
+		}
+		m := p.Manifest
+		win, batches, outlier, missing := "-", "-", "-", "-"
+		if m.Window != nil {
+			win = strconv.FormatUint(m.Window.ID, 10)
+			batches = fmt.Sprintf("%d-%d", m.Window.Start, m.Window.Stop-1)
+		}
+		if m.OutlierRank != nil {
+			outlier = strconv.Itoa(*m.OutlierRank)
+		}
+		if len(m.MissingRanks) > 0 {
+			missing = rankList(m.MissingRanks)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s\t%s.*\n", win, batches, len(m.RanksMerged), m.WorldSize, missing, outlier,
+			p.ModTime.UTC().Format("2006-01-02 15:04:05"), p.Base())
 	}
-	return nil
+	return tw.Flush()
+}
+
+// rankList writes ranks compactly: 0-3,7.
+func rankList(r []int) string {
+	var b strings.Builder
+	for i := 0; i < len(r); {
+		j := i
+		for j+1 < len(r) && r[j+1] == r[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", r[i], r[j])
+		} else {
+			fmt.Fprintf(&b, "%d", r[i])
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// getItem is one object to download.
+type getItem struct {
+	key, dest, sha string
 }
 
 func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags(commands["get"], stderr)
+	overwrite := fs.Bool("overwrite", false, "replace local files that hold other content")
+	quiet := fs.Bool("q", false, "no progress on stderr")
 	var sf storeFlags
 	sf.register(fs)
 	rest, err := parse(fs, args)
@@ -120,77 +199,134 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if !naming.IsS3(rest[0]) {
 		return fmt.Errorf("%q is not an s3:// URL (local files need no get)", rest[0])
 	}
-	u, err := naming.ParseS3(rest[0])
+	st, key, err := openLocation(ctx, &sf, rest[0])
 	if err != nil {
 		return err
 	}
-	st, err := store.Open(ctx, sf.config("s3://"+u.Bucket, false))
+	items, err := getItems(ctx, st, key, strings.HasSuffix(rest[0], "/"), dest)
 	if err != nil {
 		return err
 	}
-	// One object, or everything under the prefix.
-	var keys []string
-	if u.Key != "" && !strings.HasSuffix(rest[0], "/") {
-		if _, err := st.Stat(ctx, u.Key); err == nil {
-			keys = []string{u.Key}
-		} else if !errors.Is(err, store.ErrNotFound) {
+	// refuse before downloading anything
+	for i, it := range items {
+		if it.sha == "" {
+			info, err := st.Stat(ctx, it.key)
+			if err != nil {
+				return err
+			}
+			items[i].sha, it.sha = info.SHA256, info.SHA256
+		}
+		if _, err := store.CheckDestination(it.dest, it.sha, *overwrite); err != nil {
 			return err
 		}
 	}
-	base := ""
-	if keys == nil {
-		pfx := u.Key
-		if pfx != "" && !strings.HasSuffix(pfx, "/") {
-			pfx += "/"
+	tty := !*quiet && isTerminal(stderr)
+	for _, it := range items {
+		var progress func(done, total int64)
+		if tty {
+			progress = func(done, total int64) {
+				fmt.Fprintf(stderr, "\r%s  %s / %s ", it.key, humanBytes(done), humanBytes(total))
+			}
 		}
-		objs, err := st.List(ctx, pfx)
+		r, err := store.Download(ctx, st, it.key, it.dest, store.DownloadOptions{Overwrite: *overwrite, SHA256: it.sha, Progress: progress})
+		if tty {
+			fmt.Fprint(stderr, "\r\033[K")
+		}
 		if err != nil {
 			return err
 		}
-		if len(objs) == 0 {
-			return fmt.Errorf("nothing at %s", rest[0])
+		if !*quiet {
+			what := "downloaded"
+			if r.Skipped {
+				what = "up to date"
+			}
+			check := "no checksum to verify"
+			if r.Verified {
+				check = "sha256 verified"
+			}
+			fmt.Fprintf(stderr, "%s %s (%s, %s)\n", what, it.key, humanBytes(r.Size), check)
 		}
-		for _, o := range objs {
-			keys = append(keys, o.Key)
-		}
-		base = pfx
-	} else {
-		base = path.Dir(u.Key) + "/"
-	}
-	for _, k := range keys {
-		rel := strings.TrimPrefix(k, base)
-		if _, err := naming.CleanKey(rel); err != nil {
-			return err
-		}
-		out := filepath.Join(dest, filepath.FromSlash(rel))
-		if err := download(ctx, st, k, out); err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, out)
+		fmt.Fprintln(stdout, r.Path)
 	}
 	return nil
 }
 
-func download(ctx context.Context, st store.Store, key, out string) error {
-	rc, _, err := st.Get(ctx, key)
+// getItems lists what `get` downloads: a manifest's outputs (checked against the
+// manifest's checksums) and the manifest; one object; or every object under a
+// prefix. Destinations keep the keys' layout below the prefix.
+func getItems(ctx context.Context, st store.Store, key string, isPrefix bool, dest string) ([]getItem, error) {
+	var items []getItem
+	add := func(k, base, sha string) error {
+		rel := strings.TrimPrefix(k, base)
+		if _, err := naming.CleanKey(rel); err != nil {
+			return err
+		}
+		items = append(items, getItem{key: k, dest: filepath.Join(dest, filepath.FromSlash(rel)), sha: sha})
+		return nil
+	}
+	if strings.HasSuffix(key, ".manifest.json") && !isPrefix {
+		m, err := merge.ReadManifest(ctx, st, key)
+		if err != nil {
+			return nil, err
+		}
+		p := merge.Published{Key: key, Manifest: m}
+		base := path.Dir(key) + "/"
+		if base == "./" {
+			base = ""
+		}
+		kinds := make([]string, 0, len(m.Outputs))
+		for k := range m.Outputs {
+			kinds = append(kinds, k)
+		}
+		sort.Strings(kinds)
+		for _, kind := range kinds {
+			k, _ := p.OutputKey(kind)
+			if err := add(k, base, m.Outputs[kind].SHA256); err != nil {
+				return nil, err
+			}
+		}
+		if m.Claim.Name != "" && !strings.ContainsAny(m.Claim.Name, "/\\") {
+			if err := add(path.Join(path.Dir(key), m.Claim.Name), base, m.Claim.SHA256); err != nil {
+				return nil, err
+			}
+		}
+		return items, add(key, base, "")
+	}
+	if key != "" && !isPrefix {
+		if _, err := st.Stat(ctx, key); err == nil {
+			base := path.Dir(key) + "/"
+			if base == "./" {
+				base = ""
+			}
+			return items, add(key, base, "")
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+	}
+	pfx := key
+	if pfx != "" && !strings.HasSuffix(pfx, "/") {
+		pfx += "/"
+	}
+	objs, err := st.List(ctx, pfx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer rc.Close()
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
+	if len(objs) == 0 {
+		return nil, fmt.Errorf("nothing at %s in %s", key, st)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(out), ".memsnap-get-*")
-	if err != nil {
-		return err
+	for _, o := range objs {
+		if err := add(o.Key, pfx, ""); err != nil {
+			return nil, err
+		}
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, rc); err != nil {
-		tmp.Close()
-		return fmt.Errorf("downloading %s: %w", key, err)
+	return items, nil
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), out)
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
