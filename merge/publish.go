@@ -41,14 +41,14 @@ type Object struct {
 // proceeds only with the same claim, so it either finishes what the first started
 // (identical outputs) or is refused; it never mixes its outputs with another's.
 type Claim struct {
-	Version   int              `json:"version"`
-	Inputs    []InputRef       `json:"inputs"`
-	WorldSize int              `json:"world_size"`
-	Align     string           `json:"align"`
-	Offsets   map[string]int64 `json:"offsets_us,omitempty"`
-	Title     string           `json:"title,omitempty"`
+	Version   int               `json:"version"`
+	Inputs    []InputRef        `json:"inputs"`
+	WorldSize int               `json:"world_size"`
+	Align     string            `json:"align"`
+	Offsets   map[string]int64  `json:"offsets_us,omitempty"`
+	Title     string            `json:"title,omitempty"`
 	Outputs   map[string]string `json:"outputs"`
-	Window    *WindowInfo      `json:"window,omitempty"`
+	Window    *WindowInfo       `json:"window,omitempty"`
 	Missing   map[string]string `json:"missing_reasons,omitempty"`
 }
 
