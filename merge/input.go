@@ -254,3 +254,19 @@ func preferRanks(ins []Input) []Input {
 	}
 	return ins
 }
+
+// StoreInput is rank's snapshot stored at key in st, with its sidecar at metaKey
+// ("" when there is none). Its source is the key, as the claim records it.
+func StoreInput(st store.Store, key, metaKey string, rank int) Input {
+	in := Input{Rank: rank, Source: key, load: func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, key) }}
+	if metaKey != "" {
+		in.meta = func(ctx context.Context) ([]byte, error) {
+			b, err := store.ReadAll(ctx, st, metaKey)
+			if errors.Is(err, store.ErrNotFound) {
+				return nil, nil
+			}
+			return b, err
+		}
+	}
+	return in
+}

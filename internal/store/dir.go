@@ -296,3 +296,6 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	}
 	return c.r.Read(p)
 }
+
+// URL is the file's path.
+func (d *Dir) URL(key string) string { return filepath.Join(d.root, filepath.FromSlash(strings.TrimLeft(key, "/"))) }

@@ -107,6 +107,9 @@ type Store interface {
 	Delete(ctx context.Context, key string) error
 	// String names the store for messages (never with credentials).
 	String() string
+	// URL is where key lives, as the CLI takes it: s3://bucket/prefix/key, or the
+	// file's path in a folder store.
+	URL(key string) string
 }
 
 // Credentials for an S3 store. They are never logged or printed.

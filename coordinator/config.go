@@ -1,0 +1,243 @@
+// Package coordinator makes the rank agents of one job a cluster: membership and
+// encrypted gossip through hashicorp/memberlist, a leader (the lowest alive rank)
+// that plans lockstep windows of batches, sends them to every rank, collects what
+// each rank stored, merges the ranks straight from the store and publishes the
+// merged outputs; clock offsets against the leader; on-demand snapshots for the
+// `memsnap snapshot` command, which joins as a member that is not a rank.
+//
+// The layering follows hashicorp/serf over memberlist: unexported delegate
+// adapters, one protobuf envelope (internal/pb), a query-and-collect with
+// deadlines, DefaultConfig/DefaultLocalConfig presets and Run/Leave/Shutdown.
+package coordinator
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/naming"
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+// DefaultGossipPort is the gossip port of local rank 0; local rank L uses
+// DefaultGossipPort+L, so the agents of one host never collide.
+const DefaultGossipPort = 7946
+
+// DefaultMergedName is the default name (a template) of a window's merged
+// outputs, before their suffixes: beside Composer's remote folder.
+const DefaultMergedName = "{run_name}/torch_memory_traces/window{window}/merged"
+
+// Schedule is when the leader records windows by itself, as Composer's
+// MemorySnapshot does: batches [Skip, Skip+Length) once, or every Every batches.
+type Schedule struct {
+	Enabled bool
+	Skip    int64 // the first window's start (Composer's skip_batches)
+	Every   int64 // 0: once; else a window starts every Every batches
+}
+
+// Config configures one member. DefaultConfig and DefaultLocalConfig fill it;
+// validate only checks.
+type Config struct {
+	// Identity is the rank's place in the job (its run name labels the gossip).
+	Identity rankagent.Identity
+	// Client makes this member one that is not a rank (the snapshot command): it
+	// gossips and can ask for windows, but never leads or records.
+	Client bool
+	// Memberlist is memberlist's configuration (bind address and port, timers).
+	// New sets its Name, Delegate, Events, Ping, Label, SecretKey and Logger.
+	Memberlist *memberlist.Config
+	// Join lists members to join (host or host:port; the port defaults to
+	// DefaultGossipPort). Run retries until one answers.
+	Join []string
+	// SecretKey encrypts and authenticates all gossip and messages (16, 24 or 32
+	// bytes). A member without it, or of another run, is not admitted.
+	SecretKey []byte
+	// Insecure allows running without a SecretKey (said loudly in the log).
+	Insecure bool
+	// WindowBatches is a window's length when none is asked for (Composer's interval).
+	WindowBatches int64
+	// Schedule is when the leader records windows by itself.
+	Schedule Schedule
+	// OnOOM makes the leader ask every rank for a snapshot when one hits an OOM.
+	OnOOM bool
+	// LeadMargin is added to the measured message delay when the leader plans how
+	// far ahead a window starts.
+	LeadMargin time.Duration
+	// StatusTimeout bounds the wait for the ranks' status before a plan.
+	StatusTimeout time.Duration
+	// AckTimeout bounds the wait for the ranks' acks of a plan.
+	AckTimeout time.Duration
+	// CollectTimeout bounds the wait for the ranks' snapshots after the window
+	// should have ended; ranks that have not reported by then are merged as missing.
+	CollectTimeout time.Duration
+	// ClockInterval is how often a rank measures its clock against the leader's.
+	ClockInterval time.Duration
+	// OpenStore opens the store the ranks upload to (and the merged outputs go to).
+	OpenStore func(ctx context.Context) (store.Store, error)
+	// MergedName is the merged outputs' name template (run_name, window, batch,
+	// world_size), before their suffixes.
+	MergedName string
+	// Now is the wall clock; tests give a member a skewed one.
+	Now func() time.Time
+	// Logger receives structured logs (memberlist's too); nil discards them.
+	Logger *slog.Logger
+}
+
+// DefaultConfig is the production preset for a rank (or, with id.Rank < 0, a
+// client): memberlist's LAN timers, the rank's own gossip port on every interface.
+func DefaultConfig(id rankagent.Identity) Config {
+	ml := memberlist.DefaultLANConfig()
+	ml.BindPort = DefaultGossipPort + id.LocalRank
+	ml.AdvertisePort = ml.BindPort
+	ml.DeadNodeReclaimTime = 10 * time.Second // a restarted agent takes its name back
+	return Config{
+		Identity:       id,
+		Memberlist:     ml,
+		WindowBatches:  3,
+		Schedule:       Schedule{Enabled: true, Skip: 1},
+		OnOOM:          true,
+		LeadMargin:     500 * time.Millisecond,
+		StatusTimeout:  3 * time.Second,
+		AckTimeout:     10 * time.Second,
+		CollectTimeout: 2 * time.Minute,
+		ClockInterval:  30 * time.Second,
+		MergedName:     DefaultMergedName,
+		Now:            time.Now,
+	}
+}
+
+// DefaultLocalConfig is the preset for a cluster on one machine (tests, the
+// demo): loopback, a port the system picks, fast timers.
+func DefaultLocalConfig(id rankagent.Identity) Config {
+	c := DefaultConfig(id)
+	ml := memberlist.DefaultLocalConfig()
+	ml.BindAddr = "127.0.0.1"
+	ml.BindPort = 0
+	ml.AdvertisePort = 0
+	ml.DeadNodeReclaimTime = time.Second
+	ml.ProbeInterval = 200 * time.Millisecond
+	ml.ProbeTimeout = 100 * time.Millisecond
+	ml.GossipInterval = 20 * time.Millisecond
+	ml.PushPullInterval = 2 * time.Second
+	ml.SuspicionMult = 2
+	c.Memberlist = ml
+	c.Schedule.Enabled = false
+	c.LeadMargin = 200 * time.Millisecond
+	c.StatusTimeout = 2 * time.Second
+	c.AckTimeout = 5 * time.Second
+	c.CollectTimeout = 30 * time.Second
+	c.ClockInterval = 2 * time.Second
+	return c
+}
+
+func (c *Config) validate() error {
+	if !c.Client {
+		if err := c.Identity.Check(); err != nil {
+			return err
+		}
+	}
+	if c.Identity.RunName == "" {
+		return errors.New("coordinator: no run name")
+	}
+	switch {
+	case c.Memberlist == nil:
+		return errors.New("coordinator: no memberlist configuration")
+	case len(c.SecretKey) == 0 && !c.Insecure:
+		return errors.New("coordinator: no gossip key: give one (--key, --key-file or MEMSNAP_KEY; `memsnap keygen` makes one) or run with --insecure")
+	case len(c.SecretKey) != 0 && len(c.SecretKey) != 16 && len(c.SecretKey) != 24 && len(c.SecretKey) != 32:
+		return fmt.Errorf("coordinator: gossip key of %d bytes (16, 24 or 32)", len(c.SecretKey))
+	case c.WindowBatches <= 0:
+		return fmt.Errorf("coordinator: window of %d batches", c.WindowBatches)
+	case c.Schedule.Skip < 0 || c.Schedule.Every < 0:
+		return fmt.Errorf("coordinator: schedule %+v", c.Schedule)
+	case c.Schedule.Every > 0 && c.Schedule.Every < c.WindowBatches:
+		return fmt.Errorf("coordinator: a window every %d batches is shorter than the window (%d)", c.Schedule.Every, c.WindowBatches)
+	case c.LeadMargin < 0 || c.StatusTimeout <= 0 || c.AckTimeout <= 0 || c.CollectTimeout <= 0 || c.ClockInterval <= 0:
+		return errors.New("coordinator: timeouts must be positive")
+	case !c.Client && c.OpenStore == nil:
+		return errors.New("coordinator: no store")
+	case c.Now == nil:
+		return errors.New("coordinator: no clock")
+	}
+	if len(LabelFor(c.Identity.RunName)) > memberlist.LabelMaxSize {
+		return fmt.Errorf("coordinator: run name %q is too long for a gossip label", c.Identity.RunName)
+	}
+	t, err := naming.Parse(c.MergedName)
+	if err != nil {
+		return fmt.Errorf("coordinator: merged name: %w", err)
+	}
+	for _, n := range t.Names() {
+		switch n {
+		case "run_name", "window", "batch", "world_size":
+		default:
+			return fmt.Errorf("coordinator: merged name %q names {%s} (it may name run_name, window, batch, world_size)", c.MergedName, n)
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// LabelFor is the gossip label of a run: members of another run drop its packets.
+func LabelFor(run string) string { return "memsnap/" + run }
+
+// KeyEnv is the environment variable a gossip key may come from.
+const KeyEnv = "MEMSNAP_KEY"
+
+// ParseKey decodes a gossip key: base64 (standard or URL alphabet) of 16, 24 or 32
+// bytes, as `memsnap keygen` prints.
+func ParseKey(s string) ([]byte, error) {
+	s = strings.TrimSpace(s)
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {
+		if b, err := enc.DecodeString(s); err == nil {
+			if len(b) != 16 && len(b) != 24 && len(b) != 32 {
+				return nil, fmt.Errorf("coordinator: the gossip key is %d bytes; it must be 16, 24 or 32", len(b))
+			}
+			return b, nil
+		}
+	}
+	return nil, errors.New("coordinator: the gossip key is not base64 (make one with `memsnap keygen`)")
+}
+
+// LoadKey finds the gossip key: the flag's value, else the key file's (which must
+// not be readable by others), else $MEMSNAP_KEY; nil when none is given.
+func LoadKey(flag, file string, getenv func(string) string) ([]byte, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	switch {
+	case flag != "":
+		return ParseKey(flag)
+	case file != "":
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: key file: %w", err)
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: key file: %w", err)
+		}
+		if st.Mode().Perm()&0o077 != 0 {
+			return nil, fmt.Errorf("coordinator: key file %s is readable by others (mode %v); chmod 600 it", file, st.Mode().Perm())
+		}
+		b, err := io.ReadAll(io.LimitReader(f, 4096))
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: key file: %w", err)
+		}
+		return ParseKey(string(b))
+	case getenv(KeyEnv) != "":
+		return ParseKey(getenv(KeyEnv))
+	}
+	return nil, nil
+}
