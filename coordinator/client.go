@@ -20,14 +20,19 @@ type Update struct {
 	Received time.Time
 }
 
-// ErrNoLeader: no rank is alive to lead.
-var ErrNoLeader = errors.New("coordinator: no leader")
+var (
+	// ErrNoLeader: no rank is alive to lead.
+	ErrNoLeader = errors.New("coordinator: no leader")
+	// ErrDetached: Snapshot stopped waiting because its caller said so.
+	ErrDetached = errors.New("coordinator: stopped watching the window")
+)
 
 // Snapshot asks the cluster for a window of batches batches (0: the leader's
 // default) now, reports every step through progress (which must not block for
 // long), and returns how the window ended. If the leader changes meanwhile, the new
-// leader is asked about the same window.
-func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func(Update)) (*pb.WindowResult, error) {
+// leader is asked about the same window. Closing detach makes it return at once
+// with ErrDetached (the window goes on).
+func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func(Update), detach <-chan struct{}) (*pb.WindowResult, error) {
 	ch, seq := c.expect(1 << 16)
 	defer c.forget(seq)
 	var window uint64
@@ -56,6 +61,8 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-detach:
+			return nil, ErrDetached
 		case <-check.C:
 			c.mu.Lock()
 			now := c.leaderName

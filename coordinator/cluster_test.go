@@ -193,7 +193,7 @@ func TestClusterOnDemandWindow(t *testing.T) {
 			seen[u.Rank] = map[string]bool{}
 		}
 		seen[u.Rank][u.State] = true
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

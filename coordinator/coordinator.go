@@ -276,6 +276,14 @@ func (c *Coordinator) Leader() (int, bool) {
 	return int(m.meta.Rank), true
 }
 
+// Busy reports whether this member leads a window in progress (or has one queued).
+func (c *Coordinator) Busy() bool {
+	c.mu.Lock()
+	l := c.lead
+	c.mu.Unlock()
+	return l != nil && l.busy()
+}
+
 // IsLeader reports whether this member leads.
 func (c *Coordinator) IsLeader() bool {
 	c.mu.Lock()

@@ -31,6 +31,13 @@ type leaderRun struct {
 	mu       sync.Mutex
 	next     int64 // the schedule's next window start (-1: the schedule is done)
 	requests []*pb.Envelope
+	working  bool // a window is in progress
+}
+
+func (l *leaderRun) busy() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.working || len(l.requests) > 0 || len(l.msgs) > 0
 }
 
 func newLeader(c *Coordinator) *leaderRun {
@@ -321,6 +328,14 @@ func (l *leaderRun) status(ctx context.Context, ranks []int) map[int]status {
 
 // window records one window and tells the members that asked for it how it ended.
 func (l *leaderRun) window(ctx context.Context, p plan) {
+	l.mu.Lock()
+	l.working = true
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.working = false
+		l.mu.Unlock()
+	}()
 	res := l.record(ctx, p, false)
 	for _, w := range p.watchers {
 		env := l.c.envelope(0)
@@ -495,6 +510,7 @@ func (l *leaderRun) onAck(w *win, env *pb.Envelope, a *pb.Ack, passed []int) []i
 	}
 	s.lastSign = time.Now()
 	switch {
+	case a.Ok && s.acked:
 	case a.Ok:
 		s.acked = true
 		l.tell(w, r, "acked", a.Batch, "")

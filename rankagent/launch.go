@@ -27,6 +27,12 @@ type Trainer struct {
 	// OnExit, when set, is called with the trainer's exit status once it exited,
 	// before the wait for uploads.
 	OnExit func(code int)
+	// Run, when set, runs the agent (with whatever runs beside it, such as its
+	// cluster membership) instead of the agent's own Run.
+	Run func(ctx context.Context) error
+	// Idle, when set, must also hold before the wait for uploads ends (a leader
+	// still merging, say).
+	Idle func() bool
 }
 
 // Outcome is how a launched training run ended for memsnap.
@@ -63,7 +69,11 @@ func RunWithTrainer(a *Agent, t Trainer) (Outcome, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
+	run := a.Run
+	if t.Run != nil {
+		run = t.Run
+	}
+	go func() { done <- run(ctx) }()
 	stop := func() error { cancel(); return <-done }
 
 	child := exec.Command(t.Command[0], t.Command[1:]...)
@@ -111,8 +121,12 @@ wait:
 	defer deadline.Stop()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	idle := a.Idle
+	if t.Idle != nil {
+		idle = func() bool { return a.Idle() && t.Idle() }
+	}
 drain:
-	for !a.Idle() {
+	for !idle() {
 		select {
 		case <-t.Signals:
 			o.Stopped = true

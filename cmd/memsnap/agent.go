@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/gpu"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/naming"
@@ -52,7 +53,12 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	remote := fs.String("remote-file-name", naming.DefaultRemoteFileName, "folder template of uploaded snapshots (Composer's remote_file_name)")
 	overwrite := fs.Bool("overwrite", false, "replace snapshots that exist in the store")
 	sock := fs.String("socket", "", "the trainer socket (default: per run and local rank, owner-only)")
-	window := fs.String("window", "", "START:STOP: record batches [START, STOP) without a leader")
+	window := fs.String("window", "", "START:STOP: record batches [START, STOP) (standalone agents; a cluster's leader plans windows)")
+	standalone := fs.Bool("standalone", false, "no cluster: record only --window (the default for a single rank with nothing to join)")
+	var mf memberFlags
+	mf.register(fs)
+	var lf leaderFlags
+	lf.register(fs)
 	requireGPU := fs.Bool("require-gpu", false, "fail the window when the trainer's GPU cannot be read through NVML")
 	maxEntries := fs.Int("max-entries", 100000, "allocator history entries torch keeps")
 	stacks := fs.String("stacks", "python", "stacks torch records: python or all")
@@ -106,8 +112,28 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer prov.Close()
 	cfg.GPU = prov
-	a, err := rankagent.New(cfg)
-	if err != nil {
+	// a cluster when there is more than one rank or somewhere to join
+	cluster := !*standalone && (id.WorldSize > 1 || mf.join != "" || os.Getenv(coordinator.JoinEnv) != "")
+	var member *coordinator.Rank
+	var a *rankagent.Agent
+	if cluster {
+		if *window != "" {
+			return errors.New("--window is for standalone agents; in a cluster the leader plans windows (--skip-batches, --interval, --every, or memsnap snapshot)")
+		}
+		ccfg := coordinator.DefaultConfig(id)
+		if err := mf.apply(&ccfg, id.LocalWorldSize); err != nil {
+			return err
+		}
+		if len(ccfg.Join) == 0 && id.Rank != 0 {
+			return errors.New("no cluster to join: pass --join host[:port] (rank 0's agent), or --standalone")
+		}
+		lf.apply(&ccfg)
+		ccfg.OpenStore, ccfg.Logger = cfg.OpenStore, log
+		if member, err = coordinator.NewRank(cfg, ccfg); err != nil {
+			return err
+		}
+		a = member.Agent
+	} else if a, err = rankagent.New(cfg); err != nil {
 		return err
 	}
 	if *window != "" {
@@ -121,15 +147,21 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
+	runAll := a.Run
+	idle := func() bool { return true }
+	if member != nil {
+		runAll = member.Run
+		idle = func() bool { return !member.Coord.Busy() }
+	}
 	if len(cmdArgs) == 0 {
-		return a.Run(ctx)
+		return runAll(ctx)
 	}
 	// the trainer gets the signals; the agent lives until its snapshots are up
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	o, err := rankagent.RunWithTrainer(a, rankagent.Trainer{Command: cmdArgs, Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
-		Signals: sigs, DrainTimeout: *drain, OnExit: func(code int) {
+		Signals: sigs, DrainTimeout: *drain, Run: runAll, Idle: idle, OnExit: func(code int) {
 			if !a.Idle() {
 				log.Info("the trainer exited; waiting for uploads (Ctrl-C stops the wait)", "status", code, "timeout", *drain)
 			}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,109 +12,134 @@ import (
 	"sync"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/demodata"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
-	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
 func init() {
 	register(&command{
 		name:    "demo",
-		summary: "the whole job on embedded data: 4 rank agents record one window from replay trainers, upload to a folder, merge",
+		summary: "the whole job on embedded data: 4 rank agents form a cluster on loopback, one on-demand window, merged and published to a folder",
 		usage:   "[--out DIR]",
 		run:     runDemo,
 	})
 }
 
-// runDemo runs four real rank agents, each with a replay trainer that answers the
-// window [3, 6) with a real recorded snapshot (a 4-rank DDP job, PyTorch 2.11,
-// H200), uploads to a folder store, and merges the four snapshots.
+// demoHold is the batch before which the demo's replay trainers wait for the
+// window, so the demo never depends on how fast the machine is.
+const demoHold = 4
+
+// runDemo runs four real rank agents as a real memberlist cluster on loopback
+// (encrypted with a fresh key), each serving a replay trainer that answers with a
+// real recorded snapshot (a 4-rank DDP job, PyTorch 2.11, H200). A member that is
+// not a rank asks for one window, as `memsnap snapshot` does; the leader merges the
+// ranks from the folder store and publishes the merged outputs.
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags(commands["demo"], stderr)
 	out := fs.String("out", "memsnap-demo", "the folder store the demo writes to")
 	quiet := fs.Bool("q", false, "no progress on stderr")
+	verbose := fs.Bool("v", false, "log everything the agents do")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	level := slog.LevelInfo
-	if *quiet {
-		level = slog.LevelWarn
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	say := func(format string, a ...any) {
+		if !*quiet {
+			fmt.Fprintf(stderr, format+"\n", a...)
+		}
+	}
 	st, err := store.OpenDir(*out, true)
 	if err != nil {
 		return err
 	}
 	run := fmt.Sprintf("demo-%s", time.Now().UTC().Format("20060102-150405"))
-	sockDir, err := os.MkdirTemp("", "memsnap-demo-")
+	tmp, err := os.MkdirTemp("", "memsnap-demo-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(sockDir)
+	defer os.RemoveAll(tmp)
+	key := make([]byte, 32)
+	rand.Read(key)
 
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	const start, stop = 3, 6
-	uploads := make(chan rankagent.UploadResult, demodata.Ranks)
+	say("starting %d rank agents on loopback (run %s), each with a replay trainer", demodata.Ranks, run)
+	lc, err := coordinator.StartLocal(ctx, coordinator.LocalConfig{Run: run, Ranks: demodata.Ranks, Key: key, Logger: log,
+		Agent: func(r int) rankagent.Config {
+			c := rankagent.DefaultConfig(rankagent.Identity{})
+			c.OpenStore = func(context.Context) (store.Store, error) { return st, nil }
+			c.Spool = filepath.Join(tmp, fmt.Sprintf("spool%d", r))
+			c.Socket = filepath.Join(tmp, fmt.Sprintf("r%d.sock", r))
+			c.Logger = log
+			return c
+		}})
+	if err != nil {
+		return err
+	}
+	defer lc.Stop()
 	var wg sync.WaitGroup
-	agentCtx, stopAgents := context.WithCancel(ctx)
-	defer func() { stopAgents(); wg.Wait() }()
-	for r := 0; r < demodata.Ranks; r++ {
-		id := rankagent.Identity{RunName: run, Rank: r, LocalRank: r, WorldSize: demodata.Ranks, LocalWorldSize: demodata.Ranks, Launcher: "demo"}
-		cfg := rankagent.DefaultConfig(id)
-		cfg.OpenStore = func(context.Context) (store.Store, error) { return st, nil }
-		cfg.Spool = filepath.Join(sockDir, fmt.Sprintf("spool%d", r))
-		cfg.Socket = filepath.Join(sockDir, fmt.Sprintf("r%d.sock", r))
-		cfg.Logger = log
-		cfg.OnUpload = func(u rankagent.UploadResult) { uploads <- u }
-		a, err := rankagent.New(cfg)
-		if err != nil {
-			return err
-		}
-		if _, err := a.ArmNext(start, stop); err != nil {
-			return err
-		}
+	tctx, stopTrainers := context.WithCancel(ctx)
+	defer func() { stopTrainers(); wg.Wait() }()
+	for r, rk := range lc.Ranks {
 		snap, err := demodata.Rank(r)
 		if err != nil {
 			return err
 		}
-		wg.Add(2)
-		go func() { defer wg.Done(); a.Run(agentCtx) }()
-		go func(r int) {
+		wg.Add(1)
+		go func() {
 			defer wg.Done()
-			rankagent.Replay(agentCtx, rankagent.ReplayConfig{Socket: cfg.Socket, Snapshot: snap, Batches: stop + 3, Pace: 25 * time.Millisecond, HoldAt: []int64{start}, Rank: r, UUID: fmt.Sprintf("GPU-demo-%d", r)})
-		}(r)
+			rankagent.Replay(tctx, rankagent.ReplayConfig{Socket: rk.Agent.Socket(), Snapshot: snap, Pace: 25 * time.Millisecond,
+				HoldAt: []int64{demoHold}, Rank: r, UUID: fmt.Sprintf("GPU-demo-%d", r)})
+		}()
 	}
-	for i := 0; i < demodata.Ranks; i++ {
-		select {
-		case u := <-uploads:
-			if u.Err != nil {
-				return u.Err
+	if _, err := waitFor(ctx, time.Minute, func() bool {
+		for _, rk := range lc.Ranks {
+			if rk.Agent.Batch() != demoHold-1 {
+				return false
 			}
-		case <-ctx.Done():
-			return fmt.Errorf("demo: the agents did not upload in time: %w", ctx.Err())
+		}
+		return true
+	}); err != nil {
+		return fmt.Errorf("demo: the replay trainers did not start: %w", err)
+	}
+	client, stopClient, err := lc.Client(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopClient()
+	leader, _ := client.Leader()
+	say("cluster formed: %d ranks, leader rank %d; asking for a window of 3 batches", len(lc.Ranks), leader)
+	p := newProgressPrinter(stderr, *quiet)
+	res, err := client.Snapshot(ctx, 3, p.update, nil)
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	if res.State != "published" {
+		return fmt.Errorf("demo: window %d failed: %s", p.window, res.Error)
+	}
+	fmt.Fprintf(stdout, "window %d (batches %d-%d) merged from %d ranks and published to %s\n", p.window, res.Start, res.Stop-1, len(res.Ranks), st)
+	for _, r := range sortedMissing(res.Missing) {
+		fmt.Fprintf(stdout, "  rank %d missing: %s\n", r, res.Missing[int32(r)])
+	}
+	if len(res.Outputs) > 3 {
+		if b, err := os.ReadFile(res.Outputs[3]); err == nil {
+			var sum merge.Summary
+			if json.Unmarshal(b, &sum) == nil && sum.Spread != nil {
+				printSpread(stdout, &sum)
+			}
 		}
 	}
-	stopAgents()
-	wg.Wait()
-
-	prefix := filepath.Join(st.Root(), run, "torch_memory_traces")
-	res := &merge.Resolver{Template: naming.MustParse(naming.ComposerSnapshotName)}
-	ins, err := res.Resolve(ctx, []string{prefix}, nil)
-	if err != nil {
-		return err
+	fmt.Fprintf(stdout, "per-rank snapshots: %s\n", filepath.Join(st.Root(), run, "torch_memory_traces"))
+	fmt.Fprintf(stdout, "manifest: %s\n", res.Manifest)
+	if len(res.Outputs) > 0 {
+		fmt.Fprintf(stdout, "open %s in a browser (it needs no network)\n", res.Outputs[0])
 	}
-	r, err := merge.Merge(ctx, merge.Config{
-		Inputs: ins, Out: st, OutputBase: "{run_name}/merged/merged", Vars: naming.Vars{"run_name": run},
-		Title: run + " (replayed 4-rank DDP snapshots, PyTorch 2.11, H200)", Logger: log,
-	})
-	if err != nil {
-		return err
-	}
-	printMergeResult(stdout, st.String(), r)
-	fmt.Fprintf(stdout, "per-rank snapshots: %s\nopen %s in a browser (it needs no network)\n", prefix,
-		filepath.Join(st.Root(), filepath.FromSlash(r.Outputs[merge.OutHTML])))
 	return nil
 }

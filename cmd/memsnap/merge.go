@@ -113,11 +113,7 @@ func printMergeResult(w io.Writer, where string, r *merge.Result) {
 	if len(s.MissingRanks) > 0 {
 		fmt.Fprintf(w, "missing ranks: %v\n", s.MissingRanks)
 	}
-	if s.Spread != nil && len(s.Ranks) > 1 {
-		fmt.Fprintf(w, "peak allocated: median %s, max %s (%.3fx the median); outlier: rank %d (%s)\n",
-			humanBytes(s.Spread.MedianPeakAllocatedBytes), humanBytes(s.Spread.MaxPeakAllocatedBytes), s.Spread.MaxOverMedian,
-			s.Spread.OutlierRank, humanBytes(s.Spread.OutlierPeakBytes))
-	}
+	printSpread(w, s)
 	kinds := make([]string, 0, len(r.Outputs))
 	for k := range r.Outputs {
 		kinds = append(kinds, k)
@@ -125,6 +121,15 @@ func printMergeResult(w io.Writer, where string, r *merge.Result) {
 	sort.Strings(kinds)
 	for _, k := range kinds {
 		fmt.Fprintf(w, "  %-8s %s\n", k, r.Outputs[k])
+	}
+}
+
+// printSpread says how far the ranks' peaks spread and which rank is the outlier.
+func printSpread(w io.Writer, s *merge.Summary) {
+	if s.Spread != nil && len(s.Ranks) > 1 {
+		fmt.Fprintf(w, "peak allocated: median %s, max %s (%.3fx the median); outlier: rank %d (%s)\n",
+			humanBytes(s.Spread.MedianPeakAllocatedBytes), humanBytes(s.Spread.MaxPeakAllocatedBytes), s.Spread.MaxOverMedian,
+			s.Spread.OutlierRank, humanBytes(s.Spread.OutlierPeakBytes))
 	}
 }
 

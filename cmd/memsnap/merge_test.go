@@ -49,16 +49,21 @@ func TestDemoCommand(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("demo exited %d: %s", code, stderr)
 	}
-	if !strings.Contains(stdout, "merged 4 of 4 ranks") || !strings.Contains(stdout, "outlier: rank 3") {
+	if !strings.Contains(stdout, "merged from 4 ranks") || !strings.Contains(stdout, "outlier: rank 3") || strings.Contains(stdout, "missing") {
 		t.Fatalf("demo said: %s", stdout)
 	}
-	for _, pat := range []string{"demo-*/torch_memory_traces/rank0.6.memory_snapshot.pickle", "demo-*/torch_memory_traces/rank3.6.memory_snapshot.memsnap.json", "demo-*/merged/merged.html", "demo-*/merged/merged.summary.json"} {
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "open ") || !strings.Contains(last, "merged.html") {
+		t.Fatalf("the last line does not say where the report is: %q", last)
+	}
+	for _, pat := range []string{"demo-*/torch_memory_traces/rank0.*.memory_snapshot.pickle", "demo-*/torch_memory_traces/rank3.*.memory_snapshot.memsnap.json",
+		"demo-*/torch_memory_traces/window1/merged.html", "demo-*/torch_memory_traces/window1/merged.summary.json", "demo-*/torch_memory_traces/window1/merged.manifest.json"} {
 		if m, _ := filepath.Glob(filepath.Join(out, pat)); len(m) != 1 {
 			t.Fatalf("%s: %v", pat, m)
 		}
 	}
 	// the agents' batch marks reached the summary: every rank peaked inside the window
-	sums, _ := filepath.Glob(filepath.Join(out, "demo-*", "merged", "merged.summary.json"))
+	sums, _ := filepath.Glob(filepath.Join(out, "demo-*", "torch_memory_traces", "window1", "merged.summary.json"))
 	b, _ := os.ReadFile(sums[0])
 	if !strings.Contains(string(b), `"batches": [`) || strings.Count(string(b), `"peak_allocated_batch": null`) != 0 {
 		t.Fatalf("summary lacks batch marks:\n%s", b)
