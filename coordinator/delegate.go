@@ -31,7 +31,7 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	return d.c.bc.GetBroadcasts(overhead, limit)
 }
 
-func (d *delegate) LocalState(join bool) []byte              { return nil }
+func (d *delegate) LocalState(join bool) []byte            { return nil }
 func (d *delegate) MergeRemoteState(buf []byte, join bool) {}
 
 // events follows membership.

@@ -205,7 +205,6 @@ func (l *leaderRun) scheduleDue(ctx context.Context) bool {
 	return true
 }
 
-
 // plan is one window to record.
 type plan struct {
 	length   int64
