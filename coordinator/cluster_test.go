@@ -28,6 +28,7 @@ type testCluster struct {
 	ranks  []*Rank
 	stops  []func()
 	holdAt int64
+	wrap   func(rank int, a *rankagent.Agent) Recorder // stands between a rank's coordinator and its agent
 	mu     sync.Mutex
 	events []rankagent.WindowEvent
 }
@@ -41,7 +42,11 @@ func newKey(t *testing.T) []byte {
 }
 
 func startCluster(t *testing.T, n int, opts ...clusterOpt) *testCluster {
-	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5}
+	return startClusterWith(t, n, nil, opts...)
+}
+
+func startClusterWith(t *testing.T, n int, wrap func(int, *rankagent.Agent) Recorder, opts ...clusterOpt) *testCluster {
+	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5, wrap: wrap}
 	for r := 0; r < n; r++ {
 		tc.startRank(r, n, opts...)
 	}
@@ -91,9 +96,24 @@ func (tc *testCluster) startRank(rank, world int, opts ...clusterOpt) {
 	for _, o := range opts {
 		o(&ccfg, &acfg)
 	}
-	r, err := NewRank(acfg, ccfg)
-	if err != nil {
-		t.Fatal(err)
+	var r *Rank
+	if tc.wrap == nil {
+		if r, err = NewRank(acfg, ccfg); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		r = &Rank{}
+		prev := acfg.OnWindow
+		acfg.OnWindow = func(ev rankagent.WindowEvent) { prev(ev); r.Coord.Observe(ev) }
+		a, err := rankagent.New(acfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := New(ccfg, tc.wrap(rank, a))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Agent, r.Coord = a, c
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

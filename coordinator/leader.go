@@ -336,6 +336,9 @@ func (l *leaderRun) window(ctx context.Context, p plan) {
 		l.mu.Unlock()
 	}()
 	res := l.record(ctx, p, false)
+	if ctx.Err() != nil {
+		return // the leader stopped: the watchers ask the next one
+	}
 	for _, w := range p.watchers {
 		env := l.c.envelope(0)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}

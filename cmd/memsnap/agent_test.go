@@ -26,7 +26,7 @@ func TestAgentCommandLaunchesTrainer(t *testing.T) {
 	t.Setenv("WORLD_SIZE", "2")
 	t.Setenv("LOCAL_WORLD_SIZE", "2")
 	t.Setenv("TORCHELASTIC_RUN_ID", "job42")
-	code, _, stderr := runCLI(t, "agent", "--store", storeDir, "--spool", spool, "--socket", filepath.Join(sockDir, "s"),
+	code, _, stderr := runCLI(t, "agent", "--standalone", "--store", storeDir, "--spool", spool, "--socket", filepath.Join(sockDir, "s"),
 		"--window", "4:7", "--", py, filepath.Join(hook, "testdata", "train_fake.py"), "12", "0.02", "1")
 	if code != 0 {
 		t.Fatalf("agent exited %d:\n%s", code, stderr)
@@ -40,7 +40,7 @@ func TestAgentCommandLaunchesTrainer(t *testing.T) {
 		t.Fatalf("inspect: %s", out)
 	}
 	// the trainer's exit status comes back
-	code, _, _ = runCLI(t, "agent", "--store", storeDir, "--spool", spool, "--socket", filepath.Join(sockDir, "s2"), "--", "sh", "-c", "exit 3")
+	code, _, _ = runCLI(t, "agent", "--standalone", "--store", storeDir, "--spool", spool, "--socket", filepath.Join(sockDir, "s2"), "--", "sh", "-c", "exit 3")
 	if code != 3 {
 		t.Fatalf("exit status %d, want 3", code)
 	}

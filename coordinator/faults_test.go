@@ -1,0 +1,247 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+func TestPlanWindow(t *testing.T) {
+	ms := time.Millisecond
+	cases := []struct {
+		ranks       []RankStatus
+		length, min int64
+		margin      time.Duration
+		start       int64
+	}{
+		// batch 10, 100 ms steps, 50 ms delay + 100 ms margin: batch 12 starts at least 100 ms after the report, too soon; 13 at 200 ms
+		{[]RankStatus{{Batch: 10, Step: 100 * ms, Delay: 50 * ms}}, 3, 0, 100 * ms, 13},
+		// the slowest-to-reach rank decides
+		{[]RankStatus{{Batch: 10, Step: 100 * ms, Delay: 10 * ms}, {Batch: 9, Step: 10 * ms, Delay: 500 * ms}}, 2, 0, 0, 60},
+		// unknown step time: a fixed lead
+		{[]RankStatus{{Batch: -1}}, 3, 0, time.Second, 2},
+		// the schedule's start when it is far enough ahead
+		{[]RankStatus{{Batch: 0, Step: 100 * ms}}, 3, 50, 100 * ms, 50},
+	}
+	for i, c := range cases {
+		start, stop := PlanWindow(c.ranks, c.length, c.min, c.margin)
+		if start != c.start || stop != start+c.length {
+			t.Errorf("case %d: [%d, %d), want start %d", i, start, stop, c.start)
+		}
+	}
+}
+
+// TestRankDiesMidWindow: a non-leader agent stops in the middle of a window; the
+// other ranks' window completes at the deadline with that rank listed missing.
+func TestRankDiesMidWindow(t *testing.T) {
+	tc := startCluster(t, 3)
+	tc.holding()
+	c := tc.client()
+	var killed atomic.Bool
+	res, err := c.Snapshot(testutil.Context(t, time.Minute), 3, func(u Update) {
+		if u.Rank == 2 && u.State == "acked" && killed.CompareAndSwap(false, true) {
+			go tc.stops[2]()
+		}
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" || res.Missing[2] == "" {
+		t.Fatalf("result %+v", res)
+	}
+	m := readManifest(t, res.Manifest)
+	if fmt.Sprint(m.MissingRanks) != "[2]" || m.MissingReasons["2"] == "" {
+		t.Fatalf("manifest missing %v %v", m.MissingRanks, m.MissingReasons)
+	}
+}
+
+// TestLeaderDiesMidWindow: the leader stops after the plan went out; the next rank
+// takes over, finishes the window from the ranks' status and stored snapshots, and
+// exactly one set of merged outputs exists.
+func TestLeaderDiesMidWindow(t *testing.T) {
+	tc := startCluster(t, 3)
+	tc.holding()
+	c := tc.client()
+	var killed atomic.Bool
+	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u Update) {
+		if u.Rank >= 0 && u.State == "armed" && killed.CompareAndSwap(false, true) {
+			go tc.stops[0]()
+		}
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != "published" || fmt.Sprint(res.Ranks) != "[1 2]" || res.Missing[0] == "" {
+		t.Fatalf("result %+v", res)
+	}
+	manifests, _ := filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "window*", "*.manifest.json"))
+	if len(manifests) != 1 {
+		t.Fatalf("manifests: %v", manifests)
+	}
+	if l, _ := tc.ranks[1].Coord.Leader(); l != 1 {
+		t.Fatalf("leader %d, want 1", l)
+	}
+}
+
+// passing is a recorder whose trainer is past the start of the first n windows
+// planned (a plan arrives directly and through gossip: each window counts once).
+type passing struct {
+	*rankagent.Agent
+	mu   sync.Mutex
+	n    int
+	seen map[uint64]bool
+}
+
+func (p *passing) Arm(w rankagent.Window) error {
+	p.mu.Lock()
+	if p.seen == nil {
+		p.seen = map[uint64]bool{}
+	}
+	pass, ok := p.seen[w.ID]
+	if !ok {
+		pass = p.n > 0
+		p.n--
+		p.seen[w.ID] = pass
+	}
+	p.mu.Unlock()
+	if pass {
+		return fmt.Errorf("%w: (test) the trainer ran ahead", rankagent.ErrPassed)
+	}
+	return p.Agent.Arm(w)
+}
+
+// TestRankPastTheStart: a rank past the window's start makes the leader plan once
+// more; a rank past it twice is left out, and says why.
+func TestRankPastTheStart(t *testing.T) {
+	for _, times := range []int64{1, 2} {
+		t.Run(fmt.Sprint(times), func(t *testing.T) {
+			tc := startClusterWith(t, 3, func(r int, a *rankagent.Agent) Recorder {
+				p := &passing{Agent: a}
+				if r == 1 {
+					p.n = int(times)
+				}
+				return p
+			})
+			tc.holding()
+			c := tc.client()
+			var mu sync.Mutex
+			plans := 0
+			res, err := c.Snapshot(testutil.Context(t, time.Minute), 2, func(u Update) {
+				if u.Rank < 0 && u.State == "planned" {
+					mu.Lock()
+					plans++
+					mu.Unlock()
+				}
+			}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if plans != 2 {
+				t.Fatalf("%d plans, want 2", plans)
+			}
+			switch times {
+			case 1:
+				if res.State != "published" || len(res.Ranks) != 3 {
+					t.Fatalf("re-planned window: %+v", res)
+				}
+			case 2:
+				if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 2]" || !strings.Contains(res.Missing[1], "past the window's start") {
+					t.Fatalf("a rank past the start twice: %+v", res)
+				}
+			}
+		})
+	}
+}
+
+// TestClockSkew: a rank whose clock runs 250 ms ahead of the leader's measures an
+// offset within the measured round trip of 250 ms, and its snapshot's metadata and
+// the merged summary carry it.
+func TestClockSkew(t *testing.T) {
+	const skew = 250 * time.Millisecond
+	tc := startCluster(t, 2, func(c *Config, a *rankagent.Config) {
+		if c.Identity.Rank == 1 {
+			c.Now = func() time.Time { return time.Now().Add(skew) }
+		}
+	})
+	var off, rtt time.Duration
+	testutil.Eventually(t, 20*time.Second, "a clock measurement", func() bool {
+		var ok bool
+		off, rtt, ok = tc.ranks[1].Coord.ClockOffset()
+		return ok
+	})
+	if d := off - skew; d < -rtt || d > rtt {
+		t.Fatalf("offset %v for a skew of %v, more than the round trip %v away", off, skew, rtt)
+	}
+	t.Logf("measured offset %v (skew %v), round trip %v", off, skew, rtt)
+	tc.holding()
+	c := tc.client()
+	res, err := c.Snapshot(testutil.Context(t, time.Minute), 2, nil, nil)
+	if err != nil || res.State != "published" {
+		t.Fatalf("%+v %v", res, err)
+	}
+	b, err := os.ReadFile(res.Outputs[3])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum merge.Summary
+	if err := jsonUnmarshal(b, &sum); err != nil {
+		t.Fatal(err)
+	}
+	got := time.Duration(sum.ClockOffsetsUS["1"]) * time.Microsecond
+	if d := got - skew; d < -rtt-5*time.Millisecond || d > rtt+5*time.Millisecond || sum.ClockOffsetsUS["0"] != 0 {
+		t.Fatalf("summary offsets %v, want rank 1 near %v", sum.ClockOffsetsUS, skew)
+	}
+}
+
+// TestOutsidersAreNotAdmitted: a member with another key, or of another run, cannot
+// join, and what it sends changes nothing.
+func TestOutsidersAreNotAdmitted(t *testing.T) {
+	tc := startCluster(t, 2)
+	for name, tune := range map[string]func(*Config){
+		"wrong key": func(c *Config) { c.SecretKey = newKey(t) },
+		"no key":    func(c *Config) { c.SecretKey, c.Insecure = nil, true },
+		"other run": func(c *Config) { c.Identity.RunName = tc.run + "x" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := DefaultLocalConfig(rankagent.Identity{RunName: tc.run})
+			cfg.Client, cfg.SecretKey, cfg.Logger = true, tc.key, testutil.Logger(t)
+			cfg.Join = []string{tc.ranks[0].Coord.Addr()}
+			tune(&cfg)
+			c, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := c.start(); err != nil {
+				t.Fatal(err)
+			}
+			defer c.Shutdown()
+			if n, err := c.ml.Join(cfg.Join); n != 0 || err == nil {
+				t.Fatalf("joined %d members", n)
+			}
+			_ = ctx
+			for _, r := range tc.ranks {
+				if len(r.Coord.Members()) != 2 {
+					t.Fatalf("rank sees %d members", len(r.Coord.Members()))
+				}
+			}
+		})
+	}
+	if !errors.Is(nil, nil) {
+		t.Fatal()
+	}
+}
