@@ -120,3 +120,79 @@ func (c *Coordinator) waitLeader(ctx context.Context) (string, error) {
 		}
 	}
 }
+
+// status asks the ranks for their status and waits up to StatusTimeout (asking
+// again the ranks that have not answered, once).
+func (c *Coordinator) status(ctx context.Context, ranks []int) map[int]status {
+	nodes := c.rankNodes()
+	ch, seq := c.expect(len(ranks) + 16)
+	defer c.forget(seq)
+	sent := map[int]time.Time{}
+	ask := func(r int) {
+		n := nodes[r]
+		if n == nil {
+			return
+		}
+		env := c.envelope(0)
+		env.Body = &pb.Envelope_StatusRequest{StatusRequest: &pb.StatusRequest{}}
+		env.Seq = seq
+		sent[r] = time.Now()
+		if int32(r) == c.rank() {
+			c.handleLocal(env)
+			return
+		}
+		if err := c.send(n.Name, env, false); err != nil {
+			c.log.Debug("status request not sent", "rank", r, "err", err)
+		}
+	}
+	for _, r := range ranks {
+		ask(r)
+	}
+	out := map[int]status{}
+	deadline := time.NewTimer(c.cfg.StatusTimeout)
+	defer deadline.Stop()
+	retry := time.NewTimer(c.cfg.StatusTimeout / 3)
+	defer retry.Stop()
+	for len(out) < len(sent) {
+		select {
+		case <-ctx.Done():
+			return out
+		case <-deadline.C:
+			return out
+		case <-retry.C:
+			for _, r := range ranks {
+				if _, ok := out[r]; !ok {
+					ask(r)
+				}
+			}
+		case env := <-ch:
+			s := env.GetStatus()
+			if s == nil || env.SenderRank < 0 {
+				continue
+			}
+			r := int(env.SenderRank)
+			if _, ok := out[r]; ok {
+				continue
+			}
+			now := time.Now()
+			out[r] = status{st: s, rtt: now.Sub(sent[r]), when: now}
+		}
+	}
+	return out
+}
+
+
+// Batches asks every rank for its trainer's current batch; ok is false when no
+// rank answered.
+func (c *Coordinator) Batches(ctx context.Context) (map[int]int64, bool) {
+	nodes := c.rankNodes()
+	ranks := make([]int, 0, len(nodes))
+	for r := range nodes {
+		ranks = append(ranks, r)
+	}
+	out := map[int]int64{}
+	for r, s := range c.status(ctx, ranks) {
+		out[r] = s.st.Batch
+	}
+	return out, len(out) > 0
+}

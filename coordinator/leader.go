@@ -264,65 +264,9 @@ type status struct {
 	when time.Time // when the answer arrived
 }
 
-// status asks the ranks for their status and waits up to StatusTimeout (asking
-// again the ranks that have not answered, once).
+// status asks the ranks for their status (see Coordinator.status).
 func (l *leaderRun) status(ctx context.Context, ranks []int) map[int]status {
-	c := l.c
-	nodes := c.rankNodes()
-	ch, seq := c.expect(len(ranks) + 16)
-	defer c.forget(seq)
-	sent := map[int]time.Time{}
-	ask := func(r int) {
-		n := nodes[r]
-		if n == nil {
-			return
-		}
-		env := c.envelope(0)
-		env.Body = &pb.Envelope_StatusRequest{StatusRequest: &pb.StatusRequest{}}
-		env.Seq = seq
-		sent[r] = time.Now()
-		if r == c.cfg.Identity.Rank {
-			c.handleLocal(env)
-			return
-		}
-		if err := c.send(n.Name, env, false); err != nil {
-			l.log.Debug("status request not sent", "rank", r, "err", err)
-		}
-	}
-	for _, r := range ranks {
-		ask(r)
-	}
-	out := map[int]status{}
-	deadline := time.NewTimer(c.cfg.StatusTimeout)
-	defer deadline.Stop()
-	retry := time.NewTimer(c.cfg.StatusTimeout / 3)
-	defer retry.Stop()
-	for len(out) < len(sent) {
-		select {
-		case <-ctx.Done():
-			return out
-		case <-deadline.C:
-			return out
-		case <-retry.C:
-			for _, r := range ranks {
-				if _, ok := out[r]; !ok {
-					ask(r)
-				}
-			}
-		case env := <-ch:
-			s := env.GetStatus()
-			if s == nil || env.SenderRank < 0 {
-				continue
-			}
-			r := int(env.SenderRank)
-			if _, ok := out[r]; ok {
-				continue
-			}
-			now := time.Now()
-			out[r] = status{st: s, rtt: now.Sub(sent[r]), when: now}
-		}
-	}
-	return out
+	return l.c.status(ctx, ranks)
 }
 
 // window records one window and tells the members that asked for it how it ended.
@@ -422,7 +366,7 @@ func (l *leaderRun) sendAll(w *win, ranks []int32, env *pb.Envelope) {
 	sem := make(chan struct{}, 32)
 	for _, r := range ranks {
 		r := int(r)
-		if r == c.cfg.Identity.Rank {
+		if int32(r) == c.rank() {
 			c.handleLocal(env)
 			continue
 		}

@@ -32,7 +32,7 @@ func init() {
 	register(&command{
 		name:    "replay",
 		summary: "a replay trainer: speak the hook's protocol from a recorded snapshot (tests and demos without a GPU)",
-		usage:   "--socket PATH --snapshot FILE [--batches N] [--pace D]",
+		usage:   "--socket PATH --snapshot FILE [--batches N] [--pace D] [--hold-at B]",
 		run:     runReplay,
 	})
 }
@@ -202,6 +202,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	batches := fs.Int64("batches", 20, "batches to run (0: until interrupted)")
 	pace := fs.Duration("pace", 20*time.Millisecond, "the length of one batch")
 	rank := fs.Int("rank", 0, "the rank reported to the agent")
+	var holds multiFlag
+	fs.Var(&holds, "hold-at", "wait before this batch until a window arrives (repeatable)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -213,5 +215,13 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	return rankagent.Replay(ctx, rankagent.ReplayConfig{Socket: *sock, Snapshot: b, Batches: *batches, Pace: *pace, Rank: *rank})
+	var holdAt []int64
+	for _, h := range holds {
+		n, err := strconv.ParseInt(h, 10, 64)
+		if err != nil || n < 1 {
+			return fmt.Errorf("--hold-at %q: want a batch above 0", h)
+		}
+		holdAt = append(holdAt, n)
+	}
+	return rankagent.Replay(ctx, rankagent.ReplayConfig{Socket: *sock, Snapshot: b, Batches: *batches, Pace: *pace, Rank: *rank, HoldAt: holdAt})
 }

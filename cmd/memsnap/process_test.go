@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/coordinator"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+// The test binary is also the memsnap command when MEMSNAP_TEST_MAIN is set, so
+// tests run real memsnap processes without building one.
+func TestMain(m *testing.M) {
+	if os.Getenv("MEMSNAP_TEST_MAIN") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// memsnapCmd is a real memsnap process.
+func memsnapCmd(t *testing.T, args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "MEMSNAP_TEST_MAIN=1")
+	return cmd
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestClusterCommands: two real `memsnap agent` processes, each launching a replay
+// trainer, form an encrypted cluster on loopback; `memsnap snapshot --wait --json`
+// asks for a window and gets the merged outputs' locations; `memsnap ls` lists it;
+// SIGTERM stops the agents cleanly.
+func TestClusterCommands(t *testing.T) {
+	code, keyOut, _ := runCLI(t, "keygen")
+	if code != 0 {
+		t.Fatal("keygen failed")
+	}
+	key := strings.TrimSpace(keyOut)
+	storeDir := t.TempDir()
+	sockDir, _ := os.MkdirTemp("", "ms")
+	defer os.RemoveAll(sockDir)
+	run := fmt.Sprintf("clitest%d", time.Now().UnixNano()%1e6)
+	ports := []int{freePort(t), freePort(t)}
+	var agents []*exec.Cmd
+	var logs []*bytes.Buffer
+	for r := 0; r < 2; r++ {
+		snap := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r))
+		args := []string{"agent", "--run-name", run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", "2", "--local-world-size", "2",
+			"--store", storeDir, "--spool", filepath.Join(sockDir, fmt.Sprintf("spool%d", r)), "--socket", filepath.Join(sockDir, fmt.Sprintf("s%d", r)),
+			"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(ports[r]), "--no-schedule", "--collect-timeout", "30s"}
+		if r > 0 {
+			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", ports[0]))
+		}
+		args = append(args, "--", os.Args[0], "replay", "--snapshot", snap, "--batches", "0", "--pace", "20ms", "--hold-at", "5", "--rank", strconv.Itoa(r))
+		cmd := memsnapCmd(t, args...)
+		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
+		var buf bytes.Buffer
+		cmd.Stderr, cmd.Stdout = &buf, &buf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		agents, logs = append(agents, cmd), append(logs, &buf)
+	}
+	defer func() {
+		for _, a := range agents {
+			a.Process.Kill()
+		}
+		if t.Failed() {
+			for i, l := range logs {
+				t.Logf("agent %d said:\n%s", i, l)
+			}
+		}
+	}()
+	// wait, as a member that is not a rank, until both trainers hold before batch 5
+	kb, _ := coordinator.ParseKey(key)
+	ccfg := coordinator.DefaultLocalConfig(rankagent.Identity{RunName: run})
+	ccfg.Client, ccfg.SecretKey, ccfg.Join, ccfg.Logger = true, kb, []string{fmt.Sprintf("127.0.0.1:%d", ports[0])}, testutil.Logger(t)
+	watcher, err := coordinator.New(ccfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	wdone := make(chan struct{})
+	go func() { defer close(wdone); watcher.Run(ctx) }()
+	testutil.Eventually(t, 60*time.Second, "both trainers holding", func() bool {
+		b, ok := watcher.Batches(ctx)
+		return ok && len(b) == 2 && b[0] == 4 && b[1] == 4
+	})
+	cancel()
+	<-wdone
+
+	snap := memsnapCmd(t, "snapshot", "--join", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--run", run, "--batches", "2", "--wait", "--json", "--timeout", "2m")
+	snap.Env = append(snap.Env, coordinator.KeyEnv+"="+key)
+	var sout, serr bytes.Buffer
+	snap.Stdout, snap.Stderr = &sout, &serr
+	if err := snap.Run(); err != nil {
+		t.Fatalf("snapshot: %v\n%s\n%s\nagent 0:\n%s", err, sout.String(), serr.String(), logs[0])
+	}
+	var res struct {
+		Window   uint64   `json:"window"`
+		State    string   `json:"state"`
+		Start    int64    `json:"start"`
+		Stop     int64    `json:"stop"`
+		Manifest string   `json:"manifest"`
+		Outputs  []string `json:"outputs"`
+		Ranks    []int    `json:"ranks"`
+	}
+	if err := json.Unmarshal(sout.Bytes(), &res); err != nil {
+		t.Fatalf("%v: %s", err, sout.String())
+	}
+	if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" || res.Stop-res.Start != 2 || len(res.Outputs) != 5 {
+		t.Fatalf("result %+v", res)
+	}
+	for _, o := range append(res.Outputs, res.Manifest) {
+		if _, err := os.Stat(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, _ := runCLI(t, "ls", storeDir)
+	if code != 0 || !strings.Contains(out, "2/2") || !strings.Contains(out, fmt.Sprintf("%d-%d", res.Start, res.Stop-1)) {
+		t.Fatalf("ls: %q", out)
+	}
+	// SIGTERM: the trainers stop, the agents finish and exit 0
+	for i, a := range agents {
+		a.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- a.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("agent %d: %v\n%s", i, err, logs[i])
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("agent %d did not stop on SIGTERM\n%s", i, logs[i])
+		}
+	}
+}
