@@ -181,7 +181,6 @@ func (c *Coordinator) status(ctx context.Context, ranks []int) map[int]status {
 	return out
 }
 
-
 // Batches asks every rank for its trainer's current batch; ok is false when no
 // rank answered.
 func (c *Coordinator) Batches(ctx context.Context) (map[int]int64, bool) {
