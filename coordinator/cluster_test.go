@@ -29,6 +29,7 @@ type testCluster struct {
 	stops  []func()
 	holdAt int64
 	wrap   func(rank int, a *rankagent.Agent) Recorder // stands between a rank's coordinator and its agent
+	replay func(rank int, rc *rankagent.ReplayConfig)  // adjusts a rank's replay trainer
 	mu     sync.Mutex
 	events []rankagent.WindowEvent
 }
@@ -127,7 +128,11 @@ func (tc *testCluster) startRank(rank, world int, opts ...clusterOpt) {
 	rdone := make(chan struct{})
 	go func() {
 		defer close(rdone)
-		rankagent.Replay(rctx, rankagent.ReplayConfig{Socket: acfg.Socket, Snapshot: snap, Pace: 20 * time.Millisecond, HoldAt: []int64{tc.holdAt}, Rank: rank, UUID: fmt.Sprintf("GPU-%d", rank)})
+		rc := rankagent.ReplayConfig{Socket: acfg.Socket, Snapshot: snap, Pace: 20 * time.Millisecond, HoldAt: []int64{tc.holdAt}, Rank: rank, UUID: fmt.Sprintf("GPU-%d", rank)}
+		if tc.replay != nil {
+			tc.replay(rank, &rc)
+		}
+		rankagent.Replay(rctx, rc)
 	}()
 	stop := func() {
 		rcancel()

@@ -31,6 +31,8 @@ type Recorder interface {
 	Progress() (batch int64, step time.Duration)
 	Current() (rankagent.Window, rankagent.WindowState, bool)
 	SetClockOffset(offset, rtt time.Duration)
+	// Dump asks the trainer for a snapshot now, under window id (a post-mortem).
+	Dump(id uint64) error
 }
 
 // member is one member of the cluster as this member sees it.
@@ -58,6 +60,9 @@ type Coordinator struct {
 	waiting    map[uint64]chan *pb.Envelope // replies a request waits for, by seq
 	seq        uint64
 	last       lastWindow // the rank's latest window, for status answers
+	oom        *pb.RankResult // this rank's latest OOM snapshot, once stored
+	oomWindow  uint64         // the post-mortem waiting for it, with its leader
+	oomLeader  string
 	dropped    int
 	changed    chan struct{} // membership changed
 	joined     bool          // joined the cluster (or had no one to join)
@@ -538,13 +543,23 @@ func (c *Coordinator) dispatch(ctx context.Context) {
 	}
 }
 
+// isReply reports whether env answers a request (and goes to whoever waits for its
+// seq) rather than asking something itself.
+func isReply(env *pb.Envelope) bool {
+	switch env.Body.(type) {
+	case *pb.Envelope_Status, *pb.Envelope_Ack, *pb.Envelope_ClockReply, *pb.Envelope_Progress, *pb.Envelope_WindowResult:
+		return true
+	}
+	return false
+}
+
 func (c *Coordinator) handle(ctx context.Context, env *pb.Envelope) {
 	// a reply somebody waits for
 	if env.Seq != 0 {
 		c.mu.Lock()
 		ch := c.waiting[env.Seq]
 		c.mu.Unlock()
-		if ch != nil && env.GetStatusRequest() == nil && env.GetPlan() == nil && env.GetRequest() == nil && env.GetClockProbe() == nil {
+		if ch != nil && isReply(env) {
 			select {
 			case ch <- env:
 			default:
@@ -559,6 +574,8 @@ func (c *Coordinator) handle(ctx context.Context, env *pb.Envelope) {
 		c.onPlan(env, b.Plan)
 	case *pb.Envelope_Cancel:
 		c.onCancel(env, b.Cancel)
+	case *pb.Envelope_Dump:
+		c.onDump(env, b.Dump)
 	case *pb.Envelope_ClockProbe:
 		c.reply(env, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, Body: &pb.Envelope_ClockReply{ClockReply: &pb.ClockReply{T0Us: b.ClockProbe.T0Us, TUs: c.cfg.Now().UnixMicro()}}}, false)
 	case *pb.Envelope_Ack, *pb.Envelope_Progress, *pb.Envelope_Result, *pb.Envelope_Request, *pb.Envelope_WindowResult:
@@ -645,6 +662,44 @@ func (c *Coordinator) onCancel(env *pb.Envelope, x *pb.Cancel) {
 	c.mu.Unlock()
 }
 
+// onDump answers a post-mortem: this rank's snapshot now, or, for the rank whose
+// OOM it is, the snapshot its trainer took at the OOM.
+func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
+	if c.rec == nil || env.WindowId == 0 {
+		return
+	}
+	ack := &pb.Ack{Ok: true}
+	w := rankagent.Window{ID: env.WindowId}
+	c.mu.Lock()
+	dup := c.last.w.ID == w.ID
+	if !dup {
+		c.last = lastWindow{w: w, state: string(rankagent.WindowQueued), leader: env.Sender}
+		c.lastWindow = max(c.lastWindow, w.ID)
+	}
+	mine := d.OomRank == c.rank()
+	var have *pb.RankResult
+	if mine && !dup {
+		if c.oom != nil {
+			have = proto.Clone(c.oom).(*pb.RankResult)
+			c.last.result, c.last.state = have, string(rankagent.WindowUploaded)
+		} else {
+			c.oomWindow, c.oomLeader = w.ID, env.Sender
+		}
+	}
+	c.mu.Unlock()
+	if !mine && !dup {
+		if err := c.rec.Dump(w.ID); err != nil {
+			ack.Ok, ack.Code, ack.Message = false, "error", err.Error()
+		}
+	}
+	c.reply(env, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, WindowId: w.ID, Body: &pb.Envelope_Ack{Ack: ack}}, true)
+	if have != nil {
+		res := c.envelope(w.ID)
+		res.Body = &pb.Envelope_Result{Result: have}
+		c.send(env.Sender, res, true)
+	}
+}
+
 func terminal(state string) bool {
 	switch rankagent.WindowState(state) {
 	case rankagent.WindowUploaded, rankagent.WindowMissed, rankagent.WindowFailed, rankagent.WindowCancelled:
@@ -668,7 +723,8 @@ func (c *Coordinator) updateMeta() {
 // leader: every step as progress, and the stored snapshot as the rank's result.
 func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
 	if ev.Window.ID == 0 {
-		return // an OOM dump outside any window
+		c.observeOOM(ev)
+		return
 	}
 	c.mu.Lock()
 	if c.last.w.ID == ev.Window.ID || ev.Window.ID > c.last.w.ID {
@@ -699,6 +755,46 @@ func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
 	}
 	if err := c.send(leader, env, reliable); err != nil {
 		c.log.Warn("could not tell the leader", "state", ev.State, "err", err)
+	}
+}
+
+// observeOOM tells the leader that this rank's trainer hit an OOM (so it can ask
+// every rank for a post-mortem), and hands the OOM snapshot to the post-mortem
+// once it is stored.
+func (c *Coordinator) observeOOM(ev rankagent.WindowEvent) {
+	c.mu.Lock()
+	leader := c.leaderName
+	var send *pb.Envelope
+	to := ""
+	switch {
+	case ev.State == rankagent.WindowOOM:
+		c.oom = nil
+	case ev.Upload != nil && ev.Upload.Reason == "oom" && ev.Upload.Err == nil:
+		c.oom = resultOf(ev.Upload)
+		if c.oomWindow != 0 {
+			r := proto.Clone(c.oom).(*pb.RankResult)
+			if c.last.w.ID == c.oomWindow {
+				c.last.result, c.last.state = r, string(rankagent.WindowUploaded)
+			}
+			send, to = c.envelope(c.oomWindow), c.oomLeader
+			send.Body = &pb.Envelope_Result{Result: r}
+			c.oomWindow = 0
+		}
+	}
+	c.mu.Unlock()
+	if send != nil {
+		if err := c.send(to, send, true); err != nil {
+			c.log.Warn("could not hand the OOM snapshot to the post-mortem", "err", err)
+		}
+		return
+	}
+	if ev.State == rankagent.WindowOOM && leader != "" {
+		c.log.Warn("the trainer hit an OOM; asking the leader for a post-mortem of every rank", "batch", ev.Batch)
+		env := c.envelope(0)
+		env.Body = &pb.Envelope_Request{Request: &pb.SnapshotRequest{Reason: "oom", OomRank: c.rank()}}
+		if err := c.send(leader, env, true); err != nil {
+			c.log.Warn("could not tell the leader of the OOM", "err", err)
+		}
 	}
 }
 

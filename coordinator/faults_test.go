@@ -245,3 +245,39 @@ func TestOutsidersAreNotAdmitted(t *testing.T) {
 		t.Fatal()
 	}
 }
+
+// TestOOMPostmortem: one rank's trainer hits an OOM; the leader at once asks every
+// rank for its allocator state, and the merged post-mortem holds every rank: the
+// OOM rank's snapshot taken at the OOM, the others' taken then.
+func TestOOMPostmortem(t *testing.T) {
+	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5,
+		replay: func(rank int, rc *rankagent.ReplayConfig) {
+			if rank == 2 {
+				rc.OOMAt, rc.HoldAt = 3, nil
+			}
+		}}
+	for r := 0; r < 3; r++ {
+		tc.startRank(r, 3)
+	}
+	var m *merge.Manifest
+	testutil.Eventually(t, time.Minute, "a published post-mortem", func() bool {
+		ms, _ := filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "window*", "merged.manifest.json"))
+		if len(ms) != 1 {
+			return false
+		}
+		m = readManifest(t, ms[0])
+		return true
+	})
+	if m.Reason != "post-mortem of rank 2's OOM" || fmt.Sprint(m.RanksMerged) != "[0 1 2]" || len(m.MissingRanks) != 0 {
+		t.Fatalf("manifest %+v", m)
+	}
+	for _, in := range m.Inputs {
+		want := ".postmortem.pickle"
+		if in.Rank == 2 {
+			want = ".oom.pickle"
+		}
+		if !strings.HasSuffix(in.Source, want) {
+			t.Fatalf("rank %d's input %s, want a %s", in.Rank, in.Source, want)
+		}
+	}
+}

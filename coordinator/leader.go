@@ -31,8 +31,13 @@ type leaderRun struct {
 	mu       sync.Mutex
 	next     int64 // the schedule's next window start (-1: the schedule is done)
 	requests []*pb.Envelope
-	working  bool // a window is in progress
+	working  bool      // a window is in progress
+	lastPM   time.Time // when the last post-mortem started
 }
+
+// postmortemQuiet is how long after a post-mortem further OOM reports (other
+// ranks failing in the same incident) start none of their own.
+const postmortemQuiet = 30 * time.Second
 
 func (l *leaderRun) busy() bool {
 	l.mu.Lock()
@@ -147,6 +152,10 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 		l.answerWatch(ctx, req)
 		return
 	}
+	if r.Reason == "oom" {
+		l.postmortem(ctx, int(r.OomRank))
+		return
+	}
 	ack := l.c.envelope(0)
 	ack.Body = &pb.Envelope_Ack{Ack: &pb.Ack{Ok: true}}
 	l.c.reply(req, ack, true)
@@ -228,6 +237,8 @@ type win struct {
 	id          uint64
 	start, stop int64
 	reason      string
+	postmortem  bool // every rank's snapshot now, for rank oomRank's OOM
+	oomRank     int
 	ranks       map[int]*rankState
 	watchers    []*pb.Envelope
 	world       int
@@ -354,6 +365,56 @@ func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) *pb.Wind
 		return l.record(ctx, p, true)
 	}
 	return l.finish(ctx, w)
+}
+
+// postmortem asks every rank for a snapshot now, for rank oomRank's OOM (whose own
+// snapshot is the one its trainer took at the OOM), and merges them.
+func (l *leaderRun) postmortem(ctx context.Context, oomRank int) {
+	c := l.c
+	if !c.cfg.OnOOM {
+		l.log.Info("rank hit an OOM; post-mortems are off", "oom_rank", oomRank)
+		return
+	}
+	l.mu.Lock()
+	if time.Since(l.lastPM) < postmortemQuiet {
+		l.mu.Unlock()
+		l.log.Info("rank hit an OOM during a recent post-mortem; no new one", "oom_rank", oomRank)
+		return
+	}
+	l.lastPM, l.working = time.Now(), true
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.working = false
+		l.mu.Unlock()
+	}()
+	world := c.cfg.Identity.WorldSize
+	w := &win{id: l.nextID(), reason: "oom", postmortem: true, oomRank: oomRank, ranks: map[int]*rankState{}, world: world}
+	nodes := c.rankNodes()
+	var ranks []int32
+	now := time.Now()
+	for r := 0; r < world; r++ {
+		if _, ok := nodes[r]; ok || r == oomRank {
+			w.ranks[r] = &rankState{lastSign: now}
+			ranks = append(ranks, int32(r))
+		} else {
+			w.ranks[r] = &rankState{missing: "not a member of the cluster"}
+		}
+	}
+	l.log.Warn("post-mortem: asking every rank for its allocator state", "window", w.id, "oom_rank", oomRank, "ranks", len(ranks))
+	ch, seq := c.expect(4*len(ranks) + 64)
+	defer c.forget(seq)
+	env := c.envelope(w.id)
+	env.Seq = seq
+	env.Body = &pb.Envelope_Dump{Dump: &pb.Dump{Reason: "oom", OomRank: int32(oomRank)}}
+	l.sendAll(w, ranks, env)
+	// the rank that died may be gone: its OOM snapshot is in the store already, or
+	// arrives when its agent uploads it
+	l.collect(ctx, w, ch, false)
+	if ctx.Err() != nil {
+		return
+	}
+	l.finish(ctx, w)
 }
 
 // sendAll sends env to each rank directly (over TCP, a few at a time); a rank it
@@ -600,6 +661,8 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 			}
 		case s.result.Error != "":
 			s.missing = "its snapshot was not stored: " + s.result.Error
+		case w.postmortem:
+			inputs = append(inputs, merge.StoreInput(l.st, s.result.Key, s.result.MetaKey, r))
 		case s.result.Partial != "":
 			s.missing = "its snapshot does not cover the window: " + s.result.Partial
 		case s.result.Start != w.start || s.result.Stop != w.stop:
@@ -629,7 +692,11 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 	}
 	cfg := merge.Config{Inputs: inputs, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(w.id, w.stop), WorldSize: w.world,
 		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", l.c.cfg.Identity.RunName, w.id, w.start, w.stop-1),
-		Window: &merge.WindowInfo{ID: w.id, Start: w.start, Stop: w.stop}, MissingReasons: reasons, Logger: log}
+		Window: &merge.WindowInfo{ID: w.id, Start: w.start, Stop: w.stop}, MissingReasons: reasons, Logger: log, Reason: w.reason}
+	if w.postmortem {
+		cfg.Title = fmt.Sprintf("%s, post-mortem of rank %d's OOM (window %d)", l.c.cfg.Identity.RunName, w.oomRank, w.id)
+		cfg.Reason = fmt.Sprintf("post-mortem of rank %d's OOM", w.oomRank)
+	}
 	out, err := merge.Merge(ctx, cfg)
 	if errors.Is(err, store.ErrExists) {
 		// another leader published or claimed this window: report what it did

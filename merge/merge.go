@@ -83,6 +83,9 @@ type Config struct {
 	Window *WindowInfo
 	// MissingReasons says why a rank is missing, for the manifest (rank -> reason).
 	MissingReasons map[int]string
+	// Reason says why the window was recorded ("request", "schedule", a post-mortem
+	// of an OOM), for the manifest.
+	Reason string
 	// Logger receives progress; nil discards it.
 	Logger *slog.Logger
 }

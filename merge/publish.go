@@ -49,7 +49,6 @@ type Claim struct {
 	Title     string            `json:"title,omitempty"`
 	Outputs   map[string]string `json:"outputs"`
 	Window    *WindowInfo       `json:"window,omitempty"`
-	Missing   map[string]string `json:"missing_reasons,omitempty"`
 }
 
 // Manifest is <base>.manifest.json, written last: a merge is published once its
@@ -68,6 +67,7 @@ type Manifest struct {
 	Align          string            `json:"align"`
 	Batches        []int64           `json:"batches,omitempty"` // the batches every rank recorded
 	OutlierRank    *int              `json:"outlier_rank,omitempty"`
+	Reason         string            `json:"reason,omitempty"` // why the window was recorded
 }
 
 // ParseManifest parses a manifest, refusing malformed ones.
@@ -146,7 +146,6 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 			claim.Offsets[strconv.Itoa(r)] = o
 		}
 	}
-	claim.Missing = missingReasons(cfg, sum)
 	cb, _ := json.MarshalIndent(claim, "", "  ")
 	cb = append(cb, '\n')
 	cpath := filepath.Join(tmp, OutInputs)
@@ -161,7 +160,8 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 		return fmt.Errorf("merge: storing %s: %w", keys[OutInputs], err)
 	}
 	man := Manifest{Version: 1, Claim: cobj, Outputs: map[string]Object{}, Inputs: refs, Window: cfg.Window, WorldSize: sum.WorldSize,
-		RanksMerged: sum.RanksMerged, MissingRanks: sum.MissingRanks, MissingReasons: claim.Missing, ClockOffsetsUS: sum.ClockOffsetsUS, Align: sum.Align}
+		RanksMerged: sum.RanksMerged, MissingRanks: sum.MissingRanks, MissingReasons: missingReasons(cfg, sum), ClockOffsetsUS: sum.ClockOffsetsUS, Align: sum.Align,
+		Reason: cfg.Reason}
 	if man.RanksMerged == nil {
 		man.RanksMerged = []int{}
 	}

@@ -77,6 +77,10 @@ type Config struct {
 	MaxEntries int
 	// Stacks is torch's stacks argument: "python" or "all".
 	Stacks string
+	// RecordAlways keeps allocator history on from the trainer's first batch
+	// (bounded by MaxEntries), so a snapshot taken at any moment (an OOM
+	// post-mortem) shows how memory got there.
+	RecordAlways bool
 	// RetryMin and RetryMax bound the upload retry backoff.
 	RetryMin, RetryMax time.Duration
 	// OnUpload is called after each upload (or permanent failure); may be nil. It
@@ -168,7 +172,7 @@ const maxSegment = 255
 // start-up rather than when a snapshot waits to be uploaded.
 func (c *Config) checkNames() error {
 	const big = 1<<63 - 1
-	key, err := renderKey(c, naming.MustParse(c.RemoteFileName), naming.MustParse(c.Filename), Window{ID: big, Start: big - 1, Stop: big}, "partial")
+	key, err := renderKey(c, naming.MustParse(c.RemoteFileName), naming.MustParse(c.Filename), Window{ID: big, Start: big - 1, Stop: big}, "postmortem")
 	if err != nil {
 		return err
 	}
@@ -417,6 +421,26 @@ func (a *Agent) Cancel(id uint64, reason string) error {
 	return nil
 }
 
+// Dump asks the trainer for a snapshot of its allocator now, under window id (a
+// post-mortem of another rank's OOM); it comes back as a window event like any
+// snapshot, with reason "postmortem".
+func (a *Agent) Dump(id uint64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopped {
+		return ErrStopped
+	}
+	if a.conn == nil {
+		return errors.New("rankagent: no trainer is connected")
+	}
+	if err := a.conn.send(&Message{Type: "dump", ID: id, Reason: "postmortem"}); err != nil {
+		return fmt.Errorf("rankagent: asking the trainer for a snapshot: %w", err)
+	}
+	a.lastID = max(a.lastID, id)
+	a.log.Info("post-mortem snapshot asked for", "window", id)
+	return nil
+}
+
 // Batch returns the trainer's current batch (-1 before it reported one).
 func (a *Agent) Batch() int64 {
 	a.mu.Lock()
@@ -602,7 +626,11 @@ func (a *Agent) attach(tc *trainerConn, m *Message) bool {
 	}
 	a.mu.Unlock()
 	a.log.Info("trainer connected", "pid", m.PID, "torch", m.Torch, "hook", m.Hook, "device", m.DeviceUUID)
-	tc.send(&Message{V: ProtocolVersion, Type: "welcome", Spool: a.sp.incoming(), Rank: &a.cfg.Identity.Rank})
+	welcome := &Message{V: ProtocolVersion, Type: "welcome", Spool: a.sp.incoming(), Rank: &a.cfg.Identity.Rank}
+	if a.cfg.RecordAlways {
+		welcome.RecordAlways, welcome.MaxEntries, welcome.Stacks = true, a.cfg.MaxEntries, a.cfg.Stacks
+	}
+	tc.send(welcome)
 	a.mu.Lock()
 	// a window sent to a trainer that went away is sent again; the hook ignores a
 	// window it is already recording

@@ -48,6 +48,8 @@ type Message struct {
 	Stop       int64  `json:"stop,omitempty"`
 	MaxEntries int    `json:"max_entries,omitempty"`
 	Stacks     string `json:"stacks,omitempty"`
+	// welcome: keep allocator history on from the start (for OOM post-mortems)
+	RecordAlways bool `json:"record_always,omitempty"`
 }
 
 // BatchMark is one batch's wall-clock start and end, in microseconds.
@@ -113,8 +115,11 @@ func ParseMessage(line []byte) (*Message, error) {
 			return bad("needs a window id and a batch >= 0")
 		}
 	case "snapshot":
-		if m.Reason != "window" && m.Reason != "oom" {
-			return bad("reason %q (window or oom)", m.Reason)
+		if m.Reason != "window" && m.Reason != "oom" && m.Reason != "postmortem" {
+			return bad("reason %q (window, oom or postmortem)", m.Reason)
+		}
+		if m.Reason == "postmortem" && m.Window == 0 {
+			return bad("a post-mortem without a window id")
 		}
 		if err := checkSpoolName(m.File); err != nil {
 			return bad("%v", err)

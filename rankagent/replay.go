@@ -29,6 +29,10 @@ type ReplayConfig struct {
 	// (or ctx ends): a trainer slow at those points, so tests and the demo never
 	// depend on how fast the machine is.
 	HoldAt []int64
+	// OOMAt, when above zero, makes the trainer hit an out-of-memory error at the
+	// start of that batch: it dumps a snapshot (reason "oom"), as the hook's OOM
+	// observer does, and stops.
+	OOMAt  int64
 	Rank   int
 	UUID   string // the device UUID reported in hello
 	Logger *slog.Logger
@@ -159,6 +163,13 @@ func (r *replay) onMessage(m *Message) {
 			default:
 			}
 		}
+	case "dump":
+		id := m.ID
+		r.mu.Unlock()
+		if err := r.dumpNow(id, "postmortem"); err != nil {
+			r.send(&Message{Type: "error", Window: id, Code: CodeDumpFailed, Message: err.Error()})
+		}
+		r.mu.Lock()
 	case "cancel":
 		if r.window != nil && r.window.ID == m.ID {
 			r.window = nil
@@ -187,6 +198,12 @@ func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 		start := time.Now().UnixMicro()
 		bb := b
 		r.send(&Message{Type: "batch", Batch: &bb, TimeUS: start})
+		if r.cfg.OOMAt > 0 && b == r.cfg.OOMAt {
+			if err := r.dumpNow(0, "oom"); err != nil {
+				return fmt.Errorf("rankagent: replay: the OOM snapshot: %w", err)
+			}
+			return nil
+		}
 		r.mu.Lock()
 		r.batch = b
 		var reply *Message
@@ -287,6 +304,51 @@ func (r *replay) dump(w *Message, marks []BatchMark) error {
 	}
 	name := fmt.Sprintf("rank%d.w%d.%d.pickle", r.cfg.Rank, w.ID, time.Now().UnixNano())
 	msg := &Message{Type: "snapshot", Window: w.ID, Reason: "window", File: name, Batches: marks, Start: w.Start, Stop: w.Stop}
+	if err := writeAtomic(filepath.Join(spool, companion(name)), encodeMessage(msg)); err != nil {
+		return err
+	}
+	if err := writeAtomic(filepath.Join(spool, name), b); err != nil {
+		os.Remove(filepath.Join(spool, companion(name)))
+		return err
+	}
+	r.send(msg)
+	return nil
+}
+
+// dumpNow writes the base snapshot, its events ending now, outside any window: an
+// OOM (id 0) or a post-mortem asked for by the agent.
+func (r *replay) dumpNow(id uint64, reason string) error {
+	r.mu.Lock()
+	spool := r.spool
+	r.mu.Unlock()
+	if spool == "" {
+		return errors.New("no spool folder from the agent")
+	}
+	now := time.Now().UnixMicro()
+	s := *r.base
+	var t1 int64 = -1 << 63
+	for _, tr := range s.DeviceTraces {
+		for _, e := range tr {
+			t1 = max(t1, e.TimeUS)
+		}
+	}
+	traces := make([][]*snapshot.TraceEntry, len(s.DeviceTraces))
+	for i, tr := range s.DeviceTraces {
+		out := make([]*snapshot.TraceEntry, len(tr))
+		for j, e := range tr {
+			c := *e
+			c.TimeUS = now - (t1 - e.TimeUS)
+			out[j] = &c
+		}
+		traces[i] = out
+	}
+	s.DeviceTraces = traces
+	b, err := snapshot.EncodeBytes(&s)
+	if err != nil {
+		return err
+	}
+	name := fmt.Sprintf("rank%d.%s%d.%d.pickle", r.cfg.Rank, reason, id, time.Now().UnixNano())
+	msg := &Message{Type: "snapshot", Window: id, Reason: reason, File: name}
 	if err := writeAtomic(filepath.Join(spool, companion(name)), encodeMessage(msg)); err != nil {
 		return err
 	}

@@ -30,6 +30,8 @@ const (
 	WindowMissed    WindowState = "missed"
 	WindowFailed    WindowState = "failed"
 	WindowCancelled WindowState = "cancelled"
+	// WindowOOM reports the trainer's OOM (window 0; its snapshot follows).
+	WindowOOM WindowState = "oom"
 )
 
 // WindowEvent is one step of a window's life on this rank.
@@ -190,6 +192,11 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	switch {
 	case m.Reason == "oom":
 		w = Window{Start: max(batch, 0), Stop: max(batch, 0) + 1}
+		if !adopted {
+			a.post(WindowEvent{Window: Window{}, State: WindowOOM, Batch: batch, Time: time.Now()})
+		}
+	case m.Reason == "postmortem":
+		w = Window{ID: m.Window, Start: max(batch, 0), Stop: max(batch, 0)}
 	case armed != nil:
 		w = *armed
 		if m.Stop != 0 && (m.Start != w.Start || m.Stop != w.Stop) {
@@ -237,8 +244,8 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	s = nil
 	kind := ""
 	switch {
-	case m.Reason == "oom":
-		kind = "oom"
+	case m.Reason == "oom" || m.Reason == "postmortem":
+		kind = m.Reason
 	case partial != "":
 		kind = "partial"
 	}
@@ -257,7 +264,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	}
 	a.mu.Unlock()
 	meta.Hostname, _ = os.Hostname()
-	if m.Reason == "window" {
+	if m.Reason == "window" || m.Reason == "postmortem" {
 		meta.Window = &merge.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}
 	}
 	for _, b := range m.Batches {
@@ -278,7 +285,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	state := WindowSpooled
 	a.mu.Lock()
 	switch {
-	case m.Reason == "oom":
+	case m.Reason != "window":
 	case partial != "":
 		state = WindowPartial
 		a.stats.WindowsPartial++
@@ -290,7 +297,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 		a.log.Warn("the snapshot does not cover its whole window; it is kept under a .partial name", "window", w.ID, "reason", partial, "key", key)
 	}
 	a.log.Info("snapshot spooled", "window", w.ID, "reason", m.Reason, "events", events, "bytes", j.Size, "key", key, "nvml_samples", len(samples), "job", jobID, "adopted", adopted)
-	if m.Reason == "window" {
+	if m.Reason != "oom" {
 		a.post(WindowEvent{Window: w, State: state, Batch: batch, Reason: partial, Time: time.Now()})
 	}
 	a.up.kick()

@@ -62,6 +62,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	requireGPU := fs.Bool("require-gpu", false, "fail the window when the trainer's GPU cannot be read through NVML")
 	maxEntries := fs.Int("max-entries", 100000, "allocator history entries torch keeps")
 	stacks := fs.String("stacks", "python", "stacks torch records: python or all")
+	recordAlways := fs.Bool("record-always", false, "keep allocator history on from the first batch (bounded by --max-entries), so an OOM post-mortem shows how every rank got there")
 	drain := fs.Duration("drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits (a second Ctrl-C stops the wait)")
 	var sf storeFlags
 	sf.register(fs)
@@ -93,7 +94,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg := rankagent.DefaultConfig(id)
 	cfg.Filename, cfg.RemoteFileName, cfg.Overwrite = *filename, *remote, *overwrite
-	cfg.Socket, cfg.RequireGPU, cfg.MaxEntries, cfg.Stacks = *sock, *requireGPU, *maxEntries, *stacks
+	cfg.Socket, cfg.RequireGPU, cfg.MaxEntries, cfg.Stacks, cfg.RecordAlways = *sock, *requireGPU, *maxEntries, *stacks, *recordAlways
 	cfg.Logger = log
 	cfg.Spool = *spoolDir
 	if cfg.Spool == "" {

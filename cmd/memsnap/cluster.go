@@ -108,6 +108,7 @@ func allLoopback(addrs []string) bool {
 type leaderFlags struct {
 	skip, interval, every int64
 	noSchedule            bool
+	noPostmortem          bool
 	mergedName            string
 	collect               time.Duration
 }
@@ -118,12 +119,14 @@ func (f *leaderFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.interval, "interval", d.WindowBatches, "batches in a window (Composer's interval)")
 	fs.Int64Var(&f.every, "every", 0, "record a window every N batches (0: once, as Composer does)")
 	fs.BoolVar(&f.noSchedule, "no-schedule", false, "record only on demand (memsnap snapshot) and on OOM")
+	fs.BoolVar(&f.noPostmortem, "no-postmortem", false, "when a rank hits an OOM, do not ask every rank for a snapshot")
 	fs.StringVar(&f.mergedName, "merged-name", d.MergedName, "name template of a window's merged outputs (run_name, window, batch, world_size)")
 	fs.DurationVar(&f.collect, "collect-timeout", d.CollectTimeout, "a rank silent this long after its window should have ended is merged as missing")
 }
 
 func (f *leaderFlags) apply(cfg *coordinator.Config) {
 	cfg.Schedule = coordinator.Schedule{Enabled: !f.noSchedule, Skip: f.skip, Every: f.every}
+	cfg.OnOOM = !f.noPostmortem
 	cfg.WindowBatches, cfg.MergedName, cfg.CollectTimeout = f.interval, f.mergedName, f.collect
 }
 

@@ -187,6 +187,8 @@ class Hook:
         self._oom_attached = False
         self._wake = threading.Event()
         self._unsafe = None       # why the socket's folder was refused, once
+        self._always = None       # history kept on from the start: {"max_entries", "stacks"}
+        self._always_on = False
         self.errors = []          # what went wrong, for tests and logs
         self._thread = None
         if connect:
@@ -198,6 +200,8 @@ class Hook:
     def batch_start(self, batch):
         """Call at the start of batch ``batch`` (0-based)."""
         self._batch = batch
+        if self._always is not None and not self._always_on:
+            self._start_always()
         w = self._window
         if w is None and self._recording is None:
             return
@@ -205,7 +209,8 @@ class Hook:
         if self._recording is None and w is not None:
             if batch == w["start"]:
                 try:
-                    self._torch.start(w.get("max_entries") or 100000, w.get("stacks") or "python")
+                    if not self._always_on:
+                        self._torch.start(w.get("max_entries") or 100000, w.get("stacks") or "python")
                     self._attach_oom()
                 except Exception as e:  # recording failed: tell the agent, train on
                     self._window = None
@@ -236,10 +241,11 @@ class Hook:
                 snap = None
                 self._send({"type": "error", "window": w["id"], "code": CODE_DUMP_FAILED,
                             "message": "could not take the snapshot: %r" % (e,)})
-            try:
-                self._torch.stop()
-            except Exception:
-                pass
+            if not self._always_on:
+                try:
+                    self._torch.stop()
+                except Exception:
+                    pass
             if snap is not None:
                 marks, self._marks = self._marks, []
                 # pickling and writing happen on the hook's thread, not here
@@ -250,6 +256,17 @@ class Hook:
     def step(self, batch):
         """A context manager around one training step."""
         return _Step(self, batch)
+
+    def _start_always(self):
+        """Turn allocator history on for good (the agent asked for --record-always)."""
+        a = self._always
+        self._always_on = True
+        try:
+            self._torch.start(a.get("max_entries") or 100000, a.get("stacks") or "python")
+            self._attach_oom()
+        except Exception as e:
+            self.errors.append("record always: %r" % (e,))
+            self._send({"type": "error", "code": CODE_RECORD_FAILED, "message": "could not keep history on: %r" % (e,)})
 
     # --- OOM --------------------------------------------------------------------
 
@@ -410,7 +427,7 @@ class Hook:
         wid = w["id"] if w is not None else 0
         name = "rank%d.%s%d.%d.pickle" % (_rank(), "w" if reason == "window" else "oom", wid, time.time_ns())
         msg = {"type": "snapshot", "window": wid, "reason": reason, "file": name, "batches": marks}
-        if w is not None:
+        if w is not None and "start" in w:
             msg["start"], msg["stop"] = w["start"], w["stop"]
         line = (json.dumps(msg) + "\n").encode()
         side = os.path.join(spool, name[:-len(".pickle")] + ".json")
@@ -447,6 +464,8 @@ class Hook:
             return
         t = m.get("type")
         if t == "welcome":
+            if m.get("record_always"):
+                self._always = {"max_entries": m.get("max_entries"), "stacks": m.get("stacks")}
             sp = m.get("spool")
             if isinstance(sp, str):
                 problem = _private_dir_problem(sp)
@@ -469,6 +488,20 @@ class Hook:
                 return
             self._window = w
             self._send({"type": "armed", "window": w["id"]})
+        elif t == "dump":
+            # a post-mortem: this rank's allocator state now, for another rank's OOM
+            try:
+                wid = int(m["id"])
+            except (KeyError, TypeError, ValueError):
+                self.errors.append("agent sent a malformed dump")
+                return
+            try:
+                snap = self._torch.snapshot()
+                self._dump({"id": wid}, "postmortem", snap, [])
+            except Exception as e:
+                self.errors.append("post-mortem dump: %r" % (e,))
+                self._send({"type": "error", "window": wid, "code": CODE_DUMP_FAILED,
+                            "message": "could not take the post-mortem snapshot: %r" % (e,)})
         elif t == "cancel":
             w = self._window
             if w is not None and w["id"] == m.get("id"):
