@@ -59,7 +59,7 @@ type Coordinator struct {
 	offset     clockState
 	waiting    map[uint64]chan *pb.Envelope // replies a request waits for, by seq
 	seq        uint64
-	last       lastWindow // the rank's latest window, for status answers
+	last       lastWindow     // the rank's latest window, for status answers
 	oom        *pb.RankResult // this rank's latest OOM snapshot, once stored
 	oomWindow  uint64         // the post-mortem waiting for it, with its leader
 	oomLeader  string

@@ -298,4 +298,6 @@ func (c ctxReader) Read(p []byte) (int, error) {
 }
 
 // URL is the file's path.
-func (d *Dir) URL(key string) string { return filepath.Join(d.root, filepath.FromSlash(strings.TrimLeft(key, "/"))) }
+func (d *Dir) URL(key string) string {
+	return filepath.Join(d.root, filepath.FromSlash(strings.TrimLeft(key, "/")))
+}

@@ -219,4 +219,6 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 }
 
 // URL is s3://bucket/prefix/key.
-func (s *S3) URL(key string) string { return "s3://" + s.bucket + "/" + s.prefix + strings.TrimLeft(key, "/") }
+func (s *S3) URL(key string) string {
+	return "s3://" + s.bucket + "/" + s.prefix + strings.TrimLeft(key, "/")
+}
