@@ -699,11 +699,16 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 	}
 	out, err := merge.Merge(ctx, cfg)
 	if errors.Is(err, store.ErrExists) {
-		// another leader published or claimed this window: report what it did
+		// another leader published this window (a predecessor that finished it):
+		// report what it did. One that recorded other batches or none of these
+		// ranks was another group's leader (a partition): that is a conflict.
 		if key, kerr := l.manifestKey(w.id, w.stop); kerr == nil {
 			if m, merr := merge.ReadManifest(ctx, l.st, key); merr == nil {
-				log.Info("the window was published already", "manifest", key)
-				return resultFromManifest(key, m, l.st)
+				if sameWindow(m, w, inputs) {
+					log.Info("the window was published already", "manifest", key)
+					return resultFromManifest(key, m, l.st)
+				}
+				err = fmt.Errorf("window %d was published by another leader with other ranks or batches (%v; a network partition?); this leader's merge is not published: %w", w.id, m.RanksMerged, err)
 			}
 		}
 	}
@@ -722,6 +727,22 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 	}
 	log.Info("window published", "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String())
 	return res
+}
+
+// sameWindow reports whether a published manifest is w's: the same batches, and
+// some of the same ranks.
+func sameWindow(m *merge.Manifest, w *win, inputs []merge.Input) bool {
+	if m.Window == nil || m.Window.ID != w.id || m.Window.Start != w.start || m.Window.Stop != w.stop {
+		return false
+	}
+	for _, r := range m.RanksMerged {
+		for _, in := range inputs {
+			if in.Rank == r {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // checkCoverage reads a rank's sidecar and says why its batch marks are not
@@ -838,7 +859,12 @@ func (l *leaderRun) recover(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	l.finish(ctx, w)
+	res := l.finish(ctx, w)
+	for _, wt := range w.watchers { // members that asked the previous leader
+		env := c.envelope(w.id)
+		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
+		c.reply(wt, env, true)
+	}
 }
 
 func nonEmpty(s, dflt string) string {

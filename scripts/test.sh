@@ -10,6 +10,9 @@ FUZZTIME="${FUZZTIME:-10s}"
 
 eval "$(scripts/minio.sh start)"
 trap 'scripts/minio.sh stop' EXIT
+# tests that stop and restart a MinIO of their own run this binary
+MEMSNAP_MINIO_BIN="$(scripts/minio.sh install)"
+export MEMSNAP_MINIO_BIN
 
 echo "== go vet"
 go vet ./...

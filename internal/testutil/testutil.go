@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -115,4 +117,68 @@ func (w tlogWriter) Write(p []byte) (int, error) {
 	w.t.Helper()
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// MinIOServer is a MinIO server a test runs itself, so it can stop and restart it
+// (the binary is $MEMSNAP_MINIO_BIN, which scripts/test.sh exports).
+type MinIOServer struct {
+	MinIO
+	bin, addr, data string
+	cmd             *exec.Cmd
+	t               testing.TB
+}
+
+// StartMinIO starts a MinIO server of the test's own on a free loopback port with
+// a temporary data folder; it is stopped when the test ends. Without
+// $MEMSNAP_MINIO_BIN the test is skipped, except under CI=true, where it fails.
+func StartMinIO(t testing.TB) *MinIOServer {
+	t.Helper()
+	bin := os.Getenv("MEMSNAP_MINIO_BIN")
+	if bin == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("MEMSNAP_MINIO_BIN is not set under CI=true: run the tests through scripts/test.sh")
+		}
+		t.Skip("no MinIO binary: set MEMSNAP_MINIO_BIN (scripts/test.sh does)")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	s := &MinIOServer{bin: bin, addr: addr, data: t.TempDir(), t: t,
+		MinIO: MinIO{Endpoint: "http://" + addr, AccessKey: "memsnap-test", SecretKey: fmt.Sprintf("s%d-secret-key", time.Now().UnixNano())}}
+	s.Start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Start starts (or restarts) the server on its address and data folder and waits
+// until it answers.
+func (s *MinIOServer) Start() {
+	s.t.Helper()
+	cmd := exec.Command(s.bin, "server", "--quiet", "--address", s.addr, s.data)
+	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.AccessKey, "MINIO_ROOT_PASSWORD="+s.SecretKey, "MINIO_BROWSER=off", "MINIO_UPDATE=off")
+	if err := cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	s.cmd = cmd
+	Eventually(s.t, 60*time.Second, "MinIO to answer", func() bool {
+		resp, err := http.Get(s.Endpoint + "/minio/health/live")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+}
+
+// Stop kills the server (its data stays for a restart).
+func (s *MinIOServer) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	s.cmd.Wait()
+	s.cmd = nil
 }

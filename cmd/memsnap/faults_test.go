@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/coordinator"
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+// procCluster is a cluster of real `memsnap agent` processes on loopback, each
+// launching a replay trainer that holds before batch 5 until it has a window.
+type procCluster struct {
+	t      *testing.T
+	run    string
+	key    []byte
+	ports  []int
+	agents []*exec.Cmd
+	logs   []*syncBuffer
+	sock   string
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's output and a test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func startProcCluster(t *testing.T, n int, storeArgs []string, extra ...string) *procCluster {
+	pc := &procCluster{t: t, run: fmt.Sprintf("fault%d", time.Now().UnixNano()%1e6)}
+	pc.key = make([]byte, 32)
+	copy(pc.key, fmt.Sprintf("%032d", time.Now().UnixNano()))
+	pc.sock, _ = os.MkdirTemp("", "ms")
+	t.Cleanup(func() { os.RemoveAll(pc.sock) })
+	for r := 0; r < n; r++ {
+		pc.ports = append(pc.ports, freePort(t))
+	}
+	for r := 0; r < n; r++ {
+		snap := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r%4))
+		args := append([]string{"agent", "--run-name", pc.run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(n),
+			"--local-world-size", strconv.Itoa(n), "--spool", filepath.Join(pc.sock, fmt.Sprintf("spool%d", r)), "--socket", filepath.Join(pc.sock, fmt.Sprintf("s%d", r)),
+			"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(pc.ports[r]), "--no-schedule", "--collect-timeout", "5s", "--drain-timeout", "30s"}, storeArgs...)
+		args = append(args, extra...)
+		if r > 0 {
+			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", pc.ports[0]))
+		}
+		args = append(args, "--", os.Args[0], "replay", "--snapshot", snap, "--batches", "0", "--pace", "20ms", "--hold-at", "5", "--rank", strconv.Itoa(r))
+		cmd := memsnapCmd(t, args...)
+		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+encodeKey(pc.key))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // kill -9 takes its trainer too
+		buf := &syncBuffer{}
+		cmd.Stdout, cmd.Stderr = buf, buf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pc.agents, pc.logs = append(pc.agents, cmd), append(pc.logs, buf)
+	}
+	t.Cleanup(func() {
+		for i := range pc.agents {
+			pc.kill(i)
+		}
+		if t.Failed() {
+			for i, l := range pc.logs {
+				t.Logf("agent %d said:\n%s", i, l)
+			}
+		}
+	})
+	return pc
+}
+
+func encodeKey(k []byte) string { return base64.StdEncoding.EncodeToString(k) }
+
+// kill sends SIGKILL to agent i and its trainer.
+func (pc *procCluster) kill(i int) {
+	if a := pc.agents[i]; a != nil && a.Process != nil {
+		syscall.Kill(-a.Process.Pid, syscall.SIGKILL)
+		a.Wait()
+		pc.agents[i] = nil
+	}
+}
+
+// client joins the cluster in this process, as memsnap snapshot does, and waits
+// until every trainer holds before batch 5.
+func (pc *procCluster) client(n int) *coordinator.Coordinator {
+	t := pc.t
+	cfg := coordinator.DefaultLocalConfig(rankagent.Identity{RunName: pc.run})
+	cfg.Client, cfg.SecretKey, cfg.Logger = true, pc.key, testutil.Logger(t)
+	for _, p := range pc.ports {
+		cfg.Join = append(cfg.Join, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	c, err := coordinator.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.Eventually(t, 90*time.Second, "every trainer holding before batch 5", func() bool {
+		b, ok := c.Batches(ctx)
+		if !ok || len(b) != n {
+			return false
+		}
+		for _, v := range b {
+			if v != 4 {
+				return false
+			}
+		}
+		return true
+	})
+	return c
+}
+
+// TestFaultNonLeaderKilled: a non-leader agent is killed (SIGKILL, with its
+// trainer) in the middle of a window; the other ranks record on, and the merge
+// completes at the deadline with that rank listed missing.
+func TestFaultNonLeaderKilled(t *testing.T) {
+	dir := t.TempDir()
+	pc := startProcCluster(t, 3, []string{"--store", dir})
+	c := pc.client(3)
+	var killed atomic.Bool
+	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u coordinator.Update) {
+		if u.Rank == 2 && u.State == "armed" && killed.CompareAndSwap(false, true) {
+			go pc.kill(2)
+		}
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" || res.Missing[2] == "" {
+		t.Fatalf("result %+v", res)
+	}
+	checkPublished(t, dir, res, 1)
+}
+
+// TestFaultLeaderKilled: the leader (rank 0) is killed mid-window; rank 1 takes
+// over, finishes the window from the ranks' status and their stored snapshots, and
+// exactly one set of merged outputs exists.
+func TestFaultLeaderKilled(t *testing.T) {
+	dir := t.TempDir()
+	pc := startProcCluster(t, 3, []string{"--store", dir})
+	c := pc.client(3)
+	var killed atomic.Bool
+	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u coordinator.Update) {
+		if u.Rank >= 0 && u.State == "recording" && killed.CompareAndSwap(false, true) {
+			go pc.kill(0)
+		}
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != "published" || fmt.Sprint(res.Ranks) != "[1 2]" {
+		t.Fatalf("result %+v", res)
+	}
+	checkPublished(t, dir, res, 1)
+}
+
+// TestFaultStoreDownDuringUploads: MinIO stops while the ranks upload and comes back
+// later; every rank's snapshot arrives whole, and the leader merges once the store
+// is back.
+func TestFaultStoreDownDuringUploads(t *testing.T) {
+	m := testutil.StartMinIO(t)
+	bucket := testutil.BucketName(t)
+	storeArgs := []string{"--store", "s3://" + bucket + "/jobs", "--endpoint", m.Endpoint, "--access-key", m.AccessKey, "--secret-key", m.SecretKey}
+	pc := startProcCluster(t, 2, storeArgs)
+	c := pc.client(2)
+	var stopped atomic.Int32
+	var restarted sync.Once
+	resc := make(chan *pb.WindowResult, 1)
+	go func() {
+		res, err := c.Snapshot(testutil.Context(t, 3*time.Minute), 2, func(u coordinator.Update) {
+			if u.Rank >= 0 && u.State == "recording" && stopped.CompareAndSwap(0, 1) {
+				m.Stop()
+				stopped.Store(2)
+			}
+		}, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		resc <- res
+	}()
+	// both ranks spooled their snapshot while the store is away, and retry
+	testutil.Eventually(t, 2*time.Minute, "the store down and both ranks retrying", func() bool {
+		return stopped.Load() == 2 && countRetries(pc) >= 2
+	})
+	restarted.Do(m.Start)
+	res := <-resc
+	if res == nil || res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" {
+		t.Fatalf("result %+v", res)
+	}
+	ctx := testutil.Context(t, time.Minute)
+	st, err := store.Open(ctx, store.Config{URL: "s3://" + bucket + "/jobs", Endpoint: m.Endpoint, Credentials: store.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	man, err := merge.ReadManifest(ctx, st, pc.run+"/torch_memory_traces/window1/merged.manifest.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range man.Inputs {
+		info, err := st.Stat(ctx, in.Source)
+		if err != nil || info.SHA256 != in.SHA256 || info.Size != in.Size {
+			t.Fatalf("rank %d's snapshot %s: %+v %v, the manifest says %s", in.Rank, in.Source, info, err, in.SHA256)
+		}
+	}
+}
+
+// countRetries counts the agents' logged upload retries.
+func countRetries(pc *procCluster) int {
+	n := 0
+	for _, l := range pc.logs {
+		if bytes.Contains([]byte(l.String()), []byte("upload failed; the snapshot stays in the spool")) {
+			n++
+		}
+	}
+	return n
+}
+
+// checkPublished: exactly n manifests under the folder store, the result's among them.
+func checkPublished(t *testing.T, dir string, res *pb.WindowResult, n int) {
+	t.Helper()
+	ms, _ := filepath.Glob(filepath.Join(dir, "*", "torch_memory_traces", "window*", "merged.manifest.json"))
+	if len(ms) != n {
+		t.Fatalf("%d manifests: %v", len(ms), ms)
+	}
+	b, err := os.ReadFile(res.Manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := merge.ParseManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.RanksMerged) != len(res.Ranks) {
+		t.Fatalf("manifest ranks %v, result %v", m.RanksMerged, res.Ranks)
+	}
+}
