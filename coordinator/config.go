@@ -168,8 +168,8 @@ func (c *Config) validate() error {
 	case c.Now == nil:
 		return errors.New("coordinator: no clock")
 	}
-	if len(LabelFor(c.Identity.RunName)) > memberlist.LabelMaxSize {
-		return fmt.Errorf("coordinator: run name %q is too long for a gossip label", c.Identity.RunName)
+	if len(c.Identity.RunName) > maxRunName {
+		return fmt.Errorf("coordinator: run name of %d bytes (at most %d: it goes into every member's gossip metadata)", len(c.Identity.RunName), maxRunName)
 	}
 	t, err := naming.Parse(c.MergedName)
 	if err != nil {
@@ -187,6 +187,9 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// maxRunName keeps a member's metadata inside memberlist's 512 bytes.
+const maxRunName = 160
 
 // LabelFor is the gossip label of a run: members of another run drop its packets.
 func LabelFor(run string) string { return "memsnap/" + run }

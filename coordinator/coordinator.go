@@ -314,6 +314,17 @@ func (c *Coordinator) meta() *pb.NodeMeta {
 	c.mu.Lock()
 	m.LastWindow = c.lastWindow
 	c.mu.Unlock()
+	m.Batch = -1
+	if c.rec != nil {
+		b, step := c.rec.Progress()
+		m.Batch, m.StepUs = b, step.Microseconds()
+		if g, ok := c.rec.(interface{ DeviceUUID() string }); ok {
+			m.GpuUuid = g.DeviceUUID()
+			if len(m.GpuUuid) > 64 {
+				m.GpuUuid = m.GpuUuid[:64]
+			}
+		}
+	}
 	if len(h) > 64 {
 		m.Hostname = h[:64]
 	}
@@ -829,6 +840,7 @@ func (c *Coordinator) clockLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		c.measureClock(ctx)
+		c.updateMeta() // the trainer's batch and step time, for members that look
 		t.Reset(c.cfg.ClockInterval)
 	}
 }

@@ -281,3 +281,37 @@ func TestOOMPostmortem(t *testing.T) {
 		}
 	}
 }
+
+// TestSchedule: with Composer's schedule the leader records by itself once every
+// rank's trainer runs: once, or every N batches.
+func TestSchedule(t *testing.T) {
+	for _, every := range []int64{0, 40} {
+		t.Run(fmt.Sprint("every ", every), func(t *testing.T) {
+			tc := startCluster(t, 3, func(c *Config, a *rankagent.Config) {
+				c.Schedule = Schedule{Enabled: true, Skip: 2, Every: every}
+				c.WindowBatches = 2
+			})
+			want := 1
+			if every > 0 {
+				want = 2
+			}
+			var ms []string
+			testutil.Eventually(t, 2*time.Minute, fmt.Sprintf("%d scheduled windows", want), func() bool {
+				ms, _ = filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "window*", "merged.manifest.json"))
+				return len(ms) >= want
+			})
+			var starts []int64
+			for _, p := range ms {
+				m := readManifest(t, p)
+				if m.Reason != "schedule" || len(m.RanksMerged) != 3 || m.Window.Stop-m.Window.Start != 2 {
+					t.Fatalf("%s: %+v", p, m)
+				}
+				starts = append(starts, m.Window.Start)
+			}
+			// the second starts on the grid 2 + k*40 after the first, or later if it could not make it
+			if every > 0 && (starts[0] < 2 || starts[1] < 42 || starts[1] < starts[0]+2) {
+				t.Fatalf("window starts %v for a window every %d batches from batch 2", starts, every)
+			}
+		})
+	}
+}

@@ -3,6 +3,11 @@ package coordinator
 import (
 	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge"
 )
 
 func TestExpandNodeList(t *testing.T) {
@@ -75,5 +80,19 @@ func TestParseKey(t *testing.T) {
 		if _, err := ParseKey(k); err == nil {
 			t.Errorf("%q was accepted", k)
 		}
+	}
+}
+
+// TestMetaFits: the largest metadata a member can have fits memberlist's 512 bytes
+// and reads back.
+func TestMetaFits(t *testing.T) {
+	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: merge.MaxRanks - 1, LocalRank: 1<<31 - 1, NodeRank: 1<<31 - 1,
+		WorldSize: merge.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: 1<<64 - 1, Hostname: strings.Repeat("h", 64), Batch: 1<<63 - 1, StepUs: 1<<63 - 1}
+	b, err := proto.Marshal(m)
+	if err != nil || len(b) > maxMeta {
+		t.Fatalf("%d bytes (%v)", len(b), err)
+	}
+	if _, err := decodeMeta(b); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -203,10 +203,13 @@ func (l *leaderRun) scheduleDue(ctx context.Context) bool {
 			return false
 		}
 	}
-	l.window(ctx, plan{length: l.c.cfg.WindowBatches, minStart: next, reason: "schedule"})
+	res := l.window(ctx, plan{length: l.c.cfg.WindowBatches, minStart: next, reason: "schedule"})
 	l.mu.Lock()
-	if l.c.cfg.Schedule.Every > 0 {
-		l.next = next + l.c.cfg.Schedule.Every
+	if sch := l.c.cfg.Schedule; sch.Every > 0 {
+		// the next start on the grid Skip + k*Every after this window
+		after := max(res.Stop, next+1)
+		k := (after - sch.Skip + sch.Every - 1) / sch.Every
+		l.next = sch.Skip + k*sch.Every
 	} else {
 		l.next = -1
 	}
@@ -281,7 +284,7 @@ func (l *leaderRun) status(ctx context.Context, ranks []int) map[int]status {
 }
 
 // window records one window and tells the members that asked for it how it ended.
-func (l *leaderRun) window(ctx context.Context, p plan) {
+func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
 	l.mu.Lock()
 	l.working = true
 	l.mu.Unlock()
@@ -292,13 +295,14 @@ func (l *leaderRun) window(ctx context.Context, p plan) {
 	}()
 	res := l.record(ctx, p, false)
 	if ctx.Err() != nil {
-		return // the leader stopped: the watchers ask the next one
+		return res // the leader stopped: the watchers ask the next one
 	}
 	for _, w := range p.watchers {
 		env := l.c.envelope(0)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
 		l.c.reply(w, env, true)
 	}
+	return res
 }
 
 // record plans a window, collects it, merges and publishes it. A rank past the

@@ -501,6 +501,13 @@ func (a *Agent) Stats() Stats {
 	return s
 }
 
+// DeviceUUID is the trainer's GPU, as its hook reported it ("" until then).
+func (a *Agent) DeviceUUID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.uuid
+}
+
 // Spool returns the spool folder.
 func (a *Agent) Spool() string { return a.cfg.Spool }
 

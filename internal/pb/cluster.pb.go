@@ -36,6 +36,8 @@ type NodeMeta struct {
 	GpuUuid       string                 `protobuf:"bytes,7,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
 	LastWindow    uint64                 `protobuf:"varint,8,opt,name=last_window,json=lastWindow,proto3" json:"last_window,omitempty"` // the newest window id this member has seen
 	Hostname      string                 `protobuf:"bytes,9,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Batch         int64                  `protobuf:"varint,10,opt,name=batch,proto3" json:"batch,omitempty"`                 // the trainer's batch when the metadata was last refreshed (-1: none)
+	StepUs        int64                  `protobuf:"varint,11,opt,name=step_us,json=stepUs,proto3" json:"step_us,omitempty"` // its measured step time then (0: unknown)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -131,6 +133,20 @@ func (x *NodeMeta) GetHostname() string {
 		return x.Hostname
 	}
 	return ""
+}
+
+func (x *NodeMeta) GetBatch() int64 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *NodeMeta) GetStepUs() int64 {
+	if x != nil {
+		return x.StepUs
+	}
+	return 0
 }
 
 // Envelope is every message between members: who sent it, about which window, and
@@ -1268,7 +1284,7 @@ var File_internal_pb_cluster_proto protoreflect.FileDescriptor
 const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\n" +
 	"\x19internal/pb/cluster.proto\x12\n" +
-	"memsnap.v1\"\xfd\x01\n" +
+	"memsnap.v1\"\xac\x02\n" +
 	"\bNodeMeta\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03run\x18\x02 \x01(\tR\x03run\x12\x12\n" +
@@ -1281,7 +1297,10 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\bgpu_uuid\x18\a \x01(\tR\agpuUuid\x12\x1f\n" +
 	"\vlast_window\x18\b \x01(\x04R\n" +
 	"lastWindow\x12\x1a\n" +
-	"\bhostname\x18\t \x01(\tR\bhostname\"\xe5\x05\n" +
+	"\bhostname\x18\t \x01(\tR\bhostname\x12\x14\n" +
+	"\x05batch\x18\n" +
+	" \x01(\x03R\x05batch\x12\x17\n" +
+	"\astep_us\x18\v \x01(\x03R\x06stepUs\"\xe5\x05\n" +
 	"\bEnvelope\x12\x1f\n" +
 	"\vsender_rank\x18\x01 \x01(\x05R\n" +
 	"senderRank\x12\x1b\n" +
