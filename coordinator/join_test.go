@@ -86,7 +86,7 @@ func TestParseKey(t *testing.T) {
 // TestMetaFits: the largest metadata a member can have fits memberlist's 512 bytes
 // and reads back.
 func TestMetaFits(t *testing.T) {
-	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: merge.MaxRanks - 1, LocalRank: 1<<31 - 1, NodeRank: 1<<31 - 1,
+	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: merge.MaxRanks - 1, LocalRank: merge.MaxRanks - 1, NodeRank: merge.MaxRanks - 1,
 		WorldSize: merge.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: 1<<64 - 1, Hostname: strings.Repeat("h", 64), Batch: 1<<63 - 1, StepUs: 1<<63 - 1}
 	b, err := proto.Marshal(m)
 	if err != nil || len(b) > maxMeta {
