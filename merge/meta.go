@@ -27,6 +27,9 @@ type RankMeta struct {
 	Samples        []MemorySample `json:"nvml_samples,omitempty"`
 	Reason         string         `json:"reason,omitempty"`  // "window" or "oom"
 	Partial        string         `json:"partial,omitempty"` // why the snapshot does not cover its whole window
+	// StallUS is how long the training thread waited at the window's end for the
+	// snapshot and for history to be turned off (microseconds; 0 when unknown).
+	StallUS int64 `json:"stall_us,omitempty"`
 }
 
 // GPUInfo describes the rank's GPU as NVML reports it.
@@ -67,19 +70,28 @@ func MetaName(snapshotName string) string {
 	return n + ".memsnap.json"
 }
 
-// ParseRankMeta parses a sidecar, refusing malformed ones.
+// ParseRankMeta parses a sidecar, refusing malformed ones: a rank outside
+// [0, MaxRanks) or outside its world size (when that is known), and batch marks
+// that end before they start. Batches and samples come back nil when empty, as a
+// re-marshalled sidecar (which omits them) reads.
 func ParseRankMeta(b []byte) (*RankMeta, error) {
 	var m RankMeta
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("merge: rank metadata: %w", err)
 	}
-	if m.Rank < 0 || m.WorldSize < 0 || (m.WorldSize > 0 && m.Rank >= m.WorldSize) {
+	if m.Rank < 0 || m.Rank >= MaxRanks || m.WorldSize < 0 || m.WorldSize > MaxRanks || (m.WorldSize > 0 && m.Rank >= m.WorldSize) {
 		return nil, fmt.Errorf("merge: rank metadata: rank %d of world size %d", m.Rank, m.WorldSize)
 	}
 	for _, b := range m.Batches {
 		if b.EndUS < b.StartUS {
 			return nil, fmt.Errorf("merge: rank metadata: batch %d ends before it starts", b.Batch)
 		}
+	}
+	if len(m.Batches) == 0 {
+		m.Batches = nil
+	}
+	if len(m.Samples) == 0 {
+		m.Samples = nil
 	}
 	return &m, nil
 }

@@ -59,6 +59,7 @@ type RankSummary struct {
 	TopSites                 []Site  `json:"top_sites"`
 	OOMs                     []OOM   `json:"ooms"`
 	Batches                  []int64 `json:"batches,omitempty"`
+	StallUS                  int64   `json:"trainer_stall_us,omitempty"` // the training thread's wait at the window's end
 	Note                     string  `json:"note,omitempty"`
 }
 
@@ -200,6 +201,7 @@ func (r *rankData) analyze(emit func(t int64, alloc, reserved int64)) (RankSumma
 		for _, m := range r.meta.Samples {
 			s.PeakNVMLDeviceUsedBytes = max(s.PeakNVMLDeviceUsedBytes, m.DeviceUsedBytes)
 		}
+		s.StallUS = r.meta.StallUS
 	}
 	s.TopSites, s.AllocatedBeforeRecording = r.sitesAt(peakIdx, s.PeakAllocatedBytes)
 	if s.OOMs == nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge"
 )
 
 // TestHookUnitTests runs the hook's own Python tests (a stand-in torch, a stand-in agent).
@@ -62,6 +63,9 @@ func TestHookWithRealAgent(t *testing.T) {
 	mb, _ := store.ReadAll(context.Background(), st, strings.TrimSuffix(r.Key, ".pickle")+".memsnap.json")
 	if !strings.Contains(string(mb), `"batch": 5`) || !strings.Contains(string(mb), `"batch": 7`) || strings.Contains(string(mb), `"batch": 8`) {
 		t.Fatalf("batch marks are not exactly 5..7:\n%s", mb)
+	}
+	if meta, err := merge.ParseRankMeta(mb); err != nil || meta.StallUS <= 0 {
+		t.Fatalf("the trainer's stall at the window's end is not recorded: %+v %v", meta, err)
 	}
 	if !strings.Contains(string(out), "('record', 'all', 'all', 'python', 100000)") || !strings.Contains(string(out), "('record', None") {
 		t.Fatalf("the hook did not turn history on and off:\n%s", out)

@@ -39,6 +39,9 @@ type Message struct {
 	Batches []BatchMark `json:"batches,omitempty"`
 	Message string      `json:"message,omitempty"`
 	Code    string      `json:"code,omitempty"` // error: one of the Code* constants
+	// snapshot: how long the training thread waited for the snapshot and for
+	// history to be turned off at the window's end, in microseconds
+	StallUS int64 `json:"stall_us,omitempty"`
 
 	// welcome / window / cancel (agent -> hook); Start and Stop also in a snapshot
 	// (hook -> agent): the window the hook recorded
@@ -126,6 +129,9 @@ func ParseMessage(line []byte) (*Message, error) {
 		}
 		if m.Reason == "window" && m.Window == 0 {
 			return bad("no window id")
+		}
+		if m.StallUS < 0 {
+			return bad("negative stall")
 		}
 		if m.Start < 0 || m.Stop < 0 || (m.Stop != 0 && m.Stop <= m.Start) {
 			return bad("window [%d, %d) is empty or negative", m.Start, m.Stop)

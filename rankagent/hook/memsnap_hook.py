@@ -235,6 +235,7 @@ class Hook:
         self._marks.append({"batch": batch, "start_us": self._cur_start, "end_us": _now_us()})
         if batch >= w["stop"] - 1:
             self._recording, self._window = None, None
+            stall = time.perf_counter()  # the training thread waits from here
             try:
                 snap = self._torch.snapshot()
             except Exception as e:
@@ -246,8 +247,10 @@ class Hook:
                     self._torch.stop()
                 except Exception:
                     pass
+            stall_us = int((time.perf_counter() - stall) * 1e6)
             if snap is not None:
                 marks, self._marks = self._marks, []
+                w = dict(w, stall_us=stall_us)
                 # pickling and writing happen on the hook's thread, not here
                 with self._lock:
                     self._outbox.append(("dump", w, "window", snap, marks))
@@ -429,6 +432,8 @@ class Hook:
         msg = {"type": "snapshot", "window": wid, "reason": reason, "file": name, "batches": marks}
         if w is not None and "start" in w:
             msg["start"], msg["stop"] = w["start"], w["stop"]
+        if w is not None and "stall_us" in w:
+            msg["stall_us"] = w["stall_us"]
         line = (json.dumps(msg) + "\n").encode()
         side = os.path.join(spool, name[:-len(".pickle")] + ".json")
         written = []
