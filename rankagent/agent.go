@@ -481,6 +481,14 @@ func (a *Agent) SetClockOffset(offset, rtt time.Duration) {
 	a.mu.Unlock()
 }
 
+// Connected reports whether a trainer is connected (its last messages may still be
+// on their way until it is not).
+func (a *Agent) Connected() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conn != nil
+}
+
 // Idle reports whether no window is in progress and nothing waits in the spool.
 func (a *Agent) Idle() bool {
 	a.mu.Lock()

@@ -110,6 +110,20 @@ wait:
 	if t.OnExit != nil {
 		t.OnExit(o.ExitCode)
 	}
+	// the trainer's last messages (its snapshot, say) are read before the connection
+	// closes: judge the window only once they are
+	gone := time.NewTimer(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	for a.Connected() {
+		select {
+		case <-gone.C:
+		case <-tick.C:
+			continue
+		}
+		break
+	}
+	gone.Stop()
+	tick.Stop()
 	// the trainer is gone: a window it never reached is missed
 	if w, st, ok := a.Current(); ok && (st == WindowQueued || st == WindowSent || st == WindowArmed || st == WindowRecording) {
 		a.Cancel(w.ID, "the trainer exited before the window was recorded")
@@ -119,7 +133,7 @@ wait:
 	}
 	deadline := time.NewTimer(t.DrainTimeout)
 	defer deadline.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
+	tick = time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	idle := a.Idle
 	if t.Idle != nil {

@@ -27,7 +27,7 @@ while [ $# -ge 2 ]; do
   dir=$(go list -f '{{.Dir}}' "$pkg")
   for i in $(seq 1 "$n"); do
     if ! (cd "$dir" && "$tmp/t.test" -test.count=1 -test.run "$re" >"$tmp/out" 2>&1); then
-      echo "FAIL $pkg $re (run $i of $n):"; grep -E -- "--- FAIL|_test.go:[0-9]+:" "$tmp/out" | head -20
+      echo "FAIL $pkg $re (run $i of $n):"; grep -v "handler.go:[0-9]*: time=.*level=DEBUG" "$tmp/out" | grep -A 40 -- "--- FAIL" | head -80
       fail=1; break
     fi
   done
