@@ -4,16 +4,24 @@
 package merge
 
 import (
+	"context"
+
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
 // FileFigures are the reference figures of one snapshot file.
 type FileFigures = snapshot.Figures
 
-// InspectFile reads a snapshot file (a torch pickle, plain or compressed, or a
-// merged .memsnap.pb timeline, whose device i is rank i) and computes its figures.
+// InspectFile is InspectFileContext with a context that is never done.
 func InspectFile(path string) (FileFigures, error) {
-	s, err := readSnapshotFile(path)
+	return InspectFileContext(context.Background(), path)
+}
+
+// InspectFileContext reads a snapshot file (a torch pickle, plain or compressed, or
+// a merged .memsnap.pb timeline, whose device i is rank i) and computes its
+// figures. Only regular files are read; reading and decoding stop when ctx is done.
+func InspectFileContext(ctx context.Context, path string) (FileFigures, error) {
+	s, err := readSnapshotFile(ctx, path)
 	if err != nil {
 		return FileFigures{}, err
 	}

@@ -1,8 +1,8 @@
 package merge
 
 import (
+	"context"
 	"fmt"
-	"os"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -159,12 +159,13 @@ func TimelineSnapshot(tl *pb.Timeline) *snapshot.Snapshot {
 	return s
 }
 
-// readSnapshotFile reads a torch pickle or a merged timeline as a snapshot.
-func readSnapshotFile(path string) (*snapshot.Snapshot, error) {
+// readSnapshotFile reads a torch pickle or a merged timeline as a snapshot; only
+// regular files are read, and reading stops when ctx is done.
+func readSnapshotFile(ctx context.Context, path string) (*snapshot.Snapshot, error) {
 	if !strings.HasSuffix(path, ".pb") {
-		return snapshot.ReadFile(path)
+		return snapshot.ReadFileContext(ctx, path)
 	}
-	data, err := os.ReadFile(path)
+	data, err := snapshot.ReadFileBytes(ctx, path)
 	if err != nil {
 		return nil, err
 	}

@@ -39,8 +39,16 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	failed := 0
 	enc := json.NewEncoder(stdout)
-	for _, f := range files {
-		fig, err := merge.InspectFile(f)
+	gc := pauseGC()
+	defer gc.resume()
+	for i, f := range files {
+		if i > 0 {
+			gc.between()
+		}
+		fig, err := merge.InspectFileContext(ctx, f)
+		if ctx.Err() != nil {
+			return fmt.Errorf("stopped at %s: %w", f, ctx.Err())
+		}
 		if err != nil {
 			fmt.Fprintf(stderr, "memsnap inspect: %v\n", err)
 			failed++

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -76,5 +80,62 @@ func TestInspectRefusesBadFiles(t *testing.T) {
 	}
 	if !strings.Contains(out, `"file":"oom.memory_snapshot.pickle"`) {
 		t.Errorf("the good file was not printed: %s", out)
+	}
+}
+
+// TestInspectRefusesNonRegularFiles gives inspect a device that never ends and a
+// FIFO nobody writes to: both are refused with a line each, at once, and the good
+// file between them is still printed.
+func TestInspectRefusesNonRegularFiles(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "fifo.pickle")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	good := testutil.Snapshot(t, "single/oom.memory_snapshot.pickle")
+	code, out, errOut := runCLI(t, "inspect", "--json", "/dev/zero", good, fifo)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	lines := strings.Split(strings.TrimSpace(errOut), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "/dev/zero") || !strings.Contains(lines[1], "fifo.pickle") {
+		t.Fatalf("want one line for /dev/zero and one for the FIFO, got %q", errOut)
+	}
+	for _, l := range lines {
+		if !strings.Contains(l, "not a regular file") {
+			t.Errorf("%s: does not say why", l)
+		}
+	}
+	if !strings.Contains(out, `"file":"oom.memory_snapshot.pickle"`) {
+		t.Errorf("the good file was not printed: %s", out)
+	}
+}
+
+// TestInspectStopsWhenCancelled runs inspect with its context already done (as
+// after Ctrl-C): it stops before reading, says why, and prints nothing.
+func TestInspectStopsWhenCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	good := testutil.Snapshot(t, "single/transformer.memory_snapshot.pickle")
+	var o, e bytes.Buffer
+	code := run(ctx, []string{"inspect", "--json", good, good}, &o, &e)
+	if code != 1 || o.Len() != 0 || !strings.Contains(e.String(), "context canceled") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, o.String(), e.String())
+	}
+}
+
+// TestInspectRestoresGC checks that inspect, which pauses the collector while it
+// decodes, puts the setting back.
+func TestInspectRestoresGC(t *testing.T) {
+	if _, ok := os.LookupEnv("GOGC"); ok {
+		t.Skip("GOGC is set: inspect leaves the collector alone")
+	}
+	prev := debug.SetGCPercent(123)
+	defer debug.SetGCPercent(prev)
+	good := testutil.Snapshot(t, "single/oom.memory_snapshot.pickle")
+	if code, _, errOut := runCLI(t, "inspect", good, good); code != 0 {
+		t.Fatalf("inspect: %s", errOut)
+	}
+	if got := debug.SetGCPercent(123); got != 123 {
+		t.Fatalf("GOGC is %d after inspect, want 123", got)
 	}
 }

@@ -1,10 +1,10 @@
 package snapshot
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 )
 
 // Opcodes of the subset the decoder accepts.
@@ -61,6 +61,7 @@ type DecodeError struct {
 	Offset int    // byte offset of the opcode (or of the end, for truncation)
 	Op     string // the opcode's name, "" when none applies
 	Reason string
+	Err    error // the cause, when there is one: ErrBudget, or the context's error
 }
 
 func (e *DecodeError) Error() string {
@@ -70,84 +71,48 @@ func (e *DecodeError) Error() string {
 	return fmt.Sprintf("snapshot: byte %d: %s", e.Offset, e.Reason)
 }
 
+// Unwrap returns the cause, if any.
+func (e *DecodeError) Unwrap() error { return e.Err }
+
 // ErrNotSnapshot is wrapped when a well-formed pickle does not hold a memory snapshot.
 var ErrNotSnapshot = errors.New("snapshot: not a torch memory snapshot")
 
 // Limits bound what a decode may build; every bound is checked before allocating.
+// The stack and the marks are bounded here, apart from the budget (budget.go): at
+// most 4 MiB and 512 KiB. CPython writes at most 1000 items per APPENDS or
+// SETITEMS, so a real pickle's stack stays far below.
 const (
-	maxStack = 1 << 20 // values on the stack at once (nesting depth is bounded by it)
+	maxStack = 1 << 17 // values on the stack at once (nesting depth is bounded by it)
 	maxMarks = 1 << 16 // open MARKs
+
+	// pollEvery is how many opcodes run between two looks at the context.
+	pollEvery = 4096
 )
 
-type kind uint8
-
-const (
-	kNone kind = iota
-	kBool
-	kInt
-	kFloat
-	kStr
-	kTuple
-	kDict   // *Dict
-	kList   // *List
-	kTList  // *tlist: a list in a known position
-	kFrames // *frameList
-	kSnap   // *Snapshot
-	kSeg    // *Segment
-	kBlock  // *Block
-	kEntry  // *TraceEntry
-	kFrame  // *Frame
-)
-
-// val is one value on the decoder's stack or in its memo. For strings, n holds the
-// string's field id so known keys are recognised once, when the string is read.
-type val struct {
-	k kind
-	n int64 // int, bool, float bits, or field id
-	s string
-	o any
+// Decode decodes a pickled snapshot. It never runs code and never panics on bad
+// input; a refused or broken pickle gives a *DecodeError with the byte offset.
+// What it builds is bounded by Budget(len(data)).
+func Decode(data []byte) (*Snapshot, error) {
+	return DecodeContext(context.Background(), data)
 }
 
-type schema uint8
-
-const (
-	schGeneric schema = iota
-	schSegList
-	schSeg
-	schBlockList
-	schBlock
-	schTraces
-	schTrace
-	schEntry
-	schFrames
-	schFrame
-)
-
-// tlist is a list whose place in the snapshot is known (segments, blocks, traces).
-// Its items live in a List so that every reference to it is the same *List.
-type tlist struct {
-	sch schema
-	l   List
+// DecodeContext is Decode that stops when ctx is done: it looks at ctx every few
+// thousand opcodes and then fails with a *DecodeError wrapping ctx's error.
+func DecodeContext(ctx context.Context, data []byte) (*Snapshot, error) {
+	return decodeBudget(ctx, data, Budget(len(data)))
 }
 
-// frameList is a frames list; it turns generic if anything but a frame is appended.
-type frameList struct {
-	frames  []*Frame
-	generic *List
+func decodeBudget(ctx context.Context, data []byte, budget int64) (*Snapshot, error) {
+	return newDecoder(ctx, data, budget).run()
 }
 
-// toGeneric turns the frames list into a plain List for good: every reference to it
-// is then the same *List, and later appends land there.
-func (fl *frameList) toGeneric() *List {
-	if fl.generic == nil {
-		items := make([]Value, len(fl.frames))
-		for i, f := range fl.frames {
-			items[i] = f
-		}
-		fl.generic = &List{Items: items}
-		fl.frames = nil
+func newDecoder(ctx context.Context, data []byte, budget int64) *decoder {
+	d := &decoder{data: data, slab: 16, budget: budget, left: budget, tick: 1}
+	if ctx.Done() != nil {
+		d.ctx = ctx
 	}
-	return fl.generic
+	d.stack = make([]val, 0, 64)
+	return d
 }
 
 type decoder struct {
@@ -155,23 +120,23 @@ type decoder struct {
 	pos    int
 	stack  []val
 	marks  []int
-	memo   []val
+	memo   [][]val // memoChunk values each, so growing never copies
+	nmemo  int     // values in memo
 	sparse map[uint64]val
 	top    bool // the top-level dict was made
 
 	entries []TraceEntry // slab
 	frames  []Frame      // slab
+	flists  []frameList  // slab
+	fptrs   []*Frame     // slab for frames lists' items
 	slab    int
-	conv    map[*List]any // typed conversions of shared lists, done once each
-}
+	conv    map[convKey]any // typed conversions of shared lists, done once each
 
-// Decode decodes a pickled snapshot. It never runs code and never panics on bad
-// input; a refused or broken pickle gives a *DecodeError with the byte offset.
-func Decode(data []byte) (*Snapshot, error) {
-	d := decoder{data: data, slab: 16}
-	d.stack = make([]val, 0, 64)
-	d.memo = make([]val, 0, min(len(data)/8+1, 1<<16))
-	return d.run()
+	budget int64 // bytes the decode may build in all
+	left   int64 // bytes of the budget not yet spent
+
+	ctx  context.Context // nil when it can never be done
+	tick int             // opcodes left before the next look at ctx
 }
 
 func (d *decoder) fail(at int, op byte, reason string, args ...any) error {
@@ -209,11 +174,77 @@ func (d *decoder) need(at int, op byte, n uint64) error {
 	return nil
 }
 
+// arg reads an opcode's little-endian argument of n (1, 2, 4 or 8) bytes.
+func (d *decoder) arg(at int, op byte, n int) (uint64, error) {
+	if len(d.data)-d.pos < n {
+		return 0, d.need(at, op, uint64(n))
+	}
+	p := d.pos
+	d.pos += n
+	switch n {
+	case 1:
+		return uint64(d.data[p]), nil
+	case 4:
+		return uint64(binary.LittleEndian.Uint32(d.data[p:])), nil
+	}
+	return d.argSlow(p, n), nil
+}
+
+func (d *decoder) argSlow(p, n int) uint64 {
+	if n == 2 {
+		return uint64(binary.LittleEndian.Uint16(d.data[p:]))
+	}
+	return binary.LittleEndian.Uint64(d.data[p:])
+}
+
 func (d *decoder) push(at int, op byte, v val) error {
+	if len(d.stack) == cap(d.stack) {
+		return d.pushGrow(at, op, v)
+	}
+	d.stack = append(d.stack, v)
+	return nil
+}
+
+func (d *decoder) pushGrow(at int, op byte, v val) error {
 	if len(d.stack) >= maxStack {
 		return d.fail(at, op, "stack deeper than %d values", maxStack)
 	}
+	d.stack = regrow(d.stack, min(2*cap(d.stack), maxStack))
 	d.stack = append(d.stack, v)
+	return nil
+}
+
+// regrow copies s into a new array of capacity c. The decoder grows its slices by
+// doubling them, so all the arrays one slice grows through add up to at most twice
+// its final size (append grows large slices by a quarter, which adds up to five).
+func regrow[T any](s []T, c int) []T {
+	ns := make([]T, len(s), c)
+	copy(ns, s)
+	return ns
+}
+
+// grown returns s with room for n more items, charging a new array, of elem bytes
+// per item, to the budget before it is made; false when the budget is spent.
+func grown[T any](d *decoder, s []T, n int, elem int64) ([]T, bool) {
+	if cap(s)-len(s) >= n {
+		return s, true
+	}
+	c := max(len(s)+n, 2*cap(s))
+	if d.left -= int64(c) * elem; d.left < 0 {
+		return s, false
+	}
+	return regrow(s, c), true
+}
+
+// poll looks at the context; it runs every pollEvery opcodes.
+func (d *decoder) poll(at int) error {
+	d.tick = pollEvery
+	if d.ctx == nil {
+		return nil
+	}
+	if err := d.ctx.Err(); err != nil {
+		return &DecodeError{Offset: at, Reason: "stopped: " + err.Error(), Err: err}
+	}
 	return nil
 }
 
@@ -231,276 +262,322 @@ func (d *decoder) run() (*Snapshot, error) {
 		at := d.pos
 		op := d.data[at]
 		d.pos++
+		if d.tick--; d.tick <= 0 {
+			if err := d.poll(at); err != nil {
+				return nil, err
+			}
+		}
+		var err error
 		switch op {
 		case opBINGET:
-			if err := d.need(at, op, 1); err != nil {
-				return nil, err
-			}
-			idx := uint64(d.data[d.pos])
-			d.pos++
-			if err := d.get(at, op, idx); err != nil {
-				return nil, err
-			}
+			err = d.opGet(at, op, 1)
 		case opLONG_BINGET:
-			if err := d.need(at, op, 4); err != nil {
-				return nil, err
-			}
-			idx := uint64(binary.LittleEndian.Uint32(d.data[d.pos:]))
-			d.pos += 4
-			if err := d.get(at, op, idx); err != nil {
-				return nil, err
-			}
+			err = d.opGet(at, op, 4)
 		case opMEMOIZE:
-			if len(d.stack) == 0 {
-				return nil, d.fail(at, op, "empty stack")
-			}
-			d.memo = append(d.memo, d.stack[len(d.stack)-1])
-		case opBINPUT, opLONG_BINPUT:
-			var idx uint64
-			if op == opBINPUT {
-				if err := d.need(at, op, 1); err != nil {
-					return nil, err
-				}
-				idx = uint64(d.data[d.pos])
-				d.pos++
-			} else {
-				if err := d.need(at, op, 4); err != nil {
-					return nil, err
-				}
-				idx = uint64(binary.LittleEndian.Uint32(d.data[d.pos:]))
-				d.pos += 4
-			}
-			if len(d.stack) == 0 {
-				return nil, d.fail(at, op, "empty stack")
-			}
-			d.put(idx, d.stack[len(d.stack)-1])
+			err = d.opMemoize(at, op)
+		case opBINPUT:
+			err = d.opPut(at, op, 1)
+		case opLONG_BINPUT:
+			err = d.opPut(at, op, 4)
 		case opMARK:
-			if len(d.marks) >= maxMarks {
-				return nil, d.fail(at, op, "more than %d open marks", maxMarks)
-			}
-			d.marks = append(d.marks, len(d.stack))
-		case opSHORT_BINUNICODE, opBINUNICODE, opBINUNICODE8:
-			var n uint64
-			switch op {
-			case opSHORT_BINUNICODE:
-				if err := d.need(at, op, 1); err != nil {
-					return nil, err
-				}
-				n = uint64(d.data[d.pos])
-				d.pos++
-			case opBINUNICODE:
-				if err := d.need(at, op, 4); err != nil {
-					return nil, err
-				}
-				n = uint64(binary.LittleEndian.Uint32(d.data[d.pos:]))
-				d.pos += 4
-			default:
-				if err := d.need(at, op, 8); err != nil {
-					return nil, err
-				}
-				n = binary.LittleEndian.Uint64(d.data[d.pos:])
-				d.pos += 8
-			}
-			if err := d.need(at, op, n); err != nil {
-				return nil, err
-			}
-			s := string(d.data[d.pos : d.pos+int(n)])
-			d.pos += int(n)
-			if err := d.push(at, op, val{k: kStr, s: s, n: int64(fieldID(s))}); err != nil {
-				return nil, err
-			}
+			err = d.opMark(at, op)
+		case opSHORT_BINUNICODE:
+			err = d.opString(at, op, 1)
+		case opBINUNICODE:
+			err = d.opString(at, op, 4)
+		case opBINUNICODE8:
+			err = d.opString(at, op, 8)
 		case opBININT1:
-			if err := d.need(at, op, 1); err != nil {
-				return nil, err
-			}
-			v := int64(d.data[d.pos])
-			d.pos++
-			if err := d.push(at, op, val{k: kInt, n: v}); err != nil {
-				return nil, err
-			}
+			err = d.opUint(at, op, 1)
 		case opBININT2:
-			if err := d.need(at, op, 2); err != nil {
-				return nil, err
-			}
-			v := int64(binary.LittleEndian.Uint16(d.data[d.pos:]))
-			d.pos += 2
-			if err := d.push(at, op, val{k: kInt, n: v}); err != nil {
-				return nil, err
-			}
+			err = d.opUint(at, op, 2)
 		case opBININT:
-			if err := d.need(at, op, 4); err != nil {
-				return nil, err
-			}
-			v := int64(int32(binary.LittleEndian.Uint32(d.data[d.pos:])))
-			d.pos += 4
-			if err := d.push(at, op, val{k: kInt, n: v}); err != nil {
-				return nil, err
-			}
+			err = d.opBinInt(at, op)
 		case opLONG1:
-			if err := d.need(at, op, 1); err != nil {
-				return nil, err
-			}
-			n := int(d.data[d.pos])
-			d.pos++
-			if err := d.need(at, op, uint64(n)); err != nil {
-				return nil, err
-			}
-			v, ok := long1(d.data[d.pos : d.pos+n])
-			if !ok {
-				return nil, d.fail(at, op, "integer of %d bytes does not fit in 64 bits", n)
-			}
-			d.pos += n
-			if err := d.push(at, op, val{k: kInt, n: v}); err != nil {
-				return nil, err
-			}
+			err = d.opLong1(at, op)
 		case opBINFLOAT:
-			if err := d.need(at, op, 8); err != nil {
-				return nil, err
-			}
-			v := binary.BigEndian.Uint64(d.data[d.pos:])
-			d.pos += 8
-			if err := d.push(at, op, val{k: kFloat, n: int64(v)}); err != nil {
-				return nil, err
-			}
+			err = d.opFloat(at, op)
 		case opNONE:
-			if err := d.push(at, op, val{k: kNone}); err != nil {
-				return nil, err
-			}
-		case opNEWTRUE, opNEWFALSE:
-			b := int64(0)
-			if op == opNEWTRUE {
-				b = 1
-			}
-			if err := d.push(at, op, val{k: kBool, n: b}); err != nil {
-				return nil, err
-			}
+			err = d.push(at, op, val{k: kNone})
+		case opNEWTRUE:
+			err = d.push(at, op, val{k: kBool, n: 1})
+		case opNEWFALSE:
+			err = d.push(at, op, val{k: kBool})
 		case opEMPTY_DICT, opEMPTY_LIST:
-			if err := d.push(at, op, d.container(op == opEMPTY_DICT)); err != nil {
-				return nil, err
-			}
-		case opEMPTY_TUPLE:
-			if err := d.push(at, op, val{k: kTuple, o: Tuple{}}); err != nil {
-				return nil, err
-			}
-		case opTUPLE1, opTUPLE2, opTUPLE3:
-			n := int(op-opTUPLE1) + 1
-			if len(d.stack) < n || (len(d.marks) > 0 && d.marks[len(d.marks)-1] > len(d.stack)-n) {
-				return nil, d.fail(at, op, "needs %d values on the stack", n)
-			}
-			t := make(Tuple, n)
-			for i := 0; i < n; i++ {
-				t[i] = d.stack[len(d.stack)-n+i].any()
-			}
-			d.stack = d.stack[:len(d.stack)-n]
-			d.stack = append(d.stack, val{k: kTuple, o: t})
-		case opTUPLE:
-			m, err := d.popMark(at, op)
-			if err != nil {
-				return nil, err
-			}
-			t := make(Tuple, len(d.stack)-m)
-			for i := range t {
-				t[i] = d.stack[m+i].any()
-			}
-			d.stack = d.stack[:m]
-			d.stack = append(d.stack, val{k: kTuple, o: t})
+			err = d.opContainer(at, op)
+		case opEMPTY_TUPLE, opTUPLE1, opTUPLE2, opTUPLE3, opTUPLE:
+			err = d.opTuple(at, op)
 		case opSETITEMS:
-			m, err := d.popMark(at, op)
-			if err != nil {
-				return nil, err
-			}
-			if m == 0 {
-				return nil, d.fail(at, op, "no dict below the mark")
-			}
-			if (len(d.stack)-m)%2 != 0 {
-				return nil, d.fail(at, op, "odd number of keys and values")
-			}
-			owner := d.stack[m-1]
-			for i := m; i < len(d.stack); i += 2 {
-				if err := d.setItem(at, op, owner, &d.stack[i], &d.stack[i+1]); err != nil {
-					return nil, err
-				}
-			}
-			d.stack = d.stack[:m]
+			err = d.opSetItems(at, op)
 		case opSETITEM:
-			n := len(d.stack)
-			if n < 3 || (len(d.marks) > 0 && d.marks[len(d.marks)-1] > n-3) {
-				return nil, d.fail(at, op, "needs a dict, a key and a value on the stack")
-			}
-			if err := d.setItem(at, op, d.stack[n-3], &d.stack[n-2], &d.stack[n-1]); err != nil {
-				return nil, err
-			}
-			d.stack = d.stack[:n-2]
+			err = d.opSetItem(at, op)
 		case opAPPENDS:
-			m, err := d.popMark(at, op)
-			if err != nil {
-				return nil, err
-			}
-			if m == 0 {
-				return nil, d.fail(at, op, "no list below the mark")
-			}
-			owner := d.stack[m-1]
-			for i := m; i < len(d.stack); i++ {
-				if err := d.appendItem(at, op, owner, &d.stack[i]); err != nil {
-					return nil, err
-				}
-			}
-			d.stack = d.stack[:m]
+			err = d.opAppends(at, op)
 		case opAPPEND:
-			n := len(d.stack)
-			if n < 2 || (len(d.marks) > 0 && d.marks[len(d.marks)-1] > n-2) {
-				return nil, d.fail(at, op, "needs a list and a value on the stack")
-			}
-			if err := d.appendItem(at, op, d.stack[n-2], &d.stack[n-1]); err != nil {
-				return nil, err
-			}
-			d.stack = d.stack[:n-1]
+			err = d.opAppend(at, op)
 		case opFRAME:
-			if err := d.need(at, op, 8); err != nil {
-				return nil, err
-			}
-			n := binary.LittleEndian.Uint64(d.data[d.pos:])
-			d.pos += 8
-			if err := d.need(at, op, n); err != nil {
-				return nil, err
-			}
+			err = d.opFrame(at, op)
 		case opPROTO:
-			if at != 0 {
-				return nil, d.fail(at, op, "PROTO after the start")
-			}
-			if err := d.need(at, op, 1); err != nil {
-				return nil, err
-			}
-			if v := d.data[d.pos]; v < 2 || v > 5 {
-				return nil, d.fail(at, op, "protocol %d is not supported (2 to 5 are)", v)
-			}
-			d.pos++
+			err = d.opProto(at, op)
 		case opSTOP:
-			if len(d.stack) != 1 || len(d.marks) != 0 {
-				return nil, d.fail(at, op, "%d values and %d marks left at STOP, want one value", len(d.stack), len(d.marks))
-			}
-			v := d.stack[0]
-			if v.k != kSnap {
-				return nil, fmt.Errorf("%w: the pickle holds a %s, not a dict with segments and device_traces", ErrNotSnapshot, v.typeName())
-			}
-			s := v.o.(*Snapshot)
-			if s.Has&(SnapSegments|SnapDeviceTraces) == 0 {
-				return nil, fmt.Errorf("%w: the dict has neither a segments nor a device_traces list", ErrNotSnapshot)
-			}
-			if n := s.references(len(d.data)); n > len(d.data) {
-				return nil, d.fail(at, op, "the snapshot references %d entries, blocks and frames in %d bytes: its lists are shared, which torch never writes", n, len(d.data))
-			}
-			return s, nil
+			return d.stop(at, op)
 		default:
-			if name, ok := refused[op]; ok {
-				if codeOps[name] {
-					return nil, d.fail(at, op, "refused: it could import or run code")
-				}
-				return nil, d.fail(at, op, "refused: torch does not write this opcode in memory snapshots")
-			}
-			return nil, d.fail(at, op, "unknown opcode")
+			return nil, d.refuse(at, op)
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
+}
+
+func (d *decoder) refuse(at int, op byte) error {
+	if name, ok := refused[op]; ok {
+		if codeOps[name] {
+			return d.fail(at, op, "refused: it could import or run code")
+		}
+		return d.fail(at, op, "refused: torch does not write this opcode in memory snapshots")
+	}
+	return d.fail(at, op, "unknown opcode")
+}
+
+func (d *decoder) opGet(at int, op byte, n int) error {
+	idx, err := d.arg(at, op, n)
+	if err != nil {
+		return err
+	}
+	if idx < uint64(d.nmemo) {
+		return d.push(at, op, d.memo[idx/memoChunk][idx%memoChunk])
+	}
+	return d.getSparse(at, op, idx)
+}
+
+func (d *decoder) getSparse(at int, op byte, idx uint64) error {
+	if v, ok := d.sparse[idx]; ok {
+		return d.push(at, op, v)
+	}
+	return d.fail(at, op, "memo entry %d was never stored", idx)
+}
+
+func (d *decoder) opMemoize(at int, op byte) error {
+	if len(d.stack) == 0 {
+		return d.fail(at, op, "empty stack")
+	}
+	return d.memoAppend(at, op, d.stack[len(d.stack)-1])
+}
+
+func (d *decoder) opPut(at int, op byte, n int) error {
+	idx, err := d.arg(at, op, n)
+	if err != nil {
+		return err
+	}
+	if len(d.stack) == 0 {
+		return d.fail(at, op, "empty stack")
+	}
+	return d.put(at, op, idx, d.stack[len(d.stack)-1])
+}
+
+func (d *decoder) opMark(at int, op byte) error {
+	if len(d.marks) >= maxMarks {
+		return d.fail(at, op, "more than %d open marks", maxMarks)
+	}
+	if len(d.marks) == cap(d.marks) {
+		d.marks = regrow(d.marks, min(max(2*cap(d.marks), 16), maxMarks))
+	}
+	d.marks = append(d.marks, len(d.stack))
+	return nil
+}
+
+func (d *decoder) opString(at int, op byte, w int) error {
+	n, err := d.arg(at, op, w)
+	if err != nil {
+		return err
+	}
+	if err := d.need(at, op, n); err != nil {
+		return err
+	}
+	if err := d.charge(at, op, int64(n)+sizeString); err != nil {
+		return err
+	}
+	s := string(d.data[d.pos : d.pos+int(n)])
+	d.pos += int(n)
+	return d.push(at, op, val{k: kStr, o: s, n: int64(fieldID(s))})
+}
+
+func (d *decoder) opUint(at int, op byte, w int) error {
+	v, err := d.arg(at, op, w)
+	if err != nil {
+		return err
+	}
+	return d.push(at, op, val{k: kInt, n: int64(v)})
+}
+
+func (d *decoder) opBinInt(at int, op byte) error {
+	v, err := d.arg(at, op, 4)
+	if err != nil {
+		return err
+	}
+	return d.push(at, op, val{k: kInt, n: int64(int32(uint32(v)))})
+}
+
+func (d *decoder) opLong1(at int, op byte) error {
+	n, err := d.arg(at, op, 1)
+	if err != nil {
+		return err
+	}
+	if err := d.need(at, op, n); err != nil {
+		return err
+	}
+	v, ok := long1(d.data[d.pos : d.pos+int(n)])
+	if !ok {
+		return d.fail(at, op, "integer of %d bytes does not fit in 64 bits", n)
+	}
+	d.pos += int(n)
+	return d.push(at, op, val{k: kInt, n: v})
+}
+
+func (d *decoder) opFloat(at int, op byte) error {
+	if err := d.need(at, op, 8); err != nil {
+		return err
+	}
+	v := binary.BigEndian.Uint64(d.data[d.pos:])
+	d.pos += 8
+	return d.push(at, op, val{k: kFloat, n: int64(v)})
+}
+
+func (d *decoder) opContainer(at int, op byte) error {
+	v, err := d.container(at, op, op == opEMPTY_DICT)
+	if err != nil {
+		return err
+	}
+	return d.push(at, op, v)
+}
+
+func (d *decoder) opTuple(at int, op byte) error {
+	m := len(d.stack)
+	switch op {
+	case opEMPTY_TUPLE:
+		return d.push(at, op, val{k: kTuple, o: Tuple{}})
+	case opTUPLE:
+		var err error
+		if m, err = d.popMark(at, op); err != nil {
+			return err
+		}
+	default:
+		n := int(op-opTUPLE1) + 1
+		if len(d.stack) < n || (len(d.marks) > 0 && d.marks[len(d.marks)-1] > len(d.stack)-n) {
+			return d.fail(at, op, "needs %d values on the stack", n)
+		}
+		m -= n
+	}
+	if err := d.charge(at, op, sizeSlice+sizeValue*int64(len(d.stack)-m)); err != nil {
+		return err
+	}
+	t := make(Tuple, len(d.stack)-m)
+	for i := range t {
+		t[i] = d.stack[m+i].any()
+	}
+	d.stack = d.stack[:m]
+	return d.push(at, op, val{k: kTuple, o: t})
+}
+
+func (d *decoder) opSetItems(at int, op byte) error {
+	m, err := d.popMark(at, op)
+	if err != nil {
+		return err
+	}
+	if m == 0 {
+		return d.fail(at, op, "no dict below the mark")
+	}
+	if (len(d.stack)-m)%2 != 0 {
+		return d.fail(at, op, "odd number of keys and values")
+	}
+	owner := d.stack[m-1]
+	for i := m; i < len(d.stack); i += 2 {
+		if err := d.setItem(at, op, owner, &d.stack[i], &d.stack[i+1]); err != nil {
+			return err
+		}
+	}
+	d.stack = d.stack[:m]
+	return d.spent(at, op)
+}
+
+func (d *decoder) opSetItem(at int, op byte) error {
+	n := len(d.stack)
+	if n < 3 || (len(d.marks) > 0 && d.marks[len(d.marks)-1] > n-3) {
+		return d.fail(at, op, "needs a dict, a key and a value on the stack")
+	}
+	if err := d.setItem(at, op, d.stack[n-3], &d.stack[n-2], &d.stack[n-1]); err != nil {
+		return err
+	}
+	d.stack = d.stack[:n-2]
+	return d.spent(at, op)
+}
+
+func (d *decoder) opAppends(at int, op byte) error {
+	m, err := d.popMark(at, op)
+	if err != nil {
+		return err
+	}
+	if m == 0 {
+		return d.fail(at, op, "no list below the mark")
+	}
+	if err := d.appendItems(at, op, d.stack[m-1], d.stack[m:]); err != nil {
+		return err
+	}
+	d.stack = d.stack[:m]
+	return nil
+}
+
+func (d *decoder) opAppend(at int, op byte) error {
+	n := len(d.stack)
+	if n < 2 || (len(d.marks) > 0 && d.marks[len(d.marks)-1] > n-2) {
+		return d.fail(at, op, "needs a list and a value on the stack")
+	}
+	if err := d.appendItems(at, op, d.stack[n-2], d.stack[n-1:]); err != nil {
+		return err
+	}
+	d.stack = d.stack[:n-1]
+	return nil
+}
+
+func (d *decoder) opFrame(at int, op byte) error {
+	n, err := d.arg(at, op, 8)
+	if err != nil {
+		return err
+	}
+	return d.need(at, op, n)
+}
+
+func (d *decoder) opProto(at int, op byte) error {
+	if at != 0 {
+		return d.fail(at, op, "PROTO after the start")
+	}
+	if err := d.need(at, op, 1); err != nil {
+		return err
+	}
+	if v := d.data[d.pos]; v < 2 || v > 5 {
+		return d.fail(at, op, "protocol %d is not supported (2 to 5 are)", v)
+	}
+	d.pos++
+	return nil
+}
+
+func (d *decoder) stop(at int, op byte) (*Snapshot, error) {
+	if len(d.stack) != 1 || len(d.marks) != 0 {
+		return nil, d.fail(at, op, "%d values and %d marks left at STOP, want one value", len(d.stack), len(d.marks))
+	}
+	v := d.stack[0]
+	if v.k != kSnap {
+		return nil, fmt.Errorf("%w: the pickle holds a %s, not a dict with segments and device_traces", ErrNotSnapshot, v.typeName())
+	}
+	s := v.o.(*Snapshot)
+	if s.Has&(SnapSegments|SnapDeviceTraces) == 0 {
+		return nil, fmt.Errorf("%w: the dict has neither a segments nor a device_traces list", ErrNotSnapshot)
+	}
+	if n := s.references(len(d.data)); n > len(d.data) {
+		return nil, d.fail(at, op, "the snapshot references %d entries, blocks and frames in %d bytes: its lists are shared, which torch never writes", n, len(d.data))
+	}
+	return s, nil
 }
 
 func long1(b []byte) (int64, bool) {
@@ -547,283 +624,40 @@ func (d *decoder) popMark(at int, op byte) (int, error) {
 	return m, nil
 }
 
-func (d *decoder) get(at int, op byte, idx uint64) error {
-	if idx < uint64(len(d.memo)) {
-		return d.push(at, op, d.memo[idx])
+// memoChunk is how many values one piece of the memo holds.
+const memoChunk = 1024
+
+func (d *decoder) memoAppend(at int, op byte, v val) error {
+	i := d.nmemo % memoChunk
+	if i == 0 {
+		if err := d.charge(at, op, memoChunk*sizeVal); err != nil {
+			return err
+		}
+		d.memo = append(d.memo, make([]val, memoChunk))
 	}
-	if v, ok := d.sparse[idx]; ok {
-		return d.push(at, op, v)
-	}
-	return d.fail(at, op, "memo entry %d was never stored", idx)
+	d.memo[len(d.memo)-1][i] = v
+	d.nmemo++
+	return nil
 }
 
 // put stores a memo entry; indexes beyond the dense memo go to a map, so a huge
 // index costs one entry, not a huge slice.
-func (d *decoder) put(idx uint64, v val) {
+func (d *decoder) put(at int, op byte, idx uint64, v val) error {
 	switch {
-	case idx < uint64(len(d.memo)):
-		d.memo[idx] = v
-	case idx == uint64(len(d.memo)):
-		d.memo = append(d.memo, v)
+	case idx < uint64(d.nmemo):
+		d.memo[idx/memoChunk][idx%memoChunk] = v
+	case idx == uint64(d.nmemo):
+		return d.memoAppend(at, op, v)
 	default:
+		if _, ok := d.sparse[idx]; !ok {
+			if err := d.charge(at, op, sizeSparse); err != nil {
+				return err
+			}
+		}
 		if d.sparse == nil {
 			d.sparse = map[uint64]val{}
 		}
 		d.sparse[idx] = v
-	}
-}
-
-// container makes an empty dict or list, typed by where it will go: the parent
-// container and key are read off the stack as CPython and torch lay them out. A
-// wrong guess costs speed, never correctness: typed values that land somewhere
-// else are converted or kept generic.
-func (d *decoder) container(isDict bool) val {
-	if !d.top && len(d.stack) == 0 && isDict {
-		d.top = true
-		return val{k: kSnap, o: &Snapshot{}}
-	}
-	sch := d.context()
-	if isDict {
-		switch sch {
-		case schSeg:
-			return val{k: kSeg, o: &Segment{}}
-		case schBlock:
-			return val{k: kBlock, o: &Block{}}
-		case schEntry:
-			return val{k: kEntry, o: d.newEntry()}
-		case schFrame:
-			return val{k: kFrame, o: d.newFrame()}
-		}
-		return val{k: kDict, o: &Dict{}}
-	}
-	switch sch {
-	case schSegList, schBlockList, schTraces, schTrace:
-		return val{k: kTList, o: &tlist{sch: sch}}
-	case schFrames:
-		return val{k: kFrames, o: &frameList{}}
-	}
-	return val{k: kList, o: &List{}}
-}
-
-func (d *decoder) newEntry() *TraceEntry {
-	if len(d.entries) == 0 {
-		d.entries = make([]TraceEntry, d.slab)
-		d.slab = min(d.slab*2, 1024)
-	}
-	e := &d.entries[0]
-	d.entries = d.entries[1:]
-	return e
-}
-
-func (d *decoder) newFrame() *Frame {
-	if len(d.frames) == 0 {
-		d.frames = make([]Frame, min(d.slab, 256))
-	}
-	f := &d.frames[0]
-	d.frames = d.frames[1:]
-	return f
-}
-
-func (d *decoder) context() schema {
-	st := d.stack
-	t := len(st) - 1
-	m := -1
-	if len(d.marks) > 0 {
-		m = d.marks[len(d.marks)-1]
-	}
-	if m >= 1 {
-		owner := st[m-1]
-		n := len(st) - m
-		switch {
-		case owner.isDict():
-			if n%2 == 1 {
-				return childOf(owner, st[t])
-			}
-		case owner.isList():
-			return childOf(owner, val{})
-		}
-	}
-	if t >= 0 && t >= m {
-		if st[t].k == kStr && t-1 >= 0 && t-1 >= m && st[t-1].isDict() {
-			return childOf(st[t-1], st[t])
-		}
-		if st[t].isList() {
-			return childOf(st[t], val{})
-		}
-	}
-	return schGeneric
-}
-
-func (v *val) isDict() bool {
-	switch v.k {
-	case kDict, kSnap, kSeg, kBlock, kEntry, kFrame:
-		return true
-	}
-	return false
-}
-
-func (v *val) isList() bool { return v.k == kList || v.k == kTList || v.k == kFrames }
-
-func childOf(owner val, key val) schema {
-	fid := -1
-	if key.k == kStr {
-		fid = int(key.n)
-	}
-	switch owner.k {
-	case kSnap:
-		switch fid {
-		case fSegments:
-			return schSegList
-		case fDeviceTraces:
-			return schTraces
-		}
-	case kSeg:
-		switch fid {
-		case fBlocks:
-			return schBlockList
-		case fFrames:
-			return schFrames
-		}
-	case kBlock, kEntry:
-		if fid == fFrames {
-			return schFrames
-		}
-	case kTList:
-		switch owner.o.(*tlist).sch {
-		case schSegList:
-			return schSeg
-		case schBlockList:
-			return schBlock
-		case schTraces:
-			return schTrace
-		case schTrace:
-			return schEntry
-		}
-	case kFrames:
-		return schFrame
-	}
-	return schGeneric
-}
-
-func (v val) typeName() string {
-	switch v.k {
-	case kNone:
-		return "None"
-	case kBool:
-		return "bool"
-	case kInt:
-		return "int"
-	case kFloat:
-		return "float"
-	case kStr:
-		return "str"
-	case kTuple:
-		return "tuple"
-	case kList, kTList, kFrames:
-		return "list"
-	}
-	return "dict"
-}
-
-// any converts a stack value to the model's generic form.
-func (v val) any() Value {
-	switch v.k {
-	case kNone:
-		return nil
-	case kBool:
-		return v.n != 0
-	case kInt:
-		return v.n
-	case kFloat:
-		return math.Float64frombits(uint64(v.n))
-	case kStr:
-		return v.s
-	case kTList:
-		return &v.o.(*tlist).l
-	case kFrames:
-		return v.o.(*frameList).toGeneric()
-	}
-	return v.o
-}
-
-// valOf converts a generic value back to a stack value (for late conversions).
-func valOf(x Value) val {
-	switch t := x.(type) {
-	case nil:
-		return val{k: kNone}
-	case bool:
-		if t {
-			return val{k: kBool, n: 1}
-		}
-		return val{k: kBool}
-	case int64:
-		return val{k: kInt, n: t}
-	case float64:
-		return val{k: kFloat, n: int64(math.Float64bits(t))}
-	case string:
-		return val{k: kStr, s: t, n: int64(fieldID(t))}
-	case Tuple:
-		return val{k: kTuple, o: t}
-	case *Dict:
-		return val{k: kDict, o: t}
-	case *List:
-		return val{k: kList, o: t}
-	case *Snapshot:
-		return val{k: kSnap, o: t}
-	case *Segment:
-		return val{k: kSeg, o: t}
-	case *Block:
-		return val{k: kBlock, o: t}
-	case *TraceEntry:
-		return val{k: kEntry, o: t}
-	case *Frame:
-		return val{k: kFrame, o: t}
-	}
-	return val{k: kNone}
-}
-
-func (d *decoder) appendItem(at int, op byte, owner val, v *val) error {
-	switch owner.k {
-	case kList:
-		l := owner.o.(*List)
-		l.Items = append(l.Items, v.any())
-	case kTList:
-		l := owner.o.(*tlist)
-		l.l.Items = append(l.l.Items, v.any())
-	case kFrames:
-		fl := owner.o.(*frameList)
-		if fl.generic == nil && v.k == kFrame {
-			fl.frames = append(fl.frames, v.o.(*Frame))
-			return nil
-		}
-		g := fl.toGeneric()
-		g.Items = append(g.Items, v.any())
-	default:
-		return d.fail(at, op, "appending to a %s", owner.typeName())
-	}
-	return nil
-}
-
-func (d *decoder) setItem(at int, op byte, owner val, k, v *val) error {
-	if k.k == kDict || k.k == kList || k.k == kTList || k.k == kFrames || k.isDict() {
-		return d.fail(at, op, "unhashable %s used as a dict key", k.typeName())
-	}
-	switch owner.k {
-	case kDict:
-		dd := owner.o.(*Dict)
-		dd.Items = append(dd.Items, Item{k.any(), v.any()})
-	case kSnap:
-		owner.o.(*Snapshot).set(d, k, v)
-	case kSeg:
-		owner.o.(*Segment).set(d, k, v)
-	case kBlock:
-		owner.o.(*Block).set(d, k, v)
-	case kEntry:
-		owner.o.(*TraceEntry).set(d, k, v)
-	case kFrame:
-		owner.o.(*Frame).set(d, k, v)
-	default:
-		return d.fail(at, op, "setting an item on a %s", owner.typeName())
 	}
 	return nil
 }

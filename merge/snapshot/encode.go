@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"math/bits"
+	"slices"
 )
 
 const (
@@ -46,14 +47,19 @@ func EncodeBytes(s *Snapshot) ([]byte, error) {
 }
 
 type encoder struct {
-	out    *bufio.Writer
-	buf    []byte // the current frame
-	strs   map[string]uint32
-	frames map[*Frame]uint32
-	objs   map[any]uint32 // generic containers already written, by identity
-	next   uint32
-	shift  int64 // added to every trace entry's time_us
-	err    error
+	out        *bufio.Writer
+	buf        []byte // the current frame
+	strs       map[string]uint32
+	frames     map[*Frame]uint32
+	objs       map[any]uint32  // generic containers already written, by identity
+	lastFrames []*Frame        // the frames list written last, when it held no nil frame
+	lastIDs    []uint32        // the memo ids of its frames
+	keys       [nFields]uint32 // memo ids of known keys, plus one (0: not written yet)
+	recent     [8]recentStr    // strings written last
+	nextR      int             // where the next recent string goes
+	next       uint32
+	shift      int64 // added to every trace entry's time_us
+	err        error
 }
 
 func (e *encoder) op(b byte) { e.buf = append(e.buf, b) }
@@ -98,23 +104,41 @@ func (e *encoder) get(id uint32) {
 	e.buf = binary.LittleEndian.AppendUint32(e.buf, id)
 }
 
+// str writes a string, memoised by value; the strings written last are looked up
+// in a small cache first (trace entries repeat a handful of action names).
 func (e *encoder) str(s string) {
-	if id, ok := e.strs[s]; ok {
-		e.get(id)
-		return
-	}
-	if len(s) < 256 {
-		e.buf = append(e.buf, opSHORT_BINUNICODE, byte(len(s)))
-	} else {
-		if uint64(len(s)) > math.MaxUint32 {
-			e.err = fmt.Errorf("snapshot: a string of %d bytes is too long to encode", len(s))
+	for _, c := range &e.recent {
+		if c.id != 0 && c.s == s {
+			e.get(c.id - 1)
 			return
 		}
-		e.buf = append(e.buf, opBINUNICODE)
-		e.buf = binary.LittleEndian.AppendUint32(e.buf, uint32(len(s)))
 	}
-	e.buf = append(e.buf, s...)
-	e.strs[s] = e.memoize()
+	id, ok := e.strs[s]
+	if ok {
+		e.get(id)
+	} else {
+		if len(s) < 256 {
+			e.buf = append(e.buf, opSHORT_BINUNICODE, byte(len(s)))
+		} else {
+			if uint64(len(s)) > math.MaxUint32 {
+				e.err = fmt.Errorf("snapshot: a string of %d bytes is too long to encode", len(s))
+				return
+			}
+			e.buf = append(e.buf, opBINUNICODE)
+			e.buf = binary.LittleEndian.AppendUint32(e.buf, uint32(len(s)))
+		}
+		e.buf = append(e.buf, s...)
+		id = e.memoize()
+		e.strs[s] = id
+	}
+	e.recent[e.nextR] = recentStr{s, id + 1}
+	e.nextR = (e.nextR + 1) % len(e.recent)
+}
+
+// recentStr is a string and its memo id plus one (0: an empty slot).
+type recentStr struct {
+	s  string
+	id uint32
 }
 
 func (e *encoder) int(n int64) {
@@ -169,14 +193,20 @@ func (e *encoder) openDict(n int) dictState {
 	return dictState{n: n}
 }
 
-func (e *encoder) key(st *dictState, k string) {
+// key writes the key of a known field, memoised once per encoding.
+func (e *encoder) key(st *dictState, f int) {
 	if st.inBatch == batchSize {
 		e.op(opSETITEMS)
 		e.op(opMARK)
 		st.inBatch = 0
 	}
 	st.inBatch++
-	e.str(k)
+	if id := e.keys[f]; id != 0 {
+		e.get(id - 1)
+		return
+	}
+	e.str(fieldNames[f])
+	e.keys[f] = e.strs[fieldNames[f]] + 1
 }
 
 func (e *encoder) keyAny(st *dictState, k Value, depth int) {
@@ -240,58 +270,85 @@ func (e *encoder) listMemo(key any, n int, item func(i int)) {
 func (e *encoder) snapshot(s *Snapshot) {
 	st := e.openDict(bits.OnesCount8(s.Has) + len(s.Extra))
 	if s.Has&SnapSegments != 0 {
-		e.key(&st, "segments")
+		e.key(&st, fSegments)
 		e.list(len(s.Segments), func(i int) { e.segment(s.Segments[i]) })
 	}
 	if s.Has&SnapDeviceTraces != 0 {
-		e.key(&st, "device_traces")
+		e.key(&st, fDeviceTraces)
 		e.list(len(s.DeviceTraces), func(i int) {
 			tr := s.DeviceTraces[i]
 			e.list(len(tr), func(j int) { e.entry(tr[j]) })
 		})
 	}
 	if s.Has&SnapAllocatorSettings != 0 {
-		e.key(&st, "allocator_settings")
+		e.key(&st, fAllocatorSettings)
 		e.value(s.AllocatorSettings, 1)
 	}
 	if s.Has&SnapExternalAnnotations != 0 {
-		e.key(&st, "external_annotations")
+		e.key(&st, fExternalAnnotations)
 		e.value(s.ExternalAnnotations, 1)
 	}
 	e.extras(&st, s.Extra, 1)
 	e.closeDict(st)
 }
 
+// frameList writes a frames list. Consecutive trace entries often hold the same
+// frames (nine in ten, in a transformer's trace), so the list written last and its
+// frames' memo ids are kept, and a list equal to it is written without looking
+// its frames up again.
 func (e *encoder) frameList(fs []*Frame) {
-	e.list(len(fs), func(i int) { e.frame(fs[i]) })
+	if len(fs) > 0 && slices.Equal(fs, e.lastFrames) {
+		ids := e.lastIDs
+		e.list(len(fs), func(i int) { e.get(ids[i]) })
+		return
+	}
+	e.lastIDs, e.lastFrames = e.lastIDs[:0], e.lastFrames[:0]
+	whole := true
+	e.list(len(fs), func(i int) {
+		id, ok := e.frame(fs[i])
+		e.lastIDs = append(e.lastIDs, id)
+		whole = whole && ok
+	})
+	if whole {
+		e.lastFrames = append(e.lastFrames, fs...)
+	}
 }
 
-func (e *encoder) frame(f *Frame) {
+// frame writes a frame, memoised by identity, and returns its memo id; false for
+// a nil frame, written as None.
+func (e *encoder) frame(f *Frame) (uint32, bool) {
 	if f == nil {
 		e.op(opNONE)
-		return
+		return 0, false
 	}
 	if id, ok := e.frames[f]; ok {
 		e.get(id)
-		return
+		return id, true
 	}
 	e.op(opEMPTY_DICT)
-	e.frames[f] = e.memoize()
+	id := e.memoize()
+	e.frames[f] = id
+	e.frameItems(f)
+	return id, true
+}
+
+// frameItems writes the items of a frame being written for the first time.
+func (e *encoder) frameItems(f *Frame) {
 	n := bits.OnesCount8(f.Has) + len(f.Extra)
 	st := dictState{n: n}
 	if n > 0 {
 		e.op(opMARK)
 	}
 	if f.Has&FrameName != 0 {
-		e.key(&st, "name")
+		e.key(&st, fName)
 		e.str(f.Name)
 	}
 	if f.Has&FrameFilename != 0 {
-		e.key(&st, "filename")
+		e.key(&st, fFilename)
 		e.str(f.Filename)
 	}
 	if f.Has&FrameLine != 0 {
-		e.key(&st, "line")
+		e.key(&st, fLine)
 		e.int(f.Line)
 	}
 	e.extras(&st, f.Extra, 2)
@@ -302,39 +359,39 @@ func (e *encoder) entry(t *TraceEntry) {
 	st := e.openDict(bits.OnesCount16(t.Has) + len(t.Extra))
 	h := t.Has
 	if h&EntryAction != 0 {
-		e.key(&st, "action")
+		e.key(&st, fAction)
 		e.str(t.Action)
 	}
 	if h&EntryAddr != 0 {
-		e.key(&st, "addr")
+		e.key(&st, fAddr)
 		e.int(t.Addr)
 	}
 	if h&EntryDeviceFree != 0 {
-		e.key(&st, "device_free")
+		e.key(&st, fDeviceFree)
 		e.int(t.DeviceFree)
 	}
 	if h&EntrySize != 0 {
-		e.key(&st, "size")
+		e.key(&st, fSize)
 		e.int(t.Size)
 	}
 	if h&EntryStream != 0 {
-		e.key(&st, "stream")
+		e.key(&st, fStream)
 		e.int(t.Stream)
 	}
 	if h&EntryTimeUS != 0 {
-		e.key(&st, "time_us")
+		e.key(&st, fTimeUS)
 		e.int(t.TimeUS + e.shift)
 	}
 	if h&EntryCompileContext != 0 {
-		e.key(&st, "compile_context")
+		e.key(&st, fCompileContext)
 		e.str(t.CompileContext)
 	}
 	if h&EntryUserMetadata != 0 {
-		e.key(&st, "user_metadata")
+		e.key(&st, fUserMetadata)
 		e.str(t.UserMetadata)
 	}
 	if h&EntryFrames != 0 {
-		e.key(&st, "frames")
+		e.key(&st, fFrames)
 		e.frameList(t.Frames)
 	}
 	e.extras(&st, t.Extra, 2)
@@ -344,23 +401,23 @@ func (e *encoder) entry(t *TraceEntry) {
 func (e *encoder) block(b *Block) {
 	st := e.openDict(bits.OnesCount8(b.Has) + len(b.Extra))
 	if b.Has&BlockAddress != 0 {
-		e.key(&st, "address")
+		e.key(&st, fAddress)
 		e.int(b.Address)
 	}
 	if b.Has&BlockSize != 0 {
-		e.key(&st, "size")
+		e.key(&st, fSize)
 		e.int(b.Size)
 	}
 	if b.Has&BlockRequestedSize != 0 {
-		e.key(&st, "requested_size")
+		e.key(&st, fRequestedSize)
 		e.int(b.RequestedSize)
 	}
 	if b.Has&BlockState != 0 {
-		e.key(&st, "state")
+		e.key(&st, fState)
 		e.str(b.State)
 	}
 	if b.Has&BlockFrames != 0 {
-		e.key(&st, "frames")
+		e.key(&st, fFrames)
 		e.frameList(b.Frames)
 	}
 	e.extras(&st, b.Extra, 2)
@@ -372,12 +429,12 @@ func (e *encoder) segment(g *Segment) {
 	h := g.Has
 	ints := []struct {
 		bit uint16
-		k   string
+		k   int
 		v   int64
 	}{
-		{SegDevice, "device", g.Device}, {SegAddress, "address", g.Address}, {SegTotalSize, "total_size", g.TotalSize},
-		{SegAllocatedSize, "allocated_size", g.AllocatedSize}, {SegActiveSize, "active_size", g.ActiveSize},
-		{SegRequestedSize, "requested_size", g.RequestedSize}, {SegStream, "stream", g.Stream},
+		{SegDevice, fDevice, g.Device}, {SegAddress, fAddress, g.Address}, {SegTotalSize, fTotalSize, g.TotalSize},
+		{SegAllocatedSize, fAllocatedSize, g.AllocatedSize}, {SegActiveSize, fActiveSize, g.ActiveSize},
+		{SegRequestedSize, fRequestedSize, g.RequestedSize}, {SegStream, fStream, g.Stream},
 	}
 	for _, f := range ints {
 		if h&f.bit != 0 {
@@ -386,23 +443,23 @@ func (e *encoder) segment(g *Segment) {
 		}
 	}
 	if h&SegSegmentType != 0 {
-		e.key(&st, "segment_type")
+		e.key(&st, fSegmentType)
 		e.str(g.SegmentType)
 	}
 	if h&SegSegmentPoolID != 0 {
-		e.key(&st, "segment_pool_id")
+		e.key(&st, fSegmentPoolID)
 		e.value(g.SegmentPoolID, 2)
 	}
 	if h&SegIsExpandable != 0 {
-		e.key(&st, "is_expandable")
+		e.key(&st, fIsExpandable)
 		e.bool(g.IsExpandable)
 	}
 	if h&SegFrames != 0 {
-		e.key(&st, "frames")
+		e.key(&st, fFrames)
 		e.frameList(g.Frames)
 	}
 	if h&SegBlocks != 0 {
-		e.key(&st, "blocks")
+		e.key(&st, fBlocks)
 		e.list(len(g.Blocks), func(i int) { e.block(g.Blocks[i]) })
 	}
 	e.extras(&st, g.Extra, 2)

@@ -31,7 +31,20 @@ const (
 	fName
 	fFilename
 	fLine
+	nFields
 )
+
+// fieldNames names each field id.
+var fieldNames = [nFields]string{
+	fSegments: "segments", fDeviceTraces: "device_traces", fAllocatorSettings: "allocator_settings",
+	fExternalAnnotations: "external_annotations", fDevice: "device", fAddress: "address",
+	fTotalSize: "total_size", fAllocatedSize: "allocated_size", fActiveSize: "active_size",
+	fRequestedSize: "requested_size", fStream: "stream", fSegmentType: "segment_type",
+	fSegmentPoolID: "segment_pool_id", fIsExpandable: "is_expandable", fFrames: "frames",
+	fBlocks: "blocks", fSize: "size", fState: "state", fAction: "action", fAddr: "addr",
+	fTimeUS: "time_us", fDeviceFree: "device_free", fCompileContext: "compile_context",
+	fUserMetadata: "user_metadata", fName: "name", fFilename: "filename", fLine: "line",
+}
 
 func fieldID(s string) int {
 	switch s {
@@ -100,7 +113,15 @@ func fid(k *val) int {
 	return int(k.n)
 }
 
-func extra(x []Item, k, v *val) []Item { return append(x, Item{k.any(), v.any()}) }
+// extra keeps an item the model has no field for. Past the budget it drops it: the
+// opcode's handler then refuses the pickle.
+func (d *decoder) extra(x []Item, k, v *val) []Item {
+	x, ok := grown(d, x, 1, sizeItem)
+	if !ok {
+		return x
+	}
+	return append(x, Item{k.any(), v.any()})
+}
 
 func (s *Snapshot) set(d *decoder, k, v *val) {
 	switch fid(k) {
@@ -121,7 +142,7 @@ func (s *Snapshot) set(d *decoder, k, v *val) {
 		s.ExternalAnnotations, s.Has = v.any(), s.Has|SnapExternalAnnotations
 		return
 	}
-	s.Extra = extra(s.Extra, k, v)
+	s.Extra = d.extra(s.Extra, k, v)
 }
 
 func (g *Segment) set(d *decoder, k, v *val) {
@@ -163,7 +184,7 @@ func (g *Segment) set(d *decoder, k, v *val) {
 		}
 	case fSegmentType:
 		if v.k == kStr {
-			g.SegmentType, g.Has = v.s, g.Has|SegSegmentType
+			g.SegmentType, g.Has = v.str(), g.Has|SegSegmentType
 			return
 		}
 	case fSegmentPoolID:
@@ -185,7 +206,7 @@ func (g *Segment) set(d *decoder, k, v *val) {
 			return
 		}
 	}
-	g.Extra = extra(g.Extra, k, v)
+	g.Extra = d.extra(g.Extra, k, v)
 }
 
 func (b *Block) set(d *decoder, k, v *val) {
@@ -207,7 +228,7 @@ func (b *Block) set(d *decoder, k, v *val) {
 		}
 	case fState:
 		if v.k == kStr {
-			b.State, b.Has = v.s, b.Has|BlockState
+			b.State, b.Has = v.str(), b.Has|BlockState
 			return
 		}
 	case fFrames:
@@ -216,14 +237,14 @@ func (b *Block) set(d *decoder, k, v *val) {
 			return
 		}
 	}
-	b.Extra = extra(b.Extra, k, v)
+	b.Extra = d.extra(b.Extra, k, v)
 }
 
 func (e *TraceEntry) set(d *decoder, k, v *val) {
 	switch fid(k) {
 	case fAction:
 		if v.k == kStr {
-			e.Action, e.Has = v.s, e.Has|EntryAction
+			e.Action, e.Has = v.str(), e.Has|EntryAction
 			return
 		}
 	case fAddr:
@@ -253,12 +274,12 @@ func (e *TraceEntry) set(d *decoder, k, v *val) {
 		}
 	case fCompileContext:
 		if v.k == kStr {
-			e.CompileContext, e.Has = v.s, e.Has|EntryCompileContext
+			e.CompileContext, e.Has = v.str(), e.Has|EntryCompileContext
 			return
 		}
 	case fUserMetadata:
 		if v.k == kStr {
-			e.UserMetadata, e.Has = v.s, e.Has|EntryUserMetadata
+			e.UserMetadata, e.Has = v.str(), e.Has|EntryUserMetadata
 			return
 		}
 	case fFrames:
@@ -267,19 +288,19 @@ func (e *TraceEntry) set(d *decoder, k, v *val) {
 			return
 		}
 	}
-	e.Extra = extra(e.Extra, k, v)
+	e.Extra = d.extra(e.Extra, k, v)
 }
 
 func (f *Frame) set(d *decoder, k, v *val) {
 	switch fid(k) {
 	case fName:
 		if v.k == kStr {
-			f.Name, f.Has = v.s, f.Has|FrameName
+			f.Name, f.Has = v.str(), f.Has|FrameName
 			return
 		}
 	case fFilename:
 		if v.k == kStr {
-			f.Filename, f.Has = v.s, f.Has|FrameFilename
+			f.Filename, f.Has = v.str(), f.Has|FrameFilename
 			return
 		}
 	case fLine:
@@ -288,13 +309,14 @@ func (f *Frame) set(d *decoder, k, v *val) {
 			return
 		}
 	}
-	f.Extra = extra(f.Extra, k, v)
+	f.Extra = d.extra(f.Extra, k, v)
 }
 
 // The as* methods take a list value for a typed field; a list that is not all of
 // the expected shape is refused (false) and the caller keeps it as Extra. A list
 // referenced many times (through the memo) is converted once: conversions are
-// cached per *List, so no input can make the decoder copy one list per reference.
+// cached per *List and target, so no input can make the decoder copy one list per
+// reference.
 
 func listOf(v *val) (*List, bool) {
 	switch v.k {
@@ -310,19 +332,28 @@ func listOf(v *val) (*List, bool) {
 	return nil, false
 }
 
-// convert runs f on l's items once per *List.
-func (d *decoder) convert(l *List, f func([]Value) (any, bool)) (any, bool) {
-	if c, ok := d.conv[l]; ok {
+// convKey names one conversion: a list, and what it is converted to (one list may
+// be asked for as frames in one place and as blocks in another).
+type convKey struct {
+	l  *List
+	as schema
+}
+
+// convert runs f on l's items once per *List and target.
+func (d *decoder) convert(l *List, as schema, f func([]Value) (any, bool)) (any, bool) {
+	k := convKey{l, as}
+	if c, ok := d.conv[k]; ok {
 		return c, c != nil
 	}
+	d.spend(sizeSparse + 8*int64(len(l.Items)))
 	out, ok := f(l.Items)
 	if d.conv == nil {
-		d.conv = map[*List]any{}
+		d.conv = map[convKey]any{}
 	}
 	if !ok {
 		out = nil
 	}
-	d.conv[l] = out
+	d.conv[k] = out
 	return out, ok
 }
 
@@ -341,13 +372,14 @@ func (d *decoder) asFrames(v *val) ([]*Frame, bool) {
 	if !ok {
 		return nil, false
 	}
-	c, ok := d.convert(l, func(items []Value) (any, bool) {
+	c, ok := d.convert(l, schFrames, func(items []Value) (any, bool) {
 		out := make([]*Frame, len(items))
 		for i, it := range items {
 			switch x := it.(type) {
 			case *Frame:
 				out[i] = x
 			case *Dict:
+				d.spend(sizeFrame)
 				f := &Frame{}
 				d.dictFields(x, func(k, v *val) { f.set(d, k, v) })
 				out[i] = f
@@ -368,13 +400,14 @@ func (d *decoder) asSegments(v *val) ([]*Segment, bool) {
 	if !ok {
 		return nil, false
 	}
-	c, ok := d.convert(l, func(items []Value) (any, bool) {
+	c, ok := d.convert(l, schSegList, func(items []Value) (any, bool) {
 		out := make([]*Segment, len(items))
 		for i, it := range items {
 			switch x := it.(type) {
 			case *Segment:
 				out[i] = x
 			case *Dict:
+				d.spend(sizeSegment)
 				g := &Segment{}
 				d.dictFields(x, func(k, v *val) { g.set(d, k, v) })
 				out[i] = g
@@ -395,13 +428,14 @@ func (d *decoder) asBlocks(v *val) ([]*Block, bool) {
 	if !ok {
 		return nil, false
 	}
-	c, ok := d.convert(l, func(items []Value) (any, bool) {
+	c, ok := d.convert(l, schBlockList, func(items []Value) (any, bool) {
 		out := make([]*Block, len(items))
 		for i, it := range items {
 			switch x := it.(type) {
 			case *Block:
 				out[i] = x
 			case *Dict:
+				d.spend(sizeBlock)
 				b := &Block{}
 				d.dictFields(x, func(k, v *val) { b.set(d, k, v) })
 				out[i] = b
@@ -418,13 +452,14 @@ func (d *decoder) asBlocks(v *val) ([]*Block, bool) {
 }
 
 func (d *decoder) asEntries(l *List) ([]*TraceEntry, bool) {
-	c, ok := d.convert(l, func(items []Value) (any, bool) {
+	c, ok := d.convert(l, schTrace, func(items []Value) (any, bool) {
 		out := make([]*TraceEntry, len(items))
 		for i, it := range items {
 			switch x := it.(type) {
 			case *TraceEntry:
 				out[i] = x
 			case *Dict:
+				d.spend(sizeEntry)
 				e := &TraceEntry{}
 				d.dictFields(x, func(k, v *val) { e.set(d, k, v) })
 				out[i] = e
@@ -445,7 +480,7 @@ func (d *decoder) asTraces(v *val) ([][]*TraceEntry, bool) {
 	if !ok {
 		return nil, false
 	}
-	c, ok := d.convert(l, func(items []Value) (any, bool) {
+	c, ok := d.convert(l, schTraces, func(items []Value) (any, bool) {
 		out := make([][]*TraceEntry, len(items))
 		for i, it := range items {
 			il, ok := it.(*List)

@@ -62,10 +62,11 @@ func (s *Snapshot) ComputeFigures() Figures {
 			}
 		}
 	}
+	counts := actionCounts{all: f.Events}
 	for dev, tr := range s.DeviceTraces {
 		var cur, hi int64
 		for _, e := range tr {
-			f.Events[e.Action]++
+			counts.add(e.Action)
 			switch e.Action {
 			case ActionAlloc:
 				cur += e.Size
@@ -77,7 +78,44 @@ func (s *Snapshot) ComputeFigures() Figures {
 		end := s.AllocatedAtEnd(dev)
 		f.Devices = append(f.Devices, DeviceFigures{Device: dev, Events: len(tr), AllocatedBytes: end, PeakAllocatedBytes: end - cur + hi})
 	}
+	counts.flush()
 	return f
+}
+
+// actionCounts counts events by action. A trace holds a handful of actions, each
+// string shared by its events, so a short list compared by value (the shared
+// pointer makes that quick) beats hashing every event's action; actions past the
+// list's few go to the map.
+type actionCounts struct {
+	few [8]struct {
+		action string
+		n      int
+	}
+	nfew int
+	all  map[string]int
+}
+
+func (c *actionCounts) add(a string) {
+	for i := range c.nfew {
+		if c.few[i].action == a {
+			c.few[i].n++
+			return
+		}
+	}
+	if c.nfew < len(c.few) {
+		c.few[c.nfew].action, c.few[c.nfew].n = a, 1
+		c.nfew++
+		return
+	}
+	c.all[a]++
+}
+
+// flush adds the list's counts to the map.
+func (c *actionCounts) flush() {
+	for _, x := range c.few[:c.nfew] {
+		c.all[x.action] += x.n
+	}
+	c.nfew = 0
 }
 
 // Actions returns the action names of f.Events, sorted.

@@ -2,7 +2,9 @@
 // from a real one and times memsnap's own work on them.
 //
 //	benchtool gen -events N -ranks R -out DIR BASE.pickle   write rank{r}.1.memory_snapshot.pickle files
-//	benchtool decode -n ITER FILE                           print the best decode time in seconds
+//	benchtool decode -n ITER FILE                           print the best decode time in seconds, and on
+//	                                                        stderr what one decode allocates (-cpuprofile,
+//	                                                        -memprofile F: write profiles)
 //	benchtool merge -n ITER DIR                             merge DIR's ranks (all five outputs); print the best time and the peak RSS
 //	benchtool decoded-size FILE                             print the heap bytes one decoded snapshot holds
 package main
@@ -80,12 +82,29 @@ func gen(args []string) error {
 func decode(args []string) error {
 	fs := flag.NewFlagSet("decode", flag.ExitOnError)
 	n := fs.Int("n", 10, "iterations (the best is printed)")
+	cpu := fs.String("cpuprofile", "", "write a CPU profile")
+	mem := fs.String("memprofile", "", "write an allocation profile")
 	fs.Parse(args)
 	data, err := os.ReadFile(fs.Arg(0))
 	if err != nil {
 		return err
 	}
+	if *mem != "" {
+		runtime.MemProfileRate = 4096
+	}
+	if *cpu != "" {
+		f, err := os.Create(*cpu)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	best := time.Duration(1 << 62)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
 	for i := 0; i < *n; i++ {
 		t := time.Now()
 		if _, err := snapshot.Decode(data); err != nil {
@@ -93,7 +112,20 @@ func decode(args []string) error {
 		}
 		best = min(best, time.Since(t))
 	}
+	runtime.ReadMemStats(&after)
+	if *mem != "" {
+		f, err := os.Create(*mem)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			return err
+		}
+	}
 	fmt.Printf("%.6f\n", best.Seconds())
+	fmt.Fprintf(os.Stderr, "allocated per decode: %d bytes in %d objects, for %d bytes of input\n",
+		(after.TotalAlloc-before.TotalAlloc)/uint64(*n), (after.Mallocs-before.Mallocs)/uint64(*n), len(data))
 	return nil
 }
 
