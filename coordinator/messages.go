@@ -3,6 +3,8 @@ package coordinator
 import (
 	"errors"
 	"fmt"
+	"math"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
@@ -17,6 +19,8 @@ const (
 	maxMessage = 1 << 20
 	maxMeta    = 512
 	maxString  = 4096
+	// maxStepUs is the longest step time a time.Duration holds, in microseconds.
+	maxStepUs = int64(math.MaxInt64 / time.Microsecond)
 )
 
 var errMalformed = errors.New("coordinator: malformed message")
@@ -39,8 +43,15 @@ func decodeMeta(b []byte) (*pb.NodeMeta, error) {
 		return nil, fmt.Errorf("%w: rank %d of world size %d", errMalformed, m.Rank, m.WorldSize)
 	case m.Rank >= 0 && m.Rank >= m.WorldSize:
 		return nil, fmt.Errorf("%w: rank %d outside world size %d", errMalformed, m.Rank, m.WorldSize)
-	case m.LocalRank < 0 || m.NodeRank < 0:
-		return nil, fmt.Errorf("%w: negative local or node rank", errMalformed)
+	case m.LocalRank < 0 || m.NodeRank < 0 || m.LocalRank >= merge.MaxRanks || m.NodeRank >= merge.MaxRanks:
+		return nil, fmt.Errorf("%w: local rank %d, node rank %d", errMalformed, m.LocalRank, m.NodeRank)
+	case m.Batch < -1 || m.StepUs < 0:
+		return nil, fmt.Errorf("%w: batch %d, step time %d us", errMalformed, m.Batch, m.StepUs)
+	}
+	// the wire allows shorter encodings than proto.Marshal writes (an int32 of -1
+	// in 5 bytes rather than 10): what is accepted must still fit once re-encoded
+	if n := proto.Size(&m); n > maxMeta {
+		return nil, fmt.Errorf("%w: metadata of %d bytes once encoded", errMalformed, n)
 	}
 	return &m, nil
 }
@@ -56,6 +67,10 @@ func decodeEnvelope(b []byte) (*pb.Envelope, error) {
 	}
 	if err := checkEnvelope(&e); err != nil {
 		return nil, err
+	}
+	// as for metadata: what is accepted fits once re-encoded, so it can be relayed
+	if n := proto.Size(&e); n > maxMessage {
+		return nil, fmt.Errorf("%w: %d bytes once encoded", errMalformed, n)
 	}
 	return &e, nil
 }
@@ -85,6 +100,19 @@ func checkEnvelope(e *pb.Envelope) error {
 		}
 		return nil
 	}
+	// rank checks a rank a message names; -1 stands for none where allowed
+	rank := func(what string, r int32, none bool) error {
+		if r >= merge.MaxRanks || r < 0 && !(none && r == -1) {
+			return bad("%s %d", what, r)
+		}
+		return nil
+	}
+	result := func(r *pb.RankResult) error {
+		if r.Size < 0 || r.Events < 0 {
+			return bad("negative result size")
+		}
+		return long(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason)
+	}
 	switch b := e.Body.(type) {
 	case *pb.Envelope_Plan:
 		if e.WindowId == 0 {
@@ -93,38 +121,73 @@ func checkEnvelope(e *pb.Envelope) error {
 		if err := window(b.Plan.Start, b.Plan.Stop); err != nil {
 			return err
 		}
+		if b.Plan.WorldSize < 0 || b.Plan.WorldSize > merge.MaxRanks {
+			return bad("plan for world size %d", b.Plan.WorldSize)
+		}
 		if len(b.Plan.Ranks) > merge.MaxRanks {
 			return bad("plan for %d ranks", len(b.Plan.Ranks))
 		}
+		for _, r := range b.Plan.Ranks {
+			if err := rank("plan for rank", r, false); err != nil {
+				return err
+			}
+		}
 		return long(b.Plan.Reason)
 	case *pb.Envelope_Status:
+		if b.Status.Batch < -1 || b.Status.StepUs < 0 || b.Status.StepUs > maxStepUs {
+			return bad("status of batch %d, step time %d us", b.Status.Batch, b.Status.StepUs)
+		}
+		if b.Status.Result != nil {
+			if err := result(b.Status.Result); err != nil {
+				return err
+			}
+		}
 		return long(b.Status.State)
 	case *pb.Envelope_Ack:
 		return long(b.Ack.Code, b.Ack.Message)
 	case *pb.Envelope_Progress:
-		if b.Progress.Rank < -1 || b.Progress.Rank >= merge.MaxRanks {
-			return bad("progress of rank %d", b.Progress.Rank)
+		if err := rank("progress of rank", b.Progress.Rank, true); err != nil {
+			return err
 		}
 		return long(b.Progress.State, b.Progress.Reason)
 	case *pb.Envelope_Result:
-		r := b.Result
-		if r.Size < 0 || r.Events < 0 {
-			return bad("negative result size")
-		}
-		return long(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason)
+		return result(b.Result)
 	case *pb.Envelope_Request:
 		if b.Request.Batches < 0 || b.Request.Batches > 1<<20 {
 			return bad("a window of %d batches", b.Request.Batches)
 		}
+		if err := rank("request naming rank", b.Request.OomRank, true); err != nil {
+			return err
+		}
 		return long(b.Request.Reason)
 	case *pb.Envelope_WindowResult:
-		if len(b.WindowResult.Missing) > merge.MaxRanks || len(b.WindowResult.Ranks) > merge.MaxRanks || len(b.WindowResult.Outputs) > 64 {
+		w := b.WindowResult
+		if len(w.Missing) > merge.MaxRanks || len(w.Ranks) > merge.MaxRanks || len(w.Outputs) > 64 {
 			return bad("a result naming too much")
 		}
-		return long(b.WindowResult.State, b.WindowResult.Manifest, b.WindowResult.Error, b.WindowResult.Store)
+		for _, r := range w.Ranks {
+			if err := rank("result naming rank", r, false); err != nil {
+				return err
+			}
+		}
+		for r, why := range w.Missing {
+			if err := rank("result naming rank", r, false); err != nil {
+				return err
+			}
+			if err := long(why); err != nil {
+				return err
+			}
+		}
+		if err := long(w.Outputs...); err != nil {
+			return err
+		}
+		return long(w.State, w.Manifest, w.Error, w.Store)
 	case *pb.Envelope_Cancel:
 		return long(b.Cancel.Reason)
 	case *pb.Envelope_Dump:
+		if err := rank("dump naming rank", b.Dump.OomRank, true); err != nil {
+			return err
+		}
 		return long(b.Dump.Reason)
 	}
 	return nil

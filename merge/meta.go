@@ -71,9 +71,9 @@ func MetaName(snapshotName string) string {
 }
 
 // ParseRankMeta parses a sidecar, refusing malformed ones: a rank outside
-// [0, MaxRanks) or outside its world size (when that is known), and batch marks
-// that end before they start. Batches and samples come back nil when empty, as a
-// re-marshalled sidecar (which omits them) reads.
+// [0, MaxRanks) or outside its world size (when that is known), batch marks that
+// end before they start, a negative stall. Batches and samples come back nil when
+// empty, as a re-marshalled sidecar (which omits them) reads.
 func ParseRankMeta(b []byte) (*RankMeta, error) {
 	var m RankMeta
 	if err := json.Unmarshal(b, &m); err != nil {
@@ -86,6 +86,9 @@ func ParseRankMeta(b []byte) (*RankMeta, error) {
 		if b.EndUS < b.StartUS {
 			return nil, fmt.Errorf("merge: rank metadata: batch %d ends before it starts", b.Batch)
 		}
+	}
+	if m.StallUS < 0 {
+		return nil, fmt.Errorf("merge: rank metadata: a stall of %d us", m.StallUS)
 	}
 	if len(m.Batches) == 0 {
 		m.Batches = nil

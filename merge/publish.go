@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/naming"
 )
 
 // InputRef is one input of a merge as the claim and the manifest record it.
@@ -70,7 +71,10 @@ type Manifest struct {
 	Reason         string            `json:"reason,omitempty"` // why the window was recorded
 }
 
-// ParseManifest parses a manifest, refusing malformed ones.
+// ParseManifest parses a manifest, refusing malformed ones: every output (and the
+// claim) must be a plain name in the manifest's folder with a size and a SHA-256,
+// and every rank it names must lie in the world. Batches and missing reasons come
+// back nil when empty, as a re-marshalled manifest (which omits them) reads.
 func ParseManifest(b []byte) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
@@ -83,11 +87,55 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		return nil, fmt.Errorf("merge: manifest: world size %d", m.WorldSize)
 	}
 	for k, o := range m.Outputs {
-		if o.Name == "" || strings.ContainsAny(o.Name, "/\\") || o.Name == "." || o.Name == ".." || o.Size < 0 || len(o.SHA256) != 64 {
-			return nil, fmt.Errorf("merge: manifest: output %s is malformed", k)
+		if !o.valid() {
+			return nil, fmt.Errorf("merge: manifest: output %q is malformed", k)
 		}
 	}
+	if m.Claim != (Object{}) && !m.Claim.valid() {
+		return nil, fmt.Errorf("merge: manifest: the claim is malformed")
+	}
+	inWorld := func(r int) bool { return r >= 0 && r < MaxRanks && (m.WorldSize == 0 || r < m.WorldSize) }
+	for _, list := range [][]int{m.RanksMerged, m.MissingRanks} {
+		for _, r := range list {
+			if !inWorld(r) {
+				return nil, fmt.Errorf("merge: manifest: rank %d of world size %d", r, m.WorldSize)
+			}
+		}
+	}
+	if m.OutlierRank != nil && !inWorld(*m.OutlierRank) {
+		return nil, fmt.Errorf("merge: manifest: outlier rank %d of world size %d", *m.OutlierRank, m.WorldSize)
+	}
+	for k := range m.MissingReasons {
+		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) {
+			return nil, fmt.Errorf("merge: manifest: a reason for rank %q", k)
+		}
+	}
+	if len(m.MissingReasons) == 0 {
+		m.MissingReasons = nil
+	}
+	if len(m.Batches) == 0 {
+		m.Batches = nil
+	}
 	return &m, nil
+}
+
+// valid reports whether o names a plain file beside the manifest (no folder, no
+// '.' or '..', nothing naming.CleanKey refuses) with a size and a SHA-256.
+func (o Object) valid() bool {
+	if o.Name == "." || o.Name == ".." || strings.ContainsAny(o.Name, "/\\") || o.Size < 0 || !isSHA256(o.SHA256) {
+		return false
+	}
+	_, err := naming.CleanKey(o.Name)
+	return err == nil
+}
+
+// isSHA256 reports whether s is a SHA-256 in hex.
+func isSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
 }
 
 func sha256Hex(b []byte) string {

@@ -1,0 +1,397 @@
+package coordinator
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge"
+)
+
+// envelopeSeeds is one valid envelope of every body type.
+func envelopeSeeds() []*pb.Envelope {
+	env := func(rank int32, window uint64, body any) *pb.Envelope {
+		e := &pb.Envelope{SenderRank: rank, WindowId: window, Sender: NodeName("run", int(max(rank, 0))), Seq: 7}
+		switch b := body.(type) {
+		case *pb.StatusRequest:
+			e.Body = &pb.Envelope_StatusRequest{StatusRequest: b}
+		case *pb.Status:
+			e.Body = &pb.Envelope_Status{Status: b}
+		case *pb.Plan:
+			e.Body = &pb.Envelope_Plan{Plan: b}
+		case *pb.Ack:
+			e.Body = &pb.Envelope_Ack{Ack: b}
+		case *pb.Progress:
+			e.Body = &pb.Envelope_Progress{Progress: b}
+		case *pb.RankResult:
+			e.Body = &pb.Envelope_Result{Result: b}
+		case *pb.Cancel:
+			e.Body = &pb.Envelope_Cancel{Cancel: b}
+		case *pb.SnapshotRequest:
+			e.Body = &pb.Envelope_Request{Request: b}
+		case *pb.WindowResult:
+			e.Body = &pb.Envelope_WindowResult{WindowResult: b}
+		case *pb.ClockProbe:
+			e.Body = &pb.Envelope_ClockProbe{ClockProbe: b}
+		case *pb.ClockReply:
+			e.Body = &pb.Envelope_ClockReply{ClockReply: b}
+		case *pb.Dump:
+			e.Body = &pb.Envelope_Dump{Dump: b}
+		}
+		return e
+	}
+	res := &pb.RankResult{Key: "run/torch_memory_traces/rank1.8.memory_snapshot.pickle", MetaKey: "run/torch_memory_traces/rank1.8.memory_snapshot.memsnap.json",
+		Size: 123456, Sha256: strings.Repeat("ab", 32), Events: 900, Start: 5, Stop: 8, Reason: "window"}
+	return []*pb.Envelope{
+		env(0, 0, &pb.StatusRequest{}),
+		env(1, 3, &pb.Status{Batch: 4, StepUs: 120000, TimeUs: 1700000000000000, Window: 3, Start: 5, Stop: 8, State: "uploaded", Result: res, Trainer: true}),
+		env(2, 0, &pb.Status{Batch: -1}),
+		env(0, 3, &pb.Plan{Start: 5, Stop: 8, Reason: "schedule", WorldSize: 4, Ranks: []int32{0, 1, 2, 3}}),
+		env(1, 3, &pb.Ack{Ok: true, Batch: 4}),
+		env(1, 3, &pb.Ack{Code: "passed", Message: "batch 9 is past the window's start 5", Batch: 9}),
+		env(2, 3, &pb.Progress{State: "recording", Batch: 6, Rank: 2}),
+		env(-1, 3, &pb.Progress{State: "armed", Rank: -1}),
+		env(3, 3, res),
+		env(3, 3, &pb.RankResult{Error: "the store refused it", Partial: "the trainer stopped at batch 6", Start: 5, Stop: 8}),
+		env(0, 3, &pb.Cancel{Reason: "replan"}),
+		env(-1, 0, &pb.SnapshotRequest{Batches: 3, Reason: "request", Watch: true}),
+		env(2, 0, &pb.SnapshotRequest{Reason: "oom", OomRank: 2}),
+		env(0, 3, &pb.WindowResult{State: "published", Manifest: "s3://b/run/torch_memory_traces/window3/merged.manifest.json", Store: "s3://b",
+			Outputs: []string{"s3://b/run/torch_memory_traces/window3/merged.html"}, Ranks: []int32{0, 1, 3}, Missing: map[int32]string{2: "unreachable"}, Start: 5, Stop: 8}),
+		env(0, 3, &pb.WindowResult{State: "failed", Error: "the store went away"}),
+		env(0, 0, &pb.ClockProbe{T0Us: 1700000000000000}),
+		env(1, 0, &pb.ClockReply{T0Us: 1700000000000000, TUs: 1700000000000123}),
+		env(0, 4, &pb.Dump{Reason: "oom", OomRank: 2}),
+	}
+}
+
+// brokenEnvelopes are encodings decodeEnvelope refuses.
+func brokenEnvelopes(t testing.TB) [][]byte {
+	valid := mustMarshal(t, envelopeSeeds()[3])
+	var out [][]byte
+	out = append(out,
+		nil,
+		valid[:len(valid)-1], // truncated
+		append(bytes.Clone(valid), 0xff),
+		[]byte{0x1a, 0x03, 'a', 0xff, 'b'}, // sender not UTF-8
+		protowire.AppendVarint(protowire.AppendTag(nil, 12, protowire.VarintType), 1), // plan with the wrong wire type
+	)
+	for _, e := range []*pb.Envelope{
+		{Sender: "x"}, // no body
+		{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}},                                                                     // no sender
+		{Sender: "x", SenderRank: -2, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}},                                        // sender rank
+		{Sender: "x", Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 5, Stop: 8}}},                                             // no window id
+		{Sender: "x", WindowId: 1, Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 8, Stop: 8}}},                                // empty window
+		{Sender: "x", WindowId: 1, Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 1, Stop: 8, Ranks: []int32{-1}}}},            // negative rank
+		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: merge.MaxRanks}}},                              // rank too large
+		{Sender: "x", Body: &pb.Envelope_Request{Request: &pb.SnapshotRequest{Batches: -1}}},                                  // negative length
+		{Sender: "x", Body: &pb.Envelope_Result{Result: &pb.RankResult{Size: -1}}},                                            // negative size
+		{Sender: "x", Body: &pb.Envelope_Ack{Ack: &pb.Ack{Message: strings.Repeat("m", maxString+1)}}},                        // long field
+		{Sender: "x", Body: &pb.Envelope_WindowResult{WindowResult: &pb.WindowResult{Missing: map[int32]string{-5: "gone"}}}}, // negative rank
+		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Result: &pb.RankResult{Events: -1}}}},                      // nested result
+		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Batch: -2}}},                                               // batch before none
+		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{StepUs: maxStepUs + 1}}},                                   // step past a time.Duration
+		{Sender: "x", Body: &pb.Envelope_WindowResult{WindowResult: &pb.WindowResult{Outputs: []string{strings.Repeat("o", maxString+1)}}}},
+		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{OomRank: -7}}}, // negative rank
+	} {
+		out = append(out, mustMarshal(t, e))
+	}
+	return out
+}
+
+func mustMarshal(t testing.TB, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// int32Compact encodes an int32 field as its 32-bit two's complement varint: at
+// most 5 bytes, where proto.Marshal writes a negative int32 in 10. Decoders accept
+// both.
+func int32Compact(num protowire.Number, v int32) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(nil, num, protowire.VarintType), uint64(uint32(v)))
+}
+
+// unknownField is field 1000 of n bytes in all (tag, length and payload).
+func unknownField(n int) []byte {
+	tag := protowire.AppendTag(nil, 1000, protowire.BytesType)
+	for payload := n - len(tag) - 1; payload >= 0; payload-- {
+		b := protowire.AppendBytes(bytes.Clone(tag), make([]byte, payload))
+		if len(b) == n {
+			return b
+		}
+	}
+	panic("unknownField: no encoding of that size")
+}
+
+// checkAccepted checks an accepted envelope against the rules every receiver
+// relies on, independently of checkEnvelope.
+func checkAccepted(t *testing.T, e *pb.Envelope) {
+	t.Helper()
+	inRank := func(what string, r int32, none bool) {
+		if r >= merge.MaxRanks || r < -1 || (r == -1 && !none) {
+			t.Fatalf("accepted %s %d", what, r)
+		}
+	}
+	short := func(ss ...string) {
+		for _, s := range ss {
+			if len(s) > maxString || !utf8.ValidString(s) {
+				t.Fatalf("accepted a field of %d bytes (valid UTF-8: %v)", len(s), utf8.ValidString(s))
+			}
+		}
+	}
+	result := func(r *pb.RankResult) {
+		if r.Size < 0 || r.Events < 0 {
+			t.Fatalf("accepted result size %d, events %d", r.Size, r.Events)
+		}
+		short(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason)
+	}
+	if e.Body == nil || e.Sender == "" || len(e.Sender) > 512 || !utf8.ValidString(e.Sender) {
+		t.Fatalf("accepted body %T from %q", e.Body, e.Sender)
+	}
+	inRank("sender rank", e.SenderRank, true)
+	switch b := e.Body.(type) {
+	case *pb.Envelope_Plan:
+		p := b.Plan
+		if e.WindowId == 0 || p.Start < 0 || p.Stop <= p.Start || p.WorldSize < 0 || p.WorldSize > merge.MaxRanks || len(p.Ranks) > merge.MaxRanks {
+			t.Fatalf("accepted plan %v of window %d", p, e.WindowId)
+		}
+		for _, r := range p.Ranks {
+			inRank("plan rank", r, false)
+		}
+		short(p.Reason)
+	case *pb.Envelope_Status:
+		if b.Status.Batch < -1 || b.Status.StepUs < 0 || b.Status.StepUs > int64(math.MaxInt64/time.Microsecond) {
+			t.Fatalf("accepted status of batch %d, step time %d us", b.Status.Batch, b.Status.StepUs)
+		}
+		if b.Status.Result != nil {
+			result(b.Status.Result)
+		}
+		short(b.Status.State)
+	case *pb.Envelope_Ack:
+		short(b.Ack.Code, b.Ack.Message)
+	case *pb.Envelope_Progress:
+		inRank("progress rank", b.Progress.Rank, true)
+		short(b.Progress.State, b.Progress.Reason)
+	case *pb.Envelope_Result:
+		result(b.Result)
+	case *pb.Envelope_Request:
+		if b.Request.Batches < 0 || b.Request.Batches > 1<<20 {
+			t.Fatalf("accepted a request for %d batches", b.Request.Batches)
+		}
+		inRank("request oom rank", b.Request.OomRank, true)
+		short(b.Request.Reason)
+	case *pb.Envelope_WindowResult:
+		w := b.WindowResult
+		if len(w.Outputs) > 64 || len(w.Ranks) > merge.MaxRanks || len(w.Missing) > merge.MaxRanks {
+			t.Fatalf("accepted a result of %d outputs, %d ranks, %d missing", len(w.Outputs), len(w.Ranks), len(w.Missing))
+		}
+		for _, r := range w.Ranks {
+			inRank("result rank", r, false)
+		}
+		for r, why := range w.Missing {
+			inRank("missing rank", r, false)
+			short(why)
+		}
+		short(w.Outputs...)
+		short(w.State, w.Manifest, w.Store, w.Error)
+	case *pb.Envelope_Cancel:
+		short(b.Cancel.Reason)
+	case *pb.Envelope_Dump:
+		inRank("dump oom rank", b.Dump.OomRank, true)
+		short(b.Dump.Reason)
+	}
+}
+
+// FuzzDecodeEnvelope: decodeEnvelope never panics, refuses more than maxMessage
+// bytes, and what it accepts obeys its rules and survives a re-encoding unchanged.
+func FuzzDecodeEnvelope(f *testing.F) {
+	for _, e := range envelopeSeeds() {
+		b := mustMarshal(f, e)
+		f.Add(b)
+		// an unknown field, kept through a round trip
+		f.Add(append(bytes.Clone(b), unknownField(9)...))
+	}
+	for _, b := range brokenEnvelopes(f) {
+		f.Add(b)
+	}
+	// two bodies: the last wins
+	f.Add(append(mustMarshal(f, envelopeSeeds()[3]), mustMarshal(f, envelopeSeeds()[10])...))
+	// a sender rank of -1 in its 5-byte form
+	noRank := envelopeSeeds()[11]
+	noRank.SenderRank = 0
+	f.Add(append(int32Compact(1, -1), mustMarshal(f, noRank)...))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := decodeEnvelope(b)
+		if err != nil {
+			if e != nil || !errors.Is(err, errMalformed) {
+				t.Fatalf("refused with %v but returned %v", err, e)
+			}
+			return
+		}
+		if len(b) > maxMessage {
+			t.Fatalf("accepted %d bytes, more than %d", len(b), maxMessage)
+		}
+		if err := checkEnvelope(e); err != nil {
+			t.Fatalf("accepted, then refused by checkEnvelope: %v", err)
+		}
+		checkAccepted(t, e)
+		again, err := proto.Marshal(e)
+		if err != nil {
+			t.Fatalf("an accepted message does not re-encode: %v", err)
+		}
+		e2, err := decodeEnvelope(again)
+		if err != nil {
+			t.Fatalf("an accepted message, re-encoded (%d bytes from %d), is refused: %v", len(again), len(b), err)
+		}
+		if !proto.Equal(e, e2) {
+			t.Fatalf("a round trip changed the message:\n%v\n%v", e, e2)
+		}
+	})
+}
+
+// nodeMetaSeeds are valid metadata of a rank and of a member that is not a rank.
+func nodeMetaSeeds() []*pb.NodeMeta {
+	return []*pb.NodeMeta{
+		{Version: 1, Run: "gpt", Rank: 3, LocalRank: 3, NodeRank: 0, WorldSize: 8, GpuUuid: "GPU-5c1b3f3e-0000-4000-8000-000000000000", LastWindow: 12, Hostname: "node001",
+			Batch: 41, StepUs: 120000},
+		{Version: 1, Run: "gpt", Rank: -1, Hostname: "laptop", Batch: -1},
+		{Version: 1, Run: "r", Rank: merge.MaxRanks - 1, LocalRank: 7, NodeRank: merge.MaxRanks/8 - 1, WorldSize: merge.MaxRanks},
+		{Version: 1, Run: strings.Repeat("r", 200), Rank: -1, Hostname: strings.Repeat("h", 64)},
+	}
+}
+
+// FuzzDecodeMeta: decodeMeta never panics, and what it accepts obeys its rules,
+// fits memberlist's limit, and survives a re-encoding unchanged.
+func FuzzDecodeMeta(f *testing.F) {
+	for _, m := range nodeMetaSeeds() {
+		b := mustMarshal(f, m)
+		f.Add(b)
+		f.Add(b[:len(b)-1])
+	}
+	for _, m := range []*pb.NodeMeta{
+		{Run: "gpt", Rank: 0, WorldSize: 1},             // no version
+		{Version: 1, Rank: 0, WorldSize: 1},             // no run
+		{Version: 1, Run: "gpt", Rank: 4, WorldSize: 4}, // rank outside the world
+		{Version: 1, Run: "gpt", Rank: -2},
+		{Version: 1, Run: "gpt", Rank: 0, WorldSize: merge.MaxRanks + 1},
+		{Version: 1, Run: "gpt", Rank: -1, LocalRank: -1},
+		{Version: 1, Run: "gpt", Rank: -1, Hostname: strings.Repeat("h", maxMeta)},
+		{Version: 1, Run: "gpt", Rank: -1, Batch: -2},
+		{Version: 1, Run: "gpt", Rank: -1, StepUs: -1},
+	} {
+		f.Add(mustMarshal(f, m))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0x12, 0x02, 0xc3, 0x28}) // run not UTF-8
+	// a rank of -1 in its 5-byte form, with the rest filling memberlist's limit
+	f.Add(metaAtLimit(f))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMeta(b)
+		if err != nil {
+			if m != nil || !errors.Is(err, errMalformed) {
+				t.Fatalf("refused with %v but returned %v", err, m)
+			}
+			return
+		}
+		switch {
+		case len(b) == 0 || len(b) > maxMeta:
+			t.Fatalf("accepted %d bytes", len(b))
+		case m.Version != 1 || m.Run == "" || !utf8.ValidString(m.Run):
+			t.Fatalf("accepted version %d, run %q", m.Version, m.Run)
+		case m.Rank < -1 || m.Rank >= merge.MaxRanks || m.WorldSize < 0 || m.WorldSize > merge.MaxRanks || (m.Rank >= 0 && m.Rank >= m.WorldSize):
+			t.Fatalf("accepted rank %d of world size %d", m.Rank, m.WorldSize)
+		case m.LocalRank < 0 || m.LocalRank >= merge.MaxRanks || m.NodeRank < 0 || m.NodeRank >= merge.MaxRanks:
+			t.Fatalf("accepted local rank %d, node rank %d", m.LocalRank, m.NodeRank)
+		case m.Batch < -1 || m.StepUs < 0:
+			t.Fatalf("accepted batch %d, step time %d us", m.Batch, m.StepUs)
+		}
+		again, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatalf("accepted metadata does not re-encode: %v", err)
+		}
+		m2, err := decodeMeta(again)
+		if err != nil {
+			t.Fatalf("accepted metadata, re-encoded (%d bytes from %d), is refused: %v", len(again), len(b), err)
+		}
+		if !proto.Equal(m, m2) {
+			t.Fatalf("a round trip changed the metadata:\n%v\n%v", m, m2)
+		}
+	})
+}
+
+// metaAtLimit is maxMeta bytes of metadata of a member that is not a rank, its
+// rank of -1 written in 5 bytes: 5 bytes more once re-encoded.
+func metaAtLimit(t testing.TB) []byte {
+	head := append(int32Compact(3, -1), mustMarshal(t, &pb.NodeMeta{Version: 1, Run: "gpt"})...)
+	host := strings.Repeat("h", maxMeta-len(head)-3) // tag and a 2-byte length
+	b := append(head, mustMarshal(t, &pb.NodeMeta{Hostname: host})...)
+	if len(b) != maxMeta {
+		t.Fatalf("metaAtLimit: %d bytes", len(b))
+	}
+	return b
+}
+
+// TestDecodeLimits: the size limits hold at their edges, for the bytes received
+// and for the message once re-encoded.
+func TestDecodeLimits(t *testing.T) {
+	body := mustMarshal(t, envelopeSeeds()[11])
+	at := append(bytes.Clone(body), unknownField(maxMessage-len(body))...)
+	if _, err := decodeEnvelope(at); err != nil {
+		t.Fatalf("a message of exactly %d bytes: %v", len(at), err)
+	}
+	over := append(bytes.Clone(body), unknownField(maxMessage+1-len(body))...)
+	if _, err := decodeEnvelope(over); err == nil {
+		t.Fatalf("a message of %d bytes was accepted", len(over))
+	}
+	// maxMessage bytes received, maxMessage+5 once the sender rank of -1 is
+	// written as proto.Marshal writes it
+	noRank := envelopeSeeds()[11]
+	noRank.SenderRank = 0
+	compact := append(int32Compact(1, -1), mustMarshal(t, noRank)...)
+	grown := append(bytes.Clone(compact), unknownField(maxMessage-len(compact))...)
+	if len(grown) != maxMessage {
+		t.Fatalf("%d bytes", len(grown))
+	}
+	if e, err := decodeEnvelope(grown); err == nil {
+		t.Fatalf("accepted %d bytes that re-encode to %d", len(grown), proto.Size(e))
+	}
+	if m, err := decodeMeta(metaAtLimit(t)); err == nil {
+		t.Fatalf("accepted %d bytes of metadata that re-encode to %d", maxMeta, proto.Size(m))
+	}
+	// the same metadata written as proto.Marshal writes it, at the limit, is accepted
+	m := &pb.NodeMeta{Version: 1, Run: "gpt", Rank: -1}
+	m.Hostname = strings.Repeat("h", maxMeta-proto.Size(m)-3)
+	if b := mustMarshal(t, m); len(b) != maxMeta {
+		t.Fatalf("%d bytes", len(b))
+	} else if _, err := decodeMeta(b); err != nil {
+		t.Fatalf("metadata of exactly %d bytes: %v", maxMeta, err)
+	}
+	// every seed is accepted, every broken one refused
+	for i, e := range envelopeSeeds() {
+		if _, err := decodeEnvelope(mustMarshal(t, e)); err != nil {
+			t.Errorf("seed %d (%T): %v", i, e.Body, err)
+		}
+	}
+	for i, b := range brokenEnvelopes(t) {
+		if _, err := decodeEnvelope(b); err == nil {
+			t.Errorf("broken envelope %d was accepted", i)
+		}
+	}
+	for i, m := range nodeMetaSeeds() {
+		if _, err := decodeMeta(mustMarshal(t, m)); err != nil {
+			t.Errorf("metadata seed %d: %v", i, err)
+		}
+	}
+}
