@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -157,7 +158,7 @@ func (r *Resolver) expand(ctx context.Context, arg string, rank int) ([]Input, e
 func (r *Resolver) fileInput(p string, rank int, explicit bool) (Input, bool) {
 	base := filepath.Base(p)
 	if isPB(base) {
-		return Input{Rank: -1, Source: p, load: func(context.Context) ([]byte, error) { return os.ReadFile(p) }}, true
+		return Input{Rank: -1, Source: p, load: func(ctx context.Context) ([]byte, error) { return snapshot.ReadFileBytes(ctx, p) }}, true
 	}
 	if rank < 0 {
 		var ok bool
@@ -170,9 +171,9 @@ func (r *Resolver) fileInput(p string, rank int, explicit bool) (Input, bool) {
 	metaPath := filepath.Join(filepath.Dir(p), MetaName(base))
 	return Input{
 		Rank: rank, Source: p,
-		load: func(context.Context) ([]byte, error) { return os.ReadFile(p) },
-		meta: func(context.Context) ([]byte, error) {
-			b, err := os.ReadFile(metaPath)
+		load: func(ctx context.Context) ([]byte, error) { return snapshot.ReadFileBytes(ctx, p) },
+		meta: func(ctx context.Context) ([]byte, error) {
+			b, err := snapshot.ReadFileBytes(ctx, metaPath)
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil, nil
 			}

@@ -2,6 +2,9 @@ package merge
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"hash"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -245,7 +248,7 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err := b.writeSummary(sum); err != nil {
 		return nil, err
 	}
-	if err := publish(ctx, &cfg, keys, tmp, refs, sum); err != nil {
+	if err := publish(ctx, &cfg, keys, tmp, refs, sum, b.sums()); err != nil {
 		return nil, err
 	}
 	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "elapsed", time.Since(start).Round(time.Millisecond))
@@ -255,7 +258,7 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 // builder writes the merged outputs into temporary files, one rank at a time.
 type builder struct {
 	cfg       *Config
-	files     map[string]*os.File
+	files     map[string]*outFile
 	in        *interner
 	pw        *snapshot.Writer
 	tw        *traceWriter
@@ -271,14 +274,14 @@ type builder struct {
 }
 
 func newBuilder(cfg *Config, tmp string) (*builder, error) {
-	b := &builder{cfg: cfg, files: map[string]*os.File{}, in: newInterner(), seen: map[int]string{}}
+	b := &builder{cfg: cfg, files: map[string]*outFile{}, in: newInterner(), seen: map[int]string{}}
 	for _, k := range outOrder {
 		f, err := os.Create(filepath.Join(tmp, k))
 		if err != nil {
 			b.close()
 			return nil, fmt.Errorf("merge: %w", err)
 		}
-		b.files[k] = f
+		b.files[k] = &outFile{f: f, h: sha256.New()}
 	}
 	pw, err := snapshot.NewWriter(b.files[OutPickle])
 	if err != nil {
@@ -293,8 +296,30 @@ func newBuilder(cfg *Config, tmp string) (*builder, error) {
 
 func (b *builder) close() {
 	for _, f := range b.files {
-		f.Close()
+		f.f.Close()
 	}
+}
+
+// outFile is one output being written, hashed as it goes so publishing need not
+// read it again.
+type outFile struct {
+	f *os.File
+	h hash.Hash
+}
+
+func (o *outFile) Write(p []byte) (int, error) {
+	n, err := o.f.Write(p)
+	o.h.Write(p[:n])
+	return n, err
+}
+
+// sums returns each output's SHA-256.
+func (b *builder) sums() map[string]string {
+	out := map[string]string{}
+	for k, f := range b.files {
+		out[k] = hex.EncodeToString(f.h.Sum(nil))
+	}
+	return out
 }
 
 // add merges one rank.
@@ -461,7 +486,7 @@ func (b *builder) writeSummary(sum *Summary) error {
 		return err
 	}
 	for _, k := range outOrder {
-		if err := b.files[k].Close(); err != nil {
+		if err := b.files[k].f.Close(); err != nil {
 			return fmt.Errorf("merge: writing %s: %w", k, err)
 		}
 	}
@@ -510,7 +535,7 @@ func load(ctx context.Context, in Input) loaded {
 		}
 		return loaded{ranks: ranks, ref: ref}
 	}
-	s, err := snapshot.DecodeAny(data)
+	s, err := snapshot.DecodeAnyContext(ctx, data)
 	if err != nil {
 		return loaded{err: fmt.Errorf("merge: %s: %w", in.Source, err)}
 	}

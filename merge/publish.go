@@ -161,7 +161,11 @@ func hashFile(p string) (string, int64, error) {
 // checksum; without overwrite, other content under key is an error wrapping
 // store.ErrExists.
 func putOnce(ctx context.Context, cfg *Config, key, file, sum string, kind string) (Object, error) {
-	info, err := store.PutFile(ctx, cfg.Out, key, file, store.PutOptions{Overwrite: cfg.Overwrite, SHA256: sum, ContentType: contentType(kind)})
+	want := sum
+	if _, local := cfg.Out.(*store.Dir); local {
+		want = "" // the file was hashed as it was written; a folder store only moves it
+	}
+	info, err := store.PutFile(ctx, cfg.Out, key, file, store.PutOptions{Overwrite: cfg.Overwrite, SHA256: want, ContentType: contentType(kind)})
 	if errors.Is(err, store.ErrExists) {
 		st, serr := cfg.Out.Stat(ctx, key)
 		if serr == nil && strings.EqualFold(st.SHA256, sum) {
@@ -176,7 +180,7 @@ func putOnce(ctx context.Context, cfg *Config, key, file, sum string, kind strin
 }
 
 // publish stores the claim, then every output, then the manifest.
-func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary) error {
+func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, sums map[string]string) error {
 	log := cfg.Logger
 	if cfg.Overwrite {
 		// unpublish first: a reader never sees a manifest over outputs being replaced
@@ -219,12 +223,7 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 	}
 	man.Batches = commonBatches(sum.Ranks)
 	for _, k := range outOrder {
-		p := filepath.Join(tmp, k)
-		h, _, err := hashFile(p)
-		if err != nil {
-			return fmt.Errorf("merge: %w", err)
-		}
-		obj, err := putOnce(ctx, cfg, keys[k], p, h, k)
+		obj, err := putOnce(ctx, cfg, keys[k], filepath.Join(tmp, k), sums[k], k)
 		if err != nil {
 			return fmt.Errorf("merge: storing %s: %w", keys[k], err)
 		}

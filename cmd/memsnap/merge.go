@@ -92,6 +92,7 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	defer mergeGC()()
 	outStore, err := store.Open(ctx, sf.config(*out, true))
 	if err != nil {
 		return err
