@@ -14,7 +14,7 @@ export PYTHONPATH="$PWD/rankagent/hook${PYTHONPATH:+:$PYTHONPATH}"
 store="$OUT/store"; mkdir -p "$store"
 echo "== torchrun: $NPROC ranks, each under 'memsnap agent --window $START:$STOP'"
 python3 -m torch.distributed.run --no-python --nproc_per_node="$NPROC" \
-  "$MEMSNAP" agent --store "$store" --run-name gpu-e2e --folder "$OUT/spool" --window "$START:$STOP" \
+  "$MEMSNAP" agent --standalone --store "$store" --run-name gpu-e2e --folder "$OUT/spool" --window "$START:$STOP" \
   -- python3 scripts/gpu/train_ddp.py 12 2>&1 | grep -v "deprecated" | tee "$OUT/torchrun.log" | grep -E "GPU|window armed|uploaded|error|Error|hook errors" || true
 echo "== checks"
 python3 scripts/gpu/check.py "$MEMSNAP" "$store/gpu-e2e/torch_memory_traces" "$NPROC" "$START" "$STOP"

@@ -1,6 +1,8 @@
-"""A small DDP job (gloo, every rank on GPU 0) instrumented with the memsnap hook.
-Ranks differ on purpose: the batch grows with the rank, and the last rank holds an
-extra 96 MiB buffer from batch 4 on. Run under `memsnap agent` via torchrun."""
+"""A small DDP job instrumented with the memsnap hook. With MEMSNAP_BACKEND=nccl each
+rank drives GPU local_rank; with gloo (the default) every rank shares GPU 0. Ranks
+differ on purpose: the batch grows with the rank, and the last rank holds an extra
+96 MiB buffer from batch 4 on. Run under `memsnap agent` via torchrun.
+argv: batches [pause seconds between batches]"""
 import os
 import sys
 import time
@@ -12,10 +14,12 @@ import torch.nn as nn
 import memsnap_hook
 
 batches = int(sys.argv[1]) if len(sys.argv) > 1 else 12
-dist.init_process_group("gloo")
+pause = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
+backend = os.environ.get("MEMSNAP_BACKEND", "gloo")
+dist.init_process_group(backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(rank)
-dev = torch.device("cuda", 0)
+dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if backend == "nccl" else 0)
 torch.cuda.set_device(dev)
 hidden = 1536
 model = nn.Sequential(*[nn.Sequential(nn.Linear(hidden, hidden), nn.GELU()) for _ in range(6)], nn.Linear(hidden, 10)).to(dev)
@@ -35,7 +39,7 @@ for b in range(batches):
         opt.step()
         torch.cuda.synchronize()
     dist.barrier()
-    time.sleep(0.05)  # lets the hook's thread report progress
+    time.sleep(pause)  # lets the hook's thread report progress
 hook.close()
 if hook.errors:
     print("rank %d hook errors: %s" % (rank, hook.errors), flush=True)
