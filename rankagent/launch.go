@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -104,6 +105,9 @@ wait:
 	switch {
 	case errors.As(werr, &ee):
 		o.ExitCode = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			o.ExitCode = 128 + int(ws.Signal()) // as a shell reports it
+		}
 	case werr != nil:
 		o.ExitCode = -1
 	}
