@@ -38,7 +38,7 @@ type Trainer struct {
 
 // Outcome is how a launched training run ended for memsnap.
 type Outcome struct {
-	ExitCode int      // the trainer's exit status (-1 when it could not start or was killed by a signal)
+	ExitCode int      // the trainer's exit status (128+N when signal N killed it, -1 when it could not be waited for)
 	Stats    Stats    // what the agent did
 	Problems []string // what memsnap did not do: windows missed, snapshots not uploaded
 	Stopped  bool     // a signal stopped the wait for uploads
