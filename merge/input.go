@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -30,6 +31,61 @@ type Input struct {
 	Source string // a path or s3:// URL, for messages
 	load   func(ctx context.Context) ([]byte, error)
 	meta   func(ctx context.Context) ([]byte, error) // nil, or the sidecar's bytes (nil, nil when absent)
+	// analysis is nil, or reads the rank's analysis (nil, nil when absent)
+	analysis func(ctx context.Context) ([]byte, error)
+}
+
+// WithAnalysis returns in with a loader of its rank's analysis (the bytes of the
+// file AnalysisName names, as Analyze and RankAnalysis.Marshal wrote it; nil and
+// no error when there is none). Merge uses it under Config.FromAnalyses.
+func (in Input) WithAnalysis(load func(ctx context.Context) ([]byte, error)) Input {
+	in.analysis = load
+	return in
+}
+
+// StoreAnalysis is an analysis loader for the object at key in st: nil when it does
+// not exist, an error when it is larger than MaxAnalysisBytes.
+func StoreAnalysis(st store.Store, key string) func(ctx context.Context) ([]byte, error) {
+	return func(ctx context.Context) ([]byte, error) {
+		rc, _, err := st.Get(ctx, key)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		defer rc.Close()
+		return readBounded(rc, key, MaxAnalysisBytes)
+	}
+}
+
+// fileAnalysis is an analysis loader for a local file: nil when it does not exist.
+func fileAnalysis(p string) func(ctx context.Context) ([]byte, error) {
+	return func(ctx context.Context) ([]byte, error) {
+		st, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if st.Size() > MaxAnalysisBytes {
+			return nil, fmt.Errorf("merge: %s is larger than %d bytes", p, MaxAnalysisBytes)
+		}
+		return snapshot.ReadFileBytes(ctx, p)
+	}
+}
+
+// readBounded reads r whole, refusing more than limit bytes.
+func readBounded(r io.Reader, name string, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("merge: reading %s: %w", name, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("merge: %s is larger than %d bytes", name, limit)
+	}
+	return b, nil
 }
 
 // Resolver turns command-line inputs into Inputs.
@@ -170,7 +226,7 @@ func (r *Resolver) fileInput(p string, rank int, explicit bool) (Input, bool) {
 	}
 	metaPath := filepath.Join(filepath.Dir(p), MetaName(base))
 	return Input{
-		Rank: rank, Source: p,
+		Rank: rank, Source: p, analysis: fileAnalysis(filepath.Join(filepath.Dir(p), AnalysisName(base))),
 		load: func(ctx context.Context) ([]byte, error) { return snapshot.ReadFileBytes(ctx, p) },
 		meta: func(ctx context.Context) ([]byte, error) {
 			b, err := snapshot.ReadFileBytes(ctx, metaPath)
@@ -208,6 +264,9 @@ func (r *Resolver) expandS3(ctx context.Context, arg string, rank int) ([]Input,
 			load: func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, key) }}
 		if keys[metaKey] {
 			in.meta = func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, metaKey) }
+		}
+		if ak := path.Join(path.Dir(key), AnalysisName(path.Base(key))); keys[ak] {
+			in.analysis = StoreAnalysis(st, ak)
 		}
 		return in
 	}

@@ -2,23 +2,15 @@ package merge
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"hash"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
-	"sort"
-	"strconv"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -51,7 +43,22 @@ var outSuffix = map[string]string{
 	OutHTML: ".html", OutPB: ".memsnap.pb", OutInputs: ".inputs.json", OutManifest: ".manifest.json",
 }
 
-var outOrder = []string{OutPickle, OutTrace, OutSummary, OutHTML, OutPB}
+// fixedOutputs are the outputs after the pickles, in the order they are stored.
+var fixedOutputs = []string{OutTrace, OutSummary, OutHTML, OutPB}
+
+// Detail chooses the ranks whose full traces the merged pickles and the merged
+// timeline hold.
+type Detail int
+
+const (
+	// DetailAll puts every merged rank into the pickles and the timeline, which
+	// decodes every rank's snapshot.
+	DetailAll Detail = iota
+	// DetailDiff puts only the ranks the summary's diffs compare there (the
+	// outlier, the median rank and Config.DiffRanks): with FromAnalyses, the
+	// leader decodes those snapshots and no others.
+	DetailDiff
+)
 
 // Config is one merge.
 type Config struct {
@@ -91,12 +98,44 @@ type Config struct {
 	Reason string
 	// Logger receives progress; nil discards it.
 	Logger *slog.Logger
+
+	// PickleMaxBytes bounds each merged pickle (0: DefaultPickleMaxBytes). Ranks
+	// are split into groups that fit, one pickle per group, named by
+	// PicklePartName; a rank larger than the bound alone is written alone.
+	PickleMaxBytes int64
+	// PicklePartName is the template of a part's name after the base name, with
+	// {first} and {last} (default DefaultPicklePartName).
+	PicklePartName string
+	// Ranks, when not nil, merges only these ranks; the others are neither merged
+	// nor reported missing.
+	Ranks *RankSet
+	// Batches, when not nil, keeps only these batches of every rank (by its batch
+	// marks; a rank without marks for them is an error). From and To, when not
+	// nil, keep only events between these aligned times (microseconds).
+	Batches  *BatchRange
+	From, To *int64
+	// FromAnalyses takes each rank's figures from its analysis (an Input's
+	// analysis loader, see Input.WithAnalysis) instead of its snapshot; a rank
+	// without a usable analysis is decoded and analysed here. It does not apply
+	// to a merge cut in time (the analyses cover whole windows).
+	FromAnalyses bool
+	// Detail chooses the ranks whose full traces the pickles and the timeline
+	// hold (DetailAll by default).
+	Detail Detail
+	// DiffRanks are ranks the summary also compares with the median rank, besides
+	// the outlier.
+	DiffRanks []int
 }
 
 // Result says what a merge wrote.
 type Result struct {
 	Summary *Summary
-	Outputs map[string]string // output kind -> key in Out
+	Outputs map[string]string // output kind -> key in Out (with the claim and the manifest)
+	// Decoded are the ranks whose snapshots were decoded (in full), FromAnalyses
+	// the ranks whose figures came from their analyses; both in rank order, with
+	// repeats when a rank was decoded twice.
+	Decoded      []int
+	FromAnalyses []int
 }
 
 func (c *Config) validate() error {
@@ -128,6 +167,34 @@ func (c *Config) validate() error {
 	if c.WorldSize < 0 || c.WorldSize > MaxRanks {
 		return fmt.Errorf("merge: world size %d (at most %d)", c.WorldSize, MaxRanks)
 	}
+	return c.validateCut()
+}
+
+// validateCut fills the defaults of the pickles' bound and checks the cut.
+func (c *Config) validateCut() error {
+	if c.PickleMaxBytes == 0 {
+		c.PickleMaxBytes = DefaultPickleMaxBytes
+	}
+	if c.PicklePartName == "" {
+		c.PicklePartName = DefaultPicklePartName
+	}
+	if c.PickleMaxBytes < 0 {
+		return fmt.Errorf("merge: a pickle bound of %d bytes", c.PickleMaxBytes)
+	}
+	if err := checkPartName(c.PicklePartName); err != nil {
+		return err
+	}
+	if c.From != nil && c.To != nil && *c.To < *c.From {
+		return fmt.Errorf("merge: the cut ends (%d) before it starts (%d)", *c.To, *c.From)
+	}
+	if c.Detail != DetailAll && c.Detail != DetailDiff {
+		return fmt.Errorf("merge: unknown detail %d", c.Detail)
+	}
+	for _, r := range c.DiffRanks {
+		if r < 0 || r >= MaxRanks {
+			return fmt.Errorf("merge: diff rank %d", r)
+		}
+	}
 	return nil
 }
 
@@ -150,24 +217,25 @@ func OutputKeys(base string, vars naming.Vars) (map[string]string, error) {
 	return out, nil
 }
 
-type loaded struct {
-	ranks []*rankData // one, or several for a .memsnap.pb
-	ref   InputRef
-	err   error
-}
-
 // MaxRanks is the largest world size a merge accepts: a rank number, a world size
 // in a sidecar or a timeline, or a flag above it is refused, so a hostile name such
 // as rank50000000.5.memory_snapshot.pickle cannot make a merge write gigabytes of
 // empty ranks.
 const MaxRanks = 1 << 16
 
-// Merge merges the inputs rank by rank into the five outputs and publishes them:
-// the claim (<base>.inputs.json, what was merged), the outputs, and last the
-// manifest (<base>.manifest.json, every output's checksum). A reader that finds the
+// Merge merges the inputs rank by rank into the outputs and publishes them: the
+// claim (<base>.inputs.json, what was merged), the outputs, and last the manifest
+// (<base>.manifest.json, every output's checksum). A reader that finds the
 // manifest finds every output; a merge interrupted before its manifest is finished
 // by running it again with the same inputs, since a merge's outputs depend on
 // nothing but its inputs and options.
+//
+// The merge runs in two passes. The first reads every rank in rank order (decoding
+// up to Workers ahead), takes its analysis (from its analysis file under
+// FromAnalyses, else by decoding its snapshot) and writes its part of the summary,
+// the trace and the report; under DetailAll it also writes the rank's full trace
+// into the pickles and the timeline. Under DetailDiff a second pass decodes only
+// the ranks the diffs compare and writes those.
 func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -176,22 +244,13 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !cfg.Overwrite {
-		if _, err := cfg.Out.Stat(ctx, keys[OutManifest]); err == nil {
-			return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already (pass overwrite to replace it): %w", keys[OutManifest], cfg.Out, store.ErrExists)
-		} else if !errors.Is(err, store.ErrNotFound) {
-			return nil, err
-		}
+	if err := checkUnpublished(ctx, &cfg, keys); err != nil {
+		return nil, err
 	}
 	start := time.Now()
-	var tmp string
-	if d, ok := cfg.Out.(*store.Dir); ok && cfg.TempDir == "" {
-		tmp, err = d.TempDir() // outputs are moved into place, not copied
-	} else {
-		tmp, err = os.MkdirTemp(cfg.TempDir, "memsnap-merge-")
-	}
+	tmp, err := cfg.tempDir()
 	if err != nil {
-		return nil, fmt.Errorf("merge: %w", err)
+		return nil, err
 	}
 	defer os.RemoveAll(tmp)
 	b, err := newBuilder(&cfg, tmp)
@@ -199,371 +258,85 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer b.close()
-
-	// Decode ahead in parallel, consume in rank order.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	results := make([]chan loaded, len(cfg.Inputs))
-	for i := range results {
-		results[i] = make(chan loaded, 1)
+	if err := b.firstPass(ctx); err != nil {
+		return nil, err
 	}
-	sem := make(chan struct{}, cfg.Workers)
-	go func() {
-		for i, in := range cfg.Inputs {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			go func(i int, in Input) { results[i] <- load(ctx, in) }(i, in)
-		}
-	}()
-	var refs []InputRef
-	for i := range cfg.Inputs {
-		var l loaded
-		select {
-		case l = <-results[i]:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		<-sem
-		if l.err != nil {
-			return nil, l.err
-		}
-		refs = append(refs, l.ref)
-		for _, r := range l.ranks {
-			if err := b.add(r); err != nil {
-				return nil, err
-			}
-		}
+	if err := b.detailPass(ctx); err != nil {
+		return nil, err
 	}
-	sum, err := b.finish()
+	sum, outs, err := b.finish(keys)
 	if err != nil {
 		return nil, err
 	}
-	sum.Outputs = map[string]string{}
-	for _, k := range outOrder {
-		sum.Outputs[k] = keys[k]
-	}
-	if err := b.writeSummary(sum); err != nil {
+	if err := publish(ctx, &cfg, keys, tmp, b.refs, sum, outs); err != nil {
 		return nil, err
 	}
-	if err := publish(ctx, &cfg, keys, tmp, refs, sum, b.sums()); err != nil {
-		return nil, err
+	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
+		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))
+	res := &Result{Summary: sum, Outputs: map[string]string{OutInputs: keys[OutInputs], OutManifest: keys[OutManifest]},
+		Decoded: b.decoded, FromAnalyses: b.fromAnalyses}
+	for _, o := range outs {
+		res.Outputs[o.kind] = o.key
 	}
-	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "elapsed", time.Since(start).Round(time.Millisecond))
-	return &Result{Summary: sum, Outputs: keys}, nil
+	return res, nil
 }
 
-// builder writes the merged outputs into temporary files, one rank at a time.
-type builder struct {
-	cfg       *Config
-	files     map[string]*outFile
-	in        *interner
-	pw        *snapshot.Writer
-	tw        *traceWriter
-	pbw       *pbWriter
-	summaries []RankSummary
-	curves    []htmlRank
-	segments  []*snapshot.Segment
-	settings  snapshot.Value
-	annots    []snapshot.Value
-	seen      map[int]string
-	nextRank  int // the next device_traces index of the merged pickle
-	worldMeta int
-}
-
-func newBuilder(cfg *Config, tmp string) (*builder, error) {
-	b := &builder{cfg: cfg, files: map[string]*outFile{}, in: newInterner(), seen: map[int]string{}}
-	for _, k := range outOrder {
-		f, err := os.Create(filepath.Join(tmp, k))
-		if err != nil {
-			b.close()
-			return nil, fmt.Errorf("merge: %w", err)
-		}
-		b.files[k] = &outFile{f: f, h: sha256.New()}
+// checkUnpublished refuses a merge whose manifest exists, unless overwriting.
+func checkUnpublished(ctx context.Context, cfg *Config, keys map[string]string) error {
+	if cfg.Overwrite {
+		return nil
 	}
-	pw, err := snapshot.NewWriter(b.files[OutPickle])
-	if err != nil {
-		b.close()
-		return nil, err
-	}
-	b.pw = pw
-	b.tw = newTraceWriter(b.files[OutTrace])
-	b.pbw = newPBWriter(b.files[OutPB], b.in)
-	return b, nil
-}
-
-func (b *builder) close() {
-	for _, f := range b.files {
-		f.f.Close()
-	}
-}
-
-// outFile is one output being written, hashed as it goes so publishing need not
-// read it again.
-type outFile struct {
-	f *os.File
-	h hash.Hash
-}
-
-func (o *outFile) Write(p []byte) (int, error) {
-	n, err := o.f.Write(p)
-	o.h.Write(p[:n])
-	return n, err
-}
-
-// sums returns each output's SHA-256.
-func (b *builder) sums() map[string]string {
-	out := map[string]string{}
-	for k, f := range b.files {
-		out[k] = hex.EncodeToString(f.h.Sum(nil))
-	}
-	return out
-}
-
-// add merges one rank.
-func (b *builder) add(r *rankData) error {
-	if prev, ok := b.seen[r.rank]; ok {
-		return fmt.Errorf("merge: rank %d is in both %s and %s", r.rank, prev, r.source)
-	}
-	if r.rank < b.nextRank {
-		return fmt.Errorf("merge: rank %d of %s arrives after rank %d; pass one merged file per rank range", r.rank, r.source, b.nextRank-1)
-	}
-	if r.rank >= MaxRanks || (b.cfg.WorldSize > 0 && r.rank >= b.cfg.WorldSize) {
-		return fmt.Errorf("merge: rank %d of %s is outside the world size (%d, at most %d)", r.rank, r.source, max(b.cfg.WorldSize, 0), MaxRanks)
-	}
-	b.seen[r.rank] = r.source
-	for ; b.nextRank < r.rank; b.nextRank++ { // ranks with no input: empty traces
-		if err := b.pw.Trace(nil, 0); err != nil {
-			return err
-		}
-	}
-	b.nextRank++
-	if r.meta != nil {
-		b.worldMeta = max(b.worldMeta, r.meta.WorldSize)
-	}
-	r.shiftUS = b.cfg.shift(r)
-	for _, e := range r.trace {
-		b.in.frameList(e.Frames)
-	}
-	tw := b.tw
-	tw.process(r.rank)
-	lastA, lastR := int64(-1), int64(-1)
-	s, pts := r.analyze(func(t, a, res int64) {
-		if a != lastA {
-			tw.counter(r.rank, "allocated", t, a)
-			lastA = a
-		}
-		if res != lastR {
-			tw.counter(r.rank, "reserved", t, res)
-			lastR = res
-		}
-	})
-	for _, o := range s.OOMs {
-		tw.oom(r.rank, o)
-	}
-	hr := htmlRank{Rank: r.rank, Peak: s.PeakAllocatedBytes, Pts: make([][2]int64, len(pts))}
-	for j, p := range pts {
-		hr.Pts[j] = [2]int64{p.t, p.v}
-	}
-	for _, o := range s.OOMs {
-		hr.OOMs = append(hr.OOMs, [2]int64{o.TimeUS, o.AllocatedThen})
-	}
-	if r.meta != nil {
-		for _, m := range r.meta.Batches {
-			tw.batch(r.rank, m, r.shiftUS)
-			hr.Batches = append(hr.Batches, [3]int64{m.Batch, m.StartUS + r.shiftUS, m.EndUS + r.shiftUS})
-		}
-		for _, m := range r.meta.Samples {
-			tw.counter(r.rank, "device used (NVML)", m.TimeUS+r.shiftUS, m.DeviceUsedBytes)
-			if m.ProcessUsedBytes > 0 {
-				tw.counter(r.rank, "process used (NVML)", m.TimeUS+r.shiftUS, m.ProcessUsedBytes)
-			}
-		}
-	}
-	if err := b.pw.Trace(r.trace, r.shiftUS); err != nil {
+	_, err := cfg.Out.Stat(ctx, keys[OutManifest])
+	switch {
+	case err == nil:
+		return fmt.Errorf("merge: %s exists in %s: this merge was published already (pass overwrite to replace it): %w", keys[OutManifest], cfg.Out, store.ErrExists)
+	case !errors.Is(err, store.ErrNotFound):
 		return err
 	}
-	b.pbw.rank(r, s)
-	for _, g := range r.segs {
-		b.in.frameList(g.Frames)
-		for _, bl := range g.Blocks {
-			b.in.frameList(bl.Frames)
-		}
-		g.Device = int64(r.rank)
-		b.segments = append(b.segments, g)
-	}
-	if b.settings == nil && r.snap.Has&snapshot.SnapAllocatorSettings != 0 {
-		b.settings = r.snap.AllocatorSettings
-	}
-	if l, ok := r.snap.ExternalAnnotations.(*snapshot.List); ok {
-		for _, a := range l.Items {
-			if d, ok := a.(*snapshot.Dict); ok {
-				c := &snapshot.Dict{Items: append([]snapshot.Item(nil), d.Items...)}
-				c.Set("rank", int64(r.rank))
-				a = c
-			}
-			b.annots = append(b.annots, a)
-		}
-	}
-	b.summaries = append(b.summaries, s)
-	b.curves = append(b.curves, hr)
-	b.cfg.Logger.Info("merged rank", "rank", r.rank, "events", len(r.trace), "peak_allocated", human(s.PeakAllocatedBytes), "source", r.source)
-	r.snap, r.trace = nil, nil // let the decoded rank go
 	return nil
 }
 
-// world is the world size: the configured one, else the largest the ranks'
-// metadata names, else the highest rank plus one.
-func (b *builder) world() (int, error) {
-	world := b.cfg.WorldSize
-	if world == 0 {
-		world = max(b.worldMeta, b.nextRank)
+// tempDir makes the folder the outputs are written in: inside a folder store, so
+// they are moved into place, not copied.
+func (c *Config) tempDir() (string, error) {
+	var tmp string
+	var err error
+	if d, ok := c.Out.(*store.Dir); ok && c.TempDir == "" {
+		tmp, err = d.TempDir()
+	} else {
+		tmp, err = os.MkdirTemp(c.TempDir, "memsnap-merge-")
 	}
-	if world > MaxRanks {
-		return 0, fmt.Errorf("merge: world size %d is above the %d ranks a merge takes", world, MaxRanks)
-	}
-	if world < b.nextRank {
-		return 0, fmt.Errorf("merge: rank %d is outside world size %d", b.nextRank-1, world)
-	}
-	return world, nil
-}
-
-// finish writes every output but the summary and returns the summary.
-func (b *builder) finish() (*Summary, error) {
-	world, err := b.world()
 	if err != nil {
-		return nil, err
+		return "", fmt.Errorf("merge: %w", err)
 	}
-	for ; b.nextRank < world; b.nextRank++ {
-		if err := b.pw.Trace(nil, 0); err != nil {
-			return nil, err
-		}
-	}
-	sum := &Summary{Version: 1, WorldSize: world, Align: b.cfg.Align, ClockOffsetsUS: map[string]int64{}, MissingRanks: []int{}, Ranks: b.summaries}
-	for r := 0; r < world; r++ {
-		if _, ok := b.seen[r]; ok {
-			sum.RanksMerged = append(sum.RanksMerged, r)
-		} else {
-			sum.MissingRanks = append(sum.MissingRanks, r)
-		}
-	}
-	for _, s := range b.summaries {
-		sum.ClockOffsetsUS[strconv.Itoa(s.Rank)] = s.ClockOffsetUS
-	}
-	sum.Spread = computeSpread(b.summaries)
-	if len(sum.MissingRanks) > 0 {
-		b.cfg.Logger.Warn("ranks missing from the merge", "missing", len(sum.MissingRanks), "world_size", world)
-	}
-	var annotations snapshot.Value
-	if b.annots != nil {
-		annotations = &snapshot.List{Items: b.annots}
-	}
-	if err := b.pw.Finish(b.segments, b.settings, annotations, nil); err != nil {
-		return nil, fmt.Errorf("merge: writing the merged pickle: %w", err)
-	}
-	if err := b.tw.finish(); err != nil {
-		return nil, fmt.Errorf("merge: writing the trace: %w", err)
-	}
-	b.pbw.header(b.cfg.Align, world, sum.MissingRanks)
-	if err := b.pbw.finish(); err != nil {
-		return nil, fmt.Errorf("merge: writing the timeline: %w", err)
-	}
-	sort.Slice(b.curves, func(i, j int) bool { return b.curves[i].Rank < b.curves[j].Rank })
-	if err := writeHTML(b.files[OutHTML], b.cfg.Title, sum, b.curves); err != nil {
-		return nil, fmt.Errorf("merge: writing the report: %w", err)
-	}
-	return sum, nil
-}
-
-func (b *builder) writeSummary(sum *Summary) error {
-	sb, err := json.MarshalIndent(sum, "", "  ")
-	if err != nil {
-		return err
-	}
-	if _, err := b.files[OutSummary].Write(append(sb, '\n')); err != nil {
-		return err
-	}
-	for _, k := range outOrder {
-		if err := b.files[k].f.Close(); err != nil {
-			return fmt.Errorf("merge: writing %s: %w", k, err)
-		}
-	}
-	return nil
+	return tmp, nil
 }
 
 func contentType(kind string) string {
 	switch kind {
 	case OutHTML:
 		return "text/html; charset=utf-8"
-	case OutTrace, OutSummary:
+	case OutTrace, OutSummary, OutInputs, OutManifest:
 		return "application/json"
 	}
 	return "application/octet-stream"
 }
 
-// shift returns what is added to a rank's time_us to align it.
-func (c *Config) shift(r *rankData) int64 {
+// shift returns what is added to a rank's time_us to align it; traceStart is its
+// first event's time, when it has events.
+func (c *Config) shift(rank int, meta *RankMeta, traceStart int64, hasTrace bool) int64 {
 	switch c.Align {
 	case AlignStart:
-		if len(r.trace) > 0 {
-			return -r.trace[0].TimeUS
+		if hasTrace {
+			return -traceStart
 		}
 	case AlignOffsets:
-		if off, ok := c.Offsets[r.rank]; ok {
+		if off, ok := c.Offsets[rank]; ok {
 			return -off
 		}
-		if r.meta != nil && r.meta.ClockOffsetUS != nil {
-			return -*r.meta.ClockOffsetUS
+		if meta != nil && meta.ClockOffsetUS != nil {
+			return -*meta.ClockOffsetUS
 		}
 	}
 	return 0
-}
-
-// load reads and decodes one input.
-func load(ctx context.Context, in Input) loaded {
-	data, err := in.load(ctx)
-	if err != nil {
-		return loaded{err: fmt.Errorf("merge: reading %s: %w", in.Source, err)}
-	}
-	ref := InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: sha256Hex(data)}
-	if isPB(in.Source) {
-		ranks, err := ranksFromPB(data, in.Source)
-		if err != nil {
-			return loaded{err: err}
-		}
-		return loaded{ranks: ranks, ref: ref}
-	}
-	s, err := snapshot.DecodeAnyContext(ctx, data)
-	if err != nil {
-		return loaded{err: fmt.Errorf("merge: %s: %w", in.Source, err)}
-	}
-	data = nil
-	r := &rankData{rank: in.Rank, source: in.Source, snap: s}
-	r.device, r.note = pickDevice(s)
-	if r.device < len(s.DeviceTraces) {
-		r.trace = s.DeviceTraces[r.device]
-	}
-	for _, g := range s.Segments {
-		if int(g.Device) == r.device {
-			r.segs = append(r.segs, g)
-		}
-	}
-	if in.meta != nil {
-		b, err := in.meta(ctx)
-		if err != nil {
-			return loaded{err: fmt.Errorf("merge: reading the metadata of %s: %w", in.Source, err)}
-		}
-		if b != nil {
-			ref.MetaSHA256 = sha256Hex(b)
-			if r.meta, err = ParseRankMeta(b); err != nil {
-				return loaded{err: fmt.Errorf("%s: %w", in.Source, err)}
-			}
-			if r.meta.Rank != in.Rank {
-				return loaded{err: fmt.Errorf("merge: %s is rank %d by its name but its metadata says rank %d", in.Source, in.Rank, r.meta.Rank)}
-			}
-		}
-	}
-	return loaded{ranks: []*rankData{r}, ref: ref}
 }

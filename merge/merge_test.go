@@ -153,8 +153,9 @@ print(json.dumps(out))`
 }
 
 // checkTrace is the structural check of a Chrome/Perfetto trace: every event has
-// the fields its phase requires, and there is one process per rank, named "rank N".
-func checkTrace(t *testing.T, path string, ranks int) {
+// the fields its phase requires, and there is one process per rank, named "rank N"
+// with pid N+1 (no pid 0, which Perfetto treats specially). It returns the events.
+func checkTrace(t *testing.T, path string, ranks int) []map[string]any {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -171,9 +172,12 @@ func checkTrace(t *testing.T, path string, ranks int) {
 	for i, e := range tr.TraceEvents {
 		ph, _ := e["ph"].(string)
 		_, hasName := e["name"].(string)
-		_, hasPid := e["pid"].(float64)
+		pid, hasPid := e["pid"].(float64)
 		if !hasName || !hasPid || ph == "" {
 			t.Fatalf("event %d lacks name/ph/pid: %v", i, e)
+		}
+		if pid == 0 {
+			t.Fatalf("event %d has pid 0: %v", i, e)
 		}
 		_, hasTs := e["ts"].(float64)
 		_, hasTid := e["tid"].(float64)
@@ -184,7 +188,7 @@ func checkTrace(t *testing.T, path string, ranks int) {
 				t.Fatalf("metadata event %d without args", i)
 			}
 			if e["name"] == "process_name" {
-				names[e["pid"].(float64)] = args["name"].(string)
+				names[pid] = args["name"].(string)
 			}
 		case "C":
 			if !hasTs || len(args) == 0 {
@@ -195,7 +199,7 @@ func checkTrace(t *testing.T, path string, ranks int) {
 					t.Fatalf("counter %d has a non-numeric value: %v", i, e)
 				}
 			}
-			counters[e["pid"].(float64)]++
+			counters[pid]++
 		case "i", "I":
 			if !hasTs || !hasTid {
 				t.Fatalf("instant %d without ts/tid: %v", i, e)
@@ -216,10 +220,11 @@ func checkTrace(t *testing.T, path string, ranks int) {
 		t.Fatalf("%d processes, want %d", len(names), ranks)
 	}
 	for pid, n := range names {
-		if n != fmt.Sprintf("rank %d", int(pid)) || counters[pid] == 0 {
+		if n != fmt.Sprintf("rank %d", int(pid)-1) || counters[pid] == 0 {
 			t.Fatalf("process %v is named %q with %d counter events", pid, n, counters[pid])
 		}
 	}
+	return tr.TraceEvents
 }
 
 func TestMergeMissingAndExplicitRanks(t *testing.T) {

@@ -49,6 +49,10 @@ func (in *interner) frame(f *snapshot.Frame) *snapshot.Frame {
 	return c
 }
 
+// forget drops what the interner knows of the decoded frames of the rank just
+// merged (their canonical frames stay), so those can be collected.
+func (in *interner) forget() { clear(in.seen) }
+
 func (in *interner) frameList(fs []*snapshot.Frame) {
 	for i, f := range fs {
 		fs[i] = in.frame(f)
@@ -86,11 +90,16 @@ type traceWriter struct {
 	buf   []byte
 }
 
+// Perfetto treats pid 0 specially, so rank r is process r+1 (pidOf); the trace's
+// otherData and every process's labels say so.
 func newTraceWriter(w io.Writer) *traceWriter {
 	t := &traceWriter{w: bufio.NewWriterSize(w, 256<<10), first: true}
-	t.w.WriteString(`{"displayTimeUnit":"ms","otherData":{"producer":"memsnap"},"traceEvents":[`)
+	t.w.WriteString(`{"displayTimeUnit":"ms","otherData":{"producer":"memsnap","pid":"rank + 1"},"traceEvents":[`)
 	return t
 }
+
+// pidOf is rank r's process id in the trace.
+func pidOf(rank int) int64 { return int64(rank) + 1 }
 
 func (t *traceWriter) event(b []byte) {
 	if !t.first {
@@ -103,14 +112,21 @@ func (t *traceWriter) event(b []byte) {
 func (t *traceWriter) process(rank int) {
 	b := t.buf[:0]
 	b = append(b, `{"name":"process_name","ph":"M","pid":`...)
-	b = strconv.AppendInt(b, int64(rank), 10)
+	b = strconv.AppendInt(b, pidOf(rank), 10)
 	b = append(b, `,"tid":0,"args":{"name":"rank `...)
 	b = strconv.AppendInt(b, int64(rank), 10)
-	b = append(b, `"}}`...)
+	b = append(b, `","rank":`...)
+	b = strconv.AppendInt(b, int64(rank), 10)
+	b = append(b, `}}`...)
+	t.event(b)
+	b = b[:0]
+	b = append(b, `{"name":"process_labels","ph":"M","pid":`...)
+	b = strconv.AppendInt(b, pidOf(rank), 10)
+	b = append(b, `,"tid":0,"args":{"labels":"pid = rank + 1"}}`...)
 	t.event(b)
 	b = b[:0]
 	b = append(b, `{"name":"process_sort_index","ph":"M","pid":`...)
-	b = strconv.AppendInt(b, int64(rank), 10)
+	b = strconv.AppendInt(b, pidOf(rank), 10)
 	b = append(b, `,"tid":0,"args":{"sort_index":`...)
 	b = strconv.AppendInt(b, int64(rank), 10)
 	b = append(b, `}}`...)
@@ -118,7 +134,7 @@ func (t *traceWriter) process(rank int) {
 	for tid, name := range []string{"events", "batches"} {
 		b = b[:0]
 		b = append(b, `{"name":"thread_name","ph":"M","pid":`...)
-		b = strconv.AppendInt(b, int64(rank), 10)
+		b = strconv.AppendInt(b, pidOf(rank), 10)
 		b = append(b, `,"tid":`...)
 		b = strconv.AppendInt(b, int64(tid), 10)
 		b = append(b, `,"args":{"name":"`...)
@@ -134,7 +150,7 @@ func (t *traceWriter) counter(rank int, name string, ts, v int64) {
 	b = append(b, `{"name":"`...)
 	b = append(b, name...)
 	b = append(b, `","ph":"C","pid":`...)
-	b = strconv.AppendInt(b, int64(rank), 10)
+	b = strconv.AppendInt(b, pidOf(rank), 10)
 	b = append(b, `,"ts":`...)
 	b = strconv.AppendInt(b, ts, 10)
 	b = append(b, `,"args":{"bytes":`...)
@@ -147,7 +163,7 @@ func (t *traceWriter) counter(rank int, name string, ts, v int64) {
 func (t *traceWriter) oom(rank int, o OOM) {
 	b := t.buf[:0]
 	b = append(b, `{"name":"OOM","ph":"i","s":"p","pid":`...)
-	b = strconv.AppendInt(b, int64(rank), 10)
+	b = strconv.AppendInt(b, pidOf(rank), 10)
 	b = append(b, `,"tid":0,"ts":`...)
 	b = strconv.AppendInt(b, o.TimeUS, 10)
 	b = append(b, `,"args":{"size":`...)
@@ -166,7 +182,7 @@ func (t *traceWriter) batch(rank int, m BatchMark, shift int64) {
 	b = append(b, `{"name":"batch `...)
 	b = strconv.AppendInt(b, m.Batch, 10)
 	b = append(b, `","cat":"batch","ph":"X","pid":`...)
-	b = strconv.AppendInt(b, int64(rank), 10)
+	b = strconv.AppendInt(b, pidOf(rank), 10)
 	b = append(b, `,"tid":1,"ts":`...)
 	b = strconv.AppendInt(b, m.StartUS+shift, 10)
 	b = append(b, `,"dur":`...)
@@ -250,7 +266,7 @@ func (p *pbWriter) header(align string, world int, missing []int) {
 
 // rank writes one RankTimeline. Events are encoded by hand with protowire (field
 // numbers as in memsnap.proto): a merge writes millions of them.
-func (p *pbWriter) rank(r *rankData, s RankSummary) {
+func (p *pbWriter) rank(r *rankData, trace []*snapshot.TraceEntry, s RankSummary) {
 	if p.err != nil {
 		return
 	}
@@ -268,7 +284,7 @@ func (p *pbWriter) rank(r *rankData, s RankSummary) {
 	b = i64(b, 3, -r.shiftUS)
 	b = i64(b, 4, int64(r.device))
 	var ev, fr []byte
-	for _, e := range r.trace {
+	for _, e := range trace {
 		ev = ev[:0]
 		code := actionCode(e.Action)
 		ok := code != pb.Action_OTHER

@@ -69,6 +69,9 @@ type Manifest struct {
 	Batches        []int64           `json:"batches,omitempty"` // the batches every rank recorded
 	OutlierRank    *int              `json:"outlier_rank,omitempty"`
 	Reason         string            `json:"reason,omitempty"` // why the window was recorded
+	// Pickles are the merged pickles and the ranks each holds (names relative to
+	// the manifest, as Outputs names them).
+	Pickles []PicklePart `json:"pickles,omitempty"`
 }
 
 // ParseManifest parses a manifest, refusing malformed ones: every output (and the
@@ -110,8 +113,16 @@ func ParseManifest(b []byte) (*Manifest, error) {
 			return nil, fmt.Errorf("merge: manifest: a reason for rank %q", k)
 		}
 	}
+	for _, p := range m.Pickles {
+		if !(Object{Name: p.Name, SHA256: strings.Repeat("0", 64)}).valid() || p.FirstRank < 0 || p.LastRank < p.FirstRank || !inWorld(p.LastRank) || p.Bytes < 0 {
+			return nil, fmt.Errorf("merge: manifest: pickle %q is malformed", p.Name)
+		}
+	}
 	if len(m.MissingReasons) == 0 {
 		m.MissingReasons = nil
+	}
+	if len(m.Pickles) == 0 {
+		m.Pickles = nil
 	}
 	if len(m.Batches) == 0 {
 		m.Batches = nil
@@ -180,17 +191,49 @@ func putOnce(ctx context.Context, cfg *Config, key, file, sum string, kind strin
 }
 
 // publish stores the claim, then every output, then the manifest.
-func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, sums map[string]string) error {
-	log := cfg.Logger
+func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, outs []output) error {
 	if cfg.Overwrite {
 		// unpublish first: a reader never sees a manifest over outputs being replaced
 		if err := cfg.Out.Delete(ctx, keys[OutManifest]); err != nil {
 			return err
 		}
 	}
+	cobj, err := storeClaim(ctx, cfg, keys, tmp, refs, sum, outs)
+	if err != nil {
+		return err
+	}
+	man := manifestOf(cfg, cobj, refs, sum)
+	for _, o := range outs {
+		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
+		if err != nil {
+			return fmt.Errorf("merge: storing %s: %w", o.key, err)
+		}
+		man.Outputs[o.kind] = obj
+		if o.part != nil {
+			p := *o.part
+			p.Name = obj.Name
+			man.Pickles = append(man.Pickles, p)
+		}
+		cfg.Logger.Info("stored", "output", o.key, "bytes", obj.Size, "store", cfg.Out.String())
+	}
+	mb, _ := json.MarshalIndent(man, "", "  ")
+	mb = append(mb, '\n')
+	mpath := filepath.Join(tmp, OutManifest)
+	if err := os.WriteFile(mpath, mb, 0o644); err != nil {
+		return fmt.Errorf("merge: %w", err)
+	}
+	if _, err := putOnce(ctx, cfg, keys[OutManifest], mpath, sha256Hex(mb), OutManifest); err != nil {
+		return fmt.Errorf("merge: storing %s: %w", keys[OutManifest], err)
+	}
+	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
+	return nil
+}
+
+// storeClaim stores the claim: the inputs, the options and the outputs' names.
+func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, outs []output) (Object, error) {
 	claim := Claim{Version: 1, Inputs: refs, WorldSize: sum.WorldSize, Align: cfg.Align, Title: cfg.Title, Outputs: map[string]string{}, Window: cfg.Window}
-	for _, k := range outOrder {
-		claim.Outputs[k] = path.Base(keys[k])
+	for _, o := range outs {
+		claim.Outputs[o.kind] = path.Base(o.key)
 	}
 	if len(cfg.Offsets) > 0 {
 		claim.Offsets = map[string]int64{}
@@ -202,15 +245,19 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 	cb = append(cb, '\n')
 	cpath := filepath.Join(tmp, OutInputs)
 	if err := os.WriteFile(cpath, cb, 0o644); err != nil {
-		return fmt.Errorf("merge: %w", err)
+		return Object{}, fmt.Errorf("merge: %w", err)
 	}
 	cobj, err := putOnce(ctx, cfg, keys[OutInputs], cpath, sha256Hex(cb), OutInputs)
 	if errors.Is(err, store.ErrExists) {
-		return fmt.Errorf("merge: %s in %s names other inputs or options: another merge claimed these names (pass overwrite to replace it): %w", keys[OutInputs], cfg.Out, err)
+		return Object{}, fmt.Errorf("merge: %s in %s names other inputs or options: another merge claimed these names (pass overwrite to replace it): %w", keys[OutInputs], cfg.Out, err)
 	}
 	if err != nil {
-		return fmt.Errorf("merge: storing %s: %w", keys[OutInputs], err)
+		return Object{}, fmt.Errorf("merge: storing %s: %w", keys[OutInputs], err)
 	}
+	return cobj, nil
+}
+
+func manifestOf(cfg *Config, cobj Object, refs []InputRef, sum *Summary) Manifest {
 	man := Manifest{Version: 1, Claim: cobj, Outputs: map[string]Object{}, Inputs: refs, Window: cfg.Window, WorldSize: sum.WorldSize,
 		RanksMerged: sum.RanksMerged, MissingRanks: sum.MissingRanks, MissingReasons: missingReasons(cfg, sum), ClockOffsetsUS: sum.ClockOffsetsUS, Align: sum.Align,
 		Reason: cfg.Reason}
@@ -222,25 +269,7 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 		man.OutlierRank = &o
 	}
 	man.Batches = commonBatches(sum.Ranks)
-	for _, k := range outOrder {
-		obj, err := putOnce(ctx, cfg, keys[k], filepath.Join(tmp, k), sums[k], k)
-		if err != nil {
-			return fmt.Errorf("merge: storing %s: %w", keys[k], err)
-		}
-		man.Outputs[k] = obj
-		log.Info("stored", "output", keys[k], "bytes", obj.Size, "store", cfg.Out.String())
-	}
-	mb, _ := json.MarshalIndent(man, "", "  ")
-	mb = append(mb, '\n')
-	mpath := filepath.Join(tmp, OutManifest)
-	if err := os.WriteFile(mpath, mb, 0o644); err != nil {
-		return fmt.Errorf("merge: %w", err)
-	}
-	if _, err := putOnce(ctx, cfg, keys[OutManifest], mpath, sha256Hex(mb), OutManifest); err != nil {
-		return fmt.Errorf("merge: storing %s: %w", keys[OutManifest], err)
-	}
-	log.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
-	return nil
+	return man
 }
 
 // missingReasons says why each missing rank is missing: the caller's reason, or

@@ -16,6 +16,14 @@ type Summary struct {
 	ClockOffsetsUS map[string]int64  `json:"clock_offsets_us"`
 	Ranks          []RankSummary     `json:"ranks"`
 	Outputs        map[string]string `json:"outputs,omitempty"`
+	// Pickles are the merged pickles, one per group of ranks.
+	Pickles []PicklePart `json:"pickles,omitempty"`
+	// Cut says which ranks and which part of their traces were merged (nil: all).
+	Cut *CutInfo `json:"cut,omitempty"`
+	// Diff says why the outlier differs from the median rank; DiffsAsked compares
+	// the ranks the merge was asked about with the median rank.
+	Diff       *RankDiff  `json:"diff,omitempty"`
+	DiffsAsked []RankDiff `json:"diffs_asked,omitempty"`
 }
 
 // Spread compares the ranks' peaks: the largest over the median, and the rank
@@ -70,3 +78,23 @@ func computeSpread(ranks []RankSummary) *Spread {
 }
 
 func round3(f float64) float64 { return math.Round(f*1000) / 1000 }
+
+// medianRank is the rank whose peak is nearest the median peak (the lowest such
+// rank), other than exclude.
+func medianRank(ranks []RankSummary, sp *Spread, exclude int) (int, bool) {
+	best, found := 0, false
+	var bestD int64
+	for _, r := range ranks {
+		if r.Rank == exclude {
+			continue
+		}
+		d := r.PeakAllocatedBytes - sp.MedianPeakAllocatedBytes
+		if d < 0 {
+			d = -d
+		}
+		if !found || d < bestD {
+			best, bestD, found = r.Rank, d, true
+		}
+	}
+	return best, found
+}

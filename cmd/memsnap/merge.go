@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -40,6 +41,8 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	overwrite := fs.Bool("overwrite", false, "replace outputs that exist")
 	title := fs.String("title", "", "a title for the HTML report")
 	quiet := fs.Bool("q", false, "no progress on stderr")
+	var cut cutFlags
+	cut.register(fs)
 	var sf storeFlags
 	sf.register(fs)
 	inputs, err := parse(fs, args)
@@ -50,29 +53,13 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fs.Usage()
 		return errUsage
 	}
-	ts := *tmplFlag
-	if ts == "" {
-		var ok bool
-		if ts, ok = merge.Layouts[*layout]; !ok {
-			return fmt.Errorf("unknown --layout %q (composer, torchtitan or megatron)", *layout)
-		}
-	}
-	tmpl, err := naming.Parse(ts)
+	tmpl, err := rankTemplate(*layout, *tmplFlag)
 	if err != nil {
 		return err
 	}
-	if !tmpl.Uses("rank") {
-		return fmt.Errorf("--name-template %q does not name {rank}", ts)
-	}
-	v := naming.Vars{}
-	for _, kv := range vars {
-		k, val, ok := strings.Cut(kv, "=")
-		if !ok {
-			return fmt.Errorf("--var %q: want key=value", kv)
-		}
-		if v[k], err = naming.ParseValue(k, val); err != nil {
-			return err
-		}
+	v, err := outputVars(vars)
+	if err != nil {
+		return err
 	}
 	var offs map[int]int64
 	if *offsets != "" {
@@ -97,15 +84,54 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	r, err := merge.Merge(ctx, merge.Config{
+	cfg := merge.Config{
 		Inputs: ins, Out: outStore, OutputBase: *base, Vars: v, Overwrite: *overwrite,
 		Align: *align, Offsets: offs, WorldSize: *world, Title: *title, Logger: logger,
-	})
+	}
+	if err := cut.apply(&cfg); err != nil {
+		return err
+	}
+	r, err := merge.Merge(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	printMergeResult(stdout, outStore.String(), r)
 	return nil
+}
+
+// rankTemplate is the template that recovers ranks from inputs' names: the
+// --name-template, else the --layout's.
+func rankTemplate(layout, ts string) (*naming.Template, error) {
+	if ts == "" {
+		var ok bool
+		if ts, ok = merge.Layouts[layout]; !ok {
+			return nil, fmt.Errorf("unknown --layout %q (composer, torchtitan or megatron)", layout)
+		}
+	}
+	tmpl, err := naming.Parse(ts)
+	if err != nil {
+		return nil, err
+	}
+	if !tmpl.Uses("rank") {
+		return nil, fmt.Errorf("--name-template %q does not name {rank}", ts)
+	}
+	return tmpl, nil
+}
+
+// outputVars parses the --var key=value pairs.
+func outputVars(vars []string) (naming.Vars, error) {
+	v := naming.Vars{}
+	for _, kv := range vars {
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("--var %q: want key=value", kv)
+		}
+		var err error
+		if v[k], err = naming.ParseValue(k, val); err != nil {
+			return nil, err
+		}
+	}
+	return v, nil
 }
 
 func printMergeResult(w io.Writer, where string, r *merge.Result) {
@@ -115,6 +141,10 @@ func printMergeResult(w io.Writer, where string, r *merge.Result) {
 		fmt.Fprintf(w, "missing ranks: %v\n", s.MissingRanks)
 	}
 	printSpread(w, s)
+	if d := s.Diff; d != nil && len(d.Sites) > 0 {
+		top := d.Sites[0]
+		fmt.Fprintf(w, "%s against %s: %s at its peak; most of it: %s (%s)\n", d.Other.Label, d.Base.Label, signedBytes(d.PeakDeltaBytes), top.Site, signedBytes(top.DeltaBytes))
+	}
 	kinds := make([]string, 0, len(r.Outputs))
 	for k := range r.Outputs {
 		kinds = append(kinds, k)
@@ -152,4 +182,84 @@ func readOffsets(path string) (map[int]int64, error) {
 		out[r] = v
 	}
 	return out, nil
+}
+
+func signedBytes(n int64) string {
+	if n > 0 {
+		return "+" + humanBytes(n)
+	}
+	return humanBytes(n)
+}
+
+// cutFlags are merge's flags that choose what is merged and how the pickles are
+// split.
+type cutFlags struct {
+	ranks, batches, detail string
+	from, to               int64
+	fromSet, toSet         bool
+	pickleMax              int64
+	partName               string
+	analyses               bool
+	diffRanks              multiFlag
+}
+
+func (c *cutFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.ranks, "ranks", "", "merge only these ranks, e.g. 0-7,63")
+	fs.StringVar(&c.batches, "batches", "", "keep only the batches A to B-1 of every rank (A:B, by its batch marks)")
+	fs.Func("from", "keep only events at or after this aligned time (microseconds, as the summary's times)", intFlag(&c.from, &c.fromSet))
+	fs.Func("to", "keep only events at or before this aligned time (microseconds)", intFlag(&c.to, &c.toSet))
+	fs.Int64Var(&c.pickleMax, "pickle-max-bytes", merge.DefaultPickleMaxBytes, "the largest merged pickle: ranks are split into groups that fit")
+	fs.StringVar(&c.partName, "pickle-part-name", merge.DefaultPicklePartName, "how a part of a split pickle is named after --output-name ({first}, {last}: its ranks)")
+	fs.BoolVar(&c.analyses, "from-analyses", false, "take each rank's figures from the X.analysis.json beside its snapshot (as rank agents upload them) instead of decoding it")
+	fs.StringVar(&c.detail, "detail", "all", "the ranks whose full traces go into the pickles and the timeline: all, or diff (the outlier, the median rank and --diff-rank)")
+	fs.Var(&c.diffRanks, "diff-rank", "a rank the summary also compares with the median rank (repeatable)")
+}
+
+func intFlag(v *int64, set *bool) func(string) error {
+	return func(s string) error {
+		n, err := strconv.ParseInt(s, 10, 64)
+		*v, *set = n, true
+		return err
+	}
+}
+
+// apply puts the flags into a merge's configuration.
+func (c *cutFlags) apply(cfg *merge.Config) error {
+	var err error
+	if c.ranks != "" {
+		if cfg.Ranks, err = merge.ParseRankSet(c.ranks); err != nil {
+			return err
+		}
+	}
+	if c.batches != "" {
+		if cfg.Batches, err = merge.ParseBatchRange(c.batches); err != nil {
+			return err
+		}
+	}
+	if c.fromSet {
+		cfg.From = &c.from
+	}
+	if c.toSet {
+		cfg.To = &c.to
+	}
+	switch c.detail {
+	case "all":
+		cfg.Detail = merge.DetailAll
+	case "diff":
+		cfg.Detail = merge.DetailDiff
+	default:
+		return fmt.Errorf("--detail %q: all or diff", c.detail)
+	}
+	for _, s := range c.diffRanks {
+		r, err := strconv.Atoi(s)
+		if err != nil || r < 0 {
+			return fmt.Errorf("--diff-rank %q is not a rank", s)
+		}
+		cfg.DiffRanks = append(cfg.DiffRanks, r)
+	}
+	if c.pickleMax <= 0 {
+		return fmt.Errorf("--pickle-max-bytes %d: want a positive size", c.pickleMax)
+	}
+	cfg.PickleMaxBytes, cfg.PicklePartName, cfg.FromAnalyses = c.pickleMax, c.partName, c.analyses
+	return nil
 }

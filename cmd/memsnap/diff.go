@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/memsnap/memsnap/merge"
+)
+
+func init() {
+	register(&command{
+		name:    "diff",
+		summary: "why does one rank (or window) differ: allocation sites alive at each peak, side by side",
+		usage: `[flags] A [B]
+  A B                   B against A: two snapshots (.pickle, .gz, .zst), rank analyses
+                        (.analysis.json) or merged timelines (.memsnap.pb, with --rank)
+  MERGED.memsnap.pb     one merged window: --rank (default: the outlier) against --vs
+                        (default: the median rank)`,
+		run: runDiff,
+	})
+	register(&command{
+		name:    "analyze",
+		summary: "analyse one rank's snapshot as a rank agent does (peak, sites, curve, batches) and print it as JSON",
+		usage:   "[--rank R] [-o FILE] SNAPSHOT   (its .memsnap.json sidecar is used when it lies beside it)",
+		run:     runAnalyze,
+	})
+}
+
+func runDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags(commands["diff"], stderr)
+	rank := fs.Int("rank", -1, "the rank to take from a merged timeline (from each of two; of one, the rank compared)")
+	vs := fs.Int("vs", -1, "with one merged timeline: the rank compared against (default: the median rank)")
+	asJSON := fs.Bool("json", false, "print the diff as JSON")
+	top := fs.Int("top", 20, "sites shown in the table (0: all)")
+	files, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 || len(files) > 2 || (len(files) == 2 && *vs >= 0) {
+		fs.Usage()
+		return errUsage
+	}
+	gc := pauseGC()
+	defer gc.resume()
+	var d *merge.RankDiff
+	if len(files) == 1 {
+		d, err = diffOneTimeline(ctx, files[0], *rank, *vs)
+	} else {
+		d, err = diffTwo(ctx, files[0], files[1], *rank)
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(d)
+	}
+	return d.WriteTable(stdout, *top)
+}
+
+// diffTwo compares B with A.
+func diffTwo(ctx context.Context, a, b string, rank int) (*merge.RankDiff, error) {
+	base, err := merge.AnalyzeFile(ctx, a, rank)
+	if err != nil {
+		return nil, err
+	}
+	other, err := merge.AnalyzeFile(ctx, b, rank)
+	if err != nil {
+		return nil, err
+	}
+	la, lb := merge.FileLabel(a, rank), merge.FileLabel(b, rank)
+	if la == lb {
+		la, lb = "A: "+la, "B: "+lb
+	}
+	return merge.Diff(merge.DiffInput{Label: la, Source: a, A: base}, merge.DiffInput{Label: lb, Source: b, A: other}), nil
+}
+
+// diffOneTimeline compares two ranks of one merged window.
+func diffOneTimeline(ctx context.Context, path string, rank, vs int) (*merge.RankDiff, error) {
+	if !merge.IsTimeline(path) {
+		return nil, fmt.Errorf("%s is not a merged timeline (.memsnap.pb): give two files to compare", path)
+	}
+	all, err := merge.TimelineAnalyses(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	outlier, median, ok := merge.OutlierAndMedian(all)
+	if !ok {
+		return nil, fmt.Errorf("%s holds fewer than two ranks", path)
+	}
+	other, base := outlier, median
+	for _, a := range all {
+		if a.Rank == rank {
+			other = a
+		}
+		if a.Rank == vs {
+			base = a
+		}
+	}
+	if (rank >= 0 && other.Rank != rank) || (vs >= 0 && base.Rank != vs) {
+		return nil, fmt.Errorf("%s holds no rank %d", path, max(rank, vs))
+	}
+	label := func(a *merge.RankAnalysis) string { return fmt.Sprintf("rank %d", a.Rank) }
+	return merge.Diff(merge.DiffInput{Label: label(base), Source: path, A: base}, merge.DiffInput{Label: label(other), Source: path, A: other}), nil
+}
+
+func runAnalyze(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags(commands["analyze"], stderr)
+	rank := fs.Int("rank", -1, "the rank (default: the sidecar's, else 0)")
+	out := fs.String("o", "-", "where the analysis goes ('-': standard output)")
+	files, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(files) != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	gc := pauseGC()
+	defer gc.resume()
+	a, err := merge.AnalyzeFile(ctx, files[0], *rank)
+	if err != nil {
+		return err
+	}
+	b, err := a.Marshal()
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	if *out == "-" {
+		_, err = stdout.Write(b)
+		return err
+	}
+	return os.WriteFile(*out, b, 0o644)
+}

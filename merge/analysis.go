@@ -1,0 +1,472 @@
+package merge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/memsnap/memsnap/merge/snapshot"
+)
+
+// AnalysisVersion is the version of RankAnalysis this package writes and reads.
+const AnalysisVersion = 1
+
+// Bounds of a rank analysis: what Analyze keeps, and the most ParseAnalysis accepts.
+const (
+	// CurvePoints is the most points of a rank's allocated/reserved curve an analysis
+	// keeps (the maximum of each of as many time buckets, so peaks survive).
+	CurvePoints = 2000
+	// AnalysisSites is the most allocation sites alive at the peak an analysis names;
+	// the rest are summed up in OtherSites.
+	AnalysisSites = 100
+	// MaxAnalysisBatches is the most batches (and OOMs) an analysis holds.
+	MaxAnalysisBatches = 4096
+	// MaxAnalysisBytes bounds the size of an analysis file.
+	MaxAnalysisBytes = 4 << 20
+	// maxSiteName bounds the length of a site's name.
+	maxSiteName = 1024
+)
+
+// topSites is how many sites a rank's line of the summary names.
+const topSites = 10
+
+// RankAnalysis is everything the merged summary, the HTML report, the diff and the
+// Perfetto trace's counters need from one rank's snapshot: a rank agent computes it
+// right after a window (Analyze) and stores it beside the snapshot under
+// AnalysisName, so the leader need not decode every rank. Times are the rank's own
+// clock (time_us as torch recorded it); the merge aligns them.
+type RankAnalysis struct {
+	Version int `json:"version"`
+	Rank    int `json:"rank"`
+	// Snapshot is the size and SHA-256 of the snapshot bytes analysed (as stored).
+	Snapshot SnapshotRef `json:"snapshot"`
+	Device   int         `json:"device"` // the device trace taken
+	Note     string      `json:"note,omitempty"`
+	// Events is the number of trace events analysed; TraceStartUS the time of the
+	// trace's first event (what --align start subtracts).
+	Events       int   `json:"events"`
+	TraceStartUS int64 `json:"trace_start_us"`
+	FirstEventUS int64 `json:"first_event_us"`
+	LastEventUS  int64 `json:"last_event_us"`
+
+	StartAllocatedBytes int64  `json:"start_allocated_bytes"`
+	PeakAllocatedBytes  int64  `json:"peak_allocated_bytes"`
+	PeakAllocatedUS     int64  `json:"peak_allocated_time_us"`
+	PeakBatch           *int64 `json:"peak_allocated_batch,omitempty"`
+	// PeakPhase is "forward", "backward" or "optimizer" where the Python stack of the
+	// event at the peak (or the nearest earlier event with a stack) shows it.
+	PeakPhase         string        `json:"peak_phase,omitempty"`
+	PeakReservedBytes int64         `json:"peak_reserved_bytes"`
+	PeakReservedUS    int64         `json:"peak_reserved_time_us"`
+	EndAllocatedBytes int64         `json:"end_allocated_bytes"`
+	EndReservedBytes  int64         `json:"end_reserved_bytes"`
+	BeforeRecording   int64         `json:"allocated_before_recording_bytes"`
+	Sites             []Site        `json:"sites"`                 // alive at the peak, most bytes first
+	OtherSites        *Site         `json:"other_sites,omitempty"` // the sites beyond Sites, together
+	OOMs              []OOM         `json:"ooms"`
+	Batches           []BatchFigure `json:"batches,omitempty"`
+	Curve             Curve         `json:"curve"`
+}
+
+// SnapshotRef is a snapshot's size and SHA-256.
+type SnapshotRef struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// BatchFigure is a rank's allocated bytes at the start and end of one batch, and
+// its peak inside it.
+type BatchFigure struct {
+	Batch               int64 `json:"batch"`
+	StartUS             int64 `json:"start_us"`
+	EndUS               int64 `json:"end_us"`
+	StartAllocatedBytes int64 `json:"start_allocated_bytes"`
+	EndAllocatedBytes   int64 `json:"end_allocated_bytes"`
+	PeakAllocatedBytes  int64 `json:"peak_allocated_bytes"`
+}
+
+// AnalyzeOptions tune Analyze.
+type AnalyzeOptions struct {
+	// Rank is the rank analysed; -1 takes it from the metadata (0 without).
+	Rank int
+	// From and To, when not nil, restrict the analysis to events at or after From
+	// and at or before To (the rank's own clock).
+	From, To *int64
+}
+
+// AnalysisName returns the name of a snapshot's analysis: X.pickle (also .gz,
+// .zst) becomes X.analysis.json, beside X.memsnap.json.
+func AnalysisName(snapshotName string) string {
+	n := strings.TrimSuffix(strings.TrimSuffix(snapshotName, ".gz"), ".zst")
+	return strings.TrimSuffix(n, ".pickle") + ".analysis.json"
+}
+
+// Analyze decodes one rank's snapshot (a torch pickle, plain, gzip or zstd) and
+// analyses it with the rank's metadata (its batch marks; nil when there is none).
+// The analysis records data's size and SHA-256.
+func Analyze(ctx context.Context, data []byte, meta *RankMeta, opts AnalyzeOptions) (*RankAnalysis, error) {
+	s, err := snapshot.DecodeAnyContext(ctx, data)
+	if err != nil {
+		return nil, fmt.Errorf("merge: analysing a snapshot: %w", err)
+	}
+	a, err := AnalyzeSnapshot(ctx, s, meta, opts)
+	if err != nil {
+		return nil, err
+	}
+	a.Snapshot = SnapshotRef{Size: int64(len(data)), SHA256: sha256Hex(data)}
+	return a, nil
+}
+
+// AnalyzeSnapshot analyses a decoded snapshot; see Analyze. The result's Snapshot
+// reference is left empty.
+func AnalyzeSnapshot(ctx context.Context, s *snapshot.Snapshot, meta *RankMeta, opts AnalyzeOptions) (*RankAnalysis, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rank := opts.Rank
+	if rank < 0 {
+		rank = 0
+		if meta != nil {
+			rank = meta.Rank
+		}
+	}
+	if rank >= MaxRanks {
+		return nil, fmt.Errorf("merge: rank %d (at most %d)", rank, MaxRanks-1)
+	}
+	r := rankFromSnapshot(s, rank, "")
+	r.meta = meta
+	return r.analysis(window{from: opts.From, to: opts.To}), nil
+}
+
+// rankFromSnapshot picks a snapshot's device trace and its segments.
+func rankFromSnapshot(s *snapshot.Snapshot, rank int, source string) *rankData {
+	r := &rankData{rank: rank, source: source, snap: s}
+	r.device, r.note = pickDevice(s)
+	if r.device < len(s.DeviceTraces) {
+		r.trace = s.DeviceTraces[r.device]
+	}
+	for _, g := range s.Segments {
+		if int(g.Device) == r.device {
+			r.segs = append(r.segs, g)
+		}
+	}
+	return r
+}
+
+// window is a cut of a rank's trace in its own clock; nil ends are open.
+type window struct{ from, to *int64 }
+
+func (w window) before(t int64) bool { return w.from != nil && t < *w.from }
+func (w window) after(t int64) bool  { return w.to != nil && t > *w.to }
+func (w window) cut() bool           { return w.from != nil || w.to != nil }
+
+// analysis computes the rank's analysis over the events inside w.
+func (r *rankData) analysis(w window) *RankAnalysis {
+	a := &RankAnalysis{Version: AnalysisVersion, Rank: r.rank, Device: r.device, Note: r.note, Sites: []Site{}, OOMs: []OOM{}}
+	endA, endR := r.snap.AllocatedAtEnd(r.device), r.snap.ReservedAtEnd(r.device)
+	var netA, netR int64
+	for _, e := range r.trace {
+		dA, dR := deltas(e)
+		netA, netR = netA+dA, netR+dR
+	}
+	if len(r.trace) > 0 {
+		a.TraceStartUS = r.trace[0].TimeUS
+	}
+	hist := newHistory(len(r.trace), endA-netA)
+	peakIdx := r.walk(a, w, endA-netA, endR-netR, hist)
+	if !w.cut() {
+		a.EndAllocatedBytes, a.EndReservedBytes = endA, endR
+	}
+	if r.meta != nil {
+		if b, ok := r.meta.BatchAt(a.PeakAllocatedUS); ok {
+			a.PeakBatch = &b
+		}
+		a.Batches = hist.batchFigures(r.meta.Batches, w)
+	}
+	sites, tracked := r.sitesAt(peakIdx)
+	a.BeforeRecording = a.PeakAllocatedBytes - tracked
+	if peakIdx < 0 {
+		sites, a.BeforeRecording = nil, a.PeakAllocatedBytes // nothing recorded is alive yet
+	}
+	a.Sites, a.OtherSites = splitSites(sites, AnalysisSites)
+	a.PeakPhase = peakPhase(r.trace, peakIdx)
+	a.Curve = downsampleCurve(a.Curve, CurvePoints)
+	return a
+}
+
+// walk replays the trace from the allocated and reserved bytes before it, filling
+// a's peaks, curve, OOMs and event range for the events inside w, and hist with
+// the allocated bytes after every event. It returns the index of the event at the
+// allocated peak (-1: the peak is the state before the first event inside w).
+func (r *rankData) walk(a *RankAnalysis, w window, alloc, res int64, hist *history) int {
+	peakIdx, started := -1, false
+	for i, e := range r.trace {
+		t := e.TimeUS
+		dA, dR := deltas(e)
+		if w.before(t) {
+			alloc, res = alloc+dA, res+dR
+		}
+		if w.before(t) || w.after(t) {
+			hist.add(t, alloc)
+			continue
+		}
+		if !started {
+			started = true
+			a.FirstEventUS, a.StartAllocatedBytes = t, alloc
+			a.PeakAllocatedBytes, a.PeakAllocatedUS, a.PeakReservedBytes, a.PeakReservedUS = alloc, t, res, t
+			a.Curve = append(a.Curve, CurvePoint{t, alloc, res})
+		}
+		a.Events++
+		a.LastEventUS = t
+		if e.Action == snapshot.ActionOOM {
+			a.OOMs = append(a.OOMs, OOM{TimeUS: t, Size: e.Size, DeviceFreeB: e.DeviceFree, AllocatedThen: alloc})
+			hist.add(t, alloc)
+			continue
+		}
+		alloc, res = alloc+dA, res+dR
+		hist.add(t, alloc)
+		if dA == 0 && dR == 0 {
+			continue
+		}
+		if alloc > a.PeakAllocatedBytes {
+			a.PeakAllocatedBytes, a.PeakAllocatedUS, peakIdx = alloc, t, i
+		}
+		if res > a.PeakReservedBytes {
+			a.PeakReservedBytes, a.PeakReservedUS = res, t
+		}
+		a.Curve = append(a.Curve, CurvePoint{t, alloc, res})
+	}
+	if !started {
+		a.StartAllocatedBytes, a.PeakAllocatedBytes, a.PeakReservedBytes = alloc, alloc, res
+	}
+	a.EndAllocatedBytes, a.EndReservedBytes = alloc, res
+	return peakIdx
+}
+
+// sitesAt replays the trace up to event idx and groups the blocks alive then by
+// allocation site, most bytes first. It also returns the bytes those blocks hold
+// (what is allocated at idx less what was allocated before recording began).
+func (r *rankData) sitesAt(idx int) ([]Site, int64) {
+	type live struct {
+		size   int64
+		frames []*snapshot.Frame
+	}
+	alive := map[int64]live{}
+	var tracked int64
+	for i := 0; i <= idx && i < len(r.trace); i++ {
+		e := r.trace[i]
+		switch e.Action {
+		case snapshot.ActionAlloc:
+			if l, ok := alive[e.Addr]; ok { // an address allocated twice: the later wins
+				tracked -= l.size
+			}
+			alive[e.Addr] = live{e.Size, e.Frames}
+			tracked += e.Size
+		case snapshot.ActionFreeCompleted:
+			if l, ok := alive[e.Addr]; ok {
+				delete(alive, e.Addr)
+				tracked -= l.size
+			}
+		}
+	}
+	by := map[string]*Site{}
+	for _, l := range alive {
+		name := siteName(l.frames)
+		st := by[name]
+		if st == nil {
+			st = &Site{Site: name}
+			by[name] = st
+		}
+		st.Bytes += l.size
+		st.Blocks++
+	}
+	out := make([]Site, 0, len(by))
+	for _, st := range by {
+		out = append(out, *st)
+	}
+	sortSites(out)
+	return out, tracked
+}
+
+func sortSites(s []Site) {
+	sort.Slice(s, func(i, j int) bool {
+		if s[i].Bytes != s[j].Bytes {
+			return s[i].Bytes > s[j].Bytes
+		}
+		return s[i].Site < s[j].Site
+	})
+}
+
+// otherSitesName names the sites an analysis leaves out, together.
+const otherSitesName = "(other sites)"
+
+// splitSites keeps the first n sites and sums up the rest.
+func splitSites(s []Site, n int) ([]Site, *Site) {
+	if s == nil {
+		s = []Site{}
+	}
+	if len(s) <= n {
+		return s, nil
+	}
+	rest := &Site{Site: otherSitesName}
+	for _, x := range s[n:] {
+		rest.Bytes += x.Bytes
+		rest.Blocks += x.Blocks
+	}
+	return s[:n:n], rest
+}
+
+// history is the allocated bytes after every event of a trace, for the figures of
+// each batch.
+type history struct {
+	a0  int64   // before the first event
+	t   []int64 // time of each event, made non-decreasing
+	a   []int64 // allocated bytes after each event
+	blk []int64 // the largest of a in each block of histBlock events
+}
+
+const histBlock = 256
+
+func newHistory(n int, a0 int64) *history {
+	return &history{a0: a0, t: make([]int64, 0, n), a: make([]int64, 0, n)}
+}
+
+func (h *history) add(t, a int64) {
+	if n := len(h.t); n > 0 && t < h.t[n-1] {
+		t = h.t[n-1]
+	}
+	h.t, h.a = append(h.t, t), append(h.a, a)
+}
+
+// at is the allocated bytes after the first k events.
+func (h *history) at(k int) int64 {
+	if k == 0 {
+		return h.a0
+	}
+	return h.a[k-1]
+}
+
+// maxIn is the largest allocated bytes after events i to j-1 (i < j).
+func (h *history) maxIn(i, j int) int64 {
+	if h.blk == nil {
+		for k := 0; k < len(h.a); k += histBlock {
+			m := h.a[k]
+			for _, v := range h.a[k:min(k+histBlock, len(h.a))] {
+				m = max(m, v)
+			}
+			h.blk = append(h.blk, m)
+		}
+	}
+	m := h.a[i]
+	for i < j {
+		if i%histBlock == 0 && i+histBlock <= j {
+			m = max(m, h.blk[i/histBlock])
+			i += histBlock
+			continue
+		}
+		m = max(m, h.a[i])
+		i++
+	}
+	return m
+}
+
+// batchFigures computes each batch's allocated bytes at its start (after every
+// event before it), at its end (after every event up to it) and its peak, for the
+// batches (at most MaxAnalysisBatches) that overlap w.
+func (h *history) batchFigures(marks []BatchMark, w window) []BatchFigure {
+	var out []BatchFigure
+	for _, m := range marks {
+		if len(out) == MaxAnalysisBatches {
+			break
+		}
+		if w.after(m.StartUS) || w.before(m.EndUS) {
+			continue
+		}
+		ks := sort.Search(len(h.t), func(i int) bool { return h.t[i] >= m.StartUS })
+		ke := sort.Search(len(h.t), func(i int) bool { return h.t[i] > m.EndUS })
+		f := BatchFigure{Batch: m.Batch, StartUS: m.StartUS, EndUS: m.EndUS, StartAllocatedBytes: h.at(ks), EndAllocatedBytes: h.at(ke)}
+		f.PeakAllocatedBytes = f.StartAllocatedBytes
+		if ks < ke {
+			f.PeakAllocatedBytes = max(f.PeakAllocatedBytes, h.maxIn(ks, ke))
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// Marshal encodes the analysis as the JSON ParseAnalysis reads.
+func (a *RankAnalysis) Marshal() ([]byte, error) {
+	b, err := json.Marshal(a)
+	if err != nil {
+		return nil, fmt.Errorf("merge: encoding an analysis: %w", err)
+	}
+	return b, nil
+}
+
+// ParseAnalysis parses an analysis, which comes from a rank and is checked as
+// untrusted input: its size, version, rank, every count against the bounds above,
+// the checksum's form, a curve whose time never goes backwards, batches that end
+// after they start, known phases. Empty lists come back empty, not nil, as
+// Analyze makes them.
+func ParseAnalysis(b []byte) (*RankAnalysis, error) {
+	if len(b) > MaxAnalysisBytes {
+		return nil, fmt.Errorf("merge: an analysis of %d bytes (at most %d)", len(b), MaxAnalysisBytes)
+	}
+	var a RankAnalysis
+	if err := json.Unmarshal(b, &a); err != nil {
+		return nil, fmt.Errorf("merge: analysis: %w", err)
+	}
+	if err := a.check(); err != nil {
+		return nil, fmt.Errorf("merge: analysis: %w", err)
+	}
+	if a.Sites == nil {
+		a.Sites = []Site{}
+	}
+	if a.OOMs == nil {
+		a.OOMs = []OOM{}
+	}
+	if len(a.Batches) == 0 {
+		a.Batches = nil
+	}
+	if a.Curve == nil {
+		a.Curve = Curve{}
+	}
+	return &a, nil
+}
+
+func (a *RankAnalysis) check() error {
+	switch {
+	case a.Version != AnalysisVersion:
+		return fmt.Errorf("version %d is not supported (%d is)", a.Version, AnalysisVersion)
+	case a.Rank < 0 || a.Rank >= MaxRanks:
+		return fmt.Errorf("rank %d", a.Rank)
+	case a.Snapshot.Size < 0 || !isSHA256(a.Snapshot.SHA256):
+		return errors.New("the snapshot's size or SHA-256 is malformed")
+	case a.Device < 0 || a.Device >= MaxRanks || a.Events < 0 || len(a.Note) > maxSiteName:
+		return errors.New("a device, event count or note out of range")
+	case len(a.Sites) > AnalysisSites || len(a.OOMs) > MaxAnalysisBatches || len(a.Batches) > MaxAnalysisBatches:
+		return fmt.Errorf("%d sites, %d OOMs, %d batches", len(a.Sites), len(a.OOMs), len(a.Batches))
+	}
+	switch a.PeakPhase {
+	case "", PhaseForward, PhaseBackward, PhaseOptimizer:
+	default:
+		return fmt.Errorf("phase %q", a.PeakPhase)
+	}
+	for _, s := range a.Sites {
+		if len(s.Site) > maxSiteName || s.Blocks < 0 {
+			return errors.New("a site's name is too long or its block count negative")
+		}
+	}
+	if o := a.OtherSites; o != nil && (o.Site != otherSitesName || o.Blocks < 0) {
+		return errors.New("the other sites are malformed")
+	}
+	for _, f := range a.Batches {
+		if f.EndUS < f.StartUS {
+			return fmt.Errorf("batch %d ends before it starts", f.Batch)
+		}
+	}
+	return nil
+}

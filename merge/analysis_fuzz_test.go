@@ -1,0 +1,121 @@
+package merge
+
+import (
+	"context"
+	"io"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/memsnap/memsnap/internal/testutil"
+)
+
+// analysisSeeds are analyses as ranks write them: of a real rank with batch marks
+// (and an OOM), and small changes ParseAnalysis must refuse.
+func analysisSeeds(t testing.TB) [][]byte {
+	var out [][]byte
+	for _, name := range []string{"ddp4/rank3.5.memory_snapshot.pickle", "single/oom.memory_snapshot.pickle"} {
+		data, err := os.ReadFile(testutil.Snapshot(t, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := Analyze(context.Background(), data, markedMeta(t, data, 3), AnalyzeOptions{Rank: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, marshal(t, a))
+	}
+	return out
+}
+
+var brokenAnalyses = []string{
+	`{"version":2,"rank":0}`,
+	`{"version":1,"rank":-1}`,
+	`{"version":1,"rank":65536}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"zz"}}`,
+	`{"version":1,"rank":0,"snapshot":{"size":-1,"sha256":"` + strings.Repeat("0", 64) + `"}}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"curve":{"t":[5,-1],"a":[0,0],"r":[0,0]}}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"curve":{"t":[5],"a":[0,0],"r":[0]}}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"curve":{"t":[9223372036854775807,1],"a":[0,0],"r":[0,0]}}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"peak_phase":"lunch"}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"batches":[{"batch":1,"start_us":5,"end_us":4}]}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"sites":[{"site":"x","bytes":1,"blocks":-1}]}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"other_sites":{"site":"x","bytes":1,"blocks":1}}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"events":-3}`,
+	`{"version":1`, `[]`, `null`, ``,
+}
+
+func TestParseAnalysisRefuses(t *testing.T) {
+	for _, b := range brokenAnalyses {
+		if _, err := ParseAnalysis([]byte(b)); err == nil {
+			t.Errorf("accepted %s", b)
+		}
+	}
+	big := `{"version":1,"note":"` + strings.Repeat("x", MaxAnalysisBytes) + `"}`
+	if _, err := ParseAnalysis([]byte(big)); err == nil || !strings.Contains(err.Error(), "bytes") {
+		t.Errorf("an analysis larger than MaxAnalysisBytes: %v", err)
+	}
+	for _, b := range analysisSeeds(t) {
+		if _, err := ParseAnalysis(b); err != nil {
+			t.Fatalf("a real analysis is refused: %v", err)
+		}
+	}
+}
+
+// FuzzParseAnalysis: ParseAnalysis never panics; what it accepts reads the same
+// once re-marshalled, and the leader's whole use of it (a line of the summary,
+// the trace, the report, a diff against itself) neither panics nor fails.
+func FuzzParseAnalysis(f *testing.F) {
+	for _, b := range analysisSeeds(f) {
+		f.Add(b)
+	}
+	for _, b := range brokenAnalyses {
+		f.Add([]byte(b))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		a, err := ParseAnalysis(b)
+		if err != nil {
+			return
+		}
+		again, err := ParseAnalysis(marshal(t, a))
+		if err != nil || !reflect.DeepEqual(a, again) {
+			t.Fatalf("re-marshalled: %v", err)
+		}
+		leaderUse(t, a)
+	})
+}
+
+// leaderUse runs what a merge does with one rank's analysis, into nowhere.
+func leaderUse(t *testing.T, a *RankAnalysis) {
+	lr := &loadedRank{rank: a.Rank, source: "fuzz", a: a, shift: -12345}
+	e := &rankEntry{sum: rankSummary(lr), a: a, shift: lr.shift}
+	b := &builder{cfg: &Config{}, tw: newTraceWriter(io.Discard), tracePoints: 300, byRank: map[int]*rankEntry{a.Rank: e}}
+	b.writeTraceRank(lr)
+	if err := b.tw.finish(); err != nil {
+		t.Fatal(err)
+	}
+	other := *a
+	other.Rank = a.Rank + 1
+	e2 := &rankEntry{sum: rankSummary(&loadedRank{rank: other.Rank, a: &other}), a: &other}
+	b.byRank[other.Rank] = e2
+	s := &Summary{Ranks: []RankSummary{e.sum, e2.sum}}
+	s.Spread = computeSpread(s.Ranks)
+	s.Diff, _ = b.diffs(s)
+	for _, entries := range [][]*rankEntry{{e, e2}, manyEntries(e, maxLines+1)} {
+		if err := writeHTML(io.Discard, "fuzz", s, entries); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Diff.WriteTable(io.Discard, 5); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func manyEntries(e *rankEntry, n int) []*rankEntry {
+	out := make([]*rankEntry, n)
+	for i := range out {
+		out[i] = e
+	}
+	return out
+}

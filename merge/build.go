@@ -1,0 +1,347 @@
+package merge
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"hash"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// traceBudget is about how many counter points the trace holds for all ranks
+// together: each rank gets its share, between 250 and CurvePoints.
+const traceBudget = 500_000
+
+// builder writes the merged outputs into temporary files, one rank at a time.
+type builder struct {
+	cfg     *Config
+	tmp     string
+	files   map[string]*outFile // the outputs after the pickles
+	in      *interner
+	pickles *pickleParts
+	tw      *traceWriter
+	pbw     *pbWriter
+
+	inputs      []Input // the inputs the cut keeps, in rank order
+	ranks       []*rankEntry
+	byRank      map[int]*rankEntry
+	inputOf     map[int]int // rank -> index in inputs
+	refs        []InputRef
+	nextRank    int // one past the last rank merged
+	worldMeta   int
+	tracePoints int
+
+	decoded, fromAnalyses []int
+}
+
+// rankEntry is what the merge keeps of a rank once its pass is done.
+type rankEntry struct {
+	sum   RankSummary
+	a     *RankAnalysis
+	shift int64
+	w     window
+	marks []BatchMark
+	ref   InputRef
+}
+
+func newBuilder(cfg *Config, tmp string) (*builder, error) {
+	b := &builder{cfg: cfg, tmp: tmp, files: map[string]*outFile{}, in: newInterner(), byRank: map[int]*rankEntry{}, inputOf: map[int]int{},
+		pickles: &pickleParts{dir: tmp, cap: cfg.PickleMaxBytes}}
+	for _, k := range fixedOutputs {
+		f, err := os.Create(filepath.Join(tmp, k))
+		if err != nil {
+			b.close()
+			return nil, fmt.Errorf("merge: %w", err)
+		}
+		b.files[k] = &outFile{f: f, h: sha256.New()}
+	}
+	b.tw = newTraceWriter(b.files[OutTrace])
+	b.pbw = newPBWriter(b.files[OutPB], b.in)
+	for _, in := range cfg.Inputs {
+		if in.Rank < 0 || cfg.Ranks.Has(in.Rank) {
+			b.inputs = append(b.inputs, in)
+		}
+	}
+	b.tracePoints = min(CurvePoints, max(250, traceBudget/max(1, len(b.inputs))))
+	return b, nil
+}
+
+func (b *builder) close() {
+	for _, f := range b.files {
+		f.f.Close()
+	}
+	b.pickles.abort()
+}
+
+// outFile is one output being written, hashed as it goes so publishing need not
+// read it again.
+type outFile struct {
+	f *os.File
+	h hash.Hash
+	n int64 // bytes written
+}
+
+func (o *outFile) Write(p []byte) (int, error) {
+	n, err := o.f.Write(p)
+	o.h.Write(p[:n])
+	o.n += int64(n)
+	return n, err
+}
+
+func (o *outFile) sum() string { return hex.EncodeToString(o.h.Sum(nil)) }
+
+// output is one finished output: its kind, its key in the store, its temporary
+// file and its SHA-256.
+type output struct {
+	kind, key, file, sum string
+	part                 *PicklePart
+}
+
+// admit checks that a rank may be merged next.
+func (b *builder) admit(rank int, source string) error {
+	if e, ok := b.byRank[rank]; ok {
+		return fmt.Errorf("merge: rank %d is in both %s and %s", rank, e.sum.Source, source)
+	}
+	if rank < b.nextRank {
+		return fmt.Errorf("merge: rank %d of %s arrives after rank %d; pass one merged file per rank range", rank, source, b.nextRank-1)
+	}
+	if rank >= MaxRanks || (b.cfg.WorldSize > 0 && rank >= b.cfg.WorldSize) {
+		return fmt.Errorf("merge: rank %d of %s is outside the world size (%d, at most %d)", rank, source, max(b.cfg.WorldSize, 0), MaxRanks)
+	}
+	return nil
+}
+
+// addRank merges one rank's analysis: its line of the summary, its process in the
+// trace, its curve for the report.
+func (b *builder) addRank(lr *loadedRank, ref InputRef) error {
+	if err := b.admit(lr.rank, lr.source); err != nil {
+		return err
+	}
+	b.nextRank = lr.rank + 1
+	if lr.meta != nil {
+		b.worldMeta = max(b.worldMeta, lr.meta.WorldSize)
+	}
+	e := &rankEntry{sum: rankSummary(lr), a: lr.a, shift: lr.shift, w: lr.w, ref: ref}
+	if lr.meta != nil {
+		e.marks = lr.meta.Batches
+	}
+	b.writeTraceRank(lr)
+	b.ranks = append(b.ranks, e)
+	b.byRank[lr.rank] = e
+	if lr.fromFile {
+		b.fromAnalyses = append(b.fromAnalyses, lr.rank)
+	}
+	b.cfg.Logger.Info("merged rank", "rank", lr.rank, "events", lr.a.Events, "peak_allocated", human(lr.a.PeakAllocatedBytes),
+		"from_analysis", lr.fromFile, "source", lr.source)
+	return nil
+}
+
+// rankSummary is a rank's line of the summary: its analysis, aligned, with what
+// its metadata adds.
+func rankSummary(lr *loadedRank) RankSummary {
+	a, sh := lr.a, lr.shift
+	at := func(t int64) int64 {
+		if a.Events == 0 {
+			return 0
+		}
+		return t + sh
+	}
+	s := RankSummary{Rank: lr.rank, Source: lr.source, Device: a.Device, Events: a.Events, ClockOffsetUS: -sh,
+		FirstEventUS: at(a.FirstEventUS), LastEventUS: at(a.LastEventUS), StartAllocatedBytes: a.StartAllocatedBytes,
+		PeakAllocatedBytes: a.PeakAllocatedBytes, PeakAllocatedTimeUS: at(a.PeakAllocatedUS), PeakAllocatedBatch: a.PeakBatch,
+		PeakAllocatedPhase: a.PeakPhase, PeakReservedBytes: a.PeakReservedBytes, PeakReservedTimeUS: at(a.PeakReservedUS),
+		EndAllocatedBytes: a.EndAllocatedBytes, EndReservedBytes: a.EndReservedBytes, AllocatedBeforeRecording: a.BeforeRecording,
+		TopSites: a.Sites[:min(topSites, len(a.Sites))], OOMs: make([]OOM, len(a.OOMs)), Note: a.Note}
+	for i, o := range a.OOMs {
+		o.TimeUS += sh
+		s.OOMs[i] = o
+	}
+	for _, f := range a.Batches {
+		f.StartUS, f.EndUS = f.StartUS+sh, f.EndUS+sh
+		s.BatchFigures = append(s.BatchFigures, f)
+	}
+	if m := lr.meta; m != nil {
+		for _, bm := range m.Batches {
+			s.Batches = append(s.Batches, bm.Batch)
+		}
+		for _, x := range m.Samples {
+			s.PeakNVMLDeviceUsedBytes = max(s.PeakNVMLDeviceUsedBytes, x.DeviceUsedBytes)
+		}
+		s.StallUS = m.StallUS
+	}
+	return s
+}
+
+// writeTraceRank writes a rank's process: its allocated and reserved counters
+// (the analysis's curve, at most tracePoints points), OOMs, batches and NVML
+// samples.
+func (b *builder) writeTraceRank(lr *loadedRank) {
+	tw, r, sh := b.tw, lr.rank, lr.shift
+	tw.process(r)
+	lastA, lastR := int64(-1), int64(-1)
+	for i, p := range downsampleCurve(append(Curve(nil), lr.a.Curve...), b.tracePoints) {
+		if i == 0 || p.A != lastA {
+			tw.counter(r, "allocated", p.T+sh, p.A)
+			lastA = p.A
+		}
+		if i == 0 || p.R != lastR {
+			tw.counter(r, "reserved", p.T+sh, p.R)
+			lastR = p.R
+		}
+	}
+	for _, o := range lr.a.OOMs {
+		o.TimeUS += sh
+		tw.oom(r, o)
+	}
+	if lr.meta == nil {
+		return
+	}
+	for _, m := range lr.meta.Batches {
+		if !lr.w.before(m.EndUS) && !lr.w.after(m.StartUS) {
+			tw.batch(r, m, sh)
+		}
+	}
+	for _, m := range lr.meta.Samples {
+		if lr.w.before(m.TimeUS) || lr.w.after(m.TimeUS) {
+			continue
+		}
+		tw.counter(r, "device used (NVML)", m.TimeUS+sh, m.DeviceUsedBytes)
+		if m.ProcessUsedBytes > 0 {
+			tw.counter(r, "process used (NVML)", m.TimeUS+sh, m.ProcessUsedBytes)
+		}
+	}
+}
+
+// addDetail writes a rank's full trace (cut to its window) into the pickles and
+// the timeline.
+func (b *builder) addDetail(r *rankData) error {
+	e := b.byRank[r.rank]
+	r.shiftUS = e.shift
+	trace := r.trace
+	if e.w.cut() {
+		trace = nil
+		for _, ev := range r.trace {
+			if !e.w.before(ev.TimeUS) && !e.w.after(ev.TimeUS) {
+				trace = append(trace, ev)
+			}
+		}
+	}
+	for _, ev := range trace {
+		b.in.frameList(ev.Frames)
+	}
+	for _, g := range r.segs {
+		b.in.frameList(g.Frames)
+		for _, bl := range g.Blocks {
+			b.in.frameList(bl.Frames)
+		}
+	}
+	b.in.forget()
+	if err := b.pickles.add(r, trace); err != nil {
+		return err
+	}
+	b.pbw.rank(r, trace, e.sum)
+	r.snap, r.trace, r.segs = nil, nil, nil // let the decoded rank go
+	return nil
+}
+
+// world is the world size: the configured one, else the largest the ranks'
+// metadata names, else the highest rank plus one.
+func (b *builder) world() (int, error) {
+	world := b.cfg.WorldSize
+	if world == 0 {
+		world = max(b.worldMeta, b.nextRank)
+	}
+	if world > MaxRanks {
+		return 0, fmt.Errorf("merge: world size %d is above the %d ranks a merge takes", world, MaxRanks)
+	}
+	if world < b.nextRank {
+		return 0, fmt.Errorf("merge: rank %d is outside world size %d", b.nextRank-1, world)
+	}
+	return world, nil
+}
+
+// finish writes every output and returns the summary and the outputs in the
+// order they are stored.
+func (b *builder) finish(keys map[string]string) (*Summary, []output, error) {
+	world, err := b.world()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := b.pickles.finish(world); err != nil {
+		return nil, nil, err
+	}
+	sum := b.summary(world)
+	if err := b.tw.finish(); err != nil {
+		return nil, nil, fmt.Errorf("merge: writing the trace: %w", err)
+	}
+	b.pbw.header(b.cfg.Align, world, sum.MissingRanks)
+	if err := b.pbw.finish(); err != nil {
+		return nil, nil, fmt.Errorf("merge: writing the timeline: %w", err)
+	}
+	if err := writeHTML(b.files[OutHTML], b.cfg.Title, sum, b.ranks); err != nil {
+		return nil, nil, fmt.Errorf("merge: writing the report: %w", err)
+	}
+	base := strings.TrimSuffix(keys[OutPickle], outSuffix[OutPickle])
+	outs := b.pickles.outputs(keys[OutPickle], base, b.cfg.PicklePartName)
+	sum.Outputs, sum.Pickles = map[string]string{}, []PicklePart{}
+	for _, o := range outs {
+		sum.Pickles = append(sum.Pickles, *o.part)
+	}
+	for _, k := range fixedOutputs {
+		outs = append(outs, output{kind: k, key: keys[k], file: filepath.Join(b.tmp, k)})
+	}
+	for _, o := range outs {
+		sum.Outputs[o.kind] = o.key
+	}
+	if err := b.writeSummary(sum); err != nil {
+		return nil, nil, err
+	}
+	for i := range outs {
+		if f, ok := b.files[outs[i].kind]; ok {
+			outs[i].sum = f.sum()
+		}
+	}
+	return sum, outs, nil
+}
+
+// summary builds the summary: the ranks, who is missing, the spread and the diffs.
+func (b *builder) summary(world int) *Summary {
+	sum := &Summary{Version: 1, WorldSize: world, Align: b.cfg.Align, ClockOffsetsUS: map[string]int64{}, MissingRanks: []int{},
+		Ranks: make([]RankSummary, len(b.ranks)), Cut: b.cfg.cutInfo()}
+	for i, e := range b.ranks {
+		sum.Ranks[i] = e.sum
+		sum.RanksMerged = append(sum.RanksMerged, e.sum.Rank)
+		sum.ClockOffsetsUS[strconv.Itoa(e.sum.Rank)] = e.sum.ClockOffsetUS
+	}
+	for r := 0; r < world; r++ {
+		if _, ok := b.byRank[r]; !ok && b.cfg.Ranks.Has(r) {
+			sum.MissingRanks = append(sum.MissingRanks, r)
+		}
+	}
+	sum.Spread = computeSpread(sum.Ranks)
+	if len(sum.MissingRanks) > 0 {
+		b.cfg.Logger.Warn("ranks missing from the merge", "missing", len(sum.MissingRanks), "world_size", world)
+	}
+	sum.Diff, sum.DiffsAsked = b.diffs(sum)
+	return sum
+}
+
+func (b *builder) writeSummary(sum *Summary) error {
+	sb, err := json.MarshalIndent(sum, "", "  ")
+	if err != nil {
+		return err
+	}
+	if _, err := b.files[OutSummary].Write(append(sb, '\n')); err != nil {
+		return err
+	}
+	for _, k := range fixedOutputs {
+		if err := b.files[k].f.Close(); err != nil {
+			return fmt.Errorf("merge: writing %s: %w", k, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,236 @@
+package merge
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// RankDiff compares what two ranks (or two windows of one rank) held alive at
+// their peaks, site by site: why Other differs from Base.
+type RankDiff struct {
+	Base  DiffSide `json:"base"`
+	Other DiffSide `json:"other"`
+	// PeakDeltaBytes is Other's peak less Base's.
+	PeakDeltaBytes int64 `json:"peak_delta_bytes"`
+	// Sites are every site either side names at its peak, the largest difference
+	// first; bytes allocated before recording began count as one more site,
+	// BeforeRecordingSite. The deltas add up to PeakDeltaBytes when both sides
+	// name all their sites.
+	Sites []SiteDiff `json:"sites"`
+}
+
+// DiffSide is one side of a diff: which rank, and its peak.
+type DiffSide struct {
+	Label              string `json:"label"` // "rank 3", or a file's name
+	Rank               int    `json:"rank"`
+	Source             string `json:"source,omitempty"`
+	PeakAllocatedBytes int64  `json:"peak_allocated_bytes"`
+	PeakTimeUS         int64  `json:"peak_allocated_time_us"`
+	PeakBatch          *int64 `json:"peak_allocated_batch"`
+	PeakPhase          string `json:"peak_phase,omitempty"`
+	// Complete is false when the side's analysis names only its largest sites:
+	// a site absent from it may still be among the rest.
+	Complete bool `json:"complete"`
+}
+
+// SiteDiff is one site's bytes at each side's peak.
+type SiteDiff struct {
+	Site        string `json:"site"`
+	BaseBytes   int64  `json:"base_bytes"`
+	OtherBytes  int64  `json:"other_bytes"`
+	DeltaBytes  int64  `json:"delta_bytes"`
+	BaseBlocks  int    `json:"base_blocks"`
+	OtherBlocks int    `json:"other_blocks"`
+	// Only is "base" or "other" when that side alone holds the site.
+	Only string `json:"only,omitempty"`
+}
+
+// BeforeRecordingSite names the bytes alive at a peak that were allocated before
+// recording began (no stack was recorded for them).
+const BeforeRecordingSite = "(allocated before recording began)"
+
+// pseudoSite reports whether a diff's row stands for no one site.
+func pseudoSite(name string) bool { return name == BeforeRecordingSite || name == otherSitesName }
+
+// DiffInput is one side of Diff: an analysis and how to call it.
+type DiffInput struct {
+	Label  string
+	Source string
+	A      *RankAnalysis
+	// ShiftUS is added to the analysis's times (its alignment in a merge).
+	ShiftUS int64
+}
+
+// Diff compares other with base, site by site.
+func Diff(base, other DiffInput) *RankDiff {
+	d := &RankDiff{Base: diffSide(base), Other: diffSide(other), Sites: []SiteDiff{}}
+	d.PeakDeltaBytes = d.Other.PeakAllocatedBytes - d.Base.PeakAllocatedBytes
+	by := map[string]*SiteDiff{}
+	row := func(name string) *SiteDiff {
+		if by[name] == nil {
+			by[name] = &SiteDiff{Site: name}
+		}
+		return by[name]
+	}
+	for _, s := range withEarly(base.A) {
+		r := row(s.Site)
+		r.BaseBytes, r.BaseBlocks = r.BaseBytes+s.Bytes, r.BaseBlocks+s.Blocks
+	}
+	for _, s := range withEarly(other.A) {
+		r := row(s.Site)
+		r.OtherBytes, r.OtherBlocks = r.OtherBytes+s.Bytes, r.OtherBlocks+s.Blocks
+	}
+	for _, r := range by {
+		r.DeltaBytes = r.OtherBytes - r.BaseBytes
+		switch {
+		case pseudoSite(r.Site):
+		case r.BaseBlocks == 0 && r.OtherBlocks > 0 && d.Base.Complete:
+			r.Only = "other"
+		case r.OtherBlocks == 0 && r.BaseBlocks > 0 && d.Other.Complete:
+			r.Only = "base"
+		}
+		d.Sites = append(d.Sites, *r)
+	}
+	sort.Slice(d.Sites, func(i, j int) bool {
+		ai, aj := absInt(d.Sites[i].DeltaBytes), absInt(d.Sites[j].DeltaBytes)
+		if ai != aj {
+			return ai > aj
+		}
+		return d.Sites[i].Site < d.Sites[j].Site
+	})
+	return d
+}
+
+func diffSide(in DiffInput) DiffSide {
+	a := in.A
+	s := DiffSide{Label: in.Label, Rank: a.Rank, Source: in.Source, PeakAllocatedBytes: a.PeakAllocatedBytes,
+		PeakBatch: a.PeakBatch, PeakPhase: a.PeakPhase, Complete: a.OtherSites == nil}
+	if a.Events > 0 {
+		s.PeakTimeUS = a.PeakAllocatedUS + in.ShiftUS
+	}
+	return s
+}
+
+// withEarly is an analysis's sites, with what was allocated before recording as
+// one more, and what its list leaves out as another.
+func withEarly(a *RankAnalysis) []Site {
+	out := append([]Site(nil), a.Sites...)
+	if a.BeforeRecording != 0 {
+		out = append(out, Site{Site: BeforeRecordingSite, Bytes: a.BeforeRecording})
+	}
+	if a.OtherSites != nil {
+		out = append(out, *a.OtherSites)
+	}
+	return out
+}
+
+func absInt(v int64) uint64 {
+	if v < 0 {
+		return uint64(-v)
+	}
+	return uint64(v)
+}
+
+// diffs builds the summary's diffs: the outlier against the median rank, and each
+// rank asked for against the median rank.
+func (b *builder) diffs(sum *Summary) (*RankDiff, []RankDiff) {
+	if sum.Spread == nil || len(sum.Ranks) < 2 {
+		return nil, nil
+	}
+	side := func(r int) DiffInput {
+		e := b.byRank[r]
+		return DiffInput{Label: fmt.Sprintf("rank %d", r), Source: e.sum.Source, A: e.a, ShiftUS: e.shift}
+	}
+	out := sum.Spread.OutlierRank
+	med, ok := medianRank(sum.Ranks, sum.Spread, out)
+	if !ok {
+		return nil, nil
+	}
+	var asked []RankDiff
+	seen := map[int]bool{}
+	for _, r := range b.cfg.DiffRanks {
+		if _, ok := b.byRank[r]; ok && r != med && !seen[r] {
+			seen[r] = true
+			asked = append(asked, *Diff(side(med), side(r)))
+		}
+	}
+	return Diff(side(med), side(out)), asked
+}
+
+// WriteTable writes the diff as a table: the two peaks, then the sites, at most
+// top of them (all when top <= 0), the largest difference first.
+func (d *RankDiff) WriteTable(w io.Writer, top int) error {
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "\t%s\t%s\tdifference\t\n", d.Base.Label, d.Other.Label)
+	fmt.Fprintf(tw, "peak allocated\t%s\t%s\t%s\t\n", human(d.Base.PeakAllocatedBytes), human(d.Other.PeakAllocatedBytes), signed(d.PeakDeltaBytes))
+	fmt.Fprintf(tw, "at batch\t%s\t%s\t\t\n", batchText(d.Base.PeakBatch), batchText(d.Other.PeakBatch))
+	fmt.Fprintf(tw, "in phase\t%s\t%s\t\t\n", orDash(d.Base.PeakPhase), orDash(d.Other.PeakPhase))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nsites alive at each peak, largest difference first:\n")
+	tw = tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%s\t%s\tdifference\t  site\n", d.Base.Label, d.Other.Label)
+	for i, s := range d.Sites {
+		if top > 0 && i == top {
+			fmt.Fprintf(tw, "\t\t\t  (%d more sites; --top 0 shows all)\n", len(d.Sites)-top)
+			break
+		}
+		note := onlyText(d, s)
+		if note != "" {
+			note = "  (" + note + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t  %s%s\n", bytesOrDash(s.BaseBytes, s.BaseBlocks), bytesOrDash(s.OtherBytes, s.OtherBlocks),
+			signed(s.DeltaBytes), s.Site, note)
+	}
+	return tw.Flush()
+}
+
+func signed(n int64) string {
+	if n > 0 {
+		return "+" + human(n)
+	}
+	return human(n)
+}
+
+func batchText(b *int64) string {
+	if b == nil {
+		return "–"
+	}
+	return fmt.Sprint(*b)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "–"
+	}
+	return s
+}
+
+func bytesOrDash(n int64, blocks int) string {
+	if n == 0 && blocks == 0 {
+		return "–"
+	}
+	return human(n)
+}
+
+func onlyText(d *RankDiff, s SiteDiff) string {
+	switch s.Only {
+	case "base":
+		return "only " + d.Base.Label
+	case "other":
+		return "only " + d.Other.Label
+	}
+	return ""
+}
+
+// shortLabel trims a path to its file name, for a diff's column header.
+func shortLabel(p string) string {
+	if i := strings.LastIndexAny(p, "/\\"); i >= 0 {
+		return p[i+1:]
+	}
+	return p
+}

@@ -1,0 +1,136 @@
+package merge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/memsnap/memsnap/merge/snapshot"
+)
+
+// IsTimeline reports whether a path names a merged timeline (.memsnap.pb).
+func IsTimeline(path string) bool { return isPB(path) }
+
+// AnalyzeFile reads one rank for a diff: a snapshot (analysed with the sidecar
+// that lies beside it, when one does), a rank analysis (.analysis.json), or rank
+// `rank` of a merged timeline (.memsnap.pb; -1 takes its only rank). Only
+// regular files are read; reading stops when ctx is done.
+func AnalyzeFile(ctx context.Context, path string, rank int) (*RankAnalysis, error) {
+	switch {
+	case isPB(path):
+		all, err := TimelineAnalyses(ctx, path)
+		if err != nil {
+			return nil, err
+		}
+		return pickRank(all, path, rank)
+	case strings.HasSuffix(path, ".json"):
+		b, err := fileAnalysis(path)(ctx)
+		if err == nil && b == nil {
+			err = fs.ErrNotExist
+		}
+		if err != nil {
+			return nil, fmt.Errorf("merge: reading %s: %w", path, err)
+		}
+		a, err := ParseAnalysis(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		return a, nil
+	}
+	data, err := snapshot.ReadFileBytes(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	meta, err := sidecarOf(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	a, err := Analyze(ctx, data, meta, AnalyzeOptions{Rank: max(rank, -1)})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return a, nil
+}
+
+// sidecarOf reads the sidecar beside a snapshot file; nil when there is none.
+func sidecarOf(ctx context.Context, path string) (*RankMeta, error) {
+	p := filepath.Join(filepath.Dir(path), MetaName(filepath.Base(path)))
+	if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	b, err := snapshot.ReadFileBytes(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	m, err := ParseRankMeta(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	return m, nil
+}
+
+// TimelineAnalyses analyses every rank of a merged timeline, in rank order (times
+// in each rank's own clock).
+func TimelineAnalyses(ctx context.Context, path string) ([]*RankAnalysis, error) {
+	data, err := snapshot.ReadFileBytes(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	ranks, err := ranksFromPB(data, path)
+	if err != nil {
+		return nil, err
+	}
+	var out []*RankAnalysis
+	for _, r := range ranks {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		out = append(out, r.analysis(window{}))
+	}
+	return out, nil
+}
+
+func pickRank(all []*RankAnalysis, path string, rank int) (*RankAnalysis, error) {
+	if rank < 0 {
+		if len(all) != 1 {
+			return nil, fmt.Errorf("merge: %s holds %d ranks: say which", path, len(all))
+		}
+		return all[0], nil
+	}
+	for _, a := range all {
+		if a.Rank == rank {
+			return a, nil
+		}
+	}
+	return nil, fmt.Errorf("merge: %s holds no rank %d", path, rank)
+}
+
+// OutlierAndMedian picks, as a merge's summary does, the outlier and the median
+// rank of a window's analyses; false with fewer than two ranks.
+func OutlierAndMedian(all []*RankAnalysis) (outlier, median *RankAnalysis, ok bool) {
+	sums := make([]RankSummary, len(all))
+	by := map[int]*RankAnalysis{}
+	for i, a := range all {
+		sums[i] = RankSummary{Rank: a.Rank, PeakAllocatedBytes: a.PeakAllocatedBytes}
+		by[a.Rank] = a
+	}
+	sp := computeSpread(sums)
+	if sp == nil || len(all) < 2 {
+		return nil, nil, false
+	}
+	m, ok := medianRank(sums, sp, sp.OutlierRank)
+	return by[sp.OutlierRank], by[m], ok
+}
+
+// FileLabel is a short name for a file in a diff's header.
+func FileLabel(path string, rank int) string {
+	l := shortLabel(path)
+	if rank >= 0 && isPB(path) {
+		l += fmt.Sprintf("#rank%d", rank)
+	}
+	return l
+}

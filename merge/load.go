@@ -1,0 +1,342 @@
+package merge
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/memsnap/memsnap/merge/snapshot"
+)
+
+// loadedRank is one rank of an input as the first pass hands it on.
+type loadedRank struct {
+	rank     int
+	source   string
+	meta     *RankMeta
+	shift    int64
+	w        window
+	a        *RankAnalysis
+	data     *rankData // the decoded snapshot, when the rank's detail is written now
+	decoded  bool
+	fromFile bool // a came from the rank's analysis file
+}
+
+// loaded is one input as the first pass read it.
+type loaded struct {
+	ranks []*loadedRank // one, or several for a .memsnap.pb
+	ref   InputRef
+	err   error
+}
+
+// firstPass reads the inputs, Workers ahead in parallel, and merges them in rank
+// order. Every goroutine it starts has ended when it returns.
+func (b *builder) firstPass(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	results := make([]chan loaded, len(b.inputs))
+	for i := range results {
+		results[i] = make(chan loaded, 1)
+	}
+	sem := make(chan struct{}, b.cfg.Workers)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i, in := range b.inputs {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); results[i] <- b.load(ctx, in) }()
+		}
+	}()
+	for i := range b.inputs {
+		var l loaded
+		select {
+		case l = <-results[i]:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		<-sem
+		if err := b.take(i, l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// take merges what one input held.
+func (b *builder) take(i int, l loaded) error {
+	if l.err != nil {
+		return l.err
+	}
+	b.refs = append(b.refs, l.ref)
+	for _, lr := range l.ranks {
+		if !b.cfg.Ranks.Has(lr.rank) {
+			continue
+		}
+		if err := b.addRank(lr, l.ref); err != nil {
+			return err
+		}
+		b.inputOf[lr.rank] = i
+		if lr.decoded {
+			b.decoded = append(b.decoded, lr.rank)
+		}
+		if lr.data != nil {
+			if err := b.addDetail(lr.data); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// load reads one input: its sidecar, its analysis (under FromAnalyses) and, when
+// there is no usable analysis or the rank's detail is written now, its snapshot.
+func (b *builder) load(ctx context.Context, in Input) loaded {
+	if isPB(in.Source) {
+		return b.loadTimeline(ctx, in)
+	}
+	l := loaded{ref: InputRef{Rank: in.Rank, Source: in.Source}}
+	lr := &loadedRank{rank: in.Rank, source: in.Source}
+	var err error
+	if lr.meta, l.ref.MetaSHA256, err = in.readMeta(ctx); err != nil {
+		return loaded{err: err}
+	}
+	if b.cfg.FromAnalyses && !b.cfg.timeCut() && in.analysis != nil {
+		lr.a = b.readAnalysis(ctx, in, lr.meta)
+	}
+	if lr.a != nil {
+		lr.fromFile = true
+		l.ref.Size, l.ref.SHA256 = lr.a.Snapshot.Size, lr.a.Snapshot.SHA256
+	}
+	if lr.a == nil || b.cfg.Detail == DetailAll {
+		rd, ref, err := decodeInput(ctx, in, lr.a)
+		if err != nil {
+			return loaded{err: err}
+		}
+		l.ref.Size, l.ref.SHA256 = ref.Size, ref.SHA256
+		rd.meta, lr.data, lr.decoded = lr.meta, rd, true
+	}
+	if err := b.settle(lr, l.ref); err != nil {
+		return loaded{err: err}
+	}
+	l.ranks = []*loadedRank{lr}
+	return l
+}
+
+// settle aligns a loaded rank, cuts it and analyses it when it has no analysis
+// yet; the decoded snapshot is kept only when its detail is written now.
+func (b *builder) settle(lr *loadedRank, ref InputRef) error {
+	if d := lr.data; d != nil {
+		var t0 int64
+		if len(d.trace) > 0 {
+			t0 = d.trace[0].TimeUS
+		}
+		lr.shift = b.cfg.shift(lr.rank, lr.meta, t0, len(d.trace) > 0)
+	} else {
+		lr.shift = b.cfg.shift(lr.rank, lr.meta, lr.a.TraceStartUS, lr.a.Events > 0)
+	}
+	var err error
+	if lr.w, err = b.cfg.window(lr.rank, lr.meta, lr.shift); err != nil {
+		return err
+	}
+	if lr.a == nil {
+		lr.a = lr.data.analysis(lr.w)
+		lr.a.Snapshot = SnapshotRef{Size: ref.Size, SHA256: ref.SHA256}
+	}
+	if b.cfg.Detail != DetailAll {
+		lr.data = nil
+	}
+	return nil
+}
+
+// decodeInput reads and decodes a rank's snapshot; when the rank has an analysis,
+// the snapshot must be the one it analysed.
+func decodeInput(ctx context.Context, in Input, a *RankAnalysis) (*rankData, SnapshotRef, error) {
+	data, err := in.load(ctx)
+	if err != nil {
+		return nil, SnapshotRef{}, fmt.Errorf("merge: reading %s: %w", in.Source, err)
+	}
+	ref := SnapshotRef{Size: int64(len(data)), SHA256: sha256Hex(data)}
+	if a != nil && a.Snapshot != ref {
+		return nil, ref, fmt.Errorf("merge: %s is not the snapshot its analysis describes (%d bytes, SHA-256 %s; the analysis says %d bytes, %s)",
+			in.Source, ref.Size, ref.SHA256, a.Snapshot.Size, a.Snapshot.SHA256)
+	}
+	s, err := snapshot.DecodeAnyContext(ctx, data)
+	if err != nil {
+		return nil, ref, fmt.Errorf("merge: %s: %w", in.Source, err)
+	}
+	return rankFromSnapshot(s, in.Rank, in.Source), ref, nil
+}
+
+// readAnalysis reads and checks a rank's analysis; nil (with the reason logged)
+// when there is none or it cannot be used: malformed, another rank's, or computed
+// with other batch marks than the sidecar's.
+func (b *builder) readAnalysis(ctx context.Context, in Input, meta *RankMeta) *RankAnalysis {
+	raw, err := in.analysis(ctx)
+	if err != nil || raw == nil {
+		if err != nil {
+			b.cfg.Logger.Warn("an analysis cannot be read; decoding the snapshot", "source", in.Source, "err", err)
+		}
+		return nil
+	}
+	a, err := ParseAnalysis(raw)
+	switch {
+	case err != nil:
+	case a.Rank != in.Rank:
+		err = fmt.Errorf("merge: the analysis is of rank %d", a.Rank)
+	case !sameMarks(a.Batches, meta):
+		err = fmt.Errorf("merge: the analysis was computed with other batch marks than the sidecar's")
+	}
+	if err != nil {
+		b.cfg.Logger.Warn("an analysis is not used; decoding the snapshot", "source", in.Source, "err", err)
+		return nil
+	}
+	return a
+}
+
+// sameMarks reports whether an analysis's batches are the sidecar's marks.
+func sameMarks(fs []BatchFigure, meta *RankMeta) bool {
+	var marks []BatchMark
+	if meta != nil {
+		marks = meta.Batches[:min(len(meta.Batches), MaxAnalysisBatches)]
+	}
+	if len(fs) != len(marks) {
+		return false
+	}
+	for i, m := range marks {
+		if fs[i].Batch != m.Batch || fs[i].StartUS != m.StartUS || fs[i].EndUS != m.EndUS {
+			return false
+		}
+	}
+	return true
+}
+
+// readMeta reads and checks an input's sidecar; nil when it has none.
+func (in Input) readMeta(ctx context.Context) (*RankMeta, string, error) {
+	if in.meta == nil {
+		return nil, "", nil
+	}
+	raw, err := in.meta(ctx)
+	if err != nil {
+		return nil, "", fmt.Errorf("merge: reading the metadata of %s: %w", in.Source, err)
+	}
+	if raw == nil {
+		return nil, "", nil
+	}
+	m, err := ParseRankMeta(raw)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", in.Source, err)
+	}
+	if m.Rank != in.Rank {
+		return nil, "", fmt.Errorf("merge: %s is rank %d by its name but its metadata says rank %d", in.Source, in.Rank, m.Rank)
+	}
+	return m, sha256Hex(raw), nil
+}
+
+// loadTimeline reads a merged .memsnap.pb: every rank in it is decoded.
+func (b *builder) loadTimeline(ctx context.Context, in Input) loaded {
+	data, err := in.load(ctx)
+	if err != nil {
+		return loaded{err: fmt.Errorf("merge: reading %s: %w", in.Source, err)}
+	}
+	l := loaded{ref: InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: sha256Hex(data)}}
+	ranks, err := ranksFromPB(data, in.Source)
+	if err != nil {
+		return loaded{err: err}
+	}
+	for _, rd := range ranks {
+		lr := &loadedRank{rank: rd.rank, source: rd.source, meta: rd.meta, data: rd, decoded: true}
+		if err := b.settle(lr, InputRef{}); err != nil {
+			return loaded{err: err}
+		}
+		lr.a.Snapshot = SnapshotRef{}
+		l.ranks = append(l.ranks, lr)
+	}
+	return l
+}
+
+// detailPass writes, under DetailDiff, the full traces of the ranks the diffs
+// compare, decoding each again in rank order.
+func (b *builder) detailPass(ctx context.Context) error {
+	if b.cfg.Detail != DetailDiff {
+		return nil
+	}
+	for _, r := range b.diffRanks() {
+		rd, err := b.decodeAgain(ctx, r)
+		if err != nil {
+			return err
+		}
+		b.decoded = append(b.decoded, r)
+		if err := b.addDetail(rd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodeAgain decodes rank r's snapshot a second time: it must be the one the
+// first pass recorded in the claim.
+func (b *builder) decodeAgain(ctx context.Context, r int) (*rankData, error) {
+	in, e := b.inputs[b.inputOf[r]], b.byRank[r]
+	if isPB(in.Source) {
+		data, err := in.load(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("merge: reading %s: %w", in.Source, err)
+		}
+		if sha256Hex(data) != e.ref.SHA256 {
+			return nil, fmt.Errorf("merge: %s changed during the merge", in.Source)
+		}
+		ranks, err := ranksFromPB(data, in.Source)
+		if err != nil {
+			return nil, err
+		}
+		for _, rd := range ranks {
+			if rd.rank == r {
+				return rd, nil
+			}
+		}
+		return nil, fmt.Errorf("merge: %s no longer holds rank %d", in.Source, r)
+	}
+	meta, _, err := in.readMeta(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rd, _, err := decodeInput(ctx, in, &RankAnalysis{Snapshot: SnapshotRef{Size: e.ref.Size, SHA256: e.ref.SHA256}})
+	if err != nil {
+		return nil, err
+	}
+	rd.meta = meta
+	return rd, nil
+}
+
+// diffRanks are the ranks the diffs compare, in rank order.
+func (b *builder) diffRanks() []int {
+	sums := make([]RankSummary, len(b.ranks))
+	for i, e := range b.ranks {
+		sums[i] = e.sum
+	}
+	set := map[int]bool{}
+	if sp := computeSpread(sums); sp != nil {
+		set[sp.OutlierRank] = true
+		if m, ok := medianRank(sums, sp, sp.OutlierRank); ok {
+			set[m] = true
+		}
+	}
+	for _, r := range b.cfg.DiffRanks {
+		if _, ok := b.byRank[r]; ok {
+			set[r] = true
+		}
+	}
+	out := make([]int, 0, len(set))
+	for r := range set {
+		out = append(out, r)
+	}
+	sort.Ints(out)
+	return out
+}
