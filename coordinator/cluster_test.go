@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -236,8 +237,12 @@ func TestClusterOnDemandWindow(t *testing.T) {
 			}
 		}
 	}
+	// every rank stored its own analysis beside its snapshot, for the leader to merge from
+	if an, _ := filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "rank*.analysis.json")); len(an) != 4 {
+		t.Fatalf("analyses in the store: %v", an)
+	}
 	var sum merge.Summary
-	b, _ := os.ReadFile(res.Outputs[3])
+	b, _ := os.ReadFile(outputEnding(res.Outputs, ".summary.json"))
 	if err := jsonUnmarshal(b, &sum); err != nil || len(sum.Ranks) != 4 || sum.Align != merge.AlignOffsets {
 		t.Fatalf("summary: %v %+v", err, sum.Align)
 	}
@@ -245,3 +250,13 @@ func TestClusterOnDemandWindow(t *testing.T) {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// outputEnding finds the output whose name ends in suffix.
+func outputEnding(outputs []string, suffix string) string {
+	for _, o := range outputs {
+		if strings.HasSuffix(o, suffix) {
+			return o
+		}
+	}
+	return ""
+}

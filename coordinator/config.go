@@ -86,6 +86,11 @@ type Config struct {
 	// MergedName is the merged outputs' name template (run_name, window, batch,
 	// world_size), before their suffixes.
 	MergedName string
+	// FullDetailRanks is the largest world whose every rank goes into the merged
+	// pickles and timeline; above it they hold only the ranks the diff compares
+	// (the summary and the report still show every rank, from the ranks' own
+	// analyses, so the leader decodes a few snapshots, not all).
+	FullDetailRanks int
 	// Now is the wall clock; tests give a member a skewed one.
 	Now func() time.Time
 	// Logger receives structured logs (memberlist's too); nil discards them.
@@ -100,18 +105,19 @@ func DefaultConfig(id rankagent.Identity) Config {
 	ml.AdvertisePort = ml.BindPort
 	ml.DeadNodeReclaimTime = 10 * time.Second // a restarted agent takes its name back
 	return Config{
-		Identity:       id,
-		Memberlist:     ml,
-		WindowBatches:  3,
-		Schedule:       Schedule{Enabled: true, Skip: 1},
-		OnOOM:          true,
-		LeadMargin:     500 * time.Millisecond,
-		StatusTimeout:  3 * time.Second,
-		AckTimeout:     10 * time.Second,
-		CollectTimeout: 2 * time.Minute,
-		ClockInterval:  30 * time.Second,
-		MergedName:     DefaultMergedName,
-		Now:            time.Now,
+		Identity:        id,
+		Memberlist:      ml,
+		WindowBatches:   3,
+		Schedule:        Schedule{Enabled: true, Skip: 1},
+		OnOOM:           true,
+		LeadMargin:      500 * time.Millisecond,
+		StatusTimeout:   3 * time.Second,
+		AckTimeout:      10 * time.Second,
+		CollectTimeout:  2 * time.Minute,
+		ClockInterval:   30 * time.Second,
+		MergedName:      DefaultMergedName,
+		FullDetailRanks: 64,
+		Now:             time.Now,
 	}
 }
 

@@ -50,6 +50,8 @@ type Coordinator struct {
 	inbox chan []byte
 	bc    *memberlist.TransmitLimitedQueue
 
+	metaMu sync.Mutex // held while gossiping new metadata
+
 	mu         sync.Mutex
 	ml         *memberlist.Memberlist
 	members    map[string]*member
@@ -630,6 +632,16 @@ func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
 	batch, _ := c.rec.Progress()
 	ack := &pb.Ack{Ok: true, Batch: batch}
 	err := c.rec.Arm(w)
+	if errors.Is(err, rankagent.ErrStale) {
+		c.mu.Lock()
+		again := c.last.w == w
+		c.mu.Unlock()
+		if again {
+			// the plan comes directly and through gossip: a copy that arrives after
+			// the window ended here is the window this rank took, not a stale one
+			err = nil
+		}
+	}
 	switch {
 	case err == nil:
 		c.mu.Lock()
@@ -726,7 +738,14 @@ func (c *Coordinator) updateMeta() {
 	c.mu.Unlock()
 	if m != nil {
 		c.wg.Add(1)
-		go func() { defer c.wg.Done(); m.UpdateNode(time.Second) }()
+		go func() {
+			defer c.wg.Done()
+			// memberlist's UpdateNode reads the local node's state unlocked while
+			// another call writes it: one at a time
+			c.metaMu.Lock()
+			defer c.metaMu.Unlock()
+			m.UpdateNode(time.Second)
+		}()
 	}
 }
 
@@ -818,7 +837,7 @@ func (c *Coordinator) handleLocal(env *pb.Envelope) {
 }
 
 func resultOf(u *rankagent.UploadResult) *pb.RankResult {
-	r := &pb.RankResult{Key: u.Key, MetaKey: u.MetaKey, Size: u.Size, Sha256: u.SHA256, Events: int64(u.Events),
+	r := &pb.RankResult{Key: u.Key, MetaKey: u.MetaKey, AnalysisKey: u.AnalysisKey, Size: u.Size, Sha256: u.SHA256, Events: int64(u.Events),
 		Partial: u.Partial, Start: u.Window.Start, Stop: u.Window.Stop, Reason: u.Reason}
 	if u.Err != nil {
 		r.Error = u.Err.Error()

@@ -192,7 +192,7 @@ func TestClockSkew(t *testing.T) {
 	if err != nil || res.State != "published" {
 		t.Fatalf("%+v %v", res, err)
 	}
-	b, err := os.ReadFile(res.Outputs[3])
+	b, err := os.ReadFile(outputEnding(res.Outputs, ".summary.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

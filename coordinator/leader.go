@@ -666,7 +666,7 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 		case s.result.Error != "":
 			s.missing = "its snapshot was not stored: " + s.result.Error
 		case w.postmortem:
-			inputs = append(inputs, merge.StoreInput(l.st, s.result.Key, s.result.MetaKey, r))
+			inputs = append(inputs, l.input(s.result, r))
 		case s.result.Partial != "":
 			s.missing = "its snapshot does not cover the window: " + s.result.Partial
 		case s.result.Start != w.start || s.result.Stop != w.stop:
@@ -675,7 +675,7 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 			if why := l.checkCoverage(ctx, s.result, w); why != "" {
 				s.missing = why
 			} else {
-				inputs = append(inputs, merge.StoreInput(l.st, s.result.Key, s.result.MetaKey, r))
+				inputs = append(inputs, l.input(s.result, r))
 			}
 		}
 		if s.missing != "" {
@@ -696,7 +696,11 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 	}
 	cfg := merge.Config{Inputs: inputs, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(w.id, w.stop), WorldSize: w.world,
 		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", l.c.cfg.Identity.RunName, w.id, w.start, w.stop-1),
-		Window: &merge.WindowInfo{ID: w.id, Start: w.start, Stop: w.stop}, MissingReasons: reasons, Logger: log, Reason: w.reason}
+		Window: &merge.WindowInfo{ID: w.id, Start: w.start, Stop: w.stop}, MissingReasons: reasons, Logger: log, Reason: w.reason,
+		FromAnalyses: true}
+	if w.world > l.c.cfg.FullDetailRanks {
+		cfg.Detail = merge.DetailDiff // the pickles hold the ranks the diff compares; the rest is in the summary and report
+	}
 	if w.postmortem {
 		cfg.Title = fmt.Sprintf("%s, post-mortem of rank %d's OOM (window %d)", l.c.cfg.Identity.RunName, w.oomRank, w.id)
 		cfg.Reason = fmt.Sprintf("post-mortem of rank %d's OOM", w.oomRank)
@@ -723,14 +727,22 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 	}
 	res.State = "published"
 	res.Manifest = l.st.URL(out.Outputs[merge.OutManifest])
-	for _, k := range []string{merge.OutHTML, merge.OutPickle, merge.OutTrace, merge.OutSummary, merge.OutPB} {
-		res.Outputs = append(res.Outputs, l.st.URL(out.Outputs[k]))
-	}
+	res.Outputs = outputURLs(l.st, out.Outputs)
 	for _, r := range out.Summary.RanksMerged {
 		res.Ranks = append(res.Ranks, int32(r))
 	}
 	log.Info("window published", "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String())
 	return res
+}
+
+// input is rank r's stored snapshot as a merge input, with the rank's own
+// analysis of it where it stored one (so the leader need not decode it).
+func (l *leaderRun) input(res *pb.RankResult, r int) merge.Input {
+	in := merge.StoreInput(l.st, res.Key, res.MetaKey, r)
+	if res.AnalysisKey != "" {
+		in = in.WithAnalysis(merge.StoreAnalysis(l.st, res.AnalysisKey))
+	}
+	return in
 }
 
 // sameWindow reports whether a published manifest is w's: the same batches, and
@@ -777,14 +789,34 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, w *win)
 	return ""
 }
 
+// outputURLs lists a merge's outputs (the HTML report first, then by name),
+// leaving out the claim and the manifest.
+func outputURLs(st store.Store, outputs map[string]string) []string {
+	var keys []string
+	for kind, k := range outputs {
+		if kind != merge.OutInputs && kind != merge.OutManifest && kind != merge.OutHTML && k != "" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	if k := outputs[merge.OutHTML]; k != "" {
+		keys = append([]string{k}, keys...)
+	}
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = st.URL(k)
+	}
+	return out
+}
+
 func resultFromManifest(key string, m *merge.Manifest, st store.Store) *pb.WindowResult {
 	res := &pb.WindowResult{State: "published", Manifest: st.URL(key), Store: st.String(), Missing: map[int32]string{}}
 	p := merge.Published{Key: key, Manifest: m}
-	for _, k := range []string{merge.OutHTML, merge.OutPickle, merge.OutTrace, merge.OutSummary, merge.OutPB} {
-		if o, ok := p.OutputKey(k); ok {
-			res.Outputs = append(res.Outputs, st.URL(o))
-		}
+	keys := map[string]string{}
+	for kind := range m.Outputs {
+		keys[kind], _ = p.OutputKey(kind)
 	}
+	res.Outputs = outputURLs(st, keys)
 	for _, r := range m.RanksMerged {
 		res.Ranks = append(res.Ranks, int32(r))
 	}

@@ -111,7 +111,7 @@ func checkEnvelope(e *pb.Envelope) error {
 		if r.Size < 0 || r.Events < 0 {
 			return bad("negative result size")
 		}
-		return long(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason)
+		return long(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason, r.AnalysisKey)
 	}
 	switch b := e.Body.(type) {
 	case *pb.Envelope_Plan:

@@ -293,7 +293,7 @@ func TestOneBadJobNeverBlocksTheQueue(t *testing.T) {
 		if sum == "" {
 			sum = sha256Hex(data)
 		}
-		if _, err := sp.addJob(src, job{Key: key, MetaKey: merge.MetaName(key), SHA256: sum, Size: int64(len(data)), Window: 1, Start: 1, Stop: 2, Reason: "window"}, []byte("{}")); err != nil {
+		if _, err := sp.addJob(src, job{Key: key, MetaKey: merge.MetaName(key), SHA256: sum, Size: int64(len(data)), Window: 1, Start: 1, Stop: 2, Reason: "window"}, []byte("{}"), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -343,7 +343,7 @@ func TestTransientErrorsRetryPerJob(t *testing.T) {
 		src := filepath.Join(sp.incoming(), "x.pickle")
 		os.WriteFile(src, data, 0o600)
 		key := fmt.Sprintf("a/%d.pickle", i)
-		sp.addJob(src, job{Key: key, MetaKey: merge.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Window: uint64(i + 1)}, []byte("{}"))
+		sp.addJob(src, job{Key: key, MetaKey: merge.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Window: uint64(i + 1)}, []byte("{}"), nil)
 	}
 	dir := t.TempDir()
 	var calls int

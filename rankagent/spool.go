@@ -54,6 +54,8 @@ type job struct {
 	Reason    string    `json:"reason,omitempty"`  // "window" or "oom"
 	Partial   string    `json:"partial,omitempty"` // why the snapshot does not cover the whole window
 	Rank      int       `json:"rank"`
+	// AnalysisKey is where the rank's analysis of its snapshot goes ("" for none)
+	AnalysisKey string `json:"analysis_key,omitempty"`
 }
 
 func openSpool(root string) (*spool, error) {
@@ -171,7 +173,7 @@ func jobID(rank int, window uint64) string {
 }
 
 // addJob moves a finished snapshot from incoming/ into a new pending job.
-func (s *spool) addJob(src string, j job, meta []byte) (string, error) {
+func (s *spool) addJob(src string, j job, meta, analysis []byte) (string, error) {
 	id := jobID(j.Rank, j.Window)
 	tmp := filepath.Join(s.root, "pending", ".tmp-"+id)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
@@ -180,6 +182,12 @@ func (s *spool) addJob(src string, j job, meta []byte) (string, error) {
 	if err := writeFileSync(filepath.Join(tmp, "meta.json"), meta); err != nil {
 		os.RemoveAll(tmp)
 		return "", err
+	}
+	if analysis != nil {
+		if err := writeFileSync(filepath.Join(tmp, "analysis.json"), analysis); err != nil {
+			os.RemoveAll(tmp)
+			return "", err
+		}
 	}
 	jb, _ := json.MarshalIndent(j, "", "  ")
 	if err := writeFileSync(filepath.Join(tmp, "job.json"), jb); err != nil {
@@ -284,15 +292,16 @@ type retry struct {
 
 // UploadResult reports one finished upload (or a job that failed for good).
 type UploadResult struct {
-	Key     string
-	MetaKey string
-	Size    int64
-	SHA256  string
-	Events  int
-	Window  Window
-	Reason  string // "window" or "oom"
-	Partial string // why the snapshot does not cover its whole window ("" when it does)
-	Err     error  // set when the job failed for good; the snapshot is in the spool's failed/
+	Key         string
+	MetaKey     string
+	AnalysisKey string // the rank's analysis of the snapshot ("" when there is none)
+	Size        int64
+	SHA256      string
+	Events      int
+	Window      Window
+	Reason      string // "window" or "oom"
+	Partial     string // why the snapshot does not cover its whole window ("" when it does)
+	Err         error  // set when the job failed for good; the snapshot is in the spool's failed/
 }
 
 type uploadStats struct {
@@ -442,7 +451,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 	if err := json.Unmarshal(jb, &j); err != nil {
 		return UploadResult{}, fmt.Errorf("%w: job.json: %w", errSpoolCorrupt, err)
 	}
-	res := UploadResult{Key: j.Key, MetaKey: j.MetaKey, Size: j.Size, SHA256: j.SHA256, Events: j.Events,
+	res := UploadResult{Key: j.Key, MetaKey: j.MetaKey, AnalysisKey: j.AnalysisKey, Size: j.Size, SHA256: j.SHA256, Events: j.Events,
 		Window: Window{ID: j.Window, Start: j.Start, Stop: j.Stop}, Reason: j.Reason, Partial: j.Partial}
 	snap := filepath.Join(dir, "snapshot.pickle")
 	if sum, _, err := hashFile(snap); err != nil {
@@ -482,6 +491,16 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 	}
 	if err := put(j.MetaKey, filepath.Join(dir, "meta.json"), metaSum, true); err != nil {
 		return res, err
+	}
+	if j.AnalysisKey != "" {
+		p := filepath.Join(dir, "analysis.json")
+		anSum, _, err := hashFile(p)
+		if err != nil {
+			return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
+		}
+		if err := put(j.AnalysisKey, p, anSum, true); err != nil {
+			return res, err
+		}
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		u.log.Warn("uploaded, but the spool job could not be removed", "dir", dir, "err", err)

@@ -229,7 +229,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	s, err := snapshot.DecodeAny(data)
+	s, err := snapshot.DecodeAnyContext(ctx, data)
 	if err != nil {
 		if ctx.Err() != nil {
 			return // left in incoming/: the next agent adopts it
@@ -241,7 +241,6 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	for _, tr := range s.DeviceTraces {
 		events += len(tr)
 	}
-	s = nil
 	kind := ""
 	switch {
 	case m.Reason == "oom" || m.Reason == "postmortem":
@@ -272,9 +271,24 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 		meta.Batches = append(meta.Batches, merge.BatchMark{Batch: b.Batch, StartUS: b.StartUS, EndUS: b.EndUS})
 	}
 	mb, _ := json.MarshalIndent(meta, "", "  ")
-	j := job{Key: key, MetaKey: merge.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Events: events, Overwrite: a.cfg.Overwrite,
+	sum := sha256Hex(data)
+	// the rank's own figures, so the leader need not decode every rank
+	var ab []byte
+	if an, err := merge.AnalyzeSnapshot(ctx, s, &meta, merge.AnalyzeOptions{Rank: id.Rank}); err == nil {
+		an.Snapshot = merge.SnapshotRef{Size: int64(len(data)), SHA256: sum}
+		if ab, err = an.Marshal(); err != nil {
+			ab = nil
+		}
+	} else {
+		a.log.Warn("could not analyse the snapshot; the leader will decode it", "err", err)
+	}
+	s = nil
+	j := job{Key: key, MetaKey: merge.MetaName(key), SHA256: sum, Size: int64(len(data)), Events: events, Overwrite: a.cfg.Overwrite,
 		Created: time.Now().UTC(), Window: w.ID, Start: w.Start, Stop: w.Stop, Reason: m.Reason, Partial: partial, Rank: id.Rank}
-	jobID, err := a.sp.addJob(src, j, mb)
+	if ab != nil {
+		j.AnalysisKey = merge.AnalysisName(key)
+	}
+	jobID, err := a.sp.addJob(src, j, mb, ab)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			a.log.Error("the trainer's snapshot went away before it was spooled", "file", m.File, "err", err)

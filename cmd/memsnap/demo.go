@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -128,8 +129,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	for _, r := range sortedMissing(res.Missing) {
 		fmt.Fprintf(stdout, "  rank %d missing: %s\n", r, res.Missing[int32(r)])
 	}
-	if len(res.Outputs) > 3 {
-		if b, err := os.ReadFile(res.Outputs[3]); err == nil {
+	if sp := outputEnding(res.Outputs, ".summary.json"); sp != "" {
+		if b, err := os.ReadFile(sp); err == nil {
 			var sum merge.Summary
 			if json.Unmarshal(b, &sum) == nil && sum.Spread != nil {
 				printSpread(stdout, &sum)
@@ -142,4 +143,14 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "open %s in a browser (it needs no network)\n", res.Outputs[0])
 	}
 	return nil
+}
+
+// outputEnding finds the output whose name ends in suffix ("" when none does).
+func outputEnding(outputs []string, suffix string) string {
+	for _, o := range outputs {
+		if strings.HasSuffix(o, suffix) {
+			return o
+		}
+	}
+	return ""
 }

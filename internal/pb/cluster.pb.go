@@ -798,7 +798,8 @@ type RankResult struct {
 	Error         string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`     // why it could not be stored ("" when it was)
 	Start         int64                  `protobuf:"varint,8,opt,name=start,proto3" json:"start,omitempty"`
 	Stop          int64                  `protobuf:"varint,9,opt,name=stop,proto3" json:"stop,omitempty"`
-	Reason        string                 `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"` // "window", "oom" or "postmortem"
+	Reason        string                 `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`                              // "window", "oom" or "postmortem"
+	AnalysisKey   string                 `protobuf:"bytes,11,opt,name=analysis_key,json=analysisKey,proto3" json:"analysis_key,omitempty"` // the rank's analysis of its snapshot ("" when there is none)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -899,6 +900,13 @@ func (x *RankResult) GetStop() int64 {
 func (x *RankResult) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *RankResult) GetAnalysisKey() string {
+	if x != nil {
+		return x.AnalysisKey
 	}
 	return ""
 }
@@ -1350,7 +1358,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12\x14\n" +
 	"\x05batch\x18\x02 \x01(\x03R\x05batch\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x12\n" +
-	"\x04rank\x18\x04 \x01(\x05R\x04rank\"\xef\x01\n" +
+	"\x04rank\x18\x04 \x01(\x05R\x04rank\"\x92\x02\n" +
 	"\n" +
 	"RankResult\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n" +
@@ -1363,7 +1371,8 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x05start\x18\b \x01(\x03R\x05start\x12\x12\n" +
 	"\x04stop\x18\t \x01(\x03R\x04stop\x12\x16\n" +
 	"\x06reason\x18\n" +
-	" \x01(\tR\x06reason\" \n" +
+	" \x01(\tR\x06reason\x12!\n" +
+	"\fanalysis_key\x18\v \x01(\tR\vanalysisKey\" \n" +
 	"\x06Cancel\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"t\n" +
 	"\x0fSnapshotRequest\x12\x18\n" +
