@@ -62,7 +62,7 @@ func TestClusterCommands(t *testing.T) {
 	run := fmt.Sprintf("clitest%d", time.Now().UnixNano()%1e6)
 	ports := []int{freePort(t), freePort(t)}
 	var agents []*exec.Cmd
-	var logs []*bytes.Buffer
+	var logs []*syncBuffer
 	for r := 0; r < 2; r++ {
 		snap := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r))
 		args := []string{"agent", "--run-name", run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", "2", "--local-world-size", "2",
@@ -74,16 +74,17 @@ func TestClusterCommands(t *testing.T) {
 		args = append(args, "--", os.Args[0], "replay", "--snapshot", snap, "--batches", "0", "--pace", "20ms", "--hold-at", "5", "--rank", strconv.Itoa(r))
 		cmd := memsnapCmd(t, args...)
 		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
-		var buf bytes.Buffer
-		cmd.Stderr, cmd.Stdout = &buf, &buf
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the cleanup takes its trainer too
+		buf := &syncBuffer{}
+		cmd.Stderr, cmd.Stdout = buf, buf
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		agents, logs = append(agents, cmd), append(logs, &buf)
+		agents, logs = append(agents, cmd), append(logs, buf)
 	}
 	defer func() {
 		for _, a := range agents {
-			a.Process.Kill()
+			syscall.Kill(-a.Process.Pid, syscall.SIGKILL)
 		}
 		if t.Failed() {
 			for i, l := range logs {
