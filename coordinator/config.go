@@ -74,6 +74,9 @@ type Config struct {
 	LeadMargin time.Duration
 	// StatusTimeout bounds the wait for the ranks' status before a plan.
 	StatusTimeout time.Duration
+	// JoinGrace is how long the leader waits, before planning a window, for ranks
+	// that are not members yet; the window goes on without those still absent.
+	JoinGrace time.Duration
 	// AckTimeout bounds the wait for the ranks' acks of a plan.
 	AckTimeout time.Duration
 	// CollectTimeout bounds the wait for the ranks' snapshots after the window
@@ -112,6 +115,7 @@ func DefaultConfig(id rankagent.Identity) Config {
 		OnOOM:           true,
 		LeadMargin:      500 * time.Millisecond,
 		StatusTimeout:   3 * time.Second,
+		JoinGrace:       10 * time.Second,
 		AckTimeout:      10 * time.Second,
 		CollectTimeout:  2 * time.Minute,
 		ClockInterval:   30 * time.Second,
@@ -130,15 +134,18 @@ func DefaultLocalConfig(id rankagent.Identity) Config {
 	ml.BindPort = 0
 	ml.AdvertisePort = 0
 	ml.DeadNodeReclaimTime = time.Second
-	ml.ProbeInterval = 200 * time.Millisecond
-	ml.ProbeTimeout = 100 * time.Millisecond
+	// fast enough for tests to see a member die in seconds, slow enough that a
+	// loaded machine does not declare a live one dead
+	ml.ProbeInterval = 500 * time.Millisecond
+	ml.ProbeTimeout = 400 * time.Millisecond
 	ml.GossipInterval = 20 * time.Millisecond
 	ml.PushPullInterval = 2 * time.Second
-	ml.SuspicionMult = 2
+	ml.SuspicionMult = 3
 	c.Memberlist = ml
 	c.Schedule.Enabled = false
 	c.LeadMargin = 200 * time.Millisecond
 	c.StatusTimeout = 2 * time.Second
+	c.JoinGrace = 5 * time.Second
 	c.AckTimeout = 5 * time.Second
 	c.CollectTimeout = 30 * time.Second
 	c.ClockInterval = 2 * time.Second
@@ -167,7 +174,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("coordinator: schedule %+v", c.Schedule)
 	case c.Schedule.Every > 0 && c.Schedule.Every < c.WindowBatches:
 		return fmt.Errorf("coordinator: a window every %d batches is shorter than the window (%d)", c.Schedule.Every, c.WindowBatches)
-	case c.LeadMargin < 0 || c.StatusTimeout <= 0 || c.AckTimeout <= 0 || c.CollectTimeout <= 0 || c.ClockInterval <= 0:
+	case c.LeadMargin < 0 || c.StatusTimeout <= 0 || c.JoinGrace < 0 || c.AckTimeout <= 0 || c.CollectTimeout <= 0 || c.ClockInterval <= 0:
 		return errors.New("coordinator: timeouts must be positive")
 	case !c.Client && c.OpenStore == nil:
 		return errors.New("coordinator: no store")

@@ -310,8 +310,10 @@ func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
 // window goes on without it.
 func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) *pb.WindowResult {
 	c := l.c
-	nodes := c.rankNodes()
 	world := c.cfg.Identity.WorldSize
+	// ranks still joining (agents start at different times) get a moment to arrive
+	poll(ctx, c.cfg.JoinGrace, func() bool { return len(c.rankNodes()) >= world })
+	nodes := c.rankNodes()
 	ranks := make([]int, 0, len(nodes))
 	for r := range nodes {
 		if r < world {
