@@ -45,12 +45,12 @@ func TestPlanWindow(t *testing.T) {
 // TestRankDiesMidWindow: a non-leader agent stops in the middle of a window; the
 // other ranks' window completes at the deadline with that rank listed missing.
 func TestRankDiesMidWindow(t *testing.T) {
-	tc := startCluster(t, 3)
+	tc := hangingCluster(t, 3, 2)
 	tc.holding()
 	c := tc.client()
 	var killed atomic.Bool
 	res, err := c.Snapshot(testutil.Context(t, time.Minute), 3, func(u Update) {
-		if u.Rank == 2 && u.State == "acked" && killed.CompareAndSwap(false, true) {
+		if u.Rank == 2 && u.State == "recording" && killed.CompareAndSwap(false, true) {
 			go tc.stops[2]()
 		}
 	}, nil)
@@ -70,12 +70,12 @@ func TestRankDiesMidWindow(t *testing.T) {
 // takes over, finishes the window from the ranks' status and stored snapshots, and
 // exactly one set of merged outputs exists.
 func TestLeaderDiesMidWindow(t *testing.T) {
-	tc := startCluster(t, 3)
+	tc := hangingCluster(t, 3, 0)
 	tc.holding()
 	c := tc.client()
 	var killed atomic.Bool
 	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u Update) {
-		if u.Rank >= 0 && u.State == "armed" && killed.CompareAndSwap(false, true) {
+		if u.Rank == 0 && u.State == "recording" && killed.CompareAndSwap(false, true) {
 			go tc.stops[0]()
 		}
 	}, nil)
@@ -314,4 +314,24 @@ func TestSchedule(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hangingCluster is a cluster whose rank hang's trainer gets stuck in the first
+// batch of a window, so the test can stop that rank mid-window whatever the
+// machine's speed.
+func hangingCluster(t *testing.T, n, hang int) *testCluster {
+	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5,
+		replay: func(rank int, rc *rankagent.ReplayConfig) { rc.HangInWindow = rank == hang }}
+	for r := 0; r < n; r++ {
+		tc.startRank(r, n)
+	}
+	testutil.Eventually(t, 20*time.Second, "every rank to see every rank", func() bool {
+		for _, r := range tc.ranks {
+			if len(r.Coord.Members()) < n {
+				return false
+			}
+		}
+		return true
+	})
+	return tc
 }

@@ -32,10 +32,13 @@ type ReplayConfig struct {
 	// OOMAt, when above zero, makes the trainer hit an out-of-memory error at the
 	// start of that batch: it dumps a snapshot (reason "oom"), as the hook's OOM
 	// observer does, and stops.
-	OOMAt  int64
-	Rank   int
-	UUID   string // the device UUID reported in hello
-	Logger *slog.Logger
+	OOMAt int64
+	// HangInWindow makes the trainer stop in the first batch of a window it records,
+	// as a stuck rank would (tests of ranks that die mid-window).
+	HangInWindow bool
+	Rank         int
+	UUID         string // the device UUID reported in hello
+	Logger       *slog.Logger
 }
 
 // Replay runs the replay trainer until its batches are done or ctx ends. Like the
@@ -218,9 +221,14 @@ func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 					Message: fmt.Sprintf("window start %d already passed (batch %d)", w.Start, b)}
 			}
 		}
+		hang := r.cfg.HangInWindow && r.recording != nil
 		r.mu.Unlock()
 		if reply != nil {
 			r.send(reply)
+		}
+		if hang {
+			<-ctx.Done()
+			return nil
 		}
 		select {
 		case <-ctx.Done():

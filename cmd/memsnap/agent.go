@@ -203,6 +203,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	batches := fs.Int64("batches", 20, "batches to run (0: until interrupted)")
 	pace := fs.Duration("pace", 20*time.Millisecond, "the length of one batch")
 	rank := fs.Int("rank", 0, "the rank reported to the agent")
+	hang := fs.Bool("hang-in-window", false, "stop in the first batch of a window, as a stuck rank would (for tests)")
 	var holds multiFlag
 	fs.Var(&holds, "hold-at", "wait before this batch until a window arrives (repeatable)")
 	if _, err := parse(fs, args); err != nil {
@@ -224,5 +225,5 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		holdAt = append(holdAt, n)
 	}
-	return rankagent.Replay(ctx, rankagent.ReplayConfig{Socket: *sock, Snapshot: b, Batches: *batches, Pace: *pace, Rank: *rank, HoldAt: holdAt})
+	return rankagent.Replay(ctx, rankagent.ReplayConfig{Socket: *sock, Snapshot: b, Batches: *batches, Pace: *pace, Rank: *rank, HoldAt: holdAt, HangInWindow: *hang})
 }

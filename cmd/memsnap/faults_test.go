@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -48,7 +49,7 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func startProcCluster(t *testing.T, n int, storeArgs []string, extra ...string) *procCluster {
+func startProcCluster(t *testing.T, n int, storeArgs []string, hang ...int) *procCluster {
 	pc := &procCluster{t: t, run: fmt.Sprintf("fault%d", time.Now().UnixNano()%1e6)}
 	pc.key = make([]byte, 32)
 	copy(pc.key, fmt.Sprintf("%032d", time.Now().UnixNano()))
@@ -62,11 +63,13 @@ func startProcCluster(t *testing.T, n int, storeArgs []string, extra ...string) 
 		args := append([]string{"agent", "--run-name", pc.run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(n),
 			"--local-world-size", strconv.Itoa(n), "--spool", filepath.Join(pc.sock, fmt.Sprintf("spool%d", r)), "--socket", filepath.Join(pc.sock, fmt.Sprintf("s%d", r)),
 			"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(pc.ports[r]), "--no-schedule", "--collect-timeout", "5s", "--drain-timeout", "30s"}, storeArgs...)
-		args = append(args, extra...)
 		if r > 0 {
 			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", pc.ports[0]))
 		}
 		args = append(args, "--", os.Args[0], "replay", "--snapshot", snap, "--batches", "0", "--pace", "20ms", "--hold-at", "5", "--rank", strconv.Itoa(r))
+		if slices.Contains(hang, r) { // this rank's trainer gets stuck in the window: it dies mid-window
+			args = append(args, "--hang-in-window")
+		}
 		cmd := memsnapCmd(t, args...)
 		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+encodeKey(pc.key))
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // kill -9 takes its trainer too
@@ -138,11 +141,11 @@ func (pc *procCluster) client(n int) *coordinator.Coordinator {
 // completes at the deadline with that rank listed missing.
 func TestFaultNonLeaderKilled(t *testing.T) {
 	dir := t.TempDir()
-	pc := startProcCluster(t, 3, []string{"--store", dir})
+	pc := startProcCluster(t, 3, []string{"--store", dir}, 2)
 	c := pc.client(3)
 	var killed atomic.Bool
 	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u coordinator.Update) {
-		if u.Rank == 2 && u.State == "armed" && killed.CompareAndSwap(false, true) {
+		if u.Rank == 2 && u.State == "recording" && killed.CompareAndSwap(false, true) {
 			go pc.kill(2)
 		}
 	}, nil)
@@ -160,11 +163,11 @@ func TestFaultNonLeaderKilled(t *testing.T) {
 // exactly one set of merged outputs exists.
 func TestFaultLeaderKilled(t *testing.T) {
 	dir := t.TempDir()
-	pc := startProcCluster(t, 3, []string{"--store", dir})
+	pc := startProcCluster(t, 3, []string{"--store", dir}, 0)
 	c := pc.client(3)
 	var killed atomic.Bool
 	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u coordinator.Update) {
-		if u.Rank >= 0 && u.State == "recording" && killed.CompareAndSwap(false, true) {
+		if u.Rank == 0 && u.State == "recording" && killed.CompareAndSwap(false, true) {
 			go pc.kill(0)
 		}
 	}, nil)
