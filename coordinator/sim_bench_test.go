@@ -1,0 +1,489 @@
+package coordinator
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge"
+)
+
+var (
+	simSizes     = flag.String("sim.sizes", "64,256,1024", "BenchmarkScale: members per simulated cluster")
+	simEvents    = flag.String("sim.events", "100000,20000,5000", "BenchmarkScale: trace events of each rank's snapshot, per size (0: the recorded 549-event snapshots)")
+	simRepeats   = flag.Int("sim.repeats", 5, "BenchmarkScale: windows per size")
+	simFailovers = flag.Int("sim.failovers", 3, "BenchmarkScale: leaders killed mid-window per size")
+	simBatch     = flag.Duration("sim.step", 250*time.Millisecond, "BenchmarkScale: the simulated job's batch time")
+	simIdle      = flag.Duration("sim.idle", 10*time.Second, "BenchmarkScale: how long the idle cluster's load is measured")
+	simLatency   = flag.Duration("sim.store-latency", 0, "BenchmarkScale: latency added to every store request (0: the folder store as it is)")
+	simCompress  = flag.Bool("sim.compress", false, "BenchmarkScale: memberlist's compression of gossip (memberlist's default; off in the simulation, see simTune)")
+)
+
+// simFigures is what BenchmarkScale measures for one size.
+type simFigures struct {
+	members, events, snapBytes int
+	formed                     time.Duration
+	idleCores                  float64 // CPU in use while no window records, in cores
+	idleHeap                   uint64  // heap in use then
+	idlePackets                float64 // packets a second then
+	toPlan                     []time.Duration
+	acks                       []time.Duration // every rank's, trigger to the leader taking its ack, over every window
+	planAcks                   []time.Duration // the same from the plan
+	allAcked                   []time.Duration // per window
+	published                  []time.Duration // trigger to the client's published result
+	merge                      []time.Duration // last rank's upload to publication
+	collectHeap, mergeHeap     []uint64        // peak heap growth over the window's start
+	packets, conns, cpu        []float64       // per window: packets and streams on the network, CPU time (s)
+	collectLive                []uint64        // live heap growth once every report is in (after a collection)
+	replans                    int
+	detect, takeover, recover  []time.Duration // failovers
+	failed                     []string
+	dropped                    int64
+	warnings                   map[string]int
+}
+
+// BenchmarkScale runs a simulated cluster of each size in -sim.sizes and measures
+// on-demand windows (-sim.repeats of them) and leader failures mid-window
+// (-sim.failovers); it prints a table of the figures. Run it with -benchtime 1x
+// (scripts/bench-scale.sh does).
+func BenchmarkScale(b *testing.B) {
+	sizes, err := intList(*simSizes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	events, err := intList(*simEvents)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var all []*simFigures
+	for i, n := range sizes {
+		ev := 0
+		if i < len(events) {
+			ev = events[i]
+		}
+		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+			f := simBench(b, n, ev)
+			all = append(all, f)
+			b.ReportMetric(ms(quantile(f.acks, 0.5)), "ack-p50-ms")
+			b.ReportMetric(ms(quantile(f.acks, 0.99)), "ack-p99-ms")
+			b.ReportMetric(ms(quantile(f.published, 0.5)), "published-ms")
+			if len(f.recover) > 0 {
+				b.ReportMetric(ms(quantile(f.recover, 0.5)), "failover-ms")
+			}
+		})
+	}
+	printFigures(os.Stdout, all)
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("sim: %q: %w", s, err)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// heapSampler samples the heap in use until stopped.
+type heapSampler struct {
+	mu      sync.Mutex
+	samples []heapSample
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+type heapSample struct {
+	at   time.Time
+	heap uint64
+}
+
+func sampleHeap(every time.Duration) *heapSampler {
+	h := &heapSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			h.mu.Lock()
+			h.samples = append(h.samples, heapSample{time.Now(), ms.HeapInuse})
+			h.mu.Unlock()
+			select {
+			case <-h.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return h
+}
+
+func (h *heapSampler) end() {
+	close(h.stop)
+	<-h.done
+}
+
+// peak is the largest sample taken in [from, to].
+func (h *heapSampler) peak(from, to time.Time) uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var p uint64
+	for _, s := range h.samples {
+		if !s.at.Before(from) && !s.at.After(to) {
+			p = max(p, s.heap)
+		}
+	}
+	return p
+}
+
+func heapInuse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
+
+// simBench measures one size.
+func simBench(b *testing.B, n, events int) *simFigures {
+	sc := startSim(b, simConfig{Members: n, Step: *simBatch, Events: events, StoreLatency: *simLatency,
+		Tune: func(_ int, c *Config) { c.Memberlist.EnableCompression = *simCompress }})
+	f := &simFigures{members: n, events: sc.ranks[0].snap.events, snapBytes: len(sc.ranks[0].snap.data), formed: sc.Formed}
+	b.Logf("%d members formed a cluster in %v", n, sc.Formed.Round(time.Millisecond))
+	sc.wait(time.Minute, "every trainer to run", func() bool {
+		for _, r := range sc.ranks {
+			if r.Batch() < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	f.idleHeap = heapInuse()
+	c0, p0, t0 := processCPU(), sc.net.sent.Load(), time.Now()
+	time.Sleep(*simIdle) // the idle cluster's own load, measured over a fixed span
+	f.idleCores = float64(processCPU()-c0) / float64(time.Since(t0))
+	f.idlePackets = float64(sc.net.sent.Load()-p0) / time.Since(t0).Seconds()
+	for i := 0; i < *simRepeats; i++ {
+		simWindow(b, sc, f)
+	}
+	for i := 0; i < *simFailovers; i++ {
+		simFailover(b, sc, f)
+	}
+	f.dropped = sc.net.dropped()
+	f.warnings = sc.log.Warnings()
+	return f
+}
+
+// simWindow asks for one window as the snapshot command does and measures it.
+func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
+	base := heapInuse()
+	p0, s0, c0 := sc.net.sent.Load(), sc.net.conns.Load(), processCPU()
+	hs := sampleHeap(20 * time.Millisecond)
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// the heap still in use once the leader has every report, before it merges:
+	// what the collection holds (the sampled peaks also hold garbage the
+	// collector has not reached yet, up to the live heap again at GOGC=100)
+	liveHeap, returned := make(chan uint64, 1), make(chan struct{})
+	go func() {
+		want := len(sc.live())
+		for {
+			ps := sc.log.Steps(func(s simStep) bool { return s.Msg == "window planned" && !s.At.Before(t0) })
+			if len(ps) > 0 && len(sc.log.RankTimes(ps[len(ps)-1].Window, "uploaded")) >= want {
+				liveHeap <- heapInuse()
+				return
+			}
+			select {
+			case <-returned:
+				liveHeap <- 0
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	res, err := sc.client.Snapshot(ctx, 3, nil, nil)
+	cancel()
+	tEnd := time.Now()
+	hs.end()
+	close(returned)
+	if l := <-liveHeap; l > 0 {
+		f.collectLive = append(f.collectLive, sub(l, base))
+	}
+	f.packets = append(f.packets, float64(sc.net.sent.Load()-p0))
+	f.conns = append(f.conns, float64(sc.net.conns.Load()-s0))
+	f.cpu = append(f.cpu, (processCPU() - c0).Seconds())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if res.State != "published" {
+		f.failed = append(f.failed, fmt.Sprintf("a window %s after %v: %s", res.State, tEnd.Sub(t0).Round(time.Millisecond), res.Error))
+		b.Logf("window %s after %v: %s", res.State, tEnd.Sub(t0).Round(time.Millisecond), res.Error)
+		return
+	}
+	m := sc.manifest(res.Manifest)
+	id := m.Window.ID
+	live := sc.live()
+	if len(m.RanksMerged) != len(live) {
+		f.failed = append(f.failed, fmt.Sprintf("window %d: %d of %d ranks merged: %v", id, len(m.RanksMerged), len(live), firstReasons(res)))
+	}
+	plans := sc.log.Steps(func(s simStep) bool { return s.Msg == "window planned" && !s.At.Before(t0) && s.Window <= id })
+	f.replans += max(len(plans)-1, 0)
+	plan, ok := sc.log.First("window planned", id, t0)
+	if !ok {
+		b.Fatalf("window %d was never planned", id)
+	}
+	f.toPlan = append(f.toPlan, plan.At.Sub(t0))
+	var last time.Duration
+	for _, at := range sc.log.RankTimes(id, "acked") {
+		f.acks = append(f.acks, at.Sub(t0))
+		f.planAcks = append(f.planAcks, at.Sub(plan.At))
+		last = max(last, at.Sub(t0))
+	}
+	f.allAcked = append(f.allAcked, last)
+	var collected time.Time
+	for _, at := range sc.log.RankTimes(id, "uploaded") {
+		if at.After(collected) {
+			collected = at
+		}
+	}
+	pub, ok := sc.log.First("window published", id, t0)
+	if !ok {
+		pub.At = tEnd
+	}
+	f.published = append(f.published, tEnd.Sub(t0))
+	f.merge = append(f.merge, pub.At.Sub(collected))
+	f.collectHeap = append(f.collectHeap, sub(hs.peak(t0, collected), base))
+	f.mergeHeap = append(f.mergeHeap, sub(hs.peak(collected, tEnd), base))
+	b.Logf("window %d: all %d acks %v after the trigger, published after %v; %.0f packets, %.0f streams, %.1f s of CPU",
+		id, len(live), last.Round(time.Millisecond), tEnd.Sub(t0).Round(time.Millisecond), f.packets[len(f.packets)-1], f.conns[len(f.conns)-1], f.cpu[len(f.cpu)-1])
+	sc.removeWindow(m, res.Manifest)
+}
+
+// simFailover asks for a window, kills the leader once every rank has acked it,
+// and measures how the next leader finishes it.
+func simFailover(b *testing.B, sc *simCluster, f *simFigures) {
+	var leader int
+	sc.wait(time.Minute, "one leader", func() bool { leader = sc.leader(); return leader >= 0 })
+	live := len(sc.live())
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	type result struct {
+		res *pb.WindowResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := sc.client.Snapshot(ctx, 3, nil, nil)
+		done <- result{res, err}
+	}()
+	var id uint64
+	sc.wait(2*time.Minute, "every rank to ack", func() bool {
+		ps := sc.log.Steps(func(s simStep) bool { return s.Msg == "window planned" && !s.At.Before(t0) })
+		if len(ps) == 0 {
+			return false
+		}
+		id = ps[len(ps)-1].Window
+		return len(sc.log.RankTimes(id, "acked")) >= live
+	})
+	tKill := time.Now()
+	sc.kill(leader)
+	r := <-done
+	if r.err != nil {
+		b.Fatal(r.err)
+	}
+	if r.res.State != "published" {
+		f.failed = append(f.failed, fmt.Sprintf("failover window %d %s: %s", id, r.res.State, r.res.Error))
+		return
+	}
+	m := sc.manifest(r.res.Manifest)
+	if m.Window.ID != id {
+		b.Fatalf("failover: window %d published, %d interrupted", m.Window.ID, id)
+	}
+	lead, ok1 := sc.log.First("leading", 0, tKill)
+	pub, ok2 := sc.log.First("window published", id, tKill)
+	if !ok1 || !ok2 {
+		b.Fatalf("failover of window %d: no new leader (%v) or no publication (%v)", id, ok1, ok2)
+	}
+	if len(m.RanksMerged) != live-1 {
+		f.failed = append(f.failed, fmt.Sprintf("failover window %d: %d of %d ranks merged: %v", id, len(m.RanksMerged), live-1, firstReasons(r.res)))
+	}
+	f.detect = append(f.detect, lead.At.Sub(tKill))
+	f.takeover = append(f.takeover, pub.At.Sub(lead.At))
+	f.recover = append(f.recover, pub.At.Sub(tKill))
+	b.Logf("failover of window %d: rank %d led after %v, published %v after the old leader died", id, lead.Member, lead.At.Sub(tKill).Round(time.Millisecond), pub.At.Sub(tKill).Round(time.Millisecond))
+	sc.removeWindow(m, r.res.Manifest)
+}
+
+func sub(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
+}
+
+// firstReasons is a few of the missing ranks' reasons.
+func firstReasons(res *pb.WindowResult) []string {
+	var out []string
+	for r, why := range res.Missing {
+		out = append(out, fmt.Sprintf("%d: %s", r, why))
+		if len(out) == 3 {
+			break
+		}
+	}
+	return out
+}
+
+// live returns the ranks not killed.
+func (sc *simCluster) live() []int {
+	var out []int
+	for r, rk := range sc.ranks {
+		if !rk.dead.Load() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// removeWindow deletes a published window's inputs and outputs, so that repeated
+// windows do not fill the disk.
+func (sc *simCluster) removeWindow(m *merge.Manifest, manifest string) {
+	for _, in := range m.Inputs {
+		if rel, err := filepath.Rel(sc.dir, in.Source); err == nil && !strings.HasPrefix(rel, "..") {
+			os.Remove(in.Source)
+			os.Remove(merge.MetaName(in.Source))
+			os.Remove(merge.AnalysisName(in.Source))
+		}
+	}
+	os.RemoveAll(filepath.Dir(manifest))
+}
+
+// printFigures writes the table of figures, one column per size, and each
+// figure's growth from the first size to the last.
+func printFigures(w *os.File, fs []*simFigures) {
+	if len(fs) == 0 {
+		return
+	}
+	type row struct {
+		name string
+		val  func(f *simFigures) float64
+		fmt  func(v float64) string
+	}
+	msf := func(v float64) string { return fmt.Sprintf("%.0f ms", v) }
+	mib := func(v float64) string { return fmt.Sprintf("%.0f MiB", v/(1<<20)) }
+	q := func(ds func(*simFigures) []time.Duration, p float64) func(*simFigures) float64 {
+		return func(f *simFigures) float64 { return ms(quantile(ds(f), p)) }
+	}
+	hq := func(hs func(*simFigures) []uint64, p float64) func(*simFigures) float64 {
+		return func(f *simFigures) float64 {
+			s := append([]uint64(nil), hs(f)...)
+			sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+			if len(s) == 0 {
+				return 0
+			}
+			return float64(s[min(int(p*float64(len(s))), len(s)-1)])
+		}
+	}
+	acks := func(f *simFigures) []time.Duration { return f.acks }
+	med := func(xs func(*simFigures) []float64) func(*simFigures) float64 {
+		return func(f *simFigures) float64 {
+			s := append([]float64(nil), xs(f)...)
+			if len(s) == 0 {
+				return 0
+			}
+			sort.Float64s(s)
+			return s[len(s)/2]
+		}
+	}
+	rows := []row{
+		{"snapshot per rank (events)", func(f *simFigures) float64 { return float64(f.events) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		{"snapshot per rank (bytes)", func(f *simFigures) float64 { return float64(f.snapBytes) }, func(v float64) string { return fmt.Sprintf("%.0f KiB", v/1024) }},
+		{"cluster formed in (sim set-up)", func(f *simFigures) float64 { return ms(f.formed) }, msf},
+		{"idle load of the whole simulation", func(f *simFigures) float64 { return f.idleCores }, func(v float64) string { return fmt.Sprintf("%.2f cores", v) }},
+		{"idle packets a second, whole simulation", func(f *simFigures) float64 { return f.idlePackets }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		{"idle heap of the whole simulation", func(f *simFigures) float64 { return float64(f.idleHeap) }, mib},
+		{"trigger -> plan sent (median)", q(func(f *simFigures) []time.Duration { return f.toPlan }, 0.5), msf},
+		{"trigger -> rank acked, p50", q(acks, 0.5), msf},
+		{"trigger -> rank acked, p99", q(acks, 0.99), msf},
+		{"plan -> rank acked, p99", q(func(f *simFigures) []time.Duration { return f.planAcks }, 0.99), msf},
+		{"trigger -> all acked, median", q(func(f *simFigures) []time.Duration { return f.allAcked }, 0.5), msf},
+		{"trigger -> all acked, worst", q(func(f *simFigures) []time.Duration { return f.allAcked }, 1), msf},
+		{"re-plans (ranks past the start)", func(f *simFigures) float64 { return float64(f.replans) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		{"trigger -> published, median", q(func(f *simFigures) []time.Duration { return f.published }, 0.5), msf},
+		{"trigger -> published, worst", q(func(f *simFigures) []time.Duration { return f.published }, 1), msf},
+		{"last upload -> published, median", q(func(f *simFigures) []time.Duration { return f.merge }, 0.5), msf},
+		{"live heap growth, every report in, worst", hq(func(f *simFigures) []uint64 { return f.collectLive }, 1), mib},
+		{"heap growth collecting, worst", hq(func(f *simFigures) []uint64 { return f.collectHeap }, 1), mib},
+		{"heap growth merging, worst", hq(func(f *simFigures) []uint64 { return f.mergeHeap }, 1), mib},
+		{"leader dies -> new leader leads, median", q(func(f *simFigures) []time.Duration { return f.detect }, 0.5), msf},
+		{"new leader leads -> published, median", q(func(f *simFigures) []time.Duration { return f.takeover }, 0.5), msf},
+		{"leader dies -> published, median", q(func(f *simFigures) []time.Duration { return f.recover }, 0.5), msf},
+		{"leader dies -> published, worst", q(func(f *simFigures) []time.Duration { return f.recover }, 1), msf},
+		{"packets sent per window, median", med(func(f *simFigures) []float64 { return f.packets }), func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		{"streams opened per window, median", med(func(f *simFigures) []float64 { return f.conns }), func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		{"CPU time per window, median", med(func(f *simFigures) []float64 { return f.cpu }), func(v float64) string { return fmt.Sprintf("%.1f s", v) }},
+		{"packets dropped at full queues", func(f *simFigures) float64 { return float64(f.dropped) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+	}
+	fmt.Fprintf(w, "\n%-42s", "members")
+	for _, f := range fs {
+		fmt.Fprintf(w, "%14d", f.members)
+	}
+	fmt.Fprintf(w, "%10s\n", "growth")
+	for _, r := range rows {
+		fmt.Fprintf(w, "%-42s", r.name)
+		for _, f := range fs {
+			fmt.Fprintf(w, "%14s", r.fmt(r.val(f)))
+		}
+		if a, z := r.val(fs[0]), r.val(fs[len(fs)-1]); a > 0 && len(fs) > 1 {
+			fmt.Fprintf(w, "%9.1fx", z/a)
+		}
+		fmt.Fprintln(w)
+	}
+	for _, f := range fs {
+		for _, s := range f.failed {
+			fmt.Fprintf(w, "%d members: %s\n", f.members, s)
+		}
+		var ws []string
+		for k, v := range f.warnings {
+			ws = append(ws, fmt.Sprintf("%6d  %s", v, k))
+		}
+		sort.Sort(sort.Reverse(sort.StringSlice(ws)))
+		if len(ws) > 8 {
+			ws = ws[:8]
+		}
+		if len(ws) > 0 {
+			fmt.Fprintf(w, "%d members, warnings logged (count, message):\n  %s\n", f.members, strings.Join(ws, "\n  "))
+		}
+	}
+	last := fs[len(fs)-1]
+	p99 := quantile(last.acks, 0.99)
+	fmt.Fprintf(w, "target: every agent acks within 1 s of the trigger (p99) at %d members: %v -> %s\n", last.members, p99.Round(time.Millisecond), verdict(p99 <= time.Second))
+	if len(last.recover) > 0 {
+		worst := quantile(last.recover, 1)
+		take := quantile(last.takeover, 1)
+		fmt.Fprintf(w, "target: a new leader finishes an interrupted window within 10 s at %d members: worst %v from the old leader's death (%s), %v from the new leader's start (%s)\n",
+			last.members, worst.Round(time.Millisecond), verdict(worst <= 10*time.Second), take.Round(time.Millisecond), verdict(take <= 10*time.Second))
+	}
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}

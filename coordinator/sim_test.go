@@ -1,0 +1,1100 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/synth"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+// The simulation runs many members of one run in one process: real coordinators
+// (gossip, encryption, leader, planning, collection, merge and publication) on an
+// in-memory network, each rank with a simulated trainer in place of its agent.
+
+// --- the network ------------------------------------------------------------------
+
+// simNet is an in-memory network for memberlist. memberlist's own MockNetwork hands
+// each packet over an unbuffered channel, so a send waits until the receiver's
+// listener takes it: a member that has stopped stalls every member that probes it
+// (its channel is never read again), and two listeners that answer each other's
+// pings at the same moment (memberlist acks from the listener) wait on each other;
+// nor can it add a member while others run (its maps are not locked). Here, as
+// with UDP, a packet goes into the receiver's queue or is dropped when the queue
+// is full or the receiver is down; streams are in-memory pipes, refused by a
+// member that is down.
+type simNet struct {
+	mu     sync.RWMutex
+	nodes  map[string]*simTransport // by address
+	next   uint32
+	queue  int          // packets one member's receive queue holds
+	sent   atomic.Int64 // packets sent
+	bytes  atomic.Int64 // their bytes
+	conns  atomic.Int64 // streams opened
+	closed chan struct{}
+	once   sync.Once
+	wg     sync.WaitGroup
+}
+
+func newSimNet() *simNet {
+	return &simNet{nodes: map[string]*simTransport{}, queue: 1024, closed: make(chan struct{})}
+}
+
+// transport returns a new member's transport at an address of its own: one host
+// per member, every member on the default gossip port.
+func (n *simNet) transport() *simTransport {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.next++
+	ip := net.IPv4(10, byte(n.next>>16), byte(n.next>>8), byte(n.next))
+	t := &simTransport{net: n, addr: &net.UDPAddr{IP: ip, Port: DefaultGossipPort},
+		packets: make(chan *memberlist.Packet, n.queue), streams: make(chan net.Conn, 256), down: make(chan struct{})}
+	n.nodes[t.addr.String()] = t
+	return t
+}
+
+func (n *simNet) lookup(addr string) *simTransport {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.nodes[addr]
+}
+
+// close ends the goroutines that refuse the streams of members that are down.
+func (n *simNet) close() {
+	n.once.Do(func() { close(n.closed) })
+	n.wg.Wait()
+}
+
+// dropped counts the packets dropped at full queues, over every member.
+func (n *simNet) dropped() int64 {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	var d int64
+	for _, t := range n.nodes {
+		d += t.dropped.Load()
+	}
+	return d
+}
+
+// simTransport is one member's end of a simNet.
+type simTransport struct {
+	net     *simNet
+	addr    *net.UDPAddr
+	packets chan *memberlist.Packet
+	streams chan net.Conn
+	down    chan struct{} // closed when the member stops or dies
+	stop    sync.Once
+	dropped atomic.Int64
+}
+
+var _ memberlist.NodeAwareTransport = (*simTransport)(nil)
+
+func (t *simTransport) isDown() bool {
+	select {
+	case <-t.down:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill takes the member off the network at once: nothing it sends arrives, nothing
+// sent to it is taken, and connections to it are refused.
+func (t *simTransport) kill() {
+	t.stop.Do(func() {
+		close(t.down)
+		t.net.wg.Add(1)
+		go func() {
+			defer t.net.wg.Done()
+			for {
+				select {
+				case c := <-t.streams:
+					c.Close()
+				case <-t.net.closed:
+					return
+				}
+			}
+		}()
+	})
+}
+
+func (t *simTransport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
+	return t.addr.IP, t.addr.Port, nil
+}
+
+func (t *simTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+	return t.WriteToAddress(b, memberlist.Address{Addr: addr})
+}
+
+func (t *simTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
+	now := time.Now()
+	if t.isDown() {
+		return now, nil
+	}
+	dest := t.net.lookup(a.Addr)
+	if dest == nil {
+		return now, fmt.Errorf("sim: no route to %s", a.Addr)
+	}
+	if dest.isDown() {
+		return now, nil
+	}
+	t.net.sent.Add(1)
+	t.net.bytes.Add(int64(len(b)))
+	select {
+	case dest.packets <- &memberlist.Packet{Buf: bytes.Clone(b), From: t.addr, Timestamp: now}:
+	default:
+		dest.dropped.Add(1)
+	}
+	return now, nil
+}
+
+func (t *simTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
+
+func (t *simTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
+}
+
+func (t *simTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	if t.isDown() {
+		return nil, errors.New("sim: this member is down")
+	}
+	dest := t.net.lookup(a.Addr)
+	if dest == nil || dest.isDown() {
+		return nil, fmt.Errorf("sim: connection to %s refused", a.Addr)
+	}
+	t.net.conns.Add(1)
+	mine, theirs := net.Pipe()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case dest.streams <- theirs:
+		return mine, nil
+	case <-dest.down:
+	case <-timer.C:
+	}
+	mine.Close()
+	theirs.Close()
+	return nil, fmt.Errorf("sim: connection to %s refused", a.Addr)
+}
+
+func (t *simTransport) StreamCh() <-chan net.Conn { return t.streams }
+
+func (t *simTransport) Shutdown() error {
+	t.kill()
+	return nil
+}
+
+// --- the trainers -----------------------------------------------------------------
+
+// simJob is the training job the simulated ranks run: data-parallel ranks advance
+// in lockstep, so one clock serves them all; it ticks every step.
+type simJob struct {
+	step time.Duration
+	tick atomic.Int64
+
+	mu    sync.Mutex
+	ranks []*simRank
+}
+
+// run ticks every step and wakes the ranks, until ctx ends.
+func (j *simJob) run(ctx context.Context) {
+	t := time.NewTicker(j.step)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		j.tick.Add(1)
+		j.mu.Lock()
+		ranks := j.ranks
+		j.mu.Unlock()
+		for _, r := range ranks {
+			select {
+			case r.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// simSnapshot is a real snapshot a simulated rank uploads as its window's.
+type simSnapshot struct {
+	data   []byte
+	snap   *snapshot.Snapshot // decoded, for the rank's analysis
+	sha    string
+	events int
+	t0, t1 int64 // the span of its trace (µs)
+}
+
+// simSnapshots returns four snapshots, one per rank of the recorded 4-rank DDP job;
+// with events > 0 each is grown to at least that many trace events.
+func simSnapshots(tb testing.TB, events int) []*simSnapshot {
+	tb.Helper()
+	var out []*simSnapshot
+	for r := 0; r < 4; r++ {
+		data, err := os.ReadFile(testutil.Snapshot(tb, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r)))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s, err := snapshot.Decode(data)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if events > 0 {
+			s = synth.Grow(s, events, int64(r)*4096)
+			if data, err = snapshot.EncodeBytes(s); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		ss := &simSnapshot{data: data, snap: s}
+		sum := sha256.Sum256(data)
+		ss.sha = hex.EncodeToString(sum[:])
+		for _, tr := range s.DeviceTraces {
+			ss.events += len(tr)
+			for _, e := range tr {
+				if ss.t0 == 0 || e.TimeUS < ss.t0 {
+					ss.t0 = e.TimeUS
+				}
+				ss.t1 = max(ss.t1, e.TimeUS)
+			}
+		}
+		out = append(out, ss)
+	}
+	return out
+}
+
+// simRank is one rank's simulated trainer and agent: the coordinator's Recorder.
+// Its trainer follows the job's clock, one batch a tick; with holdAt set it waits
+// before batch holdAt until it has a window armed (as the replay trainer's HoldAt
+// does), so a test never depends on the machine's speed. It arms windows as the agent does (refusing stale ids, a second window, a start the
+// trainer has passed), and reports each window's steps through Coordinator.Observe:
+// armed, recording once the job reaches the start, and uploaded once it reaches
+// the stop, after storing its snapshot and the sidecar whose batch marks are
+// exactly the window's batches.
+type simRank struct {
+	id    rankagent.Identity
+	job   *simJob
+	st    store.Store
+	snap  *simSnapshot
+	coord *Coordinator
+	wake  chan struct{}
+	dead  atomic.Bool
+
+	mu      sync.Mutex
+	holdAt  int64 // > 0: the trainer waits before this batch until it has a window
+	skew    int64 // the ticks it spent waiting
+	win     rankagent.Window
+	state   rankagent.WindowState
+	active  bool
+	lastID  uint64
+	offset  time.Duration
+	rtt     time.Duration
+	offsetK bool
+	queue   []rankagent.WindowEvent
+}
+
+var _ Recorder = (*simRank)(nil)
+
+func (r *simRank) Arm(w rankagent.Window) error {
+	if w.Start < 0 || w.Stop <= w.Start || w.ID == 0 {
+		return fmt.Errorf("sim: window %v", w)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch b := r.batchLocked(); {
+	case r.dead.Load():
+		return rankagent.ErrStopped
+	case r.active && r.win == w:
+		return nil
+	case w.ID <= r.lastID:
+		return fmt.Errorf("%w: %d, the agent has seen %d", rankagent.ErrStale, w.ID, r.lastID)
+	case r.active:
+		return fmt.Errorf("%w: %s is %s", rankagent.ErrBusy, r.win, r.state)
+	case b >= w.Start:
+		return fmt.Errorf("%w: the trainer is at batch %d, the window starts at %d", rankagent.ErrPassed, b, w.Start)
+	}
+	if r.holdAt > 0 {
+		// released: from now on the trainer follows the clock from where it waits
+		r.skew = max(r.job.tick.Load()-(r.holdAt-1), 0)
+		r.holdAt = 0
+	}
+	r.lastID, r.win, r.active, r.state = w.ID, w, true, rankagent.WindowArmed
+	r.postLocked(rankagent.WindowEvent{Window: w, State: rankagent.WindowArmed})
+	return nil
+}
+
+func (r *simRank) Cancel(id uint64, reason string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.active || r.win.ID != id {
+		r.lastID = max(r.lastID, id)
+		return nil
+	}
+	r.active, r.state = false, rankagent.WindowCancelled
+	r.postLocked(rankagent.WindowEvent{Window: r.win, State: rankagent.WindowCancelled, Reason: reason})
+	return nil
+}
+
+// Batch is the batch the rank's trainer is in.
+func (r *simRank) Batch() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.batchLocked()
+}
+
+func (r *simRank) batchLocked() int64 {
+	b := r.job.tick.Load() - r.skew
+	if r.holdAt > 0 {
+		b = min(b, r.holdAt-1)
+	}
+	return b
+}
+
+func (r *simRank) Progress() (int64, time.Duration) {
+	b := r.Batch()
+	if b < 1 {
+		return b, 0
+	}
+	return b, r.job.step
+}
+
+func (r *simRank) Current() (rankagent.Window, rankagent.WindowState, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.win, r.state, r.active
+}
+
+func (r *simRank) SetClockOffset(offset, rtt time.Duration) {
+	r.mu.Lock()
+	r.offset, r.rtt, r.offsetK = offset, rtt, true
+	r.mu.Unlock()
+}
+
+func (r *simRank) Dump(id uint64) error {
+	return errors.New("sim: the simulated trainer takes no post-mortems")
+}
+
+// postLocked queues an event for the rank's goroutine to hand to Observe (the
+// agent, too, never calls out while it holds its lock).
+func (r *simRank) postLocked(ev rankagent.WindowEvent) {
+	ev.Batch, ev.Time = r.batchLocked(), time.Now()
+	r.queue = append(r.queue, ev)
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run follows the job's batches and reports the window's steps until ctx ends.
+func (r *simRank) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		}
+		if r.dead.Load() {
+			return
+		}
+		r.follow(ctx)
+		r.mu.Lock()
+		q := r.queue
+		r.queue = nil
+		r.mu.Unlock()
+		for _, ev := range q {
+			r.coord.Observe(ev)
+		}
+	}
+}
+
+// follow moves the armed window along with the job's batch.
+func (r *simRank) follow(ctx context.Context) {
+	r.mu.Lock()
+	b := r.batchLocked()
+	w := r.win
+	if r.active && r.state == rankagent.WindowArmed && b >= w.Start {
+		r.state = rankagent.WindowRecording
+		r.postLocked(rankagent.WindowEvent{Window: w, State: rankagent.WindowRecording})
+	}
+	done := r.active && r.state == rankagent.WindowRecording && b >= w.Stop
+	if done {
+		r.state = rankagent.WindowSpooled
+	}
+	r.mu.Unlock()
+	if !done {
+		return
+	}
+	res := r.upload(ctx, w)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.active || r.win != w {
+		return // cancelled meanwhile
+	}
+	r.active = false
+	r.state = rankagent.WindowUploaded
+	if res.Err != nil {
+		r.state = rankagent.WindowFailed
+	}
+	r.postLocked(rankagent.WindowEvent{Window: w, State: r.state, Upload: res})
+}
+
+// simKey32 returns a fresh gossip key.
+func simKey32() []byte {
+	k := make([]byte, 32)
+	rand.Read(k)
+	return k
+}
+
+// simKey is where rank stores window w's snapshot: Composer's default name, whose
+// {batch} is the window's stop.
+func simKey(run string, rank int, w rankagent.Window) string {
+	return fmt.Sprintf("%s/torch_memory_traces/rank%d.%d.memory_snapshot.pickle", run, rank, w.Stop)
+}
+
+// upload stores the rank's snapshot of w, its sidecar and its analysis, as the
+// agent does. The batch marks divide the snapshot's own time span among the
+// window's batches, so the merged timeline shows each batch over the events
+// recorded in it.
+func (r *simRank) upload(ctx context.Context, w rankagent.Window) *rankagent.UploadResult {
+	key := simKey(r.id.RunName, r.id.Rank, w)
+	res := &rankagent.UploadResult{Key: key, MetaKey: merge.MetaName(key), Size: int64(len(r.snap.data)), SHA256: r.snap.sha,
+		Events: r.snap.events, Window: w, Reason: "window"}
+	meta := merge.RankMeta{Version: 1, RunName: r.id.RunName, Rank: r.id.Rank, LocalRank: r.id.LocalRank, NodeRank: r.id.NodeRank,
+		WorldSize: r.id.WorldSize, LocalWorldSize: r.id.LocalWorldSize, Hostname: fmt.Sprintf("node%04d", r.id.NodeRank),
+		GPU: &merge.GPUInfo{UUID: fmt.Sprintf("GPU-sim-%d", r.id.Rank)}, Window: &merge.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}, Reason: "window"}
+	n := w.Stop - w.Start
+	span := r.snap.t1 - r.snap.t0 + 1
+	for i := int64(0); i < n; i++ {
+		meta.Batches = append(meta.Batches, merge.BatchMark{Batch: w.Start + i, StartUS: r.snap.t0 + span*i/n, EndUS: r.snap.t0 + span*(i+1)/n - 1})
+	}
+	r.mu.Lock()
+	if r.offsetK {
+		off, rtt := r.offset.Microseconds(), r.rtt.Microseconds()
+		meta.ClockOffsetUS, meta.ClockRTTUS = &off, &rtt
+	}
+	r.mu.Unlock()
+	mb, err := json.MarshalIndent(meta, "", "  ")
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	var ab []byte
+	if an, err := merge.AnalyzeSnapshot(ctx, r.snap.snap, &meta, merge.AnalyzeOptions{Rank: r.id.Rank}); err == nil {
+		an.Snapshot = merge.SnapshotRef{Size: res.Size, SHA256: res.SHA256}
+		if ab, err = an.Marshal(); err == nil {
+			res.AnalysisKey = merge.AnalysisName(key)
+		}
+	}
+	put := func(k string, b []byte, sum string, overwrite bool) error {
+		_, err := r.st.Put(ctx, k, bytes.NewReader(b), store.PutOptions{Size: int64(len(b)), SHA256: sum, Overwrite: overwrite})
+		return err
+	}
+	err = put(key, r.snap.data, res.SHA256, false)
+	if err == nil {
+		err = put(res.MetaKey, mb, "", true)
+	}
+	if err == nil && res.AnalysisKey != "" {
+		err = put(res.AnalysisKey, ab, "", true)
+	}
+	res.Err = err
+	return res
+}
+
+// slowStore adds a fixed latency to every request, as an object store across a
+// network does (the folder store answers in microseconds).
+type slowStore struct {
+	store.Store
+	delay time.Duration
+}
+
+func (s slowStore) wait(ctx context.Context) error {
+	t := time.NewTimer(s.delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func (s slowStore) Put(ctx context.Context, key string, r io.Reader, opts store.PutOptions) (store.ObjectInfo, error) {
+	if err := s.wait(ctx); err != nil {
+		return store.ObjectInfo{}, err
+	}
+	return s.Store.Put(ctx, key, r, opts)
+}
+
+func (s slowStore) Get(ctx context.Context, key string) (io.ReadCloser, store.ObjectInfo, error) {
+	if err := s.wait(ctx); err != nil {
+		return nil, store.ObjectInfo{}, err
+	}
+	return s.Store.Get(ctx, key)
+}
+
+func (s slowStore) Stat(ctx context.Context, key string) (store.ObjectInfo, error) {
+	if err := s.wait(ctx); err != nil {
+		return store.ObjectInfo{}, err
+	}
+	return s.Store.Stat(ctx, key)
+}
+
+func (s slowStore) List(ctx context.Context, prefix string) ([]store.ObjectInfo, error) {
+	if err := s.wait(ctx); err != nil {
+		return nil, err
+	}
+	return s.Store.List(ctx, prefix)
+}
+
+// --- what the members log ------------------------------------------------------
+
+// simStep is one step of a window as a leader logged it, at the time it logged it.
+type simStep struct {
+	At     time.Time
+	Member int    // the rank that logged it
+	Msg    string // the log message: "window planned", "window progress", ...
+	Window uint64
+	Rank   int // the rank a progress step is about (-1: the window)
+	State  string
+}
+
+// simLog collects what the members log: the leaders' steps of each window, and a
+// count of every warning (memberlist's included).
+type simLog struct {
+	fwd   slog.Handler // also receives warnings (nil: none)
+	quiet atomic.Bool  // stops forwarding (memberlist's goroutines outlive its Shutdown)
+
+	mu    sync.Mutex
+	steps []simStep
+	warns map[string]int
+}
+
+func newSimLog(fwd slog.Handler) *simLog { return &simLog{fwd: fwd, warns: map[string]int{}} }
+
+// handler returns the log handler of one member.
+func (l *simLog) handler(member int) slog.Handler { return &simHandler{log: l, member: member} }
+
+func (l *simLog) warn(msg string) {
+	if i := strings.IndexAny(msg, "0123456789"); i > 0 {
+		msg = msg[:i]
+	}
+	l.mu.Lock()
+	l.warns[msg]++
+	l.mu.Unlock()
+}
+
+// Warnings returns the warnings logged, counted by message.
+func (l *simLog) Warnings() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]int, len(l.warns))
+	for k, v := range l.warns {
+		out[k] = v
+	}
+	return out
+}
+
+// Steps returns the steps logged that keep pick.
+func (l *simLog) Steps(pick func(simStep) bool) []simStep {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []simStep
+	for _, s := range l.steps {
+		if pick(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// RankTimes returns, for window id, when the leader saw each rank reach state (the
+// first time).
+func (l *simLog) RankTimes(id uint64, state string) map[int]time.Time {
+	out := map[int]time.Time{}
+	for _, s := range l.Steps(func(s simStep) bool {
+		return s.Msg == "window progress" && s.Window == id && s.State == state && s.Rank >= 0
+	}) {
+		if _, ok := out[s.Rank]; !ok {
+			out[s.Rank] = s.At
+		}
+	}
+	return out
+}
+
+// First returns the first step with message msg about window id (0: any window)
+// logged at or after since.
+func (l *simLog) First(msg string, id uint64, since time.Time) (simStep, bool) {
+	ss := l.Steps(func(s simStep) bool { return s.Msg == msg && (id == 0 || s.Window == id) && !s.At.Before(since) })
+	if len(ss) == 0 {
+		return simStep{}, false
+	}
+	return ss[0], true
+}
+
+type simHandler struct {
+	log    *simLog
+	member int
+	attrs  []slog.Attr
+	ml     bool // memberlist's bridged logger: everything at debug, its level in the text
+	leader bool // the leader's logger
+}
+
+func (h *simHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *simHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	c := *h
+	c.attrs = append(append([]slog.Attr(nil), h.attrs...), as...)
+	for _, a := range as {
+		if a.Key == "from" && a.Value.String() == "memberlist" {
+			c.ml = true
+		}
+		if a.Key == "role" && a.Value.String() == "leader" {
+			c.leader = true
+		}
+	}
+	return &c
+}
+
+func (h *simHandler) WithGroup(string) slog.Handler { return h }
+
+var simSteps = map[string]bool{"window planned": true, "window progress": true, "window published": true, "leading": true,
+	"finishing the window a previous leader left": true, "the merge failed": true}
+
+func (h *simHandler) Handle(ctx context.Context, r slog.Record) error {
+	if h.ml {
+		m := r.Message
+		switch {
+		case strings.HasPrefix(m, "[WARN]"), strings.HasPrefix(m, "[ERR]"):
+			h.log.warn(m)
+		case strings.HasPrefix(m, "[INFO] memberlist: Suspect"), strings.HasPrefix(m, "[INFO] memberlist: Marking"):
+			h.log.warn(m) // counted: a live member taken for a failed one
+			return nil
+		default:
+			return nil
+		}
+		if h.log.fwd != nil && !h.log.quiet.Load() {
+			return h.log.fwd.WithAttrs(h.attrs).Handle(ctx, r)
+		}
+		return nil
+	}
+	if r.Level >= slog.LevelWarn {
+		h.log.warn(r.Message)
+		if h.log.fwd != nil && !h.log.quiet.Load() {
+			return h.log.fwd.WithAttrs(h.attrs).Handle(ctx, r)
+		}
+	}
+	if !h.leader || !simSteps[r.Message] {
+		return nil
+	}
+	s := simStep{At: r.Time, Member: h.member, Msg: r.Message, Rank: -1}
+	set := func(a slog.Attr) bool {
+		switch a.Key {
+		case "window":
+			s.Window = a.Value.Uint64()
+		case "state":
+			s.State = a.Value.String()
+		case "rank":
+			if r.Message == "window progress" {
+				s.Rank = int(a.Value.Int64())
+			}
+		}
+		return true
+	}
+	for _, a := range h.attrs {
+		if a.Key == "window" {
+			set(a)
+		}
+	}
+	r.Attrs(set)
+	h.log.mu.Lock()
+	h.log.steps = append(h.log.steps, s)
+	h.log.mu.Unlock()
+	return nil
+}
+
+// --- the cluster ----------------------------------------------------------------
+
+// simConfig describes a simulated cluster.
+type simConfig struct {
+	Members int           // ranks
+	Step    time.Duration // the job's batch time
+	HoldAt  int64         // > 0: each trainer holds before this batch until it has a window armed
+	Events  int           // trace events per snapshot (0: the recorded snapshots as they are)
+	Logs    slog.Handler  // receives the members' warnings (nil: they are only counted)
+	// StoreLatency is added to every store request (0: the folder store as it is).
+	StoreLatency time.Duration
+	// Tune, when set, adjusts each member's configuration after simTune (rank -1:
+	// the client).
+	Tune func(rank int, c *Config)
+}
+
+// simTune sets a member up for a cluster of n members sharing one machine's
+// cores. Each member does its own share of gossip, as it would on its own host,
+// but here all of it competes for the same cores, and the cluster's total grows as
+// n squared (each member relays every member's news), so:
+//   - failure detection runs on memberlist's LAN timers, as in production
+//     (DefaultConfig): probes every second with a 500 ms timeout, a suspicion
+//     multiplier of 4, a 10 s TCP timeout. The local preset's 100 ms probe timeout
+//     takes a member waiting for a core for a dead one;
+//   - gossip goes out at the LAN interval (200 ms) above 64 members, and the full
+//     state is exchanged at the LAN interval (memberlist stretches it further with
+//     the cluster's size); messages are retransmitted at the local preset's
+//     multiplier (2, LAN: 4);
+//   - gossip is not compressed: memberlist's LZW compression of every packet was
+//     a quarter of the simulation's CPU time at 256 members;
+//   - above 256 members two cores cannot keep up with memberlist's own gossip
+//     while the cluster forms (each member gets a few thousandths of a core, and
+//     its queue of news backs up for tens of seconds), so failure detection is
+//     slowed until it survives that: probes every 5 s with a 2.5 s timeout, a
+//     suspicion multiplier of 6, and a queue of 8,192 messages (1,024). Failover
+//     times at those sizes then count this slower detection; BenchmarkScale
+//     reports the detection and the new leader's work apart;
+//   - the clock (and, with it, the node metadata every rank gossips) is refreshed
+//     every 10 minutes, not every 30 s: a refresh by every rank costs what the
+//     metadata gossip of a window costs, which BenchmarkScale reports.
+func simTune(n int, c *Config) {
+	ml := c.Memberlist
+	ml.ProbeInterval = time.Second
+	ml.ProbeTimeout = 500 * time.Millisecond
+	ml.SuspicionMult = 4
+	ml.TCPTimeout = 10 * time.Second
+	ml.PushPullInterval = 30 * time.Second
+	if n > 64 {
+		ml.GossipInterval = 200 * time.Millisecond
+	}
+	ml.EnableCompression = false
+	if n > 256 {
+		ml.ProbeInterval = 5 * time.Second
+		ml.ProbeTimeout = 2500 * time.Millisecond
+		ml.SuspicionMult = 6
+		ml.HandoffQueueDepth = 8192
+	}
+	c.ClockInterval = 10 * time.Minute
+}
+
+// simCluster is a running simulated cluster.
+type simCluster struct {
+	tb     testing.TB
+	cfg    simConfig
+	run    string
+	key    []byte
+	net    *simNet
+	job    *simJob
+	st     *store.Dir
+	dir    string
+	log    *simLog
+	ranks  []*simRank
+	coords []*Coordinator
+	trs    []*simTransport
+	client *Coordinator
+
+	ctx     context.Context
+	cancel  context.CancelFunc
+	cancels []context.CancelFunc // each rank's, then the client's
+	wg      sync.WaitGroup
+	// Formed is how long the cluster took to form.
+	Formed time.Duration
+}
+
+// startSim starts cfg.Members ranks and a client on a simNet and waits until every
+// member sees every other; the cluster stops when the test ends.
+func startSim(tb testing.TB, cfg simConfig) *simCluster {
+	tb.Helper()
+	t0 := time.Now()
+	dir := tb.TempDir()
+	st, err := store.OpenDir(dir, true)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	sc := &simCluster{tb: tb, cfg: cfg, run: fmt.Sprintf("sim%d", time.Now().UnixNano()%1e6), key: simKey32(), net: newSimNet(),
+		job: &simJob{step: cfg.Step}, st: st, dir: dir, log: newSimLog(cfg.Logs), ctx: ctx, cancel: cancel}
+	tb.Cleanup(sc.stop)
+	snaps := simSnapshots(tb, cfg.Events)
+	n := cfg.Members
+	var sst store.Store = st
+	if cfg.StoreLatency > 0 {
+		sst = slowStore{Store: st, delay: cfg.StoreLatency}
+	}
+	openStore := func(context.Context) (store.Store, error) { return sst, nil }
+	for r := 0; r < n; r++ {
+		id := rankagent.Identity{RunName: sc.run, Rank: r, LocalRank: r % 8, NodeRank: r / 8, WorldSize: n, LocalWorldSize: min(n, 8), Launcher: "sim"}
+		rk := &simRank{id: id, job: sc.job, st: sst, snap: snaps[r%len(snaps)], wake: make(chan struct{}, 1), holdAt: cfg.HoldAt}
+		tr := sc.net.transport()
+		c := DefaultLocalConfig(id)
+		c.SecretKey, c.OpenStore, c.Logger = sc.key, openStore, slog.New(sc.log.handler(r))
+		c.Memberlist.Transport = tr
+		simTune(n, &c)
+		if r > 0 {
+			c.Join = []string{sc.trs[0].addr.String()}
+		}
+		if cfg.Tune != nil {
+			cfg.Tune(r, &c)
+		}
+		coord, err := New(c, rk)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		rk.coord = coord
+		sc.ranks, sc.coords, sc.trs = append(sc.ranks, rk), append(sc.coords, coord), append(sc.trs, tr)
+	}
+	sc.job.ranks = sc.ranks
+	sc.wg.Add(1)
+	go func() { defer sc.wg.Done(); sc.job.run(ctx) }()
+	// members join rank 0 a wave at a time, as a launcher's hosts come up; above
+	// 256 members the next wave waits until the gossip announcing the last one has
+	// died down, so that it never starves failure detection of the cores every
+	// member shares
+	wave := 32
+	for r := range sc.ranks {
+		sc.startMember(sc.coords[r], sc.ranks[r])
+		if r == 0 {
+			sc.wait(10*time.Second, "rank 0's gossip", func() bool { return sc.coords[0].Addr() != "" })
+		}
+		if started := r + 1; started%wave == 0 || started == n {
+			sc.wait(5*time.Minute, fmt.Sprintf("%d ranks to join rank 0", started), func() bool { return sc.coords[0].numMembers() >= started })
+			if n > 256 {
+				quiet(time.Minute)
+			}
+		}
+	}
+	// every member has the membership rank 0 had when it joined, and gossip brings
+	// it the later ones; a member that missed some (gossip drops what a full
+	// queue cannot take) exchanges full state with rank 0 once more
+	converged := func() bool {
+		for _, c := range sc.coords {
+			if c.numMembers() < n {
+				return false
+			}
+		}
+		return true
+	}
+	for try := 0; try < 30 && !converged(); try++ {
+		for _, c := range sc.coords[1:] {
+			if c.numMembers() >= n {
+				continue
+			}
+			c.mu.Lock()
+			m := c.ml
+			c.mu.Unlock()
+			if m != nil {
+				m.Join([]string{sc.trs[0].addr.String()})
+			}
+		}
+		sc.waitFor(10*time.Second, converged)
+	}
+	sc.wait(time.Minute, "every rank to see every rank", converged)
+	cc := DefaultLocalConfig(rankagent.Identity{RunName: sc.run})
+	cc.Client, cc.SecretKey, cc.Logger = true, sc.key, slog.New(sc.log.handler(-1))
+	cc.Memberlist.Transport = sc.net.transport()
+	cc.Join = []string{sc.trs[0].addr.String()}
+	simTune(n, &cc)
+	if cfg.Tune != nil {
+		cfg.Tune(-1, &cc)
+	}
+	client, err := New(cc, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sc.client = client
+	sc.startMember(client, nil)
+	sc.wait(time.Minute, "the client to see the leader", func() bool {
+		_, ok := client.Leader()
+		return ok && sc.coords[0].numMembers() > n
+	})
+	sc.Formed = time.Since(t0)
+	return sc
+}
+
+// startMember runs a member (and its trainer) until the cluster stops or it is killed.
+func (sc *simCluster) startMember(c *Coordinator, rk *simRank) {
+	ctx, cancel := context.WithCancel(sc.ctx)
+	sc.cancels = append(sc.cancels, cancel)
+	sc.wg.Add(1)
+	go func() { defer sc.wg.Done(); c.Run(ctx) }()
+	if rk != nil {
+		sc.wg.Add(1)
+		go func() { defer sc.wg.Done(); rk.run(ctx) }()
+	}
+}
+
+// quiet waits until this process uses less than one core, up to timeout.
+func quiet(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		c0, t0 := processCPU(), time.Now()
+		time.Sleep(500 * time.Millisecond)
+		if float64(processCPU()-c0) < float64(time.Since(t0)) {
+			return
+		}
+	}
+}
+
+// processCPU is the process's user and system time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// waitFor polls cond until it holds or timeout passes, and reports which.
+func (sc *simCluster) waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// wait polls cond until it holds; past timeout the test fails, saying what the
+// members logged.
+func (sc *simCluster) wait(timeout time.Duration, what string, cond func() bool) {
+	sc.tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			sc.tb.Fatalf("timed out after %v waiting for %s; %d packets dropped at full queues; warnings logged: %v", timeout, what, sc.net.dropped(), sc.log.Warnings())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// kill stops rank r as a crash would: it drops off the network at once, its
+// trainer reports nothing more, and its coordinator shuts down unheard.
+func (sc *simCluster) kill(r int) {
+	sc.ranks[r].dead.Store(true)
+	sc.trs[r].kill()
+	sc.cancels[r]()
+}
+
+// holding waits until every trainer holds before the hold batch.
+func (sc *simCluster) holding() {
+	sc.tb.Helper()
+	sc.wait(time.Minute, "every trainer to hold", func() bool {
+		for _, r := range sc.ranks {
+			if r.Batch() != sc.cfg.HoldAt-1 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// stop stops every member and waits for them.
+func (sc *simCluster) stop() {
+	sc.log.quiet.Store(true)
+	for _, t := range sc.trs {
+		t.kill() // no member waits on another's goodbye
+	}
+	sc.cancel()
+	sc.wg.Wait()
+	sc.net.close()
+}
+
+// leader returns the rank every live member agrees leads, or -1.
+func (sc *simCluster) leader() int {
+	l := -1
+	for r, c := range sc.coords {
+		if sc.ranks[r].dead.Load() {
+			continue
+		}
+		got, ok := c.Leader()
+		if !ok || (l >= 0 && got != l) {
+			return -1
+		}
+		l = got
+	}
+	return l
+}
+
+// manifest reads a published window's manifest.
+func (sc *simCluster) manifest(url string) *merge.Manifest {
+	sc.tb.Helper()
+	b, err := os.ReadFile(url)
+	if err != nil {
+		sc.tb.Fatal(err)
+	}
+	m, err := merge.ParseManifest(b)
+	if err != nil {
+		sc.tb.Fatal(err)
+	}
+	return m
+}
+
+// quantile returns the q-quantile (0..1) of ds, nearest rank.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(q*float64(len(s)) + 0.5)
+	return s[min(max(i-1, 0), len(s)-1)]
+}
+
+// TestSimWindow: 64 members of one run on an in-memory network, each rank with a
+// simulated trainer; a client asks for a window; every rank acks it (as the leader
+// sees), records it and uploads a real snapshot, and the leader publishes the
+// window with every rank merged.
+func TestSimWindow(t *testing.T) {
+	const n = 64
+	sc := startSim(t, simConfig{Members: n, Step: 20 * time.Millisecond, HoldAt: 5, Logs: testutil.Logger(t).Handler()})
+	sc.holding()
+	res, err := sc.client.Snapshot(testutil.Context(t, 2*time.Minute), 3, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != "published" || len(res.Ranks) != n || len(res.Missing) != 0 || res.Stop-res.Start != 3 {
+		t.Fatalf("result: state %s, %d ranks merged, missing %v, batches [%d, %d): %s", res.State, len(res.Ranks), res.Missing, res.Start, res.Stop, res.Error)
+	}
+	m := sc.manifest(res.Manifest)
+	if m.Window == nil || len(m.RanksMerged) != n || len(m.MissingRanks) != 0 || len(m.Inputs) != n || fmt.Sprint(m.Batches) != fmt.Sprint([]int64{res.Start, res.Start + 1, res.Start + 2}) {
+		t.Fatalf("manifest: window %+v, %d ranks merged, missing %v, %d inputs, batches %v", m.Window, len(m.RanksMerged), m.MissingRanks, len(m.Inputs), m.Batches)
+	}
+	acked := sc.log.RankTimes(m.Window.ID, "acked")
+	uploaded := sc.log.RankTimes(m.Window.ID, "uploaded")
+	for r := 0; r < n; r++ {
+		if _, ok := acked[r]; !ok {
+			t.Errorf("the leader never saw rank %d ack window %d", r, m.Window.ID)
+		}
+		if _, ok := uploaded[r]; !ok {
+			t.Errorf("the leader never saw rank %d's upload of window %d", r, m.Window.ID)
+		}
+	}
+	for _, in := range m.Inputs {
+		if want := fmt.Sprintf("rank%d.%d.memory_snapshot.pickle", in.Rank, res.Stop); filepath.Base(in.Source) != want {
+			t.Errorf("rank %d's input %s, want %s", in.Rank, in.Source, want)
+		}
+	}
+}

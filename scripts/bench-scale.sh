@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Cluster scale, measured in one process: SIZES (default 64,256,1024) members of one
+# run on memberlist over an in-memory network, with the real coordinator code and a
+# simulated trainer per rank that uploads real snapshots to a folder store. For each
+# size: REPEATS (default 5) on-demand windows asked by a client member, as
+# `memsnap snapshot` does, then FAILOVERS (default 3) windows whose leader is killed
+# once every rank has acked. It prints a table, one column per size, and each
+# figure's growth from the first size to the last, then the issue's targets.
+#   EVENTS     trace events of each rank's snapshot, per size (default 100000,20000,5000;
+#              0: the recorded 549-event snapshots of testdata/snapshots/ddp4)
+#   STEP       the simulated job's batch time (default 250ms)
+#   IDLE       how long the idle cluster's load is measured (default 10s)
+#   LATENCY    latency added to every store request (default 0: the folder store)
+#   COMPRESS   memberlist's gossip compression (default false; memberlist's own default is true)
+# Every member shares this machine's cores, so the figures include the whole
+# cluster's gossip competing for them; "idle load" and "CPU time per window" say how
+# much that is.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
+SIZES="${SIZES:-64,256,1024}"; EVENTS="${EVENTS:-100000,20000,5000}"; REPEATS="${REPEATS:-5}"; FAILOVERS="${FAILOVERS:-3}"
+STEP="${STEP:-250ms}"; IDLE="${IDLE:-10s}"; LATENCY="${LATENCY:-0}"; COMPRESS="${COMPRESS:-false}"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+go test -c -o "$tmp/coordinator.test" ./coordinator
+cd coordinator
+# the test binary runs in its package's folder, as go test runs it; its own
+# temporary folders (the store) go under $TMPDIR
+"$tmp/coordinator.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 0 \
+  -sim.sizes "$SIZES" -sim.events "$EVENTS" -sim.repeats "$REPEATS" -sim.failovers "$FAILOVERS" \
+  -sim.step "$STEP" -sim.idle "$IDLE" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS"
