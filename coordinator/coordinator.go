@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -52,6 +53,13 @@ type Coordinator struct {
 
 	metaMu sync.Mutex // held while gossiping new metadata
 
+	// nmembers is len(members), read without mu by the broadcast queue, which
+	// memberlist drives while it may hold its own locks
+	nmembers atomic.Int64
+
+	// mu guards what follows. Lock order: memberlist calls memberChanged (which
+	// takes mu) while it holds its node lock, so nothing may call into
+	// memberlist while holding mu.
 	mu         sync.Mutex
 	ml         *memberlist.Memberlist
 	members    map[string]*member
@@ -120,11 +128,7 @@ func (c *Coordinator) rank() int32 {
 	return int32(c.cfg.Identity.Rank)
 }
 
-func (c *Coordinator) numMembers() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.members)
-}
+func (c *Coordinator) numMembers() int { return int(c.nmembers.Load()) }
 
 // Name is this member's name.
 func (c *Coordinator) Name() string { return c.name }
@@ -185,12 +189,15 @@ func (c *Coordinator) start() error {
 
 // Addr is this member's gossip address (host:port).
 func (c *Coordinator) Addr() string {
+	// LocalNode takes memberlist's node lock, under which memberlist calls
+	// memberChanged, which takes c.mu: never call it holding c.mu
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.ml == nil {
+	m := c.ml
+	c.mu.Unlock()
+	if m == nil {
 		return ""
 	}
-	n := c.ml.LocalNode()
+	n := m.LocalNode()
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 }
 
@@ -345,6 +352,7 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 		c.members[n.Name] = &member{node: &nn, meta: meta}
 		c.lastWindow = max(c.lastWindow, meta.LastWindow)
 	}
+	c.nmembers.Store(int64(len(c.members)))
 	c.mu.Unlock()
 	select {
 	case c.changed <- struct{}{}:
@@ -617,6 +625,7 @@ func (c *Coordinator) answerStatus(req *pb.Envelope) {
 	}
 	c.mu.Lock()
 	l := c.last
+	st.Seen = c.lastWindow
 	c.mu.Unlock()
 	if l.w.ID != 0 {
 		st.Window, st.Start, st.Stop, st.State, st.Result = l.w.ID, l.w.Start, l.w.Stop, l.state, l.result
@@ -648,12 +657,13 @@ func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
 		if c.last.w.ID != w.ID {
 			c.last = lastWindow{w: w, state: string(rankagent.WindowQueued), leader: env.Sender}
 		}
+		// the window id is not gossiped from here: a metadata update by every rank
+		// for every window costs the cluster O(n^2) messages (at 1,024 ranks, a
+		// million packets a window); a new leader learns the newest id from the
+		// leader's metadata, its own plans and the ranks' status answers
 		bump := w.ID > c.lastWindow
 		c.lastWindow = max(c.lastWindow, w.ID)
 		c.mu.Unlock()
-		if bump {
-			c.updateMeta()
-		}
 		if bump {
 			c.log.Info("window planned", "window", w.ID, "start", w.Start, "stop", w.Stop, "batch", batch, "reason", p.Reason)
 		}

@@ -844,15 +844,16 @@ func (l *leaderRun) recover(ctx context.Context) {
 		ranks = append(ranks, r)
 	}
 	sts := l.status(ctx, ranks)
-	var top uint64
+	var top, seen uint64
 	var start, stop int64
 	for _, s := range sts {
 		if s.st.Window > top && s.st.Stop > s.st.Start {
 			top, start, stop = s.st.Window, s.st.Start, s.st.Stop
 		}
+		seen = max(seen, s.st.Seen)
 	}
 	c.mu.Lock()
-	c.lastWindow = max(c.lastWindow, top)
+	c.lastWindow = max(c.lastWindow, top, seen)
 	c.mu.Unlock()
 	if top == 0 {
 		return

@@ -21,6 +21,8 @@ const (
 	maxString  = 4096
 	// maxStepUs is the longest step time a time.Duration holds, in microseconds.
 	maxStepUs = int64(math.MaxInt64 / time.Microsecond)
+	// maxWindowID bounds window ids, so that the next id never wraps around
+	maxWindowID = uint64(1) << 53
 )
 
 var errMalformed = errors.New("coordinator: malformed message")
@@ -47,6 +49,8 @@ func decodeMeta(b []byte) (*pb.NodeMeta, error) {
 		return nil, fmt.Errorf("%w: local rank %d, node rank %d", errMalformed, m.LocalRank, m.NodeRank)
 	case m.Batch < -1 || m.StepUs < 0:
 		return nil, fmt.Errorf("%w: batch %d, step time %d us", errMalformed, m.Batch, m.StepUs)
+	case m.LastWindow > maxWindowID:
+		return nil, fmt.Errorf("%w: window id %d", errMalformed, m.LastWindow)
 	}
 	// the wire allows shorter encodings than proto.Marshal writes (an int32 of -1
 	// in 5 bytes rather than 10): what is accepted must still fit once re-encoded
@@ -85,6 +89,9 @@ func checkEnvelope(e *pb.Envelope) error {
 	}
 	if e.SenderRank < -1 || e.SenderRank >= merge.MaxRanks {
 		return bad("sender rank %d", e.SenderRank)
+	}
+	if e.WindowId > maxWindowID {
+		return bad("window id %d", e.WindowId)
 	}
 	window := func(start, stop int64) error {
 		if start < 0 || stop <= start {
@@ -134,6 +141,9 @@ func checkEnvelope(e *pb.Envelope) error {
 		}
 		return long(b.Plan.Reason)
 	case *pb.Envelope_Status:
+		if b.Status.Window > maxWindowID || b.Status.Seen > maxWindowID {
+			return bad("status naming window %d, seen %d", b.Status.Window, b.Status.Seen)
+		}
 		if b.Status.Batch < -1 || b.Status.StepUs < 0 || b.Status.StepUs > maxStepUs {
 			return bad("status of batch %d, step time %d us", b.Status.Batch, b.Status.StepUs)
 		}

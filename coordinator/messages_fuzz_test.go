@@ -100,7 +100,9 @@ func brokenEnvelopes(t testing.TB) [][]byte {
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Batch: -2}}},                                               // batch before none
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{StepUs: maxStepUs + 1}}},                                   // step past a time.Duration
 		{Sender: "x", Body: &pb.Envelope_WindowResult{WindowResult: &pb.WindowResult{Outputs: []string{strings.Repeat("o", maxString+1)}}}},
-		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{OomRank: -7}}}, // negative rank
+		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{OomRank: -7}}},                       // negative rank
+		{Sender: "x", WindowId: maxWindowID + 1, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}}, // a window id the next one would wrap past
+		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Seen: ^uint64(0)}}},            // the same, seen
 	} {
 		out = append(out, mustMarshal(t, e))
 	}
@@ -290,6 +292,7 @@ func FuzzDecodeMeta(f *testing.F) {
 		{Version: 1, Run: "gpt", Rank: -1, Hostname: strings.Repeat("h", maxMeta)},
 		{Version: 1, Run: "gpt", Rank: -1, Batch: -2},
 		{Version: 1, Run: "gpt", Rank: -1, StepUs: -1},
+		{Version: 1, Run: "gpt", Rank: -1, LastWindow: maxWindowID + 1},
 	} {
 		f.Add(mustMarshal(f, m))
 	}
@@ -316,6 +319,8 @@ func FuzzDecodeMeta(f *testing.F) {
 			t.Fatalf("accepted local rank %d, node rank %d", m.LocalRank, m.NodeRank)
 		case m.Batch < -1 || m.StepUs < 0:
 			t.Fatalf("accepted batch %d, step time %d us", m.Batch, m.StepUs)
+		case m.LastWindow > maxWindowID:
+			t.Fatalf("accepted window id %d", m.LastWindow)
 		}
 		again, err := proto.Marshal(m)
 		if err != nil {

@@ -474,6 +474,7 @@ type Status struct {
 	State         string                 `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`      // where that window stands on the rank
 	Result        *RankResult            `protobuf:"bytes,8,opt,name=result,proto3" json:"result,omitempty"`    // its snapshot, once uploaded (or refused)
 	Trainer       bool                   `protobuf:"varint,9,opt,name=trainer,proto3" json:"trainer,omitempty"` // a trainer is connected
+	Seen          uint64                 `protobuf:"varint,10,opt,name=seen,proto3" json:"seen,omitempty"`      // the newest window id it has seen (armed, refused, cancelled or gossiped)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -569,6 +570,13 @@ func (x *Status) GetTrainer() bool {
 		return x.Trainer
 	}
 	return false
+}
+
+func (x *Status) GetSeen() uint64 {
+	if x != nil {
+		return x.Seen
+	}
+	return 0
 }
 
 // Plan asks every rank to record the batches [start, stop).
@@ -1331,7 +1339,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"clockReply\x12&\n" +
 	"\x04dump\x18\x15 \x01(\v2\x10.memsnap.v1.DumpH\x00R\x04dumpB\x06\n" +
 	"\x04body\"\x0f\n" +
-	"\rStatusRequest\"\xf2\x01\n" +
+	"\rStatusRequest\"\x86\x02\n" +
 	"\x06Status\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x03R\x05batch\x12\x17\n" +
 	"\astep_us\x18\x02 \x01(\x03R\x06stepUs\x12\x17\n" +
@@ -1341,7 +1349,9 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x04stop\x18\x06 \x01(\x03R\x04stop\x12\x14\n" +
 	"\x05state\x18\a \x01(\tR\x05state\x12.\n" +
 	"\x06result\x18\b \x01(\v2\x16.memsnap.v1.RankResultR\x06result\x12\x18\n" +
-	"\atrainer\x18\t \x01(\bR\atrainer\"}\n" +
+	"\atrainer\x18\t \x01(\bR\atrainer\x12\x12\n" +
+	"\x04seen\x18\n" +
+	" \x01(\x04R\x04seen\"}\n" +
 	"\x04Plan\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\x03R\x05start\x12\x12\n" +
 	"\x04stop\x18\x02 \x01(\x03R\x04stop\x12\x16\n" +

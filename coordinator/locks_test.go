@@ -1,0 +1,97 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+// TestAccessorsDuringChurn calls the accessors other code polls (Addr, Members,
+// Leader) without pause while members keep joining and leaving. memberlist calls
+// back into the coordinator holding its node lock; an accessor that called into
+// memberlist holding the coordinator's lock deadlocked the two (CI hung on it).
+func TestAccessorsDuringChurn(t *testing.T) {
+	key := newKey(t)
+	member := func(join []string) (*Coordinator, func()) {
+		cfg := DefaultLocalConfig(rankagent.Identity{RunName: "churn"})
+		cfg.Client = true
+		cfg.SecretKey = key
+		cfg.Join = join
+		cfg.Logger = testutil.Logger(t)
+		c, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); c.Run(ctx) }()
+		return c, func() { cancel(); <-done }
+	}
+	seed, stopSeed := member(nil)
+	testutil.Eventually(t, 10*time.Second, "the seed to listen", func() bool { return seed.Addr() != "" })
+
+	// a deadlock would hang every cleanup too, so the churn runs apart and the
+	// test reports a hang instead of sitting in it until go test's timeout
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	calls := make([]atomic.Int64, 2)
+	for g := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				seed.Addr()
+				seed.Members()
+				seed.Leader()
+				calls[g].Add(1)
+			}
+		}()
+	}
+	wait := func(what string, cond func() bool) error {
+		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("timed out waiting for %s", what)
+			}
+		}
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		for range 15 {
+			other, stopOther := member([]string{seed.Addr()})
+			err := wait("the seed to see the member join", func() bool { return len(seed.Members()) == 2 })
+			if err == nil {
+				err = wait("the member to see the seed", func() bool { return len(other.Members()) == 2 })
+			}
+			stopOther()
+			if err == nil {
+				err = wait("the seed to see the member leave", func() bool { return len(seed.Members()) == 1 })
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+		stop.Store(true)
+		wg.Wait()
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatal("membership churn hung: the coordinator and memberlist deadlocked")
+	}
+	stopSeed()
+	if calls[0].Load() == 0 || calls[1].Load() == 0 {
+		t.Fatal("the accessors never ran")
+	}
+}
