@@ -87,7 +87,7 @@ func TestParseKey(t *testing.T) {
 // and reads back.
 func TestMetaFits(t *testing.T) {
 	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: merge.MaxRanks - 1, LocalRank: merge.MaxRanks - 1, NodeRank: merge.MaxRanks - 1,
-		WorldSize: merge.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: 1<<64 - 1, Hostname: strings.Repeat("h", 64), Batch: 1<<63 - 1, StepUs: 1<<63 - 1}
+		WorldSize: merge.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: maxWindowID, Hostname: strings.Repeat("h", 64), Batch: 1<<63 - 1, StepUs: 1<<63 - 1}
 	b, err := proto.Marshal(m)
 	if err != nil || len(b) > maxMeta {
 		t.Fatalf("%d bytes (%v)", len(b), err)
