@@ -52,6 +52,7 @@ type Coordinator struct {
 	bc    *memberlist.TransmitLimitedQueue
 
 	metaMu sync.Mutex // held while gossiping new metadata
+	lifeMu sync.Mutex // held by Leave and by Shutdown's call into memberlist
 
 	// nmembers is len(members), read without mu by the broadcast queue, which
 	// memberlist drives while it may hold its own locks
@@ -74,8 +75,9 @@ type Coordinator struct {
 	oomWindow  uint64         // the post-mortem waiting for it, with its leader
 	oomLeader  string
 	dropped    int
-	changed    chan struct{} // membership changed
-	joined     bool          // joined the cluster (or had no one to join)
+	changed    chan struct{}      // membership changed
+	joined     bool               // joined the cluster (or had no one to join)
+	stopRun    context.CancelFunc // ends Run's context, for Shutdown
 	stopped    bool
 	wg         sync.WaitGroup
 }
@@ -140,6 +142,11 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if err := c.start(); err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c.mu.Lock()
+	c.stopRun = cancel
+	c.mu.Unlock()
 	defer c.Shutdown()
 	c.wg.Add(2)
 	go func() { defer c.wg.Done(); c.dispatch(ctx) }()
@@ -229,11 +236,16 @@ func (c *Coordinator) join(ctx context.Context) error {
 
 // Leave announces that this member leaves; Shutdown stops it.
 func (c *Coordinator) Leave(timeout time.Duration) error {
+	c.lifeMu.Lock() // memberlist panics on a Leave after its Shutdown
+	defer c.lifeMu.Unlock()
 	c.mu.Lock()
-	m := c.ml
+	m, stopped := c.ml, c.stopped
 	c.mu.Unlock()
 	if m == nil {
 		return nil
+	}
+	if stopped {
+		return ErrStopped
 	}
 	return m.Leave(timeout)
 }
@@ -249,13 +261,19 @@ func (c *Coordinator) Shutdown() error {
 	m := c.ml
 	lead := c.lead
 	c.lead = nil
+	stopRun := c.stopRun
 	c.mu.Unlock()
+	if stopRun != nil {
+		stopRun() // Run's goroutines end with its context
+	}
 	if lead != nil {
 		lead.stop()
 	}
 	var err error
 	if m != nil {
+		c.lifeMu.Lock()
 		err = m.Shutdown()
+		c.lifeMu.Unlock()
 	}
 	c.wg.Wait()
 	return err
@@ -413,9 +431,10 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 			if c.stopped || c.leaderName != c.name {
 				c.mu.Unlock()
 			} else {
+				// started under mu, so Shutdown never finds a leader half started
 				c.lead = l
-				c.mu.Unlock()
 				l.start(ctx)
+				c.mu.Unlock()
 			}
 		}
 		select {
@@ -609,7 +628,10 @@ func (c *Coordinator) handle(ctx context.Context, env *pb.Envelope) {
 		}
 		if r, ok := env.Body.(*pb.Envelope_Request); ok && env.Seq != 0 {
 			// asked of a member that does not lead: say who does
-			c.reply(env, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, Body: &pb.Envelope_Ack{Ack: &pb.Ack{Code: "not_leader", Message: c.leaderName}}}, true)
+			c.mu.Lock()
+			leader := c.leaderName
+			c.mu.Unlock()
+			c.reply(env, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, Body: &pb.Envelope_Ack{Ack: &pb.Ack{Code: "not_leader", Message: leader}}}, true)
 			_ = r
 		}
 	}

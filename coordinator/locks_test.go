@@ -95,3 +95,32 @@ func TestAccessorsDuringChurn(t *testing.T) {
 		t.Fatal("the accessors never ran")
 	}
 }
+
+// TestShutdownEndsRun: Shutdown while Run's context is still live stops every
+// goroutine and makes Run return (it hung in its wait, then Run's Leave panicked
+// on a memberlist already shut down).
+func TestShutdownEndsRun(t *testing.T) {
+	cfg := DefaultLocalConfig(rankagent.Identity{RunName: "shut"})
+	cfg.Client = true
+	cfg.SecretKey = newKey(t)
+	cfg.Logger = testutil.Logger(t)
+	c, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(context.Background()) }()
+	testutil.Eventually(t, 10*time.Second, "the member to listen", func() bool { return c.Addr() != "" })
+	shut := make(chan error, 1)
+	go func() { shut <- c.Shutdown() }()
+	for what, ch := range map[string]chan error{"Shutdown": shut, "Run": ran} {
+		select {
+		case <-ch:
+		case <-time.After(time.Minute):
+			t.Fatalf("%s did not return after Shutdown", what)
+		}
+	}
+	if err := c.Leave(time.Second); err == nil {
+		t.Fatal("Leave after Shutdown said nothing")
+	}
+}

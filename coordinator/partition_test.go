@@ -240,7 +240,7 @@ func TestForgedMessagesChangeNothing(t *testing.T) {
 	} {
 		c := memberlist.DefaultLocalConfig()
 		c.Name, c.BindAddr, c.BindPort, c.AdvertisePort = "forger-"+name, "127.0.0.1", 0, 0
-		c.LogOutput = testLogWriter{t}
+		c.LogOutput = testutil.LogWriter(t)
 		tune(c)
 		m, err := memberlist.Create(c)
 		if err != nil {
@@ -265,7 +265,3 @@ func TestForgedMessagesChangeNothing(t *testing.T) {
 		t.Fatalf("a forged plan moved the window id to %d", id)
 	}
 }
-
-type testLogWriter struct{ t *testing.T }
-
-func (w testLogWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }

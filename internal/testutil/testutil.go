@@ -5,6 +5,7 @@ package testutil
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -106,16 +108,36 @@ func Context(t testing.TB, timeout time.Duration) context.Context {
 	return ctx
 }
 
-// Logger sends structured logs to t.Log.
+// Logger sends structured logs to t.Log until the test ends and drops them after:
+// background goroutines (memberlist's among them) may still log after a Shutdown
+// returns, and t.Log after the end panics the whole test binary.
 func Logger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return slog.New(slog.NewTextHandler(LogWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-type tlogWriter struct{ t testing.TB }
+// LogWriter is Logger's writer: lines to t.Log while the test runs.
+func LogWriter(t testing.TB) io.Writer {
+	w := &tlogWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return w
+}
 
-func (w tlogWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimRight(string(p), "\n"))
+type tlogWriter struct {
+	t    testing.TB
+	mu   sync.Mutex
+	done bool
+}
+
+func (w *tlogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
 	return len(p), nil
 }
 
