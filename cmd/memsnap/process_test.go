@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,14 +36,7 @@ func memsnapCmd(t *testing.T, args ...string) *exec.Cmd {
 	return cmd
 }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return testutil.FreePort(t) }
 
 // TestClusterCommands: two real `memsnap agent` processes, each launching a replay
 // trainer, form an encrypted cluster on loopback; `memsnap snapshot --wait --json`

@@ -2,7 +2,7 @@ package store
 
 import (
 	"errors"
-	"net"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -106,15 +106,10 @@ func TestEndpointCredentials(t *testing.T) {
 		noLeak(t, secret, err.Error(), cfg.String())
 	})
 	t.Run("unreachable", func(t *testing.T) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close() // nothing listens there now
+		addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)) // nothing listens there
 		const secret = "unreachable-secret-4711"
 		cfg := Config{URL: "s3://" + bucket, Endpoint: withCreds("user", secret, addr)}
-		_, err = Open(ctx, cfg)
+		_, err := Open(ctx, cfg)
 		if !errors.Is(err, ErrUnreachable) {
 			t.Fatalf("want ErrUnreachable, got %v", err)
 		}

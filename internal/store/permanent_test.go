@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -110,12 +109,7 @@ func TestPermanent(t *testing.T) {
 			return fsErr("placing", "k", &fs.PathError{Op: "link", Path: "k", Err: syscall.ENAMETOOLONG})
 		}, naming.ErrBadKey, true},
 		{"unreachable/minio", func(t *testing.T, _ Store) error {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			addr := l.Addr().String()
-			l.Close()
+			addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)) // nothing listens there
 			_, err = Open(ctx, Config{URL: "s3://" + testutil.BucketName(t), Endpoint: addr, Credentials: good})
 			return err
 		}, ErrUnreachable, false},

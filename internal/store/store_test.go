@@ -7,8 +7,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -215,9 +215,7 @@ func TestS3Errors(t *testing.T) {
 		}
 	})
 	t.Run("unreachable", func(t *testing.T) {
-		l, _ := net.Listen("tcp", "127.0.0.1:0")
-		addr := l.Addr().String()
-		l.Close() // nothing listens there now
+		addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)) // nothing listens there
 		_, err := Open(ctx, Config{URL: "s3://" + bucket, Endpoint: "http://" + addr, Credentials: good})
 		if !errors.Is(err, ErrUnreachable) {
 			t.Fatalf("want ErrUnreachable, got %v", err)

@@ -7,18 +7,67 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 )
+
+var ports struct {
+	sync.Mutex
+	given map[int]bool
+}
+
+// FreePort returns a loopback port that is free for TCP and UDP now, for a
+// process the test starts later. It lies below the kernel's ephemeral range: a
+// port the kernel handed out for ":0" and took back is the kind it hands to the
+// next ":0" bind (memberlist's, a client's), which then steals it before the
+// process binds it.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 12000 {
+				lo = v
+			}
+		}
+	}
+	ports.Lock()
+	defer ports.Unlock()
+	if ports.given == nil {
+		ports.given = map[int]bool{}
+	}
+	for range 10000 {
+		p := 10000 + rand.IntN(lo-10000)
+		if ports.given[p] {
+			continue
+		}
+		tl, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		ul, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		tl.Close()
+		if err != nil {
+			continue
+		}
+		ul.Close()
+		ports.given[p] = true
+		return p
+	}
+	t.Fatal("no free loopback port below the ephemeral range")
+	return 0
+}
 
 // MinIO is a running MinIO server's endpoint and root credentials.
 type MinIO struct {
@@ -162,12 +211,7 @@ func StartMinIO(t testing.TB) *MinIOServer {
 		}
 		t.Skip("no MinIO binary: set MEMSNAP_MINIO_BIN (scripts/test.sh does)")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
 	s := &MinIOServer{bin: bin, addr: addr, data: t.TempDir(), t: t,
 		MinIO: MinIO{Endpoint: "http://" + addr, AccessKey: "memsnap-test", SecretKey: fmt.Sprintf("s%d-secret-key", time.Now().UnixNano())}}
 	s.Start()
