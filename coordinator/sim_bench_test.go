@@ -26,6 +26,7 @@ var (
 	simBatch     = flag.Duration("sim.step", 250*time.Millisecond, "BenchmarkScale: the simulated job's batch time")
 	simIdle      = flag.Duration("sim.idle", 10*time.Second, "BenchmarkScale: how long the idle cluster's load is measured")
 	simLatency   = flag.Duration("sim.store-latency", 0, "BenchmarkScale: latency added to every store request (0: the folder store as it is)")
+	simLoopback  = flag.Bool("sim.loopback", false, "BenchmarkScale: members on memberlist's UDP/TCP transport over 127.0.0.1 instead of the in-memory network (packets are then not counted)")
 	simCompress  = flag.Bool("sim.compress", false, "BenchmarkScale: memberlist's compression of gossip (memberlist's default; off in the simulation, see simTune)")
 )
 
@@ -161,7 +162,7 @@ func heapInuse() uint64 {
 
 // simBench measures one size.
 func simBench(b *testing.B, n, events int) *simFigures {
-	sc := startSim(b, simConfig{Members: n, Step: *simBatch, Events: events, StoreLatency: *simLatency,
+	sc := startSim(b, simConfig{Members: n, Step: *simBatch, Events: events, StoreLatency: *simLatency, Loopback: *simLoopback,
 		Tune: func(_ int, c *Config) { c.Memberlist.EnableCompression = *simCompress }})
 	f := &simFigures{members: n, events: sc.ranks[0].snap.events, snapBytes: len(sc.ranks[0].snap.data), formed: sc.Formed}
 	b.Logf("%d members formed a cluster in %v", n, sc.Formed.Round(time.Millisecond))
@@ -438,6 +439,17 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"streams opened per window, median", med(func(f *simFigures) []float64 { return f.conns }), func(v float64) string { return fmt.Sprintf("%.0f", v) }},
 		{"CPU time per window, median", med(func(f *simFigures) []float64 { return f.cpu }), func(v float64) string { return fmt.Sprintf("%.1f s", v) }},
 		{"packets dropped at full queues", func(f *simFigures) float64 { return float64(f.dropped) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+	}
+	if *simLoopback {
+		// memberlist's own transport: its packets and streams are not counted
+		kept := rows[:0]
+		for _, r := range rows {
+			if !strings.Contains(r.name, "packets") && !strings.Contains(r.name, "streams") {
+				kept = append(kept, r)
+			}
+		}
+		rows = kept
+		fmt.Fprintln(w, "\ntransport: memberlist's UDP and TCP over 127.0.0.1")
 	}
 	fmt.Fprintf(w, "\n%-42s", "members")
 	for _, f := range fs {

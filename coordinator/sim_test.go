@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -752,6 +753,9 @@ type simConfig struct {
 	// Tune, when set, adjusts each member's configuration after simTune (rank -1:
 	// the client).
 	Tune func(rank int, c *Config)
+	// Loopback puts every member on memberlist's own UDP and TCP transport on
+	// 127.0.0.1 instead of the in-memory network (which alone counts packets).
+	Loopback bool
 }
 
 // simTune sets a member up for a cluster of n members sharing one machine's
@@ -811,7 +815,8 @@ type simCluster struct {
 	log    *simLog
 	ranks  []*simRank
 	coords []*Coordinator
-	trs    []*simTransport
+	trs    []*simTransport // nil on loopback
+	seed   string          // rank 0's gossip address, which every member joins
 	client *Coordinator
 
 	ctx     context.Context
@@ -838,6 +843,9 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 	tb.Cleanup(sc.stop)
 	snaps := simSnapshots(tb, cfg.Events)
 	n := cfg.Members
+	if cfg.Loopback {
+		sc.seed = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(tb))
+	}
 	var sst store.Store = st
 	if cfg.StoreLatency > 0 {
 		sst = slowStore{Store: st, delay: cfg.StoreLatency}
@@ -846,13 +854,24 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 	for r := 0; r < n; r++ {
 		id := rankagent.Identity{RunName: sc.run, Rank: r, LocalRank: r % 8, NodeRank: r / 8, WorldSize: n, LocalWorldSize: min(n, 8), Launcher: "sim"}
 		rk := &simRank{id: id, job: sc.job, st: sst, snap: snaps[r%len(snaps)], wake: make(chan struct{}, 1), holdAt: cfg.HoldAt}
-		tr := sc.net.transport()
 		c := DefaultLocalConfig(id)
 		c.SecretKey, c.OpenStore, c.Logger = sc.key, openStore, slog.New(sc.log.handler(r))
-		c.Memberlist.Transport = tr
+		var tr *simTransport
+		if cfg.Loopback {
+			if r == 0 {
+				_, port, _ := net.SplitHostPort(sc.seed)
+				c.Memberlist.BindPort, _ = strconv.Atoi(port)
+			}
+		} else {
+			tr = sc.net.transport()
+			c.Memberlist.Transport = tr
+			if r == 0 {
+				sc.seed = tr.addr.String()
+			}
+		}
 		simTune(n, &c)
 		if r > 0 {
-			c.Join = []string{sc.trs[0].addr.String()}
+			c.Join = []string{sc.seed}
 		}
 		if cfg.Tune != nil {
 			cfg.Tune(r, &c)
@@ -904,7 +923,7 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 			m := c.ml
 			c.mu.Unlock()
 			if m != nil {
-				m.Join([]string{sc.trs[0].addr.String()})
+				m.Join([]string{sc.seed})
 			}
 		}
 		sc.waitFor(10*time.Second, converged)
@@ -912,8 +931,10 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 	sc.wait(time.Minute, "every rank to see every rank", converged)
 	cc := DefaultLocalConfig(rankagent.Identity{RunName: sc.run})
 	cc.Client, cc.SecretKey, cc.Logger = true, sc.key, slog.New(sc.log.handler(-1))
-	cc.Memberlist.Transport = sc.net.transport()
-	cc.Join = []string{sc.trs[0].addr.String()}
+	if !cfg.Loopback {
+		cc.Memberlist.Transport = sc.net.transport()
+	}
+	cc.Join = []string{sc.seed}
 	simTune(n, &cc)
 	if cfg.Tune != nil {
 		cfg.Tune(-1, &cc)
@@ -994,7 +1015,11 @@ func (sc *simCluster) wait(timeout time.Duration, what string, cond func() bool)
 // trainer reports nothing more, and its coordinator shuts down unheard.
 func (sc *simCluster) kill(r int) {
 	sc.ranks[r].dead.Store(true)
-	sc.trs[r].kill()
+	if t := sc.trs[r]; t != nil {
+		t.kill()
+	} else {
+		sc.coords[r].Shutdown() // memberlist stops unheard, without leaving
+	}
 	sc.cancels[r]()
 }
 
@@ -1015,7 +1040,9 @@ func (sc *simCluster) holding() {
 func (sc *simCluster) stop() {
 	sc.log.quiet.Store(true)
 	for _, t := range sc.trs {
-		t.kill() // no member waits on another's goodbye
+		if t != nil {
+			t.kill() // no member waits on another's goodbye
+		}
 	}
 	sc.cancel()
 	sc.wg.Wait()

@@ -12,6 +12,9 @@
 #   IDLE       how long the idle cluster's load is measured (default 10s)
 #   LATENCY    latency added to every store request (default 0: the folder store)
 #   COMPRESS   memberlist's gossip compression (default false; memberlist's own default is true)
+#   LOOPBACK   1: members on memberlist's own UDP/TCP transport over 127.0.0.1 instead
+#              of the in-memory network (packets are then not counted), e.g.
+#              LOOPBACK=1 SIZES=8,64 EVENTS=100000,100000 scripts/bench-scale.sh
 # Every member shares this machine's cores, so the figures include the whole
 # cluster's gossip competing for them; "idle load" and "CPU time per window" say how
 # much that is.
@@ -19,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 SIZES="${SIZES:-64,256,1024}"; EVENTS="${EVENTS:-100000,20000,5000}"; REPEATS="${REPEATS:-5}"; FAILOVERS="${FAILOVERS:-3}"
-STEP="${STEP:-250ms}"; IDLE="${IDLE:-10s}"; LATENCY="${LATENCY:-0}"; COMPRESS="${COMPRESS:-false}"
+STEP="${STEP:-250ms}"; IDLE="${IDLE:-10s}"; LATENCY="${LATENCY:-0}"; COMPRESS="${COMPRESS:-false}"; LOOPBACK="${LOOPBACK:-0}"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 go test -c -o "$tmp/coordinator.test" ./coordinator
 cd coordinator
@@ -27,4 +30,4 @@ cd coordinator
 # temporary folders (the store) go under $TMPDIR
 "$tmp/coordinator.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 0 \
   -sim.sizes "$SIZES" -sim.events "$EVENTS" -sim.repeats "$REPEATS" -sim.failovers "$FAILOVERS" \
-  -sim.step "$STEP" -sim.idle "$IDLE" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS"
+  -sim.step "$STEP" -sim.idle "$IDLE" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)"
