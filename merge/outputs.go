@@ -206,6 +206,7 @@ type pbWriter struct {
 	w   *bufio.Writer
 	in  *interner
 	err error
+	buf []byte // a rank's bytes, kept for the next rank
 }
 
 func newPBWriter(w io.Writer, in *interner) *pbWriter {
@@ -249,6 +250,7 @@ func (p *pbWriter) field(num protowire.Number, m proto.Message) {
 	hdr = protowire.AppendVarint(hdr, uint64(len(b)))
 	p.w.Write(hdr)
 	p.w.Write(b)
+	p.buf = b
 }
 
 func (p *pbWriter) header(align string, world int, missing []int) {
@@ -270,7 +272,7 @@ func (p *pbWriter) rank(r *rankData, trace []*snapshot.TraceEntry, s RankSummary
 	if p.err != nil {
 		return
 	}
-	var b []byte
+	b := p.buf[:0]
 	i64 := func(b []byte, num protowire.Number, v int64) []byte {
 		if v == 0 {
 			return b
@@ -343,6 +345,7 @@ func (p *pbWriter) rank(r *rankData, trace []*snapshot.TraceEntry, s RankSummary
 	hdr = protowire.AppendVarint(hdr, uint64(len(b)))
 	p.w.Write(hdr)
 	p.w.Write(b)
+	p.buf = b
 }
 
 func (p *pbWriter) finish() error {
