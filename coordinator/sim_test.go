@@ -762,9 +762,9 @@ type simConfig struct {
 // cores. Each member does its own share of gossip, as it would on its own host,
 // but here all of it competes for the same cores, and the cluster's total grows as
 // n squared (each member relays every member's news), so:
-//   - failure detection runs on memberlist's LAN timers, as in production
-//     (DefaultConfig): probes every second with a 500 ms timeout, a suspicion
-//     multiplier of 4, a 10 s TCP timeout. The local preset's 100 ms probe timeout
+//   - failure detection runs on production's timers (DefaultConfig): probes
+//     every second with a 500 ms timeout, its suspicion multiplier, a 10 s TCP
+//     timeout. The local preset's 100 ms probe timeout
 //     takes a member waiting for a core for a dead one;
 //   - gossip goes out at the LAN interval (200 ms) above 64 members, and the full
 //     state is exchanged at the LAN interval (memberlist stretches it further with
@@ -786,7 +786,7 @@ func simTune(n int, c *Config) {
 	ml := c.Memberlist
 	ml.ProbeInterval = time.Second
 	ml.ProbeTimeout = 500 * time.Millisecond
-	ml.SuspicionMult = 4
+	ml.SuspicionMult = DefaultSuspicionMult
 	ml.TCPTimeout = 10 * time.Second
 	ml.PushPullInterval = 30 * time.Second
 	if n > 64 {
