@@ -63,6 +63,7 @@ type Coordinator struct {
 	// memberlist while holding mu.
 	mu         sync.Mutex
 	ml         *memberlist.Memberlist
+	addr       string // the gossip address, host:port
 	members    map[string]*member
 	leaderName string
 	lead       *leaderRun // this member's leader loop, while it leads
@@ -186,26 +187,23 @@ func (c *Coordinator) start() error {
 	if err != nil {
 		return fmt.Errorf("coordinator: starting gossip on %s:%d: %w", ml.BindAddr, ml.BindPort, err)
 	}
-	c.mu.Lock()
-	c.ml = m
-	c.mu.Unlock()
+	// LocalNode returns memberlist's own record, which it rewrites (under its lock)
+	// whenever the metadata changes: it is read once, here, before this member
+	// has joined anyone or gossiped new metadata
 	n := m.LocalNode()
-	c.log.Info("gossip started", "name", c.name, "addr", net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), "encrypted", len(c.cfg.SecretKey) > 0)
+	addr := net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	c.mu.Lock()
+	c.ml, c.addr = m, addr
+	c.mu.Unlock()
+	c.log.Info("gossip started", "name", c.name, "addr", addr, "encrypted", len(c.cfg.SecretKey) > 0)
 	return nil
 }
 
-// Addr is this member's gossip address (host:port).
+// Addr is this member's gossip address (host:port), once it has started.
 func (c *Coordinator) Addr() string {
-	// LocalNode takes memberlist's node lock, under which memberlist calls
-	// memberChanged, which takes c.mu: never call it holding c.mu
 	c.mu.Lock()
-	m := c.ml
-	c.mu.Unlock()
-	if m == nil {
-		return ""
-	}
-	n := m.LocalNode()
-	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	defer c.mu.Unlock()
+	return c.addr
 }
 
 func (c *Coordinator) join(ctx context.Context) error {

@@ -508,3 +508,40 @@ func TestLaunchOutcome(t *testing.T) {
 		}
 	})
 }
+
+// TestReplayEventsInsideBatches: the replay lays every recorded event inside a
+// batch's marks, however long the gaps between batches are (one event in such a
+// gap once made a rank's peak belong to no batch).
+func TestReplayEventsInsideBatches(t *testing.T) {
+	marks := []BatchMark{{Batch: 13, StartUS: 1000, EndUS: 1100}, {Batch: 14, StartUS: 5000, EndUS: 5100}, {Batch: 15, StartUS: 9000, EndUS: 9001}}
+	const t0, t1 = 7, 7 + 3*1000
+	inside := func(v int64) bool {
+		for _, m := range marks {
+			if v >= m.StartUS && v <= m.EndUS {
+				return true
+			}
+		}
+		return false
+	}
+	prev := int64(-1)
+	for tt := int64(t0); tt <= t1; tt++ {
+		v := inBatches(tt, t0, t1, marks)
+		if !inside(v) {
+			t.Fatalf("time %d placed at %d, outside every batch %v", tt, v, marks)
+		}
+		if v < prev {
+			t.Fatalf("time %d placed at %d, before the previous event's %d", tt, v, prev)
+		}
+		prev = v
+	}
+	// the first third of the span is the first batch, the last third the last
+	if v := inBatches(t0+500, t0, t1, marks); v < 1000 || v > 1100 {
+		t.Fatalf("the middle of the first third placed at %d", v)
+	}
+	if v := inBatches(t1, t0, t1, marks); v != 9001 {
+		t.Fatalf("the last event placed at %d, not at the last batch's end", v)
+	}
+	if v := inBatches(t0, t0, t0, marks[:1]); v != 1000 {
+		t.Fatalf("a span of one instant placed at %d", v)
+	}
+}

@@ -256,6 +256,19 @@ func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 	return nil
 }
 
+// inBatches places time t of a recorded span [t0, t1] inside the batches' marks:
+// the span is cut into one equal part per batch, and each part is laid inside its
+// batch, so no event falls in the gap between one batch's end and the next one's
+// start (a loaded machine makes those gaps long).
+func inBatches(t, t0, t1 int64, marks []BatchMark) int64 {
+	k := len(marks)
+	p := float64(t-t0) / float64(max(t1-t0, 1)) * float64(k)
+	i := min(max(int(p), 0), k-1)
+	m := marks[i]
+	off := int64((p - float64(i)) * float64(m.EndUS-m.StartUS))
+	return m.StartUS + min(max(off, 0), m.EndUS-m.StartUS)
+}
+
 // hold waits until a window has arrived (or ctx ends), staying connected.
 func (r *replay) hold(ctx context.Context, wg *sync.WaitGroup) {
 	t := time.NewTicker(100 * time.Millisecond)
@@ -286,7 +299,6 @@ func (r *replay) dump(w *Message, marks []BatchMark) error {
 	if spool == "" {
 		return errors.New("no spool folder from the agent")
 	}
-	start, end := marks[0].StartUS, marks[len(marks)-1].EndUS
 	s := *r.base
 	var t0, t1 int64 = 1<<63 - 1, -1 << 63
 	for _, tr := range s.DeviceTraces {
@@ -294,13 +306,12 @@ func (r *replay) dump(w *Message, marks []BatchMark) error {
 			t0, t1 = min(t0, e.TimeUS), max(t1, e.TimeUS)
 		}
 	}
-	scale := float64(end-start) / float64(max(t1-t0, 1))
 	traces := make([][]*snapshot.TraceEntry, len(s.DeviceTraces))
 	for i, tr := range s.DeviceTraces {
 		out := make([]*snapshot.TraceEntry, len(tr))
 		for j, e := range tr {
 			c := *e
-			c.TimeUS = start + int64(float64(e.TimeUS-t0)*scale)
+			c.TimeUS = inBatches(e.TimeUS, t0, t1, marks)
 			out[j] = &c
 		}
 		traces[i] = out
