@@ -31,6 +31,7 @@ type procCluster struct {
 	run    string
 	key    []byte
 	ports  []int
+	mu     sync.Mutex // guards agents: a test kills one while its cleanup kills all
 	agents []*exec.Cmd
 	logs   []*syncBuffer
 	sock   string
@@ -97,6 +98,8 @@ func encodeKey(k []byte) string { return base64.StdEncoding.EncodeToString(k) }
 
 // kill sends SIGKILL to agent i and its trainer.
 func (pc *procCluster) kill(i int) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
 	if a := pc.agents[i]; a != nil && a.Process != nil {
 		syscall.Kill(-a.Process.Pid, syscall.SIGKILL)
 		a.Wait()
