@@ -174,6 +174,16 @@ func (tc *testCluster) client() *Coordinator {
 			cfg.Join = append(cfg.Join, r.Coord.Addr())
 		}
 	}
+	c, stop := runMember(t, cfg)
+	t.Cleanup(stop)
+	testutil.Eventually(t, 20*time.Second, "the client to see a leader", func() bool { _, ok := c.Leader(); return ok })
+	return c
+}
+
+// runMember starts a member that is not a rank (a client) with cfg; stop ends
+// its Run and waits for it.
+func runMember(t *testing.T, cfg Config) (c *Coordinator, stop func()) {
+	t.Helper()
 	c, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -181,9 +191,7 @@ func (tc *testCluster) client() *Coordinator {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	testutil.Eventually(t, 20*time.Second, "the client to see a leader", func() bool { _, ok := c.Leader(); return ok })
-	return c
+	return c, func() { cancel(); <-done }
 }
 
 func readManifest(t *testing.T, path string) *merge.Manifest {

@@ -24,14 +24,7 @@ func TestAccessorsDuringChurn(t *testing.T) {
 		cfg.SecretKey = key
 		cfg.Join = join
 		cfg.Logger = testutil.Logger(t)
-		c, err := New(cfg, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); c.Run(ctx) }()
-		return c, func() { cancel(); <-done }
+		return runMember(t, cfg)
 	}
 	seed, stopSeed := member(nil)
 	testutil.Eventually(t, 10*time.Second, "the seed to listen", func() bool { return seed.Addr() != "" })

@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -118,14 +117,8 @@ func TestPartition(t *testing.T) {
 		cfg.Client, cfg.SecretKey, cfg.Logger = true, tc.key, testutil.Logger(t).With("client", g)
 		cfg.Memberlist.Transport = newCutTransport(t, p, g)
 		cfg.Join = []string{tc.ranks[2*g].Coord.Addr()}
-		c, err := New(cfg, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); c.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
+		c, stop := runMember(t, cfg)
+		t.Cleanup(stop)
 		clients[g] = c
 	}
 	p.mu.Lock()
