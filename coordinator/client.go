@@ -13,19 +13,29 @@ import (
 type Update struct {
 	Window   uint64
 	Rank     int // -1 for the window as a whole
-	State    string
+	State    pb.Step
 	Batch    int64
 	Reason   string
 	Leader   int
+	Deadline time.Time // STEP_PLANNED: when the leader gives up on the window
 	Received time.Time
 }
+
+// StepName is a step as people read it ("recording", "planned").
+func StepName(s pb.Step) string { return stepName(s) }
 
 var (
 	// ErrNoLeader: no rank is alive to lead.
 	ErrNoLeader = errors.New("coordinator: no leader")
 	// ErrDetached: Snapshot stopped waiting because its caller said so.
 	ErrDetached = errors.New("coordinator: stopped watching the window")
+	// ErrRefused: the leader refused the request as asked.
+	ErrRefused = errors.New("coordinator: the leader refused the request")
 )
+
+// unknownTries is how many times Snapshot asks again when a leader cannot tell
+// how a window ended (its store is away) before it gives up.
+const unknownTries = 5
 
 // Snapshot asks the cluster for a window of batches batches (0: the leader's
 // default) now, reports every step through progress (which must not block for
@@ -33,7 +43,10 @@ var (
 // leader is asked about the same window. Closing detach makes it return at once
 // with ErrDetached (the window goes on).
 func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func(Update), detach <-chan struct{}) (*pb.WindowResult, error) {
-	ch, seq := c.expect(1 << 16)
+	if batches < 0 || batches > MaxWindowBatches {
+		return nil, fmt.Errorf("%w: a window of %d batches (1 to %d)", ErrRefused, batches, MaxWindowBatches)
+	}
+	ch, seq := c.expect(1<<16, c.fromRanks())
 	defer c.forget(seq)
 	var window uint64
 	leader := ""
@@ -45,11 +58,7 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 		leader = name
 		env := c.envelope(window)
 		env.Seq = seq
-		reason := "request"
-		if window != 0 {
-			reason = "watch"
-		}
-		env.Body = &pb.Envelope_Request{Request: &pb.SnapshotRequest{Batches: batches, Reason: reason, Watch: true}}
+		env.Body = &pb.Envelope_Request{Request: &pb.SnapshotRequest{Batches: batches, Reason: "request", Watch: true, Kind: pb.WindowKind_WINDOW_KIND_WINDOW}}
 		return c.send(name, env, true)
 	}
 	if err := ask(); err != nil {
@@ -57,19 +66,26 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 	}
 	check := time.NewTicker(500 * time.Millisecond)
 	defer check.Stop()
+	unknown := 0
+	var again <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-detach:
 			return nil, ErrDetached
+		case <-again:
+			again = nil
+			if err := ask(); err != nil {
+				return nil, err
+			}
 		case <-check.C:
 			c.mu.Lock()
 			now := c.leaderName
 			c.mu.Unlock()
-			if now != leader {
+			if now != leader && now != "" {
 				if progress != nil {
-					progress(Update{Window: window, Rank: -1, State: "leader changed", Received: time.Now()})
+					progress(Update{Window: window, Rank: -1, State: pb.Step_STEP_UNSPECIFIED, Reason: "the leader changed; asking the new one", Received: time.Now()})
 				}
 				if err := ask(); err != nil {
 					return nil, err
@@ -81,24 +97,35 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 			}
 			switch b := env.Body.(type) {
 			case *pb.Envelope_Ack:
-				if b.Ack.Code == "not_leader" {
-					time.Sleep(100 * time.Millisecond) // membership is converging; ask again
-					if err := ask(); err != nil {
-						return nil, err
-					}
-				} else if !b.Ack.Ok {
-					return nil, fmt.Errorf("coordinator: the leader refused: %s", b.Ack.Message)
+				switch {
+				case b.Ack.Code == pb.AckCode_ACK_NOT_LEADER:
+					again = time.After(100 * time.Millisecond) // membership is converging; ask again
+				case !b.Ack.Ok:
+					return nil, fmt.Errorf("%w: %s", ErrRefused, b.Ack.Message)
 				}
 			case *pb.Envelope_Progress:
 				if progress != nil {
-					progress(Update{Window: env.WindowId, Rank: int(b.Progress.Rank), State: b.Progress.State, Batch: b.Progress.Batch,
-						Reason: b.Progress.Reason, Leader: int(env.SenderRank), Received: time.Now()})
+					u := Update{Window: env.WindowId, Rank: int(b.Progress.Rank), State: b.Progress.State, Batch: b.Progress.Batch,
+						Reason: b.Progress.Reason, Leader: int(env.SenderRank), Received: time.Now()}
+					if b.Progress.DeadlineUs > 0 {
+						u.Deadline = time.UnixMicro(b.Progress.DeadlineUs)
+					}
+					progress(u)
 				}
 			case *pb.Envelope_WindowResult:
-				if b.WindowResult.State == "unknown" && window != 0 {
-					continue // a leader that does not know the window yet; it will
+				r := b.WindowResult
+				if r.State == pb.Outcome_OUTCOME_UNKNOWN && window != 0 {
+					// a leader that cannot tell yet (its store is away): ask again a few times
+					if unknown++; unknown >= unknownTries {
+						return r, nil
+					}
+					again = time.After(time.Duration(unknown) * time.Second)
+					continue
 				}
-				return b.WindowResult, nil
+				if r.Window == 0 {
+					r.Window = window
+				}
+				return r, nil
 			}
 		}
 	}
@@ -125,7 +152,7 @@ func (c *Coordinator) waitLeader(ctx context.Context) (string, error) {
 // again the ranks that have not answered, once).
 func (c *Coordinator) status(ctx context.Context, ranks []int) map[int]status {
 	nodes := c.rankNodes()
-	ch, seq := c.expect(len(ranks) + 16)
+	ch, seq := c.expect(len(ranks)+16, c.fromRanks())
 	defer c.forget(seq)
 	sent := map[int]time.Time{}
 	ask := func(r int) {
@@ -141,9 +168,7 @@ func (c *Coordinator) status(ctx context.Context, ranks []int) map[int]status {
 			c.handleLocal(env)
 			return
 		}
-		if err := c.send(n.Name, env, false); err != nil {
-			c.log.Debug("status request not sent", "rank", r, "err", err)
-		}
+		c.post(n.Name, "", env, false)
 	}
 	for _, r := range ranks {
 		ask(r)

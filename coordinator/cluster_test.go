@@ -218,20 +218,20 @@ func TestClusterOnDemandWindow(t *testing.T) {
 		t.Fatalf("leader %d, want rank 0", l)
 	}
 	var mu sync.Mutex
-	seen := map[int]map[string]bool{}
+	seen := map[int]map[pb.Step]bool{}
 	ctx := testutil.Context(t, time.Minute)
 	res, err := c.Snapshot(ctx, 3, func(u Update) {
 		mu.Lock()
 		defer mu.Unlock()
 		if seen[u.Rank] == nil {
-			seen[u.Rank] = map[string]bool{}
+			seen[u.Rank] = map[pb.Step]bool{}
 		}
 		seen[u.Rank][u.State] = true
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.State != "published" || len(res.Ranks) != 4 || len(res.Missing) != 0 || res.Stop-res.Start != 3 || res.Start < tc.holdAt-1 {
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != 4 || len(res.Missing) != 0 || res.Stop-res.Start != 3 || res.Start < tc.holdAt-1 {
 		t.Fatalf("result %+v", res)
 	}
 	m := readManifest(t, res.Manifest)
@@ -239,7 +239,7 @@ func TestClusterOnDemandWindow(t *testing.T) {
 		t.Fatalf("manifest %+v", m)
 	}
 	for r := 0; r < 4; r++ {
-		for _, st := range []string{"acked", "armed", "recording", "uploaded"} {
+		for _, st := range []pb.Step{pb.Step_STEP_ACKED, pb.Step_STEP_ARMED, pb.Step_STEP_RECORDING, pb.Step_STEP_UPLOADED} {
 			if !seen[r][st] {
 				t.Errorf("the client never saw rank %d %s (saw %v)", r, st, seen[r])
 			}

@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -58,9 +59,13 @@ type Config struct {
 	// Memberlist is memberlist's configuration (bind address and port, timers).
 	// New sets its Name, Delegate, Events, Ping, Label, SecretKey and Logger.
 	Memberlist *memberlist.Config
-	// Join lists members to join (host or host:port; the port defaults to
-	// DefaultGossipPort). Run retries until one answers.
+	// Join lists members to join (host:port). Run retries until one answers, or
+	// until JoinTimeout.
 	Join []string
+	// JoinTimeout, when above zero, makes Run give up joining after it and return
+	// why no member answered (no agent at an address, another key, another run);
+	// zero retries until Run's context ends (agents: a rank may start first).
+	JoinTimeout time.Duration
 	// SecretKey encrypts and authenticates all gossip and messages (16, 24 or 32
 	// bytes). A member without it, or of another run, is not admitted.
 	SecretKey []byte
@@ -85,8 +90,34 @@ type Config struct {
 	// CollectTimeout bounds the wait for the ranks' snapshots after the window
 	// should have ended; ranks that have not reported by then are merged as missing.
 	CollectTimeout time.Duration
-	// ClockInterval is how often a rank measures its clock against the leader's.
+	// ClockInterval is how often a rank measures its clock against the leader's
+	// (besides right after joining and whenever the leader changes).
 	ClockInterval time.Duration
+	// PostmortemDeadline bounds how long an OOM or crash post-mortem waits for the
+	// ranks' snapshots (a job being torn down is killed soon after it is stopped).
+	PostmortemDeadline time.Duration
+	// MaxWindowWait bounds how long any window may take from its plan to the last
+	// rank's snapshot, however its ranks report progress: past it, the ranks not
+	// in are merged as missing. A window's own deadline is shorter when the ranks'
+	// step times are known (see windowDeadline).
+	MaxWindowWait time.Duration
+	// MaxBatchSpread is how far (in batches) a rank's batch may be from the median
+	// rank's before the leader leaves it out of a plan as implausible (a trainer
+	// reporting batch 10^9 must not make a window no healthy rank reaches).
+	MaxBatchSpread int64
+	// PublishTimeout bounds how long the leader retries a window's merge and
+	// publication through store failures before it tells the members waiting that
+	// the window failed for now; the window stays unfinished in the run's log and
+	// a later sweep (or leader) publishes it.
+	PublishTimeout time.Duration
+	// SweepInterval is how often an idle leader looks in the run's log for windows
+	// planned but never finished (by an earlier leader, or an earlier launch of
+	// the job) and finishes them.
+	SweepInterval time.Duration
+	// RejoinInterval is the first wait before a rank that sees fewer members than
+	// its world size tries its join addresses (and every rank it ever saw) again;
+	// it doubles up to 30 s while nothing changes.
+	RejoinInterval time.Duration
 	// OpenStore opens the store the ranks upload to (and the merged outputs go to).
 	OpenStore func(ctx context.Context) (store.Store, error)
 	// MergedName is the merged outputs' name template (run_name, window, batch,
@@ -134,6 +165,13 @@ func DefaultConfig(id rankagent.Identity) Config {
 		MergedName:      DefaultMergedName,
 		FullDetailRanks: 64,
 		Now:             time.Now,
+
+		PostmortemDeadline: 10 * time.Second,
+		MaxWindowWait:      30 * time.Minute,
+		MaxBatchSpread:     1000,
+		PublishTimeout:     10 * time.Minute,
+		SweepInterval:      time.Minute,
+		RejoinInterval:     2 * time.Second,
 	}
 }
 
@@ -161,6 +199,11 @@ func DefaultLocalConfig(id rankagent.Identity) Config {
 	c.AckTimeout = 5 * time.Second
 	c.CollectTimeout = 30 * time.Second
 	c.ClockInterval = 2 * time.Second
+	c.PostmortemDeadline = 5 * time.Second
+	c.MaxWindowWait = 2 * time.Minute
+	c.PublishTimeout = time.Minute
+	c.SweepInterval = 2 * time.Second
+	c.RejoinInterval = 200 * time.Millisecond
 	return c
 }
 
@@ -186,8 +229,13 @@ func (c *Config) validate() error {
 		return fmt.Errorf("coordinator: schedule %+v", c.Schedule)
 	case c.Schedule.Every > 0 && c.Schedule.Every < c.WindowBatches:
 		return fmt.Errorf("coordinator: a window every %d batches is shorter than the window (%d)", c.Schedule.Every, c.WindowBatches)
-	case c.LeadMargin < 0 || c.StatusTimeout <= 0 || c.JoinGrace < 0 || c.AckTimeout <= 0 || c.CollectTimeout <= 0 || c.ClockInterval <= 0:
+	case c.LeadMargin < 0 || c.StatusTimeout <= 0 || c.JoinGrace < 0 || c.AckTimeout <= 0 || c.CollectTimeout <= 0 || c.ClockInterval <= 0 ||
+		c.PostmortemDeadline <= 0 || c.MaxWindowWait <= 0 || c.PublishTimeout <= 0 || c.SweepInterval <= 0 || c.RejoinInterval <= 0:
 		return errors.New("coordinator: timeouts must be positive")
+	case c.MaxBatchSpread <= 0:
+		return fmt.Errorf("coordinator: batch spread %d", c.MaxBatchSpread)
+	case c.WindowBatches > MaxWindowBatches:
+		return fmt.Errorf("coordinator: window of %d batches (at most %d)", c.WindowBatches, MaxWindowBatches)
 	case !c.Client && c.OpenStore == nil:
 		return errors.New("coordinator: no store")
 	case c.Now == nil:
@@ -199,6 +247,9 @@ func (c *Config) validate() error {
 	t, err := naming.Parse(c.MergedName)
 	if err != nil {
 		return fmt.Errorf("coordinator: merged name: %w", err)
+	}
+	if !slices.Contains(t.Names(), "window") {
+		return fmt.Errorf("coordinator: merged name %q does not name {window}: every window of a run needs names of its own", c.MergedName)
 	}
 	for _, n := range t.Names() {
 		switch n {
@@ -212,6 +263,9 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// MaxWindowBatches is the longest window a member may ask for.
+const MaxWindowBatches = 1 << 20
 
 // maxRunName keeps a member's metadata inside memberlist's 512 bytes.
 const maxRunName = 160

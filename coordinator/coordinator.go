@@ -16,13 +16,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
-// ErrStopped is returned by calls on a coordinator that has shut down.
+// ErrStopped is returned by calls on a coordinator that has shut down, and by a
+// Run after Shutdown.
 var ErrStopped = errors.New("coordinator: stopped")
 
 // Recorder is what the coordinator needs of the rank's agent (rankagent.Agent).
@@ -42,6 +42,16 @@ type member struct {
 	meta *pb.NodeMeta
 }
 
+// life is where a Coordinator stands: New makes it, Run runs it once, Shutdown
+// stops it for good (serf's alive/leaving/left/shutdown, in small).
+type life int
+
+const (
+	lifeNew life = iota
+	lifeRunning
+	lifeStopped
+)
+
 // Coordinator is one member of the cluster.
 type Coordinator struct {
 	cfg   Config
@@ -50,6 +60,8 @@ type Coordinator struct {
 	name  string
 	inbox chan []byte
 	bc    *memberlist.TransmitLimitedQueue
+	out   *outbox   // replies and reports, sent by workers off the dispatcher
+	rep   *reporter // rank reports written into the run's log
 
 	metaMu sync.Mutex // held while gossiping new metadata
 	lifeMu sync.Mutex // held by Leave and by Shutdown's call into memberlist
@@ -62,31 +74,40 @@ type Coordinator struct {
 	// takes mu) while it holds its node lock, so nothing may call into
 	// memberlist while holding mu.
 	mu         sync.Mutex
+	state      life
 	ml         *memberlist.Memberlist
 	addr       string // the gossip address, host:port
 	members    map[string]*member
+	seenAddrs  map[string]string // every rank member ever seen: name -> address, to rejoin after a split
 	leaderName string
 	lead       *leaderRun // this member's leader loop, while it leads
-	lastWindow uint64
+	lastWindow uint64     // the newest window id seen
+	term       uint64     // the newest leadership term seen
+	metaSent   metaKey    // what the gossiped metadata last said
 	offset     clockState
-	waiting    map[uint64]chan *pb.Envelope // replies a request waits for, by seq
-	seq        uint64
-	last       lastWindow     // the rank's latest window, for status answers
-	oom        *pb.RankResult // this rank's latest OOM snapshot, once stored
-	oomWindow  uint64         // the post-mortem waiting for it, with its leader
-	oomLeader  string
+	waiting    map[uint64]*waiter // replies a request waits for, by its random seq
+	last       lastWindow         // the rank's latest window, for status answers
+	inc        *incident          // this rank's trainer's latest OOM or crash
 	dropped    int
+	refused    refusals
 	changed    chan struct{}      // membership changed
+	termBump   chan struct{}      // a newer term was seen
+	leaderSig  chan struct{}      // the leader changed (for the clock loop)
 	joined     bool               // joined the cluster (or had no one to join)
 	stopRun    context.CancelFunc // ends Run's context, for Shutdown
-	stopped    bool
 	wg         sync.WaitGroup
+}
+
+// metaKey is what the metadata says that others read; it is gossiped only when it changes.
+type metaKey struct {
+	window, term uint64
+	gpu          string
 }
 
 // lastWindow is what a rank knows of its latest window.
 type lastWindow struct {
 	w      rankagent.Window
-	state  string
+	state  pb.Step
 	result *pb.RankResult
 	leader string
 }
@@ -106,8 +127,9 @@ func New(cfg Config, rec Recorder) (*Coordinator, error) {
 	if !cfg.Client && rec == nil {
 		return nil, errors.New("coordinator: a rank needs its recorder")
 	}
-	c := &Coordinator{cfg: cfg, rec: rec, inbox: make(chan []byte, 4096), members: map[string]*member{},
-		waiting: map[uint64]chan *pb.Envelope{}, changed: make(chan struct{}, 1)}
+	c := &Coordinator{cfg: cfg, rec: rec, inbox: make(chan []byte, 4096), members: map[string]*member{}, seenAddrs: map[string]string{},
+		waiting: map[uint64]*waiter{}, changed: make(chan struct{}, 1), termBump: make(chan struct{}, 1),
+		leaderSig: make(chan struct{}, 1)}
 	if cfg.Client {
 		var b [4]byte
 		rand.Read(b[:])
@@ -118,6 +140,8 @@ func New(cfg Config, rec Recorder) (*Coordinator, error) {
 		c.log = cfg.Logger.With("rank", cfg.Identity.Rank)
 	}
 	c.bc = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return max(1, c.numMembers()) }, RetransmitMult: 3}
+	c.out = newOutbox(c)
+	c.rep = newReporter(c)
 	return c, nil
 }
 
@@ -138,23 +162,33 @@ func (c *Coordinator) Name() string { return c.name }
 
 // Run starts the member, joins the cluster (retrying until a member answers or ctx
 // ends), and serves until ctx ends; then it leaves and shuts down, waits for every
-// goroutine it started, and returns nil.
+// goroutine it started, and returns nil. A Coordinator runs once: a second Run is
+// refused, and a Run after Shutdown returns ErrStopped.
 func (c *Coordinator) Run(ctx context.Context) error {
-	if err := c.start(); err != nil {
-		return err
+	c.mu.Lock()
+	switch c.state {
+	case lifeStopped:
+		c.mu.Unlock()
+		return ErrStopped
+	case lifeRunning:
+		c.mu.Unlock()
+		return errors.New("coordinator: Run called twice")
 	}
+	c.state = lifeRunning
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c.mu.Lock()
 	c.stopRun = cancel
 	c.mu.Unlock()
 	defer c.Shutdown()
-	c.wg.Add(2)
-	go func() { defer c.wg.Done(); c.dispatch(ctx) }()
-	go func() { defer c.wg.Done(); c.watchLeader(ctx) }()
+	if err := c.start(); err != nil {
+		return err
+	}
+	c.spawn(func() { c.dispatch(ctx) })
+	c.spawn(func() { c.watchLeader(ctx) })
+	c.out.start(ctx)
 	if !c.cfg.Client {
-		c.wg.Add(1)
-		go func() { defer c.wg.Done(); c.clockLoop(ctx) }()
+		c.spawn(func() { c.clockLoop(ctx) })
+		c.spawn(func() { c.rep.run(ctx) })
 	}
 	if err := c.join(ctx); err != nil && ctx.Err() == nil {
 		return err
@@ -163,12 +197,21 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.joined = true
 	c.mu.Unlock()
 	c.memberChanged(nil, false)
+	if !c.cfg.Client {
+		c.spawn(func() { c.rejoinLoop(ctx) })
+	}
 	<-ctx.Done()
 	c.Leave(2 * time.Second)
 	return nil
 }
 
-// start creates the memberlist.
+// spawn starts f as a goroutine Shutdown waits for.
+func (c *Coordinator) spawn(f func()) {
+	c.wg.Add(1)
+	go func() { defer c.wg.Done(); f() }()
+}
+
+// start creates the memberlist, unless the member was shut down meanwhile.
 func (c *Coordinator) start() error {
 	ml := *c.cfg.Memberlist
 	ml.Name = c.name
@@ -179,12 +222,20 @@ func (c *Coordinator) start() error {
 	ml.Label = LabelFor(c.cfg.Identity.RunName)
 	ml.SecretKey = c.cfg.SecretKey
 	ml.LogOutput = nil
-	ml.Logger = slog.NewLogLogger(c.log.With("from", "memberlist").Handler(), slog.LevelDebug)
+	ml.Logger = newMemberlistLogger(c.log)
 	if len(c.cfg.SecretKey) == 0 {
 		c.log.Warn("gossip is NOT encrypted or authenticated (--insecure): anyone who reaches the gossip port can join and send windows")
 	}
+	if ml.Transport == nil {
+		t, err := netTransport(&ml, c.log)
+		if err != nil {
+			return err
+		}
+		ml.Transport = t
+	}
 	m, err := memberlist.Create(&ml)
 	if err != nil {
+		ml.Transport.Shutdown()
 		return fmt.Errorf("coordinator: starting gossip on %s:%d: %w", ml.BindAddr, ml.BindPort, err)
 	}
 	// LocalNode returns memberlist's own record, which it rewrites (under its lock)
@@ -193,6 +244,11 @@ func (c *Coordinator) start() error {
 	n := m.LocalNode()
 	addr := net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 	c.mu.Lock()
+	if c.state == lifeStopped {
+		c.mu.Unlock()
+		m.Shutdown()
+		return ErrStopped
+	}
 	c.ml, c.addr = m, addr
 	c.mu.Unlock()
 	c.log.Info("gossip started", "name", c.name, "addr", addr, "encrypted", len(c.cfg.SecretKey) > 0)
@@ -206,30 +262,10 @@ func (c *Coordinator) Addr() string {
 	return c.addr
 }
 
-func (c *Coordinator) join(ctx context.Context) error {
-	if len(c.cfg.Join) == 0 {
-		return nil
-	}
-	wait := 200 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		c.mu.Lock()
-		m := c.ml
-		c.mu.Unlock()
-		n, err := m.Join(c.cfg.Join)
-		if n > 0 {
-			c.log.Info("joined the cluster", "via", c.cfg.Join, "members", m.NumMembers())
-			return nil
-		}
-		if attempt == 1 || attempt%10 == 0 {
-			c.log.Info("no member answered yet; retrying", "join", c.cfg.Join, "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-		wait = min(wait*2, 5*time.Second)
-	}
+func (c *Coordinator) memberlist() *memberlist.Memberlist {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ml
 }
 
 // Leave announces that this member leaves; Shutdown stops it.
@@ -237,25 +273,26 @@ func (c *Coordinator) Leave(timeout time.Duration) error {
 	c.lifeMu.Lock() // memberlist panics on a Leave after its Shutdown
 	defer c.lifeMu.Unlock()
 	c.mu.Lock()
-	m, stopped := c.ml, c.stopped
+	m, stopped := c.ml, c.state == lifeStopped
 	c.mu.Unlock()
-	if m == nil {
-		return nil
-	}
 	if stopped {
 		return ErrStopped
+	}
+	if m == nil {
+		return nil
 	}
 	return m.Leave(timeout)
 }
 
-// Shutdown stops gossip and every goroutine the member started; it is idempotent.
+// Shutdown stops gossip and every goroutine the member started; it is idempotent,
+// and a member shut down never runs again.
 func (c *Coordinator) Shutdown() error {
 	c.mu.Lock()
-	if c.stopped {
+	if c.state == lifeStopped {
 		c.mu.Unlock()
 		return nil
 	}
-	c.stopped = true
+	c.state = lifeStopped
 	m := c.ml
 	lead := c.lead
 	c.lead = nil
@@ -275,6 +312,12 @@ func (c *Coordinator) Shutdown() error {
 	}
 	c.wg.Wait()
 	return err
+}
+
+func (c *Coordinator) stopped() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state == lifeStopped
 }
 
 // Members returns the live members' metadata, ranks first in order, then clients.
@@ -310,8 +353,9 @@ func (c *Coordinator) Leader() (int, bool) {
 func (c *Coordinator) Busy() bool {
 	c.mu.Lock()
 	l := c.lead
+	n := len(c.inbox)
 	c.mu.Unlock()
-	return l != nil && l.busy()
+	return n > 0 || (l != nil && l.busy())
 }
 
 // IsLeader reports whether this member leads.
@@ -319,6 +363,13 @@ func (c *Coordinator) IsLeader() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.leaderName == c.name
+}
+
+// Term is the newest leadership term this member has seen.
+func (c *Coordinator) Term() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.term
 }
 
 // ClockOffset returns this host's clock minus the leader's and the round trip it
@@ -334,30 +385,27 @@ func (c *Coordinator) ClockOffset() (offset, rtt time.Duration, ok bool) {
 func (c *Coordinator) meta() *pb.NodeMeta {
 	id := c.cfg.Identity
 	h, _ := os.Hostname()
+	if len(h) > 64 {
+		h = h[:64]
+	}
 	m := &pb.NodeMeta{Version: 1, Run: id.RunName, Rank: c.rank(), LocalRank: int32(id.LocalRank), NodeRank: int32(id.NodeRank),
 		WorldSize: int32(id.WorldSize), Hostname: h}
-	c.mu.Lock()
-	m.LastWindow = c.lastWindow
-	c.mu.Unlock()
-	m.Batch = -1
-	if c.rec != nil {
-		b, step := c.rec.Progress()
-		m.Batch, m.StepUs = b, step.Microseconds()
-		if g, ok := c.rec.(interface{ DeviceUUID() string }); ok {
-			m.GpuUuid = g.DeviceUUID()
-			if len(m.GpuUuid) > 64 {
-				m.GpuUuid = m.GpuUuid[:64]
-			}
+	if g, ok := c.rec.(interface{ DeviceUUID() string }); ok && c.rec != nil {
+		m.GpuUuid = g.DeviceUUID()
+		if len(m.GpuUuid) > 64 {
+			m.GpuUuid = m.GpuUuid[:64]
 		}
 	}
-	if len(h) > 64 {
-		m.Hostname = h[:64]
-	}
+	c.mu.Lock()
+	m.LastWindow, m.Term = c.lastWindow, c.term
+	c.metaSent = metaKey{window: m.LastWindow, term: m.Term, gpu: m.GpuUuid}
+	c.mu.Unlock()
 	return m
 }
 
 // memberChanged records a member's arrival, update or departure.
 func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
+	bump := false
 	c.mu.Lock()
 	if n == nil {
 		// nothing changed but whether this member may lead
@@ -367,6 +415,12 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 		nn := *n
 		c.members[n.Name] = &member{node: &nn, meta: meta}
 		c.lastWindow = max(c.lastWindow, meta.LastWindow)
+		if meta.Term > c.term {
+			c.term, bump = meta.Term, true
+		}
+		if meta.Rank >= 0 && len(c.seenAddrs) < maxSeenAddrs {
+			c.seenAddrs[n.Name] = nn.Address()
+		}
 	}
 	c.nmembers.Store(int64(len(c.members)))
 	c.mu.Unlock()
@@ -374,6 +428,36 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 	case c.changed <- struct{}{}:
 	default:
 	}
+	if bump {
+		c.termBumped()
+	}
+}
+
+// maxSeenAddrs bounds the addresses remembered for rejoining.
+const maxSeenAddrs = 1 << 16
+
+// noteTerm records a term seen in a message; it reports whether it was newer.
+func (c *Coordinator) noteTerm(t uint64) bool {
+	c.mu.Lock()
+	newer := t > c.term
+	if newer {
+		c.term = t
+	}
+	c.mu.Unlock()
+	if newer {
+		c.termBumped()
+	}
+	return newer
+}
+
+// termBumped wakes the leader loop (a leader with an older term renews it) and
+// gossips the new term.
+func (c *Coordinator) termBumped() {
+	select {
+	case c.termBump <- struct{}{}:
+	default:
+	}
+	c.updateMeta()
 }
 
 // electLocked picks the lowest alive rank; a member that has not joined yet knows
@@ -408,14 +492,19 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 			if c.lead != nil && now != c.name {
 				stop, c.lead = c.lead, nil
 			}
-			if now == c.name && c.lead == nil && !c.stopped && !c.cfg.Client {
+			if now == c.name && c.lead == nil && c.state != lifeStopped && !c.cfg.Client {
 				start = true
 			}
 		}
 		c.mu.Unlock()
 		if now != prev {
+			select {
+			case c.leaderSig <- struct{}{}:
+			default:
+			}
+			c.reaskPostmortem()
 			if m := c.memberMeta(now); m != nil {
-				c.log.Info("leader", "rank", m.Rank, "me", now == c.name)
+				c.log.Info("leader", "leader_rank", m.Rank, "me", now == c.name)
 			} else {
 				c.log.Info("no leader: no rank is alive")
 			}
@@ -426,7 +515,7 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 		if start {
 			l := newLeader(c)
 			c.mu.Lock()
-			if c.stopped || c.leaderName != c.name {
+			if c.state == lifeStopped || c.leaderName != c.name {
 				c.mu.Unlock()
 			} else {
 				// started under mu, so Shutdown never finds a leader half started
@@ -439,6 +528,13 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-c.changed:
+		case <-c.termBump:
+			c.mu.Lock()
+			l := c.lead
+			c.mu.Unlock()
+			if l != nil {
+				l.wake()
+			}
 		}
 	}
 }
@@ -474,466 +570,38 @@ func (c *Coordinator) node(name string) *memberlist.Node {
 	return nil
 }
 
-// --- messages -----------------------------------------------------------------
-
-func (c *Coordinator) envelope(window uint64) *pb.Envelope {
-	return &pb.Envelope{SenderRank: c.rank(), WindowId: window, Sender: c.name}
+// isRankMember reports whether env comes, by its own account, from a rank that is
+// a member: its name is its rank's.
+func (c *Coordinator) isRankMember(env *pb.Envelope) bool {
+	if env.SenderRank < 0 || env.Sender != NodeName(c.cfg.Identity.RunName, int(env.SenderRank)) {
+		return false
+	}
+	return c.node(env.Sender) != nil || env.Sender == c.name
 }
 
-// send sends env to the member named to: over TCP when reliable (it arrives or
-// the error says so), else as one UDP packet.
-func (c *Coordinator) send(to string, env *pb.Envelope, reliable bool) error {
-	if to == c.name {
-		c.handleLocal(env)
-		return nil
-	}
-	n := c.node(to)
-	if n == nil {
-		return fmt.Errorf("coordinator: %s is not a member", to)
-	}
-	b, err := proto.Marshal(env)
-	if err != nil {
-		return err
-	}
-	c.mu.Lock()
-	m := c.ml
-	c.mu.Unlock()
-	if m == nil {
-		return ErrStopped
-	}
-	if reliable || len(b) > 1200 {
-		return m.SendReliable(n, b)
-	}
-	return m.SendBestEffort(n, b)
-}
-
-// request sends env and waits for the reply carrying its seq, until ctx ends.
-func (c *Coordinator) request(ctx context.Context, to string, env *pb.Envelope, reliable bool) (*pb.Envelope, error) {
-	ch, seq := c.expect(1)
-	defer c.forget(seq)
-	env.Seq = seq
-	if err := c.send(to, env, reliable); err != nil {
-		return nil, err
-	}
-	select {
-	case r := <-ch:
-		return r, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// expect registers a wait for replies to a new seq.
-func (c *Coordinator) expect(buf int) (chan *pb.Envelope, uint64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.seq++
-	ch := make(chan *pb.Envelope, buf)
-	c.waiting[c.seq] = ch
-	return ch, c.seq
-}
-
-func (c *Coordinator) forget(seq uint64) {
-	c.mu.Lock()
-	delete(c.waiting, seq)
-	c.mu.Unlock()
-}
-
-// reply answers req with env.
-func (c *Coordinator) reply(req *pb.Envelope, env *pb.Envelope, reliable bool) {
-	env.Seq = req.Seq
-	if err := c.send(req.Sender, env, reliable); err != nil {
-		c.log.Debug("could not reply", "to", req.Sender, "err", err)
-	}
-}
-
-// enqueue hands a message to the dispatcher; it never blocks (memberlist's
-// receive loop calls it).
-func (c *Coordinator) enqueue(b []byte) {
-	cp := append([]byte(nil), b...)
-	select {
-	case c.inbox <- cp:
-	default:
-		c.mu.Lock()
-		c.dropped++
-		d := c.dropped
-		c.mu.Unlock()
-		if d == 1 || d%1000 == 0 {
-			c.log.Warn("dropping cluster messages: the dispatcher is behind", "dropped", d)
-		}
-	}
-}
-
-// dispatch handles queued messages one at a time.
-func (c *Coordinator) dispatch(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case b := <-c.inbox:
-			env, err := decodeEnvelope(b)
-			if err != nil {
-				c.log.Warn("dropped a malformed cluster message", "err", err, "bytes", len(b))
-				continue
-			}
-			c.handle(ctx, env)
-		}
-	}
-}
-
-// isReply reports whether env answers a request (and goes to whoever waits for its
-// seq) rather than asking something itself.
-func isReply(env *pb.Envelope) bool {
-	switch env.Body.(type) {
-	case *pb.Envelope_Status, *pb.Envelope_Ack, *pb.Envelope_ClockReply, *pb.Envelope_Progress, *pb.Envelope_WindowResult:
-		return true
-	}
-	return false
-}
-
-func (c *Coordinator) handle(ctx context.Context, env *pb.Envelope) {
-	// a reply somebody waits for
-	if env.Seq != 0 {
-		c.mu.Lock()
-		ch := c.waiting[env.Seq]
-		c.mu.Unlock()
-		if ch != nil && isReply(env) {
-			select {
-			case ch <- env:
-			default:
-			}
-			return
-		}
-	}
-	switch b := env.Body.(type) {
-	case *pb.Envelope_StatusRequest:
-		c.answerStatus(env)
-	case *pb.Envelope_Plan:
-		c.onPlan(env, b.Plan)
-	case *pb.Envelope_Cancel:
-		c.onCancel(env, b.Cancel)
-	case *pb.Envelope_Dump:
-		c.onDump(env, b.Dump)
-	case *pb.Envelope_ClockProbe:
-		c.reply(env, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, Body: &pb.Envelope_ClockReply{ClockReply: &pb.ClockReply{T0Us: b.ClockProbe.T0Us, TUs: c.cfg.Now().UnixMicro()}}}, false)
-	case *pb.Envelope_Ack, *pb.Envelope_Progress, *pb.Envelope_Result, *pb.Envelope_Request, *pb.Envelope_WindowResult:
-		c.mu.Lock()
-		l := c.lead
-		c.mu.Unlock()
-		if l != nil {
-			l.deliver(env)
-			return
-		}
-		if r, ok := env.Body.(*pb.Envelope_Request); ok && env.Seq != 0 {
-			// asked of a member that does not lead: say who does
-			c.mu.Lock()
-			leader := c.leaderName
-			c.mu.Unlock()
-			c.reply(env, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, Body: &pb.Envelope_Ack{Ack: &pb.Ack{Code: "not_leader", Message: leader}}}, true)
-			_ = r
-		}
-	}
-}
-
-// --- the rank's side --------------------------------------------------------------
-
-func (c *Coordinator) answerStatus(req *pb.Envelope) {
-	st := &pb.Status{Batch: -1, TimeUs: c.cfg.Now().UnixMicro()}
-	if c.rec != nil {
-		b, step := c.rec.Progress()
-		st.Batch, st.StepUs, st.Trainer = b, step.Microseconds(), b >= 0
-	}
-	c.mu.Lock()
-	l := c.last
-	st.Seen = c.lastWindow
-	c.mu.Unlock()
-	if l.w.ID != 0 {
-		st.Window, st.Start, st.Stop, st.State, st.Result = l.w.ID, l.w.Start, l.w.Stop, l.state, l.result
-	}
-	c.reply(req, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, WindowId: st.Window, Body: &pb.Envelope_Status{Status: st}}, true)
-}
-
-func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
-	if c.rec == nil || env.WindowId == 0 {
-		return
-	}
-	w := rankagent.Window{ID: env.WindowId, Start: p.Start, Stop: p.Stop}
-	batch, _ := c.rec.Progress()
-	ack := &pb.Ack{Ok: true, Batch: batch}
-	err := c.rec.Arm(w)
-	if errors.Is(err, rankagent.ErrStale) {
-		c.mu.Lock()
-		again := c.last.w == w
-		c.mu.Unlock()
-		if again {
-			// the plan comes directly and through gossip: a copy that arrives after
-			// the window ended here is the window this rank took, not a stale one
-			err = nil
-		}
-	}
-	switch {
-	case err == nil:
-		c.mu.Lock()
-		if c.last.w.ID != w.ID {
-			c.last = lastWindow{w: w, state: string(rankagent.WindowQueued), leader: env.Sender}
-		}
-		// the window id is not gossiped from here: a metadata update by every rank
-		// for every window costs the cluster O(n^2) messages (at 1,024 ranks, a
-		// million packets a window); a new leader learns the newest id from the
-		// leader's metadata, its own plans and the ranks' status answers
-		bump := w.ID > c.lastWindow
-		c.lastWindow = max(c.lastWindow, w.ID)
-		c.mu.Unlock()
-		if bump {
-			c.log.Info("window planned", "window", w.ID, "start", w.Start, "stop", w.Stop, "batch", batch, "reason", p.Reason)
-		}
-	case errors.Is(err, rankagent.ErrPassed):
-		ack.Ok, ack.Code, ack.Message = false, "passed", err.Error()
-	case errors.Is(err, rankagent.ErrBusy):
-		ack.Ok, ack.Code, ack.Message = false, "busy", err.Error()
-	case errors.Is(err, rankagent.ErrStale):
-		ack.Ok, ack.Code, ack.Message = false, "stale", err.Error()
-	default:
-		ack.Ok, ack.Code, ack.Message = false, "error", err.Error()
-	}
-	if !ack.Ok {
-		c.log.Warn("window refused", "window", w.ID, "code", ack.Code, "err", err)
-	}
-	c.reply(env, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, WindowId: w.ID, Body: &pb.Envelope_Ack{Ack: ack}}, true)
-}
-
-func (c *Coordinator) onCancel(env *pb.Envelope, x *pb.Cancel) {
-	if c.rec == nil {
-		return
-	}
-	c.rec.Cancel(env.WindowId, x.Reason)
-	c.mu.Lock()
-	if c.last.w.ID == env.WindowId && !terminal(c.last.state) {
-		c.last.state = string(rankagent.WindowCancelled)
-	}
-	c.lastWindow = max(c.lastWindow, env.WindowId)
-	c.mu.Unlock()
-}
-
-// onDump answers a post-mortem: this rank's snapshot now, or, for the rank whose
-// OOM it is, the snapshot its trainer took at the OOM.
-func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
-	if c.rec == nil || env.WindowId == 0 {
-		return
-	}
-	ack := &pb.Ack{Ok: true}
-	w := rankagent.Window{ID: env.WindowId}
-	c.mu.Lock()
-	dup := c.last.w.ID == w.ID
-	if !dup {
-		c.last = lastWindow{w: w, state: string(rankagent.WindowQueued), leader: env.Sender}
-		c.lastWindow = max(c.lastWindow, w.ID)
-	}
-	mine := d.OomRank == c.rank()
-	var have *pb.RankResult
-	if mine && !dup {
-		if c.oom != nil {
-			have = proto.Clone(c.oom).(*pb.RankResult)
-			c.last.result, c.last.state = have, string(rankagent.WindowUploaded)
-		} else {
-			c.oomWindow, c.oomLeader = w.ID, env.Sender
-		}
-	}
-	c.mu.Unlock()
-	if !mine && !dup {
-		if err := c.rec.Dump(w.ID); err != nil {
-			ack.Ok, ack.Code, ack.Message = false, "error", err.Error()
-		}
-	}
-	c.reply(env, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, WindowId: w.ID, Body: &pb.Envelope_Ack{Ack: ack}}, true)
-	if have != nil {
-		res := c.envelope(w.ID)
-		res.Body = &pb.Envelope_Result{Result: have}
-		c.send(env.Sender, res, true)
-	}
-}
-
-func terminal(state string) bool {
-	switch rankagent.WindowState(state) {
-	case rankagent.WindowUploaded, rankagent.WindowMissed, rankagent.WindowFailed, rankagent.WindowCancelled:
-		return true
-	}
-	return false
-}
-
-// updateMeta gossips this member's new metadata (its newest window).
+// updateMeta gossips this member's metadata when what others read of it changed
+// (its newest window, its term, its GPU): a metadata update is a broadcast to
+// every member, so it is never sent for nothing.
 func (c *Coordinator) updateMeta() {
 	c.mu.Lock()
 	m := c.ml
+	want := metaKey{window: c.lastWindow, term: c.term, gpu: c.metaSent.gpu}
+	same := want == c.metaSent
+	stopped := c.state == lifeStopped
 	c.mu.Unlock()
-	if m != nil {
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
-			// memberlist's UpdateNode reads the local node's state unlocked while
-			// another call writes it: one at a time
-			c.metaMu.Lock()
-			defer c.metaMu.Unlock()
-			m.UpdateNode(time.Second)
-		}()
+	if g, ok := c.rec.(interface{ DeviceUUID() string }); ok && c.rec != nil {
+		if u := g.DeviceUUID(); u != want.gpu && len(u) <= 64 {
+			same = false
+		}
 	}
-}
-
-// Observe takes the agent's window events (rankagent.Config.OnWindow) and tells the
-// leader: every step as progress, and the stored snapshot as the rank's result.
-func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
-	if ev.Window.ID == 0 {
-		c.observeOOM(ev)
+	if m == nil || same || stopped {
 		return
 	}
-	c.mu.Lock()
-	if c.last.w.ID == ev.Window.ID || ev.Window.ID > c.last.w.ID {
-		if c.last.w.ID != ev.Window.ID {
-			c.last = lastWindow{w: ev.Window}
-		}
-		c.last.state = string(ev.State)
-		if ev.Upload != nil {
-			c.last.result = resultOf(ev.Upload)
-		}
-	}
-	l := c.last
-	leader := c.leaderName
-	c.mu.Unlock()
-	if leader == "" {
-		return
-	}
-	env := c.envelope(ev.Window.ID)
-	if ev.Upload != nil {
-		env.Body = &pb.Envelope_Result{Result: l.result}
-	} else {
-		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: string(ev.State), Batch: ev.Batch, Reason: ev.Reason, Rank: c.rank()}}
-	}
-	reliable := ev.Upload != nil || terminal(string(ev.State)) || ev.State == rankagent.WindowPartial
-	if leader == c.name {
-		c.handleLocal(env)
-		return
-	}
-	if err := c.send(leader, env, reliable); err != nil {
-		c.log.Warn("could not tell the leader", "state", ev.State, "err", err)
-	}
-}
-
-// observeOOM tells the leader that this rank's trainer hit an OOM (so it can ask
-// every rank for a post-mortem), and hands the OOM snapshot to the post-mortem
-// once it is stored.
-func (c *Coordinator) observeOOM(ev rankagent.WindowEvent) {
-	c.mu.Lock()
-	leader := c.leaderName
-	var send *pb.Envelope
-	to := ""
-	switch {
-	case ev.State == rankagent.WindowOOM:
-		c.oom = nil
-	case ev.Upload != nil && ev.Upload.Reason == "oom" && ev.Upload.Err == nil:
-		c.oom = resultOf(ev.Upload)
-		if c.oomWindow != 0 {
-			r := proto.Clone(c.oom).(*pb.RankResult)
-			if c.last.w.ID == c.oomWindow {
-				c.last.result, c.last.state = r, string(rankagent.WindowUploaded)
-			}
-			send, to = c.envelope(c.oomWindow), c.oomLeader
-			send.Body = &pb.Envelope_Result{Result: r}
-			c.oomWindow = 0
-		}
-	}
-	c.mu.Unlock()
-	if send != nil {
-		if err := c.send(to, send, true); err != nil {
-			c.log.Warn("could not hand the OOM snapshot to the post-mortem", "err", err)
-		}
-		return
-	}
-	if ev.State == rankagent.WindowOOM && leader != "" {
-		c.log.Warn("the trainer hit an OOM; asking the leader for a post-mortem of every rank", "batch", ev.Batch)
-		env := c.envelope(0)
-		env.Body = &pb.Envelope_Request{Request: &pb.SnapshotRequest{Reason: "oom", OomRank: c.rank()}}
-		if err := c.send(leader, env, true); err != nil {
-			c.log.Warn("could not tell the leader of the OOM", "err", err)
-		}
-	}
-}
-
-// handleLocal delivers a message this member sends to itself.
-func (c *Coordinator) handleLocal(env *pb.Envelope) {
-	b, err := proto.Marshal(env)
-	if err == nil {
-		c.enqueue(b)
-	}
-}
-
-func resultOf(u *rankagent.UploadResult) *pb.RankResult {
-	r := &pb.RankResult{Key: u.Key, MetaKey: u.MetaKey, AnalysisKey: u.AnalysisKey, Size: u.Size, Sha256: u.SHA256, Events: int64(u.Events),
-		Partial: u.Partial, Start: u.Window.Start, Stop: u.Window.Stop, Reason: u.Reason}
-	if u.Err != nil {
-		r.Error = u.Err.Error()
-	}
-	return r
-}
-
-// --- clocks -------------------------------------------------------------------
-
-// clockLoop measures this host's clock against the leader's every ClockInterval:
-// a few probes, keeping the one with the shortest round trip.
-func (c *Coordinator) clockLoop(ctx context.Context) {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		c.measureClock(ctx)
-		c.updateMeta() // the trainer's batch and step time, for members that look
-		t.Reset(c.cfg.ClockInterval)
-	}
-}
-
-func (c *Coordinator) measureClock(ctx context.Context) {
-	c.mu.Lock()
-	leader := c.leaderName
-	c.mu.Unlock()
-	if leader == "" {
-		return
-	}
-	if leader == c.name {
-		c.setOffset(0, 0)
-		return
-	}
-	best := time.Duration(-1)
-	var off time.Duration
-	for i := 0; i < 5; i++ {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		t0 := c.cfg.Now()
-		r, err := c.request(pctx, leader, &pb.Envelope{SenderRank: c.rank(), Sender: c.name, Body: &pb.Envelope_ClockProbe{ClockProbe: &pb.ClockProbe{T0Us: t0.UnixMicro()}}}, false)
-		t1 := c.cfg.Now()
-		cancel()
-		if err != nil || r.GetClockReply() == nil || r.GetClockReply().T0Us != t0.UnixMicro() {
-			continue
-		}
-		rtt := t1.Sub(t0)
-		if best < 0 || rtt < best {
-			mid := t0.Add(rtt / 2)
-			best = rtt
-			// this host's clock minus the leader's
-			off = mid.Sub(time.UnixMicro(r.GetClockReply().TUs))
-		}
-	}
-	if best >= 0 {
-		c.setOffset(off, best)
-	}
-}
-
-func (c *Coordinator) setOffset(off, rtt time.Duration) {
-	c.mu.Lock()
-	c.offset = clockState{offset: off, rtt: rtt, ok: true, at: time.Now()}
-	c.mu.Unlock()
-	if c.rec != nil {
-		c.rec.SetClockOffset(off, rtt)
-	}
+	c.spawn(func() {
+		// memberlist's UpdateNode reads the local node's state unlocked while
+		// another call writes it: one at a time
+		c.metaMu.Lock()
+		defer c.metaMu.Unlock()
+		m.UpdateNode(time.Second)
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/rankagent"
@@ -50,14 +51,14 @@ func TestRankDiesMidWindow(t *testing.T) {
 	c := tc.client()
 	var killed atomic.Bool
 	res, err := c.Snapshot(testutil.Context(t, time.Minute), 3, func(u Update) {
-		if u.Rank == 2 && u.State == "recording" && killed.CompareAndSwap(false, true) {
+		if u.Rank == 2 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
 			go tc.stops[2]()
 		}
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" || res.Missing[2] == "" {
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 1]" || res.Missing[2] == "" {
 		t.Fatalf("result %+v", res)
 	}
 	m := readManifest(t, res.Manifest)
@@ -75,14 +76,14 @@ func TestLeaderDiesMidWindow(t *testing.T) {
 	c := tc.client()
 	var killed atomic.Bool
 	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u Update) {
-		if u.Rank == 0 && u.State == "recording" && killed.CompareAndSwap(false, true) {
+		if u.Rank == 0 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
 			go tc.stops[0]()
 		}
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.State != "published" || fmt.Sprint(res.Ranks) != "[1 2]" || res.Missing[0] == "" {
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[1 2]" || res.Missing[0] == "" {
 		t.Fatalf("result %+v", res)
 	}
 	manifests, _ := filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "window*", "*.manifest.json"))
@@ -138,7 +139,7 @@ func TestRankPastTheStart(t *testing.T) {
 			var mu sync.Mutex
 			plans := 0
 			res, err := c.Snapshot(testutil.Context(t, time.Minute), 2, func(u Update) {
-				if u.Rank < 0 && u.State == "planned" {
+				if u.Rank < 0 && u.State == pb.Step_STEP_PLANNED {
 					mu.Lock()
 					plans++
 					mu.Unlock()
@@ -154,11 +155,11 @@ func TestRankPastTheStart(t *testing.T) {
 			}
 			switch times {
 			case 1:
-				if res.State != "published" || len(res.Ranks) != 3 {
+				if res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != 3 {
 					t.Fatalf("re-planned window: %+v", res)
 				}
 			case 2:
-				if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 2]" || !strings.Contains(res.Missing[1], "past the window's start") {
+				if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 2]" || !strings.Contains(res.Missing[1], "past the window's start") {
 					t.Fatalf("a rank past the start twice: %+v", res)
 				}
 			}
@@ -189,7 +190,7 @@ func TestClockSkew(t *testing.T) {
 	tc.holding()
 	c := tc.client()
 	res, err := c.Snapshot(testutil.Context(t, time.Minute), 2, nil, nil)
-	if err != nil || res.State != "published" {
+	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED {
 		t.Fatalf("%+v %v", res, err)
 	}
 	b, err := os.ReadFile(outputEnding(res.Outputs, ".summary.json"))
@@ -268,7 +269,7 @@ func TestOOMPostmortem(t *testing.T) {
 		m = readManifest(t, ms[0])
 		return true
 	})
-	if m.Reason != "post-mortem of rank 2's OOM" || fmt.Sprint(m.RanksMerged) != "[0 1 2]" || len(m.MissingRanks) != 0 {
+	if m.Reason != "OOM post-mortem: rank 2 failed first (out of memory)" || m.Kind != "oom" || fmt.Sprint(m.RanksMerged) != "[0 1 2]" || len(m.MissingRanks) != 0 {
 		t.Fatalf("manifest %+v", m)
 	}
 	for _, in := range m.Inputs {

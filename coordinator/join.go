@@ -1,12 +1,16 @@
 package coordinator
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // JoinEnv is the environment variable that lists members to join (comma-separated
@@ -31,7 +35,7 @@ func JoinAddrs(getenv func(string) string, basePort, localWorld int) ([]string, 
 		return out
 	}
 	if v := strings.TrimSpace(getenv(JoinEnv)); v != "" {
-		addrs, err := ParseJoin(v, basePort)
+		addrs, err := ParseJoin(v, basePort, localWorld)
 		return addrs, JoinEnv, err
 	}
 	if h := strings.TrimSpace(getenv("MASTER_ADDR")); h != "" {
@@ -56,9 +60,10 @@ func JoinAddrs(getenv func(string) string, basePort, localWorld int) ([]string, 
 	return nil, "", nil
 }
 
-// ParseJoin splits a comma-separated list of host or host:port, adding basePort
-// where no port is given.
-func ParseJoin(v string, basePort int) ([]string, error) {
+// ParseJoin splits a comma-separated list of host or host:port. A host without a
+// port means every local rank's port on it, basePort to basePort+localWorld-1, so
+// the cluster is joined through whichever of that host's agents lives.
+func ParseJoin(v string, basePort, localWorld int) ([]string, error) {
 	var out []string
 	for _, a := range strings.Split(v, ",") {
 		a = strings.TrimSpace(a)
@@ -69,7 +74,10 @@ func ParseJoin(v string, basePort int) ([]string, error) {
 			if strings.Count(a, ":") > 1 && !strings.HasPrefix(a, "[") { // a bare IPv6 address
 				a = "[" + a + "]"
 			}
-			a = net.JoinHostPort(strings.Trim(a, "[]"), strconv.Itoa(basePort))
+			for i := 0; i < max(localWorld, 1); i++ {
+				out = append(out, net.JoinHostPort(strings.Trim(a, "[]"), strconv.Itoa(basePort+i)))
+			}
+			continue
 		}
 		out = append(out, a)
 	}
@@ -186,4 +194,158 @@ func expandItem(item string, limit int) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// join joins the cluster through the join addresses (every one but this member's
+// own), retrying until a member other than this one answers or ctx ends. A member
+// with nothing to join (the first of the cluster) is joined at once.
+func (c *Coordinator) join(ctx context.Context) error {
+	targets := c.joinTargets(nil)
+	if len(targets) == 0 {
+		return nil
+	}
+	wait := 200 * time.Millisecond
+	var give <-chan time.Time
+	if c.cfg.JoinTimeout > 0 {
+		t := time.NewTimer(c.cfg.JoinTimeout)
+		defer t.Stop()
+		give = t.C
+	}
+	for attempt := 1; ; attempt++ {
+		m := c.memberlist()
+		if m == nil {
+			return ErrStopped
+		}
+		_, err := m.Join(targets)
+		if m.NumMembers() > 1 {
+			c.log.Info("joined the cluster", "via", targets, "members", m.NumMembers())
+			return nil
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			c.log.Info("no member answered yet; retrying", "join", targets, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-give:
+			return diagnoseJoin(targets, err, c.cfg.JoinTimeout)
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 5*time.Second)
+	}
+}
+
+// ErrJoin is wrapped by every join that gave up.
+var ErrJoin = errors.New("coordinator: could not join")
+
+// diagnoseJoin says why no member answered, from memberlist's last error.
+func diagnoseJoin(targets []string, err error, after time.Duration) error {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	low := strings.ToLower(msg)
+	var why string
+	switch {
+	case strings.Contains(low, "no such host") || strings.Contains(low, "lookup "):
+		why = "the join address does not resolve (a typo in the host name?)"
+	case strings.Contains(low, "connection refused"):
+		why = "nothing listens at the join address (is the agent running, and is the port its --gossip-port + local rank?)"
+	case strings.Contains(low, "i/o timeout") || strings.Contains(low, "no route") || strings.Contains(low, "deadline exceeded"):
+		why = "no answer at the join address (a firewall, or the wrong host?)"
+	case strings.Contains(low, "decrypt") || strings.Contains(low, "encrypt"):
+		why = "the agents there use another key (--key, --key-file or $MEMSNAP_KEY must be the agents' own)"
+	case strings.Contains(low, "eof") || strings.Contains(low, "reset by peer") || strings.Contains(low, "label"):
+		why = "the agents there refused this member: they belong to another run (check --run) or use another key"
+	default:
+		why = "no member answered"
+	}
+	return fmt.Errorf("%w through %s within %v: %s (last error: %v)", ErrJoin, strings.Join(targets, ", "), after, why, err)
+}
+
+// joinTargets are the join addresses (without this member's own and those of
+// members already here), and then extra.
+func (c *Coordinator) joinTargets(extra []string) []string {
+	c.mu.Lock()
+	self := c.addr
+	here := map[string]bool{self: true}
+	for _, m := range c.members {
+		here[m.node.Address()] = true
+	}
+	c.mu.Unlock()
+	var out []string
+	seen := map[string]bool{}
+	for _, a := range append(append([]string(nil), c.cfg.Join...), extra...) {
+		if here[a] || seen[a] || isSelf(a, self) {
+			continue
+		}
+		seen[a] = true
+		out = append(out, a)
+	}
+	return out
+}
+
+// isSelf reports whether addr names this member's own address (localhost and the
+// unspecified address included).
+func isSelf(addr, self string) bool {
+	h, p, err := net.SplitHostPort(addr)
+	sh, sp, err2 := net.SplitHostPort(self)
+	if err != nil || err2 != nil || p != sp {
+		return false
+	}
+	if h == sh {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return (h == "localhost" || (ip != nil && (ip.IsLoopback() || ip.IsUnspecified()))) && net.ParseIP(sh) != nil && net.ParseIP(sh).IsLoopback()
+}
+
+// rejoinLoop keeps a rank that sees fewer ranks than its world size trying to
+// join: its join addresses (a restarted agent that came up alone) and every rank
+// it has seen that is not a member now (the other side of a split). Two parts of
+// one run that reach each other become one cluster again: memberlist merges
+// their states on the join. The wait doubles up to 30 s while nothing changes.
+func (c *Coordinator) rejoinLoop(ctx context.Context) {
+	wait := c.cfg.RejoinInterval
+	for {
+		d := wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+		c.mu.Lock()
+		ranks := 0
+		var gone []string
+		for _, m := range c.members {
+			if m.meta.Rank >= 0 {
+				ranks++
+			}
+		}
+		for name, a := range c.seenAddrs {
+			if _, ok := c.members[name]; !ok && len(gone) < 64 {
+				gone = append(gone, a)
+			}
+		}
+		m := c.ml
+		c.mu.Unlock()
+		if ranks >= c.cfg.Identity.WorldSize || m == nil {
+			wait = c.cfg.RejoinInterval
+			continue
+		}
+		targets := c.joinTargets(gone)
+		if len(targets) == 0 {
+			wait = min(2*wait, 30*time.Second)
+			continue
+		}
+		before := m.NumMembers()
+		n, err := m.Join(targets)
+		if after := m.NumMembers(); after > before {
+			c.log.Info("rejoined members that were apart", "members", after, "was", before, "world_size", c.cfg.Identity.WorldSize)
+			wait = c.cfg.RejoinInterval
+			continue
+		}
+		c.log.Debug("rejoin found no one new", "tried", len(targets), "answered", n, "err", err)
+		wait = min(2*wait, 30*time.Second)
+	}
 }

@@ -55,7 +55,7 @@ func TestJoinAddrs(t *testing.T) {
 		{env("MASTER_ADDR", "10.0.0.5"), "10.0.0.5:7946 10.0.0.5:7947", "torchrun"},
 		{env("SLURM_JOB_NODELIST", "gpu[017-020]"), "gpu017:7946 gpu017:7947", "slurm"},
 		{env("OMPI_MCA_orte_hnp_uri", "1234.0;tcp://10.1.2.3,192.168.0.1:45678"), "10.1.2.3:7946 10.1.2.3:7947", "mpi"},
-		{env("MEMSNAP_JOIN", "svc.ns.svc.cluster.local, 10.0.0.9:8000", "MASTER_ADDR", "x"), "svc.ns.svc.cluster.local:7946 10.0.0.9:8000", "MEMSNAP_JOIN"},
+		{env("MEMSNAP_JOIN", "svc.ns.svc.cluster.local, 10.0.0.9:8000", "MASTER_ADDR", "x"), "svc.ns.svc.cluster.local:7946 svc.ns.svc.cluster.local:7947 10.0.0.9:8000", "MEMSNAP_JOIN"},
 		{env(), "", ""},
 	}
 	for _, c := range cases {
@@ -87,7 +87,7 @@ func TestParseKey(t *testing.T) {
 // and reads back.
 func TestMetaFits(t *testing.T) {
 	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: merge.MaxRanks - 1, LocalRank: merge.MaxRanks - 1, NodeRank: merge.MaxRanks - 1,
-		WorldSize: merge.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: maxWindowID, Hostname: strings.Repeat("h", 64), Batch: 1<<63 - 1, StepUs: 1<<63 - 1}
+		WorldSize: merge.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: maxWindowID, Hostname: strings.Repeat("h", 64), Term: maxWindowID}
 	b, err := proto.Marshal(m)
 	if err != nil || len(b) > maxMeta {
 		t.Fatalf("%d bytes (%v)", len(b), err)

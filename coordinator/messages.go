@@ -47,10 +47,8 @@ func decodeMeta(b []byte) (*pb.NodeMeta, error) {
 		return nil, fmt.Errorf("%w: rank %d outside world size %d", errMalformed, m.Rank, m.WorldSize)
 	case m.LocalRank < 0 || m.NodeRank < 0 || m.LocalRank >= merge.MaxRanks || m.NodeRank >= merge.MaxRanks:
 		return nil, fmt.Errorf("%w: local rank %d, node rank %d", errMalformed, m.LocalRank, m.NodeRank)
-	case m.Batch < -1 || m.StepUs < 0:
-		return nil, fmt.Errorf("%w: batch %d, step time %d us", errMalformed, m.Batch, m.StepUs)
-	case m.LastWindow > maxWindowID:
-		return nil, fmt.Errorf("%w: window id %d", errMalformed, m.LastWindow)
+	case m.LastWindow > maxWindowID || m.Term > maxWindowID:
+		return nil, fmt.Errorf("%w: window id %d, term %d", errMalformed, m.LastWindow, m.Term)
 	}
 	// the wire allows shorter encodings than proto.Marshal writes (an int32 of -1
 	// in 5 bytes rather than 10): what is accepted must still fit once re-encoded
@@ -90,8 +88,17 @@ func checkEnvelope(e *pb.Envelope) error {
 	if e.SenderRank < -1 || e.SenderRank >= merge.MaxRanks {
 		return bad("sender rank %d", e.SenderRank)
 	}
-	if e.WindowId > maxWindowID {
-		return bad("window id %d", e.WindowId)
+	if e.WindowId > maxWindowID || e.Term > maxWindowID {
+		return bad("window id %d, term %d", e.WindowId, e.Term)
+	}
+	if len(e.ReplyAddr) > 128 {
+		return bad("reply address of %d bytes", len(e.ReplyAddr))
+	}
+	enum := func(what string, v int32, names map[int32]string) error {
+		if _, ok := names[v]; !ok {
+			return bad("%s %d", what, v)
+		}
+		return nil
 	}
 	window := func(start, stop int64) error {
 		if start < 0 || stop <= start {
@@ -115,10 +122,10 @@ func checkEnvelope(e *pb.Envelope) error {
 		return nil
 	}
 	result := func(r *pb.RankResult) error {
-		if r.Size < 0 || r.Events < 0 {
-			return bad("negative result size")
+		if r.Size < 0 || r.Events < 0 || r.Start < 0 || r.Stop < 0 {
+			return bad("negative result figures")
 		}
-		return long(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason, r.AnalysisKey)
+		return long(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason, r.AnalysisKey, r.Cause)
 	}
 	switch b := e.Body.(type) {
 	case *pb.Envelope_Plan:
@@ -141,8 +148,11 @@ func checkEnvelope(e *pb.Envelope) error {
 		}
 		return long(b.Plan.Reason)
 	case *pb.Envelope_Status:
-		if b.Status.Window > maxWindowID || b.Status.Seen > maxWindowID {
-			return bad("status naming window %d, seen %d", b.Status.Window, b.Status.Seen)
+		if b.Status.Window > maxWindowID || b.Status.Seen > maxWindowID || b.Status.Term > maxWindowID {
+			return bad("status naming window %d, seen %d, term %d", b.Status.Window, b.Status.Seen, b.Status.Term)
+		}
+		if err := enum("status state", int32(b.Status.State), pb.Step_name); err != nil {
+			return err
 		}
 		if b.Status.Batch < -1 || b.Status.StepUs < 0 || b.Status.StepUs > maxStepUs {
 			return bad("status of batch %d, step time %d us", b.Status.Batch, b.Status.StepUs)
@@ -152,24 +162,39 @@ func checkEnvelope(e *pb.Envelope) error {
 				return err
 			}
 		}
-		return long(b.Status.State)
+		return nil
 	case *pb.Envelope_Ack:
-		return long(b.Ack.Code, b.Ack.Message)
+		if b.Ack.Term > maxWindowID {
+			return bad("ack of term %d", b.Ack.Term)
+		}
+		if err := enum("ack code", int32(b.Ack.Code), pb.AckCode_name); err != nil {
+			return err
+		}
+		return long(b.Ack.Message)
 	case *pb.Envelope_Progress:
 		if err := rank("progress of rank", b.Progress.Rank, true); err != nil {
 			return err
 		}
-		return long(b.Progress.State, b.Progress.Reason)
+		if err := enum("progress state", int32(b.Progress.State), pb.Step_name); err != nil {
+			return err
+		}
+		if b.Progress.DeadlineUs < 0 {
+			return bad("a deadline of %d", b.Progress.DeadlineUs)
+		}
+		return long(b.Progress.Reason)
 	case *pb.Envelope_Result:
 		return result(b.Result)
 	case *pb.Envelope_Request:
 		if b.Request.Batches < 0 || b.Request.Batches > 1<<20 {
 			return bad("a window of %d batches", b.Request.Batches)
 		}
-		if err := rank("request naming rank", b.Request.OomRank, true); err != nil {
+		if err := rank("request naming rank", b.Request.FailedRank, true); err != nil {
 			return err
 		}
-		return long(b.Request.Reason)
+		if err := enum("request kind", int32(b.Request.Kind), pb.WindowKind_name); err != nil {
+			return err
+		}
+		return long(b.Request.Reason, b.Request.Cause)
 	case *pb.Envelope_WindowResult:
 		w := b.WindowResult
 		if len(w.Missing) > merge.MaxRanks || len(w.Ranks) > merge.MaxRanks || len(w.Outputs) > 64 {
@@ -191,11 +216,23 @@ func checkEnvelope(e *pb.Envelope) error {
 		if err := long(w.Outputs...); err != nil {
 			return err
 		}
-		return long(w.State, w.Manifest, w.Error, w.Store)
+		if w.Window > maxWindowID {
+			return bad("a result of window %d", w.Window)
+		}
+		if err := enum("result state", int32(w.State), pb.Outcome_name); err != nil {
+			return err
+		}
+		if err := enum("result kind", int32(w.Kind), pb.WindowKind_name); err != nil {
+			return err
+		}
+		return long(w.Manifest, w.Error, w.Store)
 	case *pb.Envelope_Cancel:
 		return long(b.Cancel.Reason)
 	case *pb.Envelope_Dump:
-		if err := rank("dump naming rank", b.Dump.OomRank, true); err != nil {
+		if err := rank("dump naming rank", b.Dump.FailedRank, true); err != nil {
+			return err
+		}
+		if err := enum("dump kind", int32(b.Dump.Kind), pb.WindowKind_name); err != nil {
 			return err
 		}
 		return long(b.Dump.Reason)

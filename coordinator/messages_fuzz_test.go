@@ -52,24 +52,25 @@ func envelopeSeeds() []*pb.Envelope {
 		Size: 123456, Sha256: strings.Repeat("ab", 32), Events: 900, Start: 5, Stop: 8, Reason: "window"}
 	return []*pb.Envelope{
 		env(0, 0, &pb.StatusRequest{}),
-		env(1, 3, &pb.Status{Batch: 4, StepUs: 120000, TimeUs: 1700000000000000, Window: 3, Start: 5, Stop: 8, State: "uploaded", Result: res, Trainer: true}),
+		env(1, 3, &pb.Status{Batch: 4, StepUs: 120000, TimeUs: 1700000000000000, Window: 3, Start: 5, Stop: 8, State: pb.Step_STEP_UPLOADED, Result: res, Trainer: true}),
 		env(2, 0, &pb.Status{Batch: -1}),
 		env(0, 3, &pb.Plan{Start: 5, Stop: 8, Reason: "schedule", WorldSize: 4, Ranks: []int32{0, 1, 2, 3}}),
 		env(1, 3, &pb.Ack{Ok: true, Batch: 4}),
-		env(1, 3, &pb.Ack{Code: "passed", Message: "batch 9 is past the window's start 5", Batch: 9}),
-		env(2, 3, &pb.Progress{State: "recording", Batch: 6, Rank: 2}),
-		env(-1, 3, &pb.Progress{State: "armed", Rank: -1}),
+		env(1, 3, &pb.Ack{Code: pb.AckCode_ACK_PASSED, Message: "batch 9 is past the window's start 5", Batch: 9}),
+		env(2, 3, &pb.Progress{State: pb.Step_STEP_RECORDING, Batch: 6, Rank: 2}),
+		env(-1, 3, &pb.Progress{State: pb.Step_STEP_ARMED, Rank: -1}),
 		env(3, 3, res),
 		env(3, 3, &pb.RankResult{Error: "the store refused it", Partial: "the trainer stopped at batch 6", Start: 5, Stop: 8}),
 		env(0, 3, &pb.Cancel{Reason: "replan"}),
 		env(-1, 0, &pb.SnapshotRequest{Batches: 3, Reason: "request", Watch: true}),
-		env(2, 0, &pb.SnapshotRequest{Reason: "oom", OomRank: 2}),
-		env(0, 3, &pb.WindowResult{State: "published", Manifest: "s3://b/run/torch_memory_traces/window3/merged.manifest.json", Store: "s3://b",
+		env(2, 0, &pb.SnapshotRequest{Reason: "oom", FailedRank: 2, Kind: pb.WindowKind_WINDOW_KIND_OOM}),
+		env(2, 0, &pb.SnapshotRequest{Reason: "SIGTERM", FailedRank: 2, Kind: pb.WindowKind_WINDOW_KIND_CRASH, Cause: "SIGTERM", AtUs: 1700000000000000}),
+		env(0, 3, &pb.WindowResult{State: pb.Outcome_OUTCOME_PUBLISHED, Manifest: "s3://b/run/torch_memory_traces/window3/merged.manifest.json", Store: "s3://b",
 			Outputs: []string{"s3://b/run/torch_memory_traces/window3/merged.html"}, Ranks: []int32{0, 1, 3}, Missing: map[int32]string{2: "unreachable"}, Start: 5, Stop: 8}),
-		env(0, 3, &pb.WindowResult{State: "failed", Error: "the store went away"}),
+		env(0, 3, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: "the store went away"}),
 		env(0, 0, &pb.ClockProbe{T0Us: 1700000000000000}),
 		env(1, 0, &pb.ClockReply{T0Us: 1700000000000000, TUs: 1700000000000123}),
-		env(0, 4, &pb.Dump{Reason: "oom", OomRank: 2}),
+		env(0, 4, &pb.Dump{Reason: "oom", FailedRank: 2, Kind: pb.WindowKind_WINDOW_KIND_OOM}),
 	}
 }
 
@@ -100,7 +101,7 @@ func brokenEnvelopes(t testing.TB) [][]byte {
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Batch: -2}}},                                               // batch before none
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{StepUs: maxStepUs + 1}}},                                   // step past a time.Duration
 		{Sender: "x", Body: &pb.Envelope_WindowResult{WindowResult: &pb.WindowResult{Outputs: []string{strings.Repeat("o", maxString+1)}}}},
-		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{OomRank: -7}}},                       // negative rank
+		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{FailedRank: -7}}},                       // negative rank
 		{Sender: "x", WindowId: maxWindowID + 1, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}}, // a window id the next one would wrap past
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Seen: ^uint64(0)}}},            // the same, seen
 	} {
@@ -157,7 +158,12 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 		if r.Size < 0 || r.Events < 0 {
 			t.Fatalf("accepted result size %d, events %d", r.Size, r.Events)
 		}
-		short(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason)
+		short(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason, r.Cause)
+	}
+	known := func(what string, v int32, names map[int32]string) {
+		if _, ok := names[v]; !ok {
+			t.Fatalf("accepted %s %d", what, v)
+		}
 	}
 	if e.Body == nil || e.Sender == "" || len(e.Sender) > 512 || !utf8.ValidString(e.Sender) {
 		t.Fatalf("accepted body %T from %q", e.Body, e.Sender)
@@ -180,20 +186,23 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 		if b.Status.Result != nil {
 			result(b.Status.Result)
 		}
-		short(b.Status.State)
+		known("status state", int32(b.Status.State), pb.Step_name)
 	case *pb.Envelope_Ack:
-		short(b.Ack.Code, b.Ack.Message)
+		known("ack code", int32(b.Ack.Code), pb.AckCode_name)
+		short(b.Ack.Message)
 	case *pb.Envelope_Progress:
 		inRank("progress rank", b.Progress.Rank, true)
-		short(b.Progress.State, b.Progress.Reason)
+		known("progress state", int32(b.Progress.State), pb.Step_name)
+		short(b.Progress.Reason)
 	case *pb.Envelope_Result:
 		result(b.Result)
 	case *pb.Envelope_Request:
 		if b.Request.Batches < 0 || b.Request.Batches > 1<<20 {
 			t.Fatalf("accepted a request for %d batches", b.Request.Batches)
 		}
-		inRank("request oom rank", b.Request.OomRank, true)
-		short(b.Request.Reason)
+		inRank("request failed rank", b.Request.FailedRank, true)
+		known("request kind", int32(b.Request.Kind), pb.WindowKind_name)
+		short(b.Request.Reason, b.Request.Cause)
 	case *pb.Envelope_WindowResult:
 		w := b.WindowResult
 		if len(w.Outputs) > 64 || len(w.Ranks) > merge.MaxRanks || len(w.Missing) > merge.MaxRanks {
@@ -207,11 +216,12 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 			short(why)
 		}
 		short(w.Outputs...)
-		short(w.State, w.Manifest, w.Store, w.Error)
+		known("result state", int32(w.State), pb.Outcome_name)
+		short(w.Manifest, w.Store, w.Error)
 	case *pb.Envelope_Cancel:
 		short(b.Cancel.Reason)
 	case *pb.Envelope_Dump:
-		inRank("dump oom rank", b.Dump.OomRank, true)
+		inRank("dump failed rank", b.Dump.FailedRank, true)
 		short(b.Dump.Reason)
 	}
 }
@@ -267,8 +277,8 @@ func FuzzDecodeEnvelope(f *testing.F) {
 func nodeMetaSeeds() []*pb.NodeMeta {
 	return []*pb.NodeMeta{
 		{Version: 1, Run: "gpt", Rank: 3, LocalRank: 3, NodeRank: 0, WorldSize: 8, GpuUuid: "GPU-5c1b3f3e-0000-4000-8000-000000000000", LastWindow: 12, Hostname: "node001",
-			Batch: 41, StepUs: 120000},
-		{Version: 1, Run: "gpt", Rank: -1, Hostname: "laptop", Batch: -1},
+			Term: 4},
+		{Version: 1, Run: "gpt", Rank: -1, Hostname: "laptop"},
 		{Version: 1, Run: "r", Rank: merge.MaxRanks - 1, LocalRank: 7, NodeRank: merge.MaxRanks/8 - 1, WorldSize: merge.MaxRanks},
 		{Version: 1, Run: strings.Repeat("r", 200), Rank: -1, Hostname: strings.Repeat("h", 64)},
 	}
@@ -290,8 +300,7 @@ func FuzzDecodeMeta(f *testing.F) {
 		{Version: 1, Run: "gpt", Rank: 0, WorldSize: merge.MaxRanks + 1},
 		{Version: 1, Run: "gpt", Rank: -1, LocalRank: -1},
 		{Version: 1, Run: "gpt", Rank: -1, Hostname: strings.Repeat("h", maxMeta)},
-		{Version: 1, Run: "gpt", Rank: -1, Batch: -2},
-		{Version: 1, Run: "gpt", Rank: -1, StepUs: -1},
+		{Version: 1, Run: "gpt", Rank: -1, Term: maxWindowID + 1},
 		{Version: 1, Run: "gpt", Rank: -1, LastWindow: maxWindowID + 1},
 	} {
 		f.Add(mustMarshal(f, m))
@@ -317,10 +326,8 @@ func FuzzDecodeMeta(f *testing.F) {
 			t.Fatalf("accepted rank %d of world size %d", m.Rank, m.WorldSize)
 		case m.LocalRank < 0 || m.LocalRank >= merge.MaxRanks || m.NodeRank < 0 || m.NodeRank >= merge.MaxRanks:
 			t.Fatalf("accepted local rank %d, node rank %d", m.LocalRank, m.NodeRank)
-		case m.Batch < -1 || m.StepUs < 0:
-			t.Fatalf("accepted batch %d, step time %d us", m.Batch, m.StepUs)
-		case m.LastWindow > maxWindowID:
-			t.Fatalf("accepted window id %d", m.LastWindow)
+		case m.LastWindow > maxWindowID || m.Term > maxWindowID:
+			t.Fatalf("accepted window id %d, term %d", m.LastWindow, m.Term)
 		}
 		again, err := proto.Marshal(m)
 		if err != nil {

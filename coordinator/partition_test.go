@@ -157,7 +157,7 @@ func TestPartition(t *testing.T) {
 		if r == nil {
 			t.Fatalf("group %d: no result", g)
 		}
-		if r.State == "published" {
+		if r.State == pb.Outcome_OUTCOME_PUBLISHED {
 			published++
 			if len(r.Ranks) != 2 || r.Ranks[0] != int32(2*g) {
 				t.Fatalf("group %d published %+v", g, r)
@@ -169,7 +169,7 @@ func TestPartition(t *testing.T) {
 		t.Fatalf("%d groups published, %d manifests: %+v", published, len(manifests), results)
 	}
 	for g, r := range results {
-		if r.State != "published" && r.Error == "" {
+		if r.State != pb.Outcome_OUTCOME_PUBLISHED && r.Error == "" {
 			t.Fatalf("group %d's window failed without saying why: %+v", g, r)
 		}
 		t.Logf("group %d: %s %s", g, r.State, r.Error)
@@ -198,7 +198,7 @@ func TestPartition(t *testing.T) {
 		return true
 	})
 	res, err := clients[0].Snapshot(testutil.Context(t, time.Minute), 2, nil, nil)
-	if err != nil || res.State != "published" || len(res.Ranks) != 4 {
+	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != 4 {
 		t.Fatalf("after healing: %+v %v", res, err)
 	}
 }

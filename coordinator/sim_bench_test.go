@@ -231,7 +231,7 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if res.State != "published" {
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED {
 		f.failed = append(f.failed, fmt.Sprintf("a window %s after %v: %s", res.State, tEnd.Sub(t0).Round(time.Millisecond), res.Error))
 		b.Logf("window %s after %v: %s", res.State, tEnd.Sub(t0).Round(time.Millisecond), res.Error)
 		return
@@ -308,7 +308,7 @@ func simFailover(b *testing.B, sc *simCluster, f *simFigures) {
 	if r.err != nil {
 		b.Fatal(r.err)
 	}
-	if r.res.State != "published" {
+	if r.res.State != pb.Outcome_OUTCOME_PUBLISHED {
 		f.failed = append(f.failed, fmt.Sprintf("failover window %d %s: %s", id, r.res.State, r.res.Error))
 		return
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -720,7 +721,7 @@ func (h *simHandler) Handle(ctx context.Context, r slog.Record) error {
 			s.Window = a.Value.Uint64()
 		case "state":
 			s.State = a.Value.String()
-		case "rank":
+		case "of_rank":
 			if r.Message == "window progress" {
 				s.Rank = int(a.Value.Int64())
 			}
@@ -1102,7 +1103,7 @@ func TestSimWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.State != "published" || len(res.Ranks) != n || len(res.Missing) != 0 || res.Stop-res.Start != 3 {
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != n || len(res.Missing) != 0 || res.Stop-res.Start != 3 {
 		t.Fatalf("result: state %s, %d ranks merged, missing %v, batches [%d, %d): %s", res.State, len(res.Ranks), res.Missing, res.Start, res.Stop, res.Error)
 	}
 	m := sc.manifest(res.Manifest)

@@ -101,6 +101,17 @@ type output struct {
 	part                 *PicklePart
 }
 
+// InputError is a merge that failed on one input: the caller can leave that rank
+// out and merge again. It wraps the cause (a store error stays one).
+type InputError struct {
+	Rank   int // -1 for a merged timeline
+	Source string
+	Err    error
+}
+
+func (e *InputError) Error() string { return e.Err.Error() }
+func (e *InputError) Unwrap() error { return e.Err }
+
 // admit checks that a rank may be merged next.
 func (b *builder) admit(rank int, source string) error {
 	if e, ok := b.byRank[rank]; ok {
@@ -323,6 +334,7 @@ func (b *builder) summary(world int) *Summary {
 		}
 	}
 	sum.Spread = computeSpread(sum.Ranks)
+	sum.MissingReasons = missingReasons(b.cfg, sum)
 	if len(sum.MissingRanks) > 0 {
 		b.cfg.Logger.Warn("ranks missing from the merge", "missing", len(sum.MissingRanks), "world_size", world)
 	}

@@ -72,7 +72,7 @@ func (b *builder) firstPass(ctx context.Context) error {
 // take merges what one input held.
 func (b *builder) take(i int, l loaded) error {
 	if l.err != nil {
-		return l.err
+		return &InputError{Rank: b.inputs[i].Rank, Source: b.inputs[i].Source, Err: l.err}
 	}
 	b.refs = append(b.refs, l.ref)
 	for _, lr := range l.ranks {
@@ -270,7 +270,8 @@ func (b *builder) detailPass(ctx context.Context) error {
 	for _, r := range b.diffRanks() {
 		rd, err := b.decodeAgain(ctx, r)
 		if err != nil {
-			return err
+			in := b.inputs[b.inputOf[r]]
+			return &InputError{Rank: in.Rank, Source: in.Source, Err: err}
 		}
 		b.decoded = append(b.decoded, r)
 		if err := b.addDetail(rd); err != nil {

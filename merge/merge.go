@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
@@ -96,6 +97,18 @@ type Config struct {
 	// Reason says why the window was recorded ("request", "schedule", a post-mortem
 	// of an OOM), for the manifest.
 	Reason string
+	// Kind is what the window is ("window", "oom" or "crash", as runlog names
+	// them), for the manifest ("" for a merge of files).
+	Kind string
+	// Attempt names this publication (a cluster's leader uses its term, "t7").
+	// With Supersede, a claim under the window's names from another attempt, with
+	// no manifest yet (a leader that died or stalled while publishing), does not
+	// stop this merge: it publishes under names of its own, <base>.<attempt>.*,
+	// and the manifest, which is created once, decides which set is published.
+	// Two attempts never write the same name, so a leader that wakes from a stall
+	// can never mix its outputs into its successor's.
+	Attempt   string
+	Supersede bool
 	// Logger receives progress; nil discards it.
 	Logger *slog.Logger
 
@@ -247,6 +260,9 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err := checkUnpublished(ctx, &cfg, keys); err != nil {
 		return nil, err
 	}
+	if keys, err = attemptKeys(ctx, &cfg, keys); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	tmp, err := cfg.tempDir()
 	if err != nil {
@@ -294,6 +310,38 @@ func checkUnpublished(ctx context.Context, cfg *Config, keys map[string]string) 
 		return err
 	}
 	return nil
+}
+
+// attemptKeys returns the names this merge publishes under: the window's own,
+// unless Supersede is set and another attempt claimed them already, in which case
+// <base>.<attempt>.* (the manifest keeps its name: it is the one commit point).
+func attemptKeys(ctx context.Context, cfg *Config, keys map[string]string) (map[string]string, error) {
+	if !cfg.Supersede || cfg.Overwrite {
+		return keys, nil
+	}
+	if cfg.Attempt == "" || strings.ContainsAny(cfg.Attempt, "/\\.") || len(cfg.Attempt) > 32 {
+		return nil, fmt.Errorf("merge: attempt name %q (a short name without '.', '/')", cfg.Attempt)
+	}
+	prev, err := readClaim(ctx, cfg.Out, keys[OutInputs])
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return keys, nil
+	case err != nil && !errors.Is(err, errBadClaim):
+		return nil, err
+	case err == nil && prev.Attempt == cfg.Attempt:
+		return keys, nil // this attempt's own claim, from a try the store interrupted
+	}
+	base := strings.TrimSuffix(keys[OutInputs], outSuffix[OutInputs])
+	out := map[string]string{}
+	for k, v := range keys {
+		out[k] = v
+		if k != OutManifest {
+			out[k] = base + "." + cfg.Attempt + outSuffix[k]
+		}
+	}
+	cfg.Logger.Info("another attempt claimed the window's names and did not publish; publishing under this attempt's names", "attempt", cfg.Attempt,
+		"claimed_by", prev.Attempt, "names", base+"."+cfg.Attempt+".*")
+	return out, nil
 }
 
 // tempDir makes the folder the outputs are written in: inside a folder store, so

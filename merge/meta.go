@@ -25,7 +25,8 @@ type RankMeta struct {
 	ClockOffsetUS  *int64         `json:"clock_offset_us,omitempty"` // this host's clock minus the leader's
 	ClockRTTUS     *int64         `json:"clock_rtt_us,omitempty"`    // the round trip the offset was measured over
 	Samples        []MemorySample `json:"nvml_samples,omitempty"`
-	Reason         string         `json:"reason,omitempty"`  // "window" or "oom"
+	Reason         string         `json:"reason,omitempty"`  // "window", "oom", "postmortem" or "crash"
+	Cause          string         `json:"cause,omitempty"`   // a crash: how the trainer was stopped
 	Partial        string         `json:"partial,omitempty"` // why the snapshot does not cover its whole window
 	// StallUS is how long the training thread waited at the window's end for the
 	// snapshot and for history to be turned off (microseconds; 0 when unknown).

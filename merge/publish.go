@@ -50,6 +50,31 @@ type Claim struct {
 	Title     string            `json:"title,omitempty"`
 	Outputs   map[string]string `json:"outputs"`
 	Window    *WindowInfo       `json:"window,omitempty"`
+	// Attempt names the publication that made this claim (see Config.Attempt).
+	Attempt string `json:"attempt,omitempty"`
+	// MissingReasons are in the summary and the report, so they decide bytes too.
+	MissingReasons map[string]string `json:"missing_reasons,omitempty"`
+}
+
+// errBadClaim: a stored claim does not parse.
+var errBadClaim = errors.New("merge: malformed claim")
+
+// readClaim reads the claim under key (store.ErrNotFound when there is none).
+func readClaim(ctx context.Context, st store.Store, key string) (*Claim, error) {
+	rc, _, err := st.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, maxManifest+1))
+	if err != nil {
+		return nil, fmt.Errorf("merge: reading %s: %w", key, err)
+	}
+	var c Claim
+	if len(b) > maxManifest || json.Unmarshal(b, &c) != nil {
+		return nil, fmt.Errorf("%w: %s", errBadClaim, key)
+	}
+	return &c, nil
 }
 
 // Manifest is <base>.manifest.json, written last: a merge is published once its
@@ -69,6 +94,8 @@ type Manifest struct {
 	Batches        []int64           `json:"batches,omitempty"` // the batches every rank recorded
 	OutlierRank    *int              `json:"outlier_rank,omitempty"`
 	Reason         string            `json:"reason,omitempty"` // why the window was recorded
+	Kind           string            `json:"kind,omitempty"`   // window, oom or crash (a cluster's windows)
+	Attempt        string            `json:"attempt,omitempty"`
 	// Pickles are the merged pickles and the ranks each holds (names relative to
 	// the manifest, as Outputs names them).
 	Pickles []PicklePart `json:"pickles,omitempty"`
@@ -223,15 +250,46 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 		return fmt.Errorf("merge: %w", err)
 	}
 	if _, err := putOnce(ctx, cfg, keys[OutManifest], mpath, sha256Hex(mb), OutManifest); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
+			return fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
+		}
 		return fmt.Errorf("merge: storing %s: %w", keys[OutManifest], err)
 	}
 	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
 	return nil
 }
 
+// unpublish removes, after another merge published first, what this one stored
+// and the published manifest does not name (best effort: what stays behind is
+// never named by a manifest, so no reader finds it).
+func unpublish(ctx context.Context, cfg *Config, manifest, claim string, outs []output) {
+	m, err := ReadManifest(ctx, cfg.Out, manifest)
+	if err != nil {
+		return
+	}
+	named := map[string]bool{m.Claim.Name: true}
+	for _, o := range m.Outputs {
+		named[o.Name] = true
+	}
+	for _, p := range m.Pickles {
+		named[p.Name] = true
+	}
+	keys := []string{claim}
+	for _, o := range outs {
+		keys = append(keys, o.key)
+	}
+	for _, k := range keys {
+		if path.Dir(k) == path.Dir(manifest) && !named[path.Base(k)] {
+			cfg.Out.Delete(ctx, k)
+		}
+	}
+}
+
 // storeClaim stores the claim: the inputs, the options and the outputs' names.
 func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, outs []output) (Object, error) {
-	claim := Claim{Version: 1, Inputs: refs, WorldSize: sum.WorldSize, Align: cfg.Align, Title: cfg.Title, Outputs: map[string]string{}, Window: cfg.Window}
+	claim := Claim{Version: 1, Inputs: refs, WorldSize: sum.WorldSize, Align: cfg.Align, Title: cfg.Title, Outputs: map[string]string{}, Window: cfg.Window,
+		Attempt: cfg.Attempt, MissingReasons: sum.MissingReasons}
 	for _, o := range outs {
 		claim.Outputs[o.kind] = path.Base(o.key)
 	}
@@ -259,8 +317,8 @@ func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, tmp st
 
 func manifestOf(cfg *Config, cobj Object, refs []InputRef, sum *Summary) Manifest {
 	man := Manifest{Version: 1, Claim: cobj, Outputs: map[string]Object{}, Inputs: refs, Window: cfg.Window, WorldSize: sum.WorldSize,
-		RanksMerged: sum.RanksMerged, MissingRanks: sum.MissingRanks, MissingReasons: missingReasons(cfg, sum), ClockOffsetsUS: sum.ClockOffsetsUS, Align: sum.Align,
-		Reason: cfg.Reason}
+		RanksMerged: sum.RanksMerged, MissingRanks: sum.MissingRanks, MissingReasons: sum.MissingReasons, ClockOffsetsUS: sum.ClockOffsetsUS, Align: sum.Align,
+		Reason: cfg.Reason, Kind: cfg.Kind, Attempt: cfg.Attempt}
 	if man.RanksMerged == nil {
 		man.RanksMerged = []int{}
 	}

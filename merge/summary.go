@@ -7,11 +7,13 @@ import (
 
 // Summary is merged.summary.json.
 type Summary struct {
-	Version        int               `json:"version"`
-	WorldSize      int               `json:"world_size"`
-	Align          string            `json:"align"`
-	RanksMerged    []int             `json:"ranks_merged"`
-	MissingRanks   []int             `json:"missing_ranks"`
+	Version      int    `json:"version"`
+	WorldSize    int    `json:"world_size"`
+	Align        string `json:"align"`
+	RanksMerged  []int  `json:"ranks_merged"`
+	MissingRanks []int  `json:"missing_ranks"`
+	// MissingReasons says why each missing rank is missing (rank -> reason).
+	MissingReasons map[string]string `json:"missing_reasons,omitempty"`
 	Spread         *Spread           `json:"spread,omitempty"`
 	ClockOffsetsUS map[string]int64  `json:"clock_offsets_us"`
 	Ranks          []RankSummary     `json:"ranks"`

@@ -94,9 +94,16 @@ func ParseS3(s string) (URL, error) {
 	return u, nil
 }
 
-// CheckBucket checks an S3 bucket name: 3 to 63 characters of lowercase letters,
-// digits, '.' and '-', starting and ending with a letter or digit.
+// CheckBucket checks an S3 bucket name against S3's rules (and minio-go's, which
+// refuses a few more before sending): 3 to 63 characters of lowercase letters,
+// digits, '.' and '-', starting and ending with a letter or digit, with no "..", no
+// '.' beside a '-', not formatted like an IPv4 address, and without the prefixes
+// and suffixes AWS reserves ("xn--", "sthree-", "amzn-s3-demo-"; "-s3alias",
+// "--ol-s3", ".mrap", "--x-s3", "--table-s3").
 func CheckBucket(b string) error {
+	if b == "" {
+		return errors.New("no bucket name")
+	}
 	if len(b) < 3 || len(b) > 63 {
 		return fmt.Errorf("bucket name %q must be 3 to 63 characters", b)
 	}
@@ -110,10 +117,46 @@ func CheckBucket(b string) error {
 	if !isAlnum(b[0]) || !isAlnum(b[len(b)-1]) {
 		return fmt.Errorf("bucket name %q must start and end with a letter or digit", b)
 	}
-	if strings.Contains(b, "..") {
-		return fmt.Errorf("bucket name %q holds '..'", b)
+	for _, bad := range []string{"..", ".-", "-."} {
+		if strings.Contains(b, bad) {
+			return fmt.Errorf("bucket name %q holds %q", b, bad)
+		}
+	}
+	if isIPv4Like(b) {
+		return fmt.Errorf("bucket name %q is formatted like an IP address", b)
+	}
+	for _, p := range reservedBucketPrefixes {
+		if strings.HasPrefix(b, p) {
+			return fmt.Errorf("bucket name %q starts with %q, which S3 reserves", b, p)
+		}
+	}
+	for _, sfx := range reservedBucketSuffixes {
+		if strings.HasSuffix(b, sfx) {
+			return fmt.Errorf("bucket name %q ends with %q, which S3 reserves", b, sfx)
+		}
 	}
 	return nil
+}
+
+// The bucket name prefixes and suffixes AWS reserves for its own use.
+var (
+	reservedBucketPrefixes = []string{"xn--", "sthree-", "amzn-s3-demo-"}
+	reservedBucketSuffixes = []string{"-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"}
+)
+
+// isIPv4Like reports whether b is four dot-separated runs of digits (as minio-go
+// tests it: "999.1.1.1" counts too).
+func isIPv4Like(b string) bool {
+	parts := strings.Split(b, ".")
+	if len(parts) != 4 {
+		return false
+	}
+	for _, p := range parts {
+		if p == "" || strings.Trim(p, "0123456789") != "" {
+			return false
+		}
+	}
+	return true
 }
 
 func isAlnum(c byte) bool { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') }

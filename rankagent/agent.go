@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/gpu"
@@ -176,7 +177,7 @@ func (c *Config) checkNames() error {
 	if err != nil {
 		return err
 	}
-	for _, k := range []string{key, merge.MetaName(key)} {
+	for _, k := range []string{key, merge.MetaName(key), RenamedKey(key, 1<<53, time.Time{}), merge.MetaName(RenamedKey(key, 1<<53, time.Time{}))} {
 		if len(k) > naming.MaxKeyLen {
 			return fmt.Errorf("rankagent: snapshot names can reach %d bytes (%s), more than the %d an object key may have", len(k), k, naming.MaxKeyLen)
 		}
@@ -251,7 +252,21 @@ type Agent struct {
 	stats    Stats
 	working  int // snapshots being taken into the spool
 	offset   *clockOffset
+	conns    map[net.Conn]bool // every open trainer connection, attached or not
+	taking   map[string]bool   // snapshot files in incoming/ being taken into the spool
+	stopping *stopNote         // the trainer is being stopped, since when and why
 }
+
+// stopNote is the trainer being stopped: how, when, and whether its snapshot of
+// what it recorded came.
+type stopNote struct {
+	cause    string
+	at       time.Time
+	snapshot bool
+}
+
+// helloTimeout bounds how long a new connection may take to say hello.
+const helloTimeout = 10 * time.Second
 
 // activeWindow is the window in progress and where it stands.
 type activeWindow struct {
@@ -271,7 +286,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, sp: sp, batch: -1, ev: newDispatcher()}
+	a := &Agent{cfg: cfg, sp: sp, batch: -1, ev: newDispatcher(), conns: map[net.Conn]bool{}, taking: map[string]bool{}}
 	a.log = cfg.Logger.With("rank", cfg.Identity.Rank)
 	a.tmpl.remote = naming.MustParse(cfg.RemoteFileName)
 	a.tmpl.file = naming.MustParse(cfg.Filename)
@@ -353,8 +368,8 @@ func (a *Agent) shutdown() {
 	if a.ln != nil {
 		a.ln.Close()
 	}
-	if a.conn != nil {
-		a.conn.c.Close()
+	for c := range a.conns {
+		c.Close() // every connection, not only the attached trainer's
 	}
 	a.stopSamplingLocked()
 }
@@ -562,7 +577,11 @@ func (a *Agent) accept(ctx context.Context, ln net.Listener) {
 			continue
 		}
 		a.mu.Lock()
-		ok := a.goLocked(func() { a.serve(c) })
+		ok := !a.stopped
+		if ok {
+			a.conns[c] = true
+			ok = a.goLocked(func() { a.serve(c) })
+		}
 		a.mu.Unlock()
 		if !ok {
 			c.Close()
@@ -573,9 +592,15 @@ func (a *Agent) accept(ctx context.Context, ln net.Listener) {
 
 func (a *Agent) serve(c net.Conn) {
 	tc := &trainerConn{c: c}
-	defer c.Close()
+	defer func() {
+		c.Close()
+		a.mu.Lock()
+		delete(a.conns, c)
+		a.mu.Unlock()
+	}()
 	r := bufio.NewReaderSize(c, 4096)
 	first := true
+	c.SetReadDeadline(time.Now().Add(helloTimeout)) // a connection that never says hello is dropped
 	for {
 		line, err := readLine(r)
 		if err != nil {
@@ -595,6 +620,7 @@ func (a *Agent) serve(c net.Conn) {
 		}
 		if first {
 			first = false
+			c.SetReadDeadline(time.Time{})
 			if !a.attach(tc, m) {
 				return
 			}
@@ -675,12 +701,113 @@ func (a *Agent) openGPULocked() {
 func (a *Agent) detach(tc *trainerConn) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.conn == tc {
-		a.conn = nil
-		if !a.stopped {
-			a.log.Info("trainer disconnected")
-		}
+	if a.conn != tc {
+		return
 	}
+	a.conn = nil
+	if a.stopped {
+		return
+	}
+	a.log.Info("trainer disconnected")
+	// a trainer whose process is gone will not reconnect: a window it was in
+	// is over now, not at the leader's deadline
+	if a.win != nil && a.hookPID > 0 && !processAlive(a.hookPID) {
+		why := fmt.Sprintf("the trainer (pid %d) exited during the window", a.hookPID)
+		if a.win.state == WindowRecording {
+			a.noteStoppingLocked(why, time.Now())
+		}
+		a.log.Warn(why, "window", a.win.w.ID)
+		a.missLocked(WindowFailed, why)
+	}
+}
+
+// processAlive reports whether process pid still exists.
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// noteStoppingLocked records that the trainer is being stopped, once per
+// incident, and tells the cluster at once (the crash snapshot, if any, follows).
+func (a *Agent) noteStoppingLocked(cause string, at time.Time) {
+	if a.stopping != nil && time.Since(a.stopping.at) < stoppingHold {
+		return
+	}
+	a.stopping = &stopNote{cause: cause, at: at}
+	var w Window
+	if a.win != nil {
+		w = a.win.w
+	}
+	a.log.Warn("the trainer is being stopped", "cause", cause, "window", w.ID, "batch", a.batch)
+	a.post(WindowEvent{Window: w, State: WindowStopping, Batch: a.batch, Reason: cause, Time: at})
+}
+
+// stoppingHold is how long one stopping of the trainer counts as one incident.
+const stoppingHold = time.Minute
+
+// TrainerSignalled is told that the agent forwarded sig to the trainer it
+// launched (the launcher is tearing the job down): the trainer is being stopped.
+func (a *Agent) TrainerSignalled(sig os.Signal) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.stopped {
+		a.noteStoppingLocked(signalCause(sig), time.Now())
+	}
+}
+
+func signalCause(sig os.Signal) string {
+	if s, ok := sig.(syscall.Signal); ok {
+		switch s {
+		case syscall.SIGTERM:
+			return "SIGTERM"
+		case syscall.SIGINT:
+			return "SIGINT"
+		}
+		return "signal " + s.String()
+	}
+	return sig.String()
+}
+
+// TrainerExited is told how the trainer the agent launched ended (its exit status,
+// 128+N for signal N), once its last messages are read: a window it was in is
+// over, a snapshot it left unannounced in the spool is taken, and a trainer that
+// failed is a stopping the cluster hears of (with why no snapshot follows, when
+// none does).
+func (a *Agent) TrainerExited(code int) {
+	a.adopt(a.ctxOrBackground())
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	how := fmt.Sprintf("exited with status %d", code)
+	if code > 128 && code < 128+65 {
+		how = fmt.Sprintf("killed by %s (exit status %d)", syscall.Signal(code-128), code)
+	}
+	if a.win != nil {
+		why := "the trainer " + how + " before the window was recorded"
+		if a.win.state == WindowRecording {
+			why = "the trainer " + how + " during the window"
+		}
+		a.log.Warn(why, "window", a.win.w.ID)
+		if code != 0 || a.win.state == WindowRecording {
+			a.noteStoppingLocked("the trainer "+how, time.Now())
+		}
+		a.missLocked(WindowFailed, why)
+	} else if code != 0 {
+		a.noteStoppingLocked("the trainer "+how, time.Now())
+	}
+	if s := a.stopping; s != nil && !s.snapshot && a.working == 0 {
+		s.snapshot = true
+		reason := "the trainer " + how + " without a snapshot (it recorded no allocator history, or could not dump it)"
+		a.post(WindowEvent{State: WindowFailed, Batch: a.batch, Reason: reason, Time: time.Now()})
+	}
+}
+
+func (a *Agent) ctxOrBackground() context.Context {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ctx != nil {
+		return a.ctx
+	}
+	return context.Background()
 }
 
 // sendWindowLocked sends the window in progress to a connected trainer that does
@@ -781,6 +908,15 @@ func (a *Agent) handle(m *Message) {
 			state = WindowMissed
 		}
 		a.missLocked(state, m.Message)
+	case "stopping":
+		at := time.Now()
+		if m.TimeUS > 0 {
+			at = time.UnixMicro(m.TimeUS)
+		}
+		if m.Batch != nil {
+			a.noteBatchLocked(*m.Batch, m.TimeUS)
+		}
+		a.noteStoppingLocked(m.Cause, at)
 	case "snapshot":
 		var samples []merge.MemorySample
 		var w *Window
@@ -790,9 +926,24 @@ func (a *Agent) handle(m *Message) {
 			w = &ww
 			a.win = nil
 		}
+		if m.Reason == "crash" {
+			if a.stopping == nil || time.Since(a.stopping.at) >= stoppingHold {
+				a.noteStoppingLocked(m.Cause, time.Now())
+			}
+			a.stopping.snapshot = true
+			if a.win != nil && a.win.w.ID == m.Window && m.Window != 0 {
+				samples = a.stopSamplingLocked()
+				a.missLocked(WindowFailed, "the trainer was stopped during the window ("+m.Cause+"); what it recorded goes to the crash post-mortem")
+			}
+		}
+		if a.taking[m.File] {
+			break
+		}
 		a.working++
+		a.taking[m.File] = true
 		if !a.goLocked(func() { a.takeSnapshot(m, w, samples, false) }) {
 			a.working--
+			delete(a.taking, m.File)
 		}
 	case "hello":
 		a.log.Warn("a second hello on one connection is ignored")

@@ -348,24 +348,42 @@ func TestSpoolSurvivesRestart(t *testing.T) {
 	checkUploaded(t, st, r.Key, w)
 }
 
-// TestExistingObjectIsKept: without overwrite, a name that exists is not replaced;
-// the snapshot is kept in the spool's failed folder.
+// TestExistingObjectIsKept: without overwrite, a name that exists (a relaunch
+// under the same run name that recorded the same batches) is never replaced: the
+// snapshot goes under its window's name, NAME.window<id>.pickle, with its
+// sidecars; when that name is taken too, the snapshot is kept in the spool's
+// failed folder.
 func TestExistingObjectIsKept(t *testing.T) {
 	dir := t.TempDir()
 	cfg := DefaultConfig(testID(0))
 	cfg.Filename = "fixed"
 	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
-	os.MkdirAll(filepath.Join(dir, "run1", "torch_memory_traces"), 0o755)
-	os.WriteFile(filepath.Join(dir, "run1", "torch_memory_traces", "fixed.pickle"), []byte("older"), 0o644)
+	folder := filepath.Join(dir, "run1", "torch_memory_traces")
+	os.MkdirAll(folder, 0o755)
+	os.WriteFile(filepath.Join(folder, "fixed.pickle"), []byte("older"), 0o644)
 	h := startAgent(t, cfg)
-	runReplay(t, h, 0)
-	armAt(t, h, 3, 2)
+	runReplay(t, h, 0, 3, 12)
+	w := armAt(t, h, 3, 2)
 	r := waitUpload(t, h, 20*time.Second)
-	if !errors.Is(r.Err, store.ErrExists) {
-		t.Fatalf("want ErrExists, got %+v", r)
+	want := fmt.Sprintf("run1/torch_memory_traces/fixed.window%d.pickle", w.ID)
+	if r.Err != nil || r.Key != want || r.MetaKey != strings.TrimSuffix(want, ".pickle")+".memsnap.json" {
+		t.Fatalf("want the snapshot under %s, got %+v", want, r)
 	}
-	if b, _ := os.ReadFile(filepath.Join(dir, "run1", "torch_memory_traces", "fixed.pickle")); string(b) != "older" {
+	if b, _ := os.ReadFile(filepath.Join(folder, "fixed.pickle")); string(b) != "older" {
 		t.Fatal("the existing object was replaced")
+	}
+	st, _ := store.OpenDir(dir, false)
+	checkUploaded(t, st, r.Key, w)
+	if _, err := os.Stat(filepath.Join(dir, r.MetaKey)); err != nil {
+		t.Fatalf("the sidecar is not beside the renamed snapshot: %v", err)
+	}
+
+	// the window's own name taken as well: kept in the spool, never replaced
+	os.WriteFile(filepath.Join(folder, fmt.Sprintf("fixed.window%d.pickle", w.ID+1)), []byte("older too"), 0o644)
+	w2 := armAt(t, h, 12, 2)
+	r = waitUpload(t, h, 20*time.Second)
+	if !errors.Is(r.Err, store.ErrExists) || w2.ID != w.ID+1 {
+		t.Fatalf("want ErrExists for window %d, got %+v", w2.ID, r)
 	}
 	failed, _ := filepath.Glob(filepath.Join(h.agent.cfg.Spool, "failed", "*", "snapshot.pickle"))
 	if len(failed) != 1 {
@@ -513,6 +531,9 @@ func FuzzParseMessage(f *testing.F) {
 		`{"type":"batch","batch":3,"t_us":1}`,
 		`{"type":"snapshot","window":1,"reason":"window","file":"a.pickle","batches":[{"batch":2,"start_us":1,"end_us":2}]}`,
 		`{"type":"error","window":1,"message":"x"}`,
+		`{"type":"stopping","cause":"SIGTERM","t_us":5,"batch":3}`,
+		`{"type":"snapshot","window":2,"reason":"crash","cause":"exception: RuntimeError: x","file":"rank0.crash2.1.pickle","start":1,"stop":4,"batches":[{"batch":1,"start_us":1,"end_us":2}]}`,
+		`{"type":"snapshot","window":0,"reason":"crash","cause":"SIGTERM","file":"rank0.crash0.1.pickle","batches":[]}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -91,6 +91,7 @@ wait:
 	for {
 		select {
 		case s := <-t.Signals:
+			a.TrainerSignalled(s) // the cluster hears of it before the trainer's hook says so
 			child.Process.Signal(s)
 		case werr = <-exited:
 			break wait
@@ -128,13 +129,9 @@ wait:
 	}
 	gone.Stop()
 	tick.Stop()
-	// the trainer is gone: a window it never reached is missed
-	if w, st, ok := a.Current(); ok && (st == WindowQueued || st == WindowSent || st == WindowArmed || st == WindowRecording) {
-		a.Cancel(w.ID, "the trainer exited before the window was recorded")
-		a.mu.Lock()
-		a.stats.WindowsMissed++
-		a.mu.Unlock()
-	}
+	// the trainer is gone: a window it was in is over, and a trainer that failed
+	// is an incident the cluster hears of
+	a.TrainerExited(o.ExitCode)
 	deadline := time.NewTimer(t.DrainTimeout)
 	defer deadline.Stop()
 	tick = time.NewTicker(50 * time.Millisecond)

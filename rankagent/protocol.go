@@ -13,6 +13,8 @@ import (
 const (
 	ProtocolVersion = 1
 	MaxLine         = 64 << 10
+	// MaxCause bounds a stopping trainer's cause, in bytes.
+	MaxCause = 512
 )
 
 // Message is any message on the trainer socket; which fields apply depends on Type.
@@ -28,13 +30,19 @@ type Message struct {
 	Torch      string `json:"torch,omitempty"`
 	Hook       string `json:"hook,omitempty"`
 
-	// batch (hook -> agent): the batch the trainer is in
+	// batch (hook -> agent): the batch the trainer is in; also in recording and
+	// stopping
 	Batch  *int64 `json:"batch,omitempty"`
 	TimeUS int64  `json:"t_us,omitempty"`
 
+	// stopping (hook -> agent) and a crash snapshot: why the trainer is being
+	// stopped ("SIGTERM", "exception: <Type>: <message>", "exit"), at most
+	// MaxCause bytes
+	Cause string `json:"cause,omitempty"`
+
 	// snapshot / error / armed / recording (hook -> agent)
 	Window  uint64      `json:"window,omitempty"`
-	Reason  string      `json:"reason,omitempty"` // "window" or "oom"
+	Reason  string      `json:"reason,omitempty"` // "window", "oom", "postmortem" or "crash"
 	File    string      `json:"file,omitempty"`   // a base name inside the spool's incoming folder
 	Batches []BatchMark `json:"batches,omitempty"`
 	Message string      `json:"message,omitempty"`
@@ -109,6 +117,13 @@ func ParseMessage(line []byte) (*Message, error) {
 		if m.Batch == nil || *m.Batch < 0 {
 			return bad("needs a batch >= 0")
 		}
+	case "stopping":
+		if m.Cause == "" {
+			return bad("no cause")
+		}
+		if m.TimeUS < 0 || (m.Batch != nil && *m.Batch < 0) {
+			return bad("negative time or batch")
+		}
 	case "armed":
 		if m.Window == 0 {
 			return bad("no window id")
@@ -118,8 +133,16 @@ func ParseMessage(line []byte) (*Message, error) {
 			return bad("needs a window id and a batch >= 0")
 		}
 	case "snapshot":
-		if m.Reason != "window" && m.Reason != "oom" && m.Reason != "postmortem" {
-			return bad("reason %q (window, oom or postmortem)", m.Reason)
+		if m.Reason != "window" && m.Reason != "oom" && m.Reason != "postmortem" && m.Reason != "crash" {
+			return bad("reason %q (window, oom, postmortem or crash)", m.Reason)
+		}
+		// a crash dump names the window it was recording, with its bounds, or
+		// none (only record-always history)
+		if m.Reason == "crash" && m.Window != 0 && m.Stop <= m.Start {
+			return bad("window %d without its bounds", m.Window)
+		}
+		if m.Reason == "crash" && m.Window == 0 && (m.Start != 0 || m.Stop != 0) {
+			return bad("bounds [%d, %d) without a window id", m.Start, m.Stop)
 		}
 		if m.Reason == "postmortem" && m.Window == 0 {
 			return bad("a post-mortem without a window id")
@@ -155,6 +178,12 @@ func ParseMessage(line []byte) (*Message, error) {
 		}
 	default:
 		return bad("unknown message type")
+	}
+	if len(m.Cause) > MaxCause {
+		return bad("cause of %d bytes, more than %d", len(m.Cause), MaxCause)
+	}
+	if m.Cause != "" && m.Type != "stopping" && (m.Type != "snapshot" || m.Reason != "crash") {
+		return bad("a cause only comes with stopping or a crash snapshot")
 	}
 	return &m, nil
 }

@@ -11,8 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -34,12 +36,37 @@ type ReplayConfig struct {
 	// observer does, and stops.
 	OOMAt int64
 	// HangInWindow makes the trainer stop in the first batch of a window it records,
-	// as a stuck rank would (tests of ranks that die mid-window).
+	// as a stuck rank would (tests of ranks that die mid-window); a cause on Stop
+	// still stops it.
 	HangInWindow bool
-	Rank         int
-	UUID         string // the device UUID reported in hello
-	Logger       *slog.Logger
+	// FailAt, when above zero, makes the trainer raise an uncaught exception at the
+	// start of that batch: it does what the hook does on one (a stopping message
+	// with cause "exception: RuntimeError: replay failure at batch N", then a crash
+	// snapshot of the window it records, or of its record-always history), and
+	// Replay returns an error wrapping ErrTrainerFailed.
+	FailAt int64
+	// Stop stops the trainer as SIGTERM stops a hooked one: the cause that arrives
+	// ("SIGTERM" when it is empty or the channel is closed) goes to the agent in a
+	// stopping message, with a crash snapshot as for FailAt, and Replay returns an
+	// error wrapping ErrTrainerStopped. Nil: never.
+	Stop   <-chan string
+	Rank   int
+	UUID   string // the device UUID reported in hello
+	Logger *slog.Logger
 }
+
+var (
+	// ErrTrainerFailed is wrapped by Replay's error when ReplayConfig.FailAt made
+	// the replay trainer fail.
+	ErrTrainerFailed = errors.New("rankagent: the replay trainer failed")
+	// ErrTrainerStopped is wrapped by Replay's error when a cause on
+	// ReplayConfig.Stop stopped the replay trainer.
+	ErrTrainerStopped = errors.New("rankagent: the replay trainer was stopped")
+)
+
+// replayStopWait bounds how long a stopping replay trainer waits for the agent to
+// read its stopping message and crash snapshot (the hook's STOP_WAIT).
+const replayStopWait = 10 * time.Second
 
 // Replay runs the replay trainer until its batches are done or ctx ends. Like the
 // Python hook, it keeps training when the agent is absent and reconnects when it
@@ -71,8 +98,11 @@ type replay struct {
 
 	mu        sync.Mutex
 	conn      net.Conn
+	connDone  chan struct{} // closed once conn's reader has seen it end
 	spool     string
+	always    bool     // the agent asked for record-always history
 	batch     int64    // the batch the trainer is in (-1 before the first)
+	curStart  int64    // when that batch started (µs)
 	window    *Message // armed, not recording yet
 	recording *Message
 	marks     []BatchMark
@@ -123,14 +153,16 @@ func (r *replay) connect(wg *sync.WaitGroup) {
 	if err != nil {
 		return
 	}
+	done := make(chan struct{})
 	r.mu.Lock()
-	r.conn = c
+	r.conn, r.connDone = c, done
 	r.mu.Unlock()
 	rank := r.cfg.Rank
 	r.send(&Message{V: ProtocolVersion, Type: "hello", PID: os.Getpid(), Rank: &rank, DeviceUUID: r.cfg.UUID, Torch: "replay", Hook: "memsnap-replay/2"})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer close(done)
 		sc := bufio.NewScanner(c)
 		sc.Buffer(make([]byte, 4096), MaxLine)
 		for sc.Scan() {
@@ -149,7 +181,7 @@ func (r *replay) onMessage(m *Message) {
 	var reply *Message
 	switch m.Type {
 	case "welcome":
-		r.spool = m.Spool
+		r.spool, r.always = m.Spool, m.RecordAlways
 	case "window":
 		switch {
 		case m.Stop <= m.Start || m.Start < 0:
@@ -196,7 +228,9 @@ func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 		}
 		r.connect(wg)
 		if slices.Contains(r.cfg.HoldAt, b) {
-			r.hold(ctx, wg)
+			if cause, stop := r.hold(ctx, wg); stop {
+				return r.stopped(cause)
+			}
 		}
 		start := time.Now().UnixMicro()
 		bb := b
@@ -208,7 +242,7 @@ func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 			return nil
 		}
 		r.mu.Lock()
-		r.batch = b
+		r.batch, r.curStart = b, start
 		var reply *Message
 		if w := r.window; w != nil && r.recording == nil {
 			switch {
@@ -226,14 +260,21 @@ func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 		if reply != nil {
 			r.send(reply)
 		}
-		if hang {
-			<-ctx.Done()
-			return nil
+		if r.cfg.FailAt > 0 && b == r.cfg.FailAt {
+			cause := fmt.Sprintf("exception: RuntimeError: replay failure at batch %d", b)
+			r.stopping(cause)
+			return fmt.Errorf("%w: %s", ErrTrainerFailed, cause)
+		}
+		var paced <-chan time.Time // a hung trainer waits for ctx or a stop
+		if !hang {
+			paced = time.After(r.cfg.Pace)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(r.cfg.Pace):
+		case cause := <-r.cfg.Stop: // "" once closed
+			return r.stopped(cause)
+		case <-paced:
 		}
 		end := time.Now().UnixMicro()
 		r.mu.Lock()
@@ -269,8 +310,9 @@ func inBatches(t, t0, t1 int64, marks []BatchMark) int64 {
 	return m.StartUS + min(max(off, 0), m.EndUS-m.StartUS)
 }
 
-// hold waits until a window has arrived (or ctx ends), staying connected.
-func (r *replay) hold(ctx context.Context, wg *sync.WaitGroup) {
+// hold waits until a window has arrived (or ctx ends), staying connected. A cause
+// on Stop ends the wait: stop says so, with the cause.
+func (r *replay) hold(ctx context.Context, wg *sync.WaitGroup) (cause string, stop bool) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -278,11 +320,13 @@ func (r *replay) hold(ctx context.Context, wg *sync.WaitGroup) {
 		has := r.window != nil
 		r.mu.Unlock()
 		if has {
-			return
+			return "", false
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return "", false
+		case cause := <-r.cfg.Stop: // "" once closed
+			return cause, true
 		case <-r.got:
 		case <-t.C:
 			r.connect(wg)
@@ -290,15 +334,106 @@ func (r *replay) hold(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
+// stopped handles a stop that arrived on ReplayConfig.Stop; the error is Replay's.
+func (r *replay) stopped(cause string) error {
+	if cause == "" {
+		cause = "SIGTERM"
+	}
+	cause = clipCause(cause)
+	r.stopping(cause)
+	return fmt.Errorf("%w: %s", ErrTrainerStopped, cause)
+}
+
+// stopping does what the hook does when its process is being stopped: it tells
+// the agent why, dumps a crash snapshot when it records a window (the window's
+// events over the batches so far, the one in progress up to now) or keeps
+// record-always history (the events ending now, as a post-mortem), closes its
+// side of the connection and waits, at most replayStopWait, until the agent has
+// read both and closed its own. With no agent connected it sends nothing.
+func (r *replay) stopping(cause string) {
+	now := time.Now().UnixMicro()
+	r.mu.Lock()
+	c, done, spool := r.conn, r.connDone, r.spool
+	batch, rec, always := r.batch, r.recording, r.always
+	marks := slices.Clone(r.marks)
+	if rec != nil && batch >= rec.Start && (len(marks) == 0 || marks[len(marks)-1].Batch < batch) {
+		start := r.curStart
+		if len(marks) > 0 {
+			start = max(start, marks[len(marks)-1].EndUS)
+		}
+		marks = append(marks, BatchMark{Batch: batch, StartUS: min(start, now), EndUS: now})
+	}
+	r.window, r.recording, r.marks = nil, nil, nil
+	r.mu.Unlock()
+	if c == nil || spool == "" {
+		return
+	}
+	msg := &Message{Type: "stopping", Cause: cause, TimeUS: now}
+	if batch >= 0 {
+		msg.Batch = &batch
+	}
+	r.send(msg)
+	if rec != nil || always {
+		if err := r.crashDump(rec, marks, cause); err != nil {
+			r.log.Error("replay could not dump its crash snapshot", "err", err)
+			em := &Message{Type: "error", Code: CodeDumpFailed, Message: "could not dump the crash snapshot: " + err.Error()}
+			if rec != nil {
+				em.Window = rec.ID
+			}
+			r.send(em)
+		}
+	}
+	if uc, ok := c.(*net.UnixConn); ok {
+		uc.CloseWrite()
+	}
+	select {
+	case <-done:
+	case <-time.After(replayStopWait):
+		r.log.Warn("the agent did not read the stopping trainer's messages in time", "wait", replayStopWait)
+	}
+}
+
+// clipCause makes s valid UTF-8 of at most MaxCause bytes, cut between characters.
+func clipCause(s string) string {
+	s = strings.ToValidUTF8(s, "?")
+	if len(s) <= MaxCause {
+		return s
+	}
+	i := MaxCause
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
+}
+
 // dump writes the base snapshot with its events spread over the recorded batches,
 // then the snapshot message beside it, as the hook does.
 func (r *replay) dump(w *Message, marks []BatchMark) error {
-	r.mu.Lock()
-	spool := r.spool
-	r.mu.Unlock()
-	if spool == "" {
-		return errors.New("no spool folder from the agent")
+	return r.spoolWrite(r.spreadOver(marks), "w",
+		&Message{Type: "snapshot", Window: w.ID, Reason: "window", Batches: marks, Start: w.Start, Stop: w.Stop})
+}
+
+// dumpNow writes the base snapshot, its events ending now, outside any window: an
+// OOM (id 0) or a post-mortem asked for by the agent.
+func (r *replay) dumpNow(id uint64, reason string) error {
+	return r.spoolWrite(r.endingNow(), reason, &Message{Type: "snapshot", Window: id, Reason: reason})
+}
+
+// crashDump writes a stopping trainer's snapshot (reason "crash"): that of the
+// window rec over the batches recorded so far, or, with rec nil, the record-always
+// history ending now, in the post-mortem's shape and with window 0.
+func (r *replay) crashDump(rec *Message, marks []BatchMark, cause string) error {
+	msg := &Message{Type: "snapshot", Reason: "crash", Cause: cause}
+	if rec == nil || len(marks) == 0 {
+		return r.spoolWrite(r.endingNow(), "crash", msg)
 	}
+	msg.Window, msg.Start, msg.Stop, msg.Batches = rec.ID, rec.Start, rec.Stop, marks
+	return r.spoolWrite(r.spreadOver(marks), "crash", msg)
+}
+
+// spreadOver returns the base snapshot with its events laid inside the batches'
+// marks (see inBatches).
+func (r *replay) spreadOver(marks []BatchMark) *snapshot.Snapshot {
 	s := *r.base
 	var t0, t1 int64 = 1<<63 - 1, -1 << 63
 	for _, tr := range s.DeviceTraces {
@@ -306,43 +441,11 @@ func (r *replay) dump(w *Message, marks []BatchMark) error {
 			t0, t1 = min(t0, e.TimeUS), max(t1, e.TimeUS)
 		}
 	}
-	traces := make([][]*snapshot.TraceEntry, len(s.DeviceTraces))
-	for i, tr := range s.DeviceTraces {
-		out := make([]*snapshot.TraceEntry, len(tr))
-		for j, e := range tr {
-			c := *e
-			c.TimeUS = inBatches(e.TimeUS, t0, t1, marks)
-			out[j] = &c
-		}
-		traces[i] = out
-	}
-	s.DeviceTraces = traces
-	b, err := snapshot.EncodeBytes(&s)
-	if err != nil {
-		return err
-	}
-	name := fmt.Sprintf("rank%d.w%d.%d.pickle", r.cfg.Rank, w.ID, time.Now().UnixNano())
-	msg := &Message{Type: "snapshot", Window: w.ID, Reason: "window", File: name, Batches: marks, Start: w.Start, Stop: w.Stop}
-	if err := writeAtomic(filepath.Join(spool, companion(name)), encodeMessage(msg)); err != nil {
-		return err
-	}
-	if err := writeAtomic(filepath.Join(spool, name), b); err != nil {
-		os.Remove(filepath.Join(spool, companion(name)))
-		return err
-	}
-	r.send(msg)
-	return nil
+	return r.retimed(&s, func(t int64) int64 { return inBatches(t, t0, t1, marks) })
 }
 
-// dumpNow writes the base snapshot, its events ending now, outside any window: an
-// OOM (id 0) or a post-mortem asked for by the agent.
-func (r *replay) dumpNow(id uint64, reason string) error {
-	r.mu.Lock()
-	spool := r.spool
-	r.mu.Unlock()
-	if spool == "" {
-		return errors.New("no spool folder from the agent")
-	}
+// endingNow returns the base snapshot with its last event now.
+func (r *replay) endingNow() *snapshot.Snapshot {
 	now := time.Now().UnixMicro()
 	s := *r.base
 	var t1 int64 = -1 << 63
@@ -351,23 +454,40 @@ func (r *replay) dumpNow(id uint64, reason string) error {
 			t1 = max(t1, e.TimeUS)
 		}
 	}
+	return r.retimed(&s, func(t int64) int64 { return now - (t1 - t) })
+}
+
+// retimed gives s copies of its trace entries with their times mapped by at.
+func (r *replay) retimed(s *snapshot.Snapshot, at func(int64) int64) *snapshot.Snapshot {
 	traces := make([][]*snapshot.TraceEntry, len(s.DeviceTraces))
 	for i, tr := range s.DeviceTraces {
 		out := make([]*snapshot.TraceEntry, len(tr))
 		for j, e := range tr {
 			c := *e
-			c.TimeUS = now - (t1 - e.TimeUS)
+			c.TimeUS = at(e.TimeUS)
 			out[j] = &c
 		}
 		traces[i] = out
 	}
 	s.DeviceTraces = traces
-	b, err := snapshot.EncodeBytes(&s)
+	return s
+}
+
+// spoolWrite writes s into the agent's spool as rank<R>.<kind><window>.<ns>.pickle,
+// msg (its File filled in) beside it first, then sends msg, as the hook does.
+func (r *replay) spoolWrite(s *snapshot.Snapshot, kind string, msg *Message) error {
+	r.mu.Lock()
+	spool := r.spool
+	r.mu.Unlock()
+	if spool == "" {
+		return errors.New("no spool folder from the agent")
+	}
+	b, err := snapshot.EncodeBytes(s)
 	if err != nil {
 		return err
 	}
-	name := fmt.Sprintf("rank%d.%s%d.%d.pickle", r.cfg.Rank, reason, id, time.Now().UnixNano())
-	msg := &Message{Type: "snapshot", Window: id, Reason: reason, File: name}
+	name := fmt.Sprintf("rank%d.%s%d.%d.pickle", r.cfg.Rank, kind, msg.Window, time.Now().UnixNano())
+	msg.File = name
 	if err := writeAtomic(filepath.Join(spool, companion(name)), encodeMessage(msg)); err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge"
 )
 
 // The spool is a local folder (owner-only) that holds every snapshot until the
@@ -51,9 +52,14 @@ type job struct {
 	Window    uint64    `json:"window"`
 	Start     int64     `json:"start"`
 	Stop      int64     `json:"stop"`
-	Reason    string    `json:"reason,omitempty"`  // "window" or "oom"
+	Reason    string    `json:"reason,omitempty"`  // "window", "oom", "postmortem" or "crash"
 	Partial   string    `json:"partial,omitempty"` // why the snapshot does not cover the whole window
-	Rank      int       `json:"rank"`
+	Cause     string    `json:"cause,omitempty"`   // a crash: how the trainer was stopped
+	// Renamed says the snapshot's own name was taken by another object (a job
+	// relaunched under the same run name recorded the same batches), so Key is
+	// that name with ".window<id>" before ".pickle"
+	Renamed bool `json:"renamed,omitempty"`
+	Rank    int  `json:"rank"`
 	// AnalysisKey is where the rank's analysis of its snapshot goes ("" for none)
 	AnalysisKey string `json:"analysis_key,omitempty"`
 }
@@ -299,8 +305,9 @@ type UploadResult struct {
 	SHA256      string
 	Events      int
 	Window      Window
-	Reason      string // "window" or "oom"
+	Reason      string // "window", "oom", "postmortem" or "crash"
 	Partial     string // why the snapshot does not cover its whole window ("" when it does)
+	Cause       string // a crash: how the trainer was stopped
 	Err         error  // set when the job failed for good; the snapshot is in the spool's failed/
 }
 
@@ -452,7 +459,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 		return UploadResult{}, fmt.Errorf("%w: job.json: %w", errSpoolCorrupt, err)
 	}
 	res := UploadResult{Key: j.Key, MetaKey: j.MetaKey, AnalysisKey: j.AnalysisKey, Size: j.Size, SHA256: j.SHA256, Events: j.Events,
-		Window: Window{ID: j.Window, Start: j.Start, Stop: j.Stop}, Reason: j.Reason, Partial: j.Partial}
+		Window: Window{ID: j.Window, Start: j.Start, Stop: j.Stop}, Reason: j.Reason, Partial: j.Partial, Cause: j.Cause}
 	snap := filepath.Join(dir, "snapshot.pickle")
 	if sum, _, err := hashFile(snap); err != nil {
 		return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
@@ -482,7 +489,19 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 		}
 		return err
 	}
-	if err := put(j.Key, snap, j.SHA256, j.Overwrite); err != nil {
+	err = put(j.Key, snap, j.SHA256, j.Overwrite)
+	if errors.Is(err, store.ErrExists) && !j.Renamed && !j.Overwrite {
+		// another object holds the name (a relaunch that recorded the same
+		// batches): the snapshot goes under the window's own name, once and for
+		// all (job.json remembers it, so a retry uses the same name)
+		if j, err = u.rename(dir, j); err != nil {
+			return res, err
+		}
+		res.Key, res.MetaKey, res.AnalysisKey = j.Key, j.MetaKey, j.AnalysisKey
+		u.log.Warn("the snapshot's name is taken in the store; storing it under its window's name", "key", j.Key, "window", j.Window)
+		err = put(j.Key, snap, j.SHA256, false)
+	}
+	if err != nil {
 		return res, err
 	}
 	metaSum, _, err := hashFile(filepath.Join(dir, "meta.json"))
@@ -513,6 +532,33 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 		u.onResult(res)
 	}
 	return res, nil
+}
+
+// RenamedKey is where a snapshot goes when its own name is taken in the store:
+// ".window<id>" before ".pickle" (a window's id is unique over the run's life),
+// or, for a snapshot of no window, ".at<UTC time>".
+func RenamedKey(key string, window uint64, created time.Time) string {
+	tag := fmt.Sprintf(".window%d", window)
+	if window == 0 {
+		tag = ".at" + created.UTC().Format("20060102T150405.000000000Z")
+	}
+	return strings.TrimSuffix(key, ".pickle") + tag + ".pickle"
+}
+
+// rename moves a job's keys to the renamed ones and records that in job.json.
+func (u *uploader) rename(dir string, j job) (job, error) {
+	j.Key = RenamedKey(j.Key, j.Window, j.Created)
+	j.MetaKey = merge.MetaName(j.Key)
+	if j.AnalysisKey != "" {
+		j.AnalysisKey = merge.AnalysisName(j.Key)
+	}
+	j.Renamed = true
+	jb, _ := json.MarshalIndent(j, "", "  ")
+	tmp := filepath.Join(dir, ".job.json")
+	if err := writeFileSync(tmp, jb); err != nil {
+		return j, err
+	}
+	return j, os.Rename(tmp, filepath.Join(dir, "job.json"))
 }
 
 // fail moves a job that can never succeed to failed/ and reports it.

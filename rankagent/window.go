@@ -32,6 +32,12 @@ const (
 	WindowCancelled WindowState = "cancelled"
 	// WindowOOM reports the trainer's OOM (window 0; its snapshot follows).
 	WindowOOM WindowState = "oom"
+	// WindowStopping reports that the trainer is being stopped (a signal, an
+	// uncaught exception, an exit in the middle of a window, or a trainer that
+	// died): Reason says how, Window is the window it was recording (or zero). The
+	// snapshot of what it recorded follows as an upload with reason "crash", or a
+	// WindowFailed event of window zero says why there is none.
+	WindowStopping WindowState = "stopping"
 )
 
 // WindowEvent is one step of a window's life on this rank.
@@ -138,10 +144,15 @@ func (a *Agent) adopt(ctx context.Context) {
 		if m == nil {
 			m = &Message{Type: "snapshot", Reason: "window", File: name}
 		}
-		a.log.Info("adopting a snapshot left in the spool", "file", name, "window", m.Window)
 		a.mu.Lock()
+		if a.taking[name] {
+			a.mu.Unlock()
+			continue
+		}
+		a.taking[name] = true
 		a.working++
 		a.mu.Unlock()
+		a.log.Info("adopting a snapshot left in the spool", "file", name, "window", m.Window)
 		a.takeSnapshot(m, nil, nil, true)
 	}
 }
@@ -177,6 +188,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	defer func() {
 		a.mu.Lock()
 		a.working--
+		delete(a.taking, m.File)
 		a.mu.Unlock()
 	}()
 	src, err := a.sp.incomingFile(m.File)
@@ -197,6 +209,14 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 		}
 	case m.Reason == "postmortem":
 		w = Window{ID: m.Window, Start: max(batch, 0), Stop: max(batch, 0)}
+	case m.Reason == "crash":
+		// named like an OOM dump, by the batch it stopped in; the window it was
+		// recording, if any, goes into its metadata
+		b := max(batch, 0)
+		if n := len(m.Batches); n > 0 {
+			b = m.Batches[n-1].Batch
+		}
+		w = Window{ID: m.Window, Start: b, Stop: b + 1}
 	case armed != nil:
 		w = *armed
 		if m.Stop != 0 && (m.Start != w.Start || m.Stop != w.Stop) {
@@ -243,7 +263,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	}
 	kind := ""
 	switch {
-	case m.Reason == "oom" || m.Reason == "postmortem":
+	case m.Reason == "oom" || m.Reason == "postmortem" || m.Reason == "crash":
 		kind = m.Reason
 	case partial != "":
 		kind = "partial"
@@ -257,7 +277,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	a.mu.Lock()
 	meta := merge.RankMeta{Version: 1, RunName: id.RunName, Rank: id.Rank, LocalRank: id.LocalRank, NodeRank: id.NodeRank,
 		WorldSize: id.WorldSize, LocalWorldSize: id.LocalWorldSize, GPU: a.gpuInfoLocked(), Reason: m.Reason, Samples: samples, Partial: partial,
-		StallUS: m.StallUS}
+		StallUS: m.StallUS, Cause: m.Cause}
 	if a.offset != nil {
 		off, rtt := a.offset.offsetUS, a.offset.rttUS
 		meta.ClockOffsetUS, meta.ClockRTTUS = &off, &rtt
@@ -266,6 +286,10 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	meta.Hostname, _ = os.Hostname()
 	if m.Reason == "window" || m.Reason == "postmortem" {
 		meta.Window = &merge.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}
+	}
+	if m.Reason == "crash" && m.Window != 0 && m.Stop > m.Start {
+		meta.Window = &merge.WindowInfo{ID: m.Window, Start: m.Start, Stop: m.Stop}
+		meta.Partial = fmt.Sprintf("the trainer was stopped in batch %d of [%d, %d) (%s)", w.Start, m.Start, m.Stop, m.Cause)
 	}
 	for _, b := range m.Batches {
 		meta.Batches = append(meta.Batches, merge.BatchMark{Batch: b.Batch, StartUS: b.StartUS, EndUS: b.EndUS})
@@ -284,7 +308,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	}
 	s = nil
 	j := job{Key: key, MetaKey: merge.MetaName(key), SHA256: sum, Size: int64(len(data)), Events: events, Overwrite: a.cfg.Overwrite,
-		Created: time.Now().UTC(), Window: w.ID, Start: w.Start, Stop: w.Stop, Reason: m.Reason, Partial: partial, Rank: id.Rank}
+		Created: time.Now().UTC(), Window: w.ID, Start: w.Start, Stop: w.Stop, Reason: m.Reason, Partial: partial, Rank: id.Rank, Cause: m.Cause}
 	if ab != nil {
 		j.AnalysisKey = merge.AnalysisName(key)
 	}
@@ -312,7 +336,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 		a.log.Warn("the snapshot does not cover its whole window; it is kept under a .partial name", "window", w.ID, "reason", partial, "key", key)
 	}
 	a.log.Info("snapshot spooled", "window", w.ID, "reason", m.Reason, "events", events, "bytes", j.Size, "key", key, "nvml_samples", len(samples), "job", jobID, "adopted", adopted)
-	if m.Reason != "oom" {
+	if m.Reason != "oom" && m.Reason != "crash" {
 		a.post(WindowEvent{Window: w, State: state, Batch: batch, Reason: partial, Time: time.Now()})
 	}
 	a.up.kick()

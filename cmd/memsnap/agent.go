@@ -122,7 +122,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return errors.New("--window is for standalone agents; in a cluster the leader plans windows (--skip-batches, --interval, --every, or memsnap snapshot)")
 		}
 		ccfg := coordinator.DefaultConfig(id)
-		if err := mf.apply(&ccfg, id.LocalWorldSize); err != nil {
+		if err := mf.apply(&ccfg, id.LocalRank, id.LocalWorldSize); err != nil {
 			return err
 		}
 		if len(ccfg.Join) == 0 && id.Rank != 0 {
@@ -152,7 +152,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	idle := func() bool { return true }
 	if member != nil {
 		runAll = member.Run
-		idle = func() bool { return !member.Coord.Busy() }
+		idle = func() bool { return !member.Coord.Busy() && member.Coord.Settled() }
 	}
 	if len(cmdArgs) == 0 {
 		return runAll(ctx)

@@ -49,29 +49,36 @@ func (f *memberFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.join, "join", "", "members to join, host[:port],... (default: $MEMSNAP_JOIN, torchrun's MASTER_ADDR, SLURM's first node, Open MPI's head node)")
 	fs.StringVar(&f.bind, "bind", "", "the address gossip listens on (default 0.0.0.0, or 127.0.0.1 when every member to join is on loopback)")
 	fs.StringVar(&f.advertise, "advertise", "", "the address other members reach this one at (default: the first private address)")
-	fs.IntVar(&f.port, "gossip-port", -1, fmt.Sprintf("the gossip port (default %d + the local rank; 0 picks a free one)", coordinator.DefaultGossipPort))
+	fs.IntVar(&f.port, "gossip-port", -1, fmt.Sprintf("the base gossip port: local rank L listens on it + L, and a host to join without a port is tried at it + 0 ... + local world size - 1 (default %d; 0 picks a free port)", coordinator.DefaultGossipPort))
 	fs.StringVar(&f.key, "key", "", "the gossip key, base64 (default: --key-file, or $"+coordinator.KeyEnv+"; make one with memsnap keygen)")
 	fs.StringVar(&f.keyFile, "key-file", "", "a file holding the gossip key (mode 600)")
 	fs.BoolVar(&f.insecure, "insecure", false, "run without a gossip key: no encryption, anyone who reaches the port can join")
 }
 
-// apply fills a coordinator configuration from the flags.
-func (f *memberFlags) apply(cfg *coordinator.Config, localWorld int) error {
+// apply fills a coordinator configuration from the flags; localRank is this
+// member's rank on its host (0 for a client).
+func (f *memberFlags) apply(cfg *coordinator.Config, localRank, localWorld int) error {
 	key, err := coordinator.LoadKey(f.key, f.keyFile, nil)
 	if err != nil {
 		return err
 	}
 	cfg.SecretKey, cfg.Insecure = key, f.insecure
 	base := coordinator.DefaultGossipPort
+	if f.port > 0 {
+		base = f.port
+	}
 	if f.join != "" {
-		if cfg.Join, err = coordinator.ParseJoin(f.join, base); err != nil {
+		if cfg.Join, err = coordinator.ParseJoin(f.join, base, localWorld); err != nil {
 			return err
 		}
 	} else if cfg.Join, _, err = coordinator.JoinAddrs(nil, base, localWorld); err != nil {
 		return err
 	}
-	if f.port >= 0 {
-		cfg.Memberlist.BindPort, cfg.Memberlist.AdvertisePort = f.port, f.port
+	if f.port == 0 {
+		cfg.Memberlist.BindPort, cfg.Memberlist.AdvertisePort = 0, 0
+	} else if f.port > 0 {
+		cfg.Memberlist.BindPort = f.port + localRank
+		cfg.Memberlist.AdvertisePort = cfg.Memberlist.BindPort
 	}
 	switch {
 	case f.bind != "":
@@ -152,7 +159,8 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	batches := fs.Int64("batches", 0, "batches in the window (default: the leader's --interval)")
 	wait := fs.Bool("wait", false, "wait until the window is merged and published (default: return once it is planned)")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object")
-	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long")
+	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long (the leader's own bound on the window is printed when it is planned)")
+	joinTimeout := fs.Duration("join-timeout", 15*time.Second, "give up joining the cluster after this long, saying why")
 	verbose := fs.Bool("v", false, "log gossip")
 	if _, err := parse(fs, args); err != nil {
 		return err
@@ -168,6 +176,9 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if name == "" {
 		return errors.New("no run name: pass --run (the agents' --run-name)")
 	}
+	if *batches < 0 || *batches > coordinator.MaxWindowBatches {
+		return fmt.Errorf("--batches %d: a window is 1 to %d batches (0: the leader's --interval)", *batches, coordinator.MaxWindowBatches)
+	}
 	level := slog.LevelError
 	if *verbose {
 		level = slog.LevelDebug
@@ -176,9 +187,11 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	cfg.Client = true
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Memberlist.BindPort, cfg.Memberlist.AdvertisePort = 0, 0
-	if err := mf.apply(&cfg, 1); err != nil {
+	cfg.JoinTimeout = *joinTimeout
+	if err := mf.apply(&cfg, 0, 1); err != nil {
 		return err
 	}
+	cfg.Memberlist.BindPort, cfg.Memberlist.AdvertisePort = 0, 0 // a client takes any free port
 	if len(cfg.Join) == 0 {
 		return errors.New("no agent to ask: pass --join host[:port] (an agent's gossip address)")
 	}
@@ -190,20 +203,43 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	defer cancel()
 	runDone := make(chan error, 1)
 	go func() { runDone <- c.Run(ctx) }()
-	defer func() { cancel(); <-runDone }()
-	if _, err := waitFor(ctx, 30*time.Second, func() bool { _, ok := c.Leader(); return ok }); err != nil {
-		return fmt.Errorf("no leader answered through %v: %w (is the run name right, and the key the agents use?)", cfg.Join, err)
+	var runErr error
+	defer func() {
+		cancel()
+		if runErr == nil {
+			<-runDone
+		}
+	}()
+	// joined and a leader known, or why not (Run returns the join's diagnosis)
+	leader := make(chan struct{})
+	go func() {
+		waitFor(ctx, *timeout, func() bool { _, ok := c.Leader(); return ok })
+		close(leader)
+	}()
+	select {
+	case runErr = <-runDone:
+		if runErr == nil {
+			runErr = ctx.Err()
+		}
+		return fmt.Errorf("joining the cluster of run %q: %w", name, runErr)
+	case <-leader:
+		if _, ok := c.Leader(); !ok {
+			return fmt.Errorf("joined through %v, but no rank of run %q is a member: %w", cfg.Join, name, ctx.Err())
+		}
 	}
 	p := newProgressPrinter(stderr, *asJSON)
 	planned := make(chan struct{})
 	var once sync.Once
 	res, err := c.Snapshot(ctx, *batches, func(u coordinator.Update) {
 		p.update(u)
-		if u.State == "planned" && !*wait {
+		if u.State == pb.Step_STEP_PLANNED && !*wait {
 			once.Do(func() { close(planned) })
 		}
 	}, planned)
 	if err != nil && !errors.Is(err, coordinator.ErrDetached) {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("gave up after --timeout %v: %w", *timeout, err)
+		}
 		return err
 	}
 	if res == nil { // planned, not waited for
@@ -211,13 +247,29 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return nil
 	}
 	p.done()
-	if *asJSON {
-		return json.NewEncoder(stdout).Encode(resultJSON(res, p.window))
+	if res.Window != 0 {
+		p.window = res.Window
 	}
-	if res.State != "published" {
+	if *asJSON {
+		if err := json.NewEncoder(stdout).Encode(resultJSON(res, p.window)); err != nil {
+			return err
+		}
+		if res.State != pb.Outcome_OUTCOME_PUBLISHED {
+			return exitError{1}
+		}
+		return nil
+	}
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED {
 		return fmt.Errorf("window %d failed: %s", p.window, res.Error)
 	}
-	fmt.Fprintf(stdout, "window %d (batches %d-%d) published: %d ranks merged", p.window, res.Start, res.Stop-1, len(res.Ranks))
+	what := "window"
+	switch res.Kind {
+	case pb.WindowKind_WINDOW_KIND_OOM:
+		what = "OOM post-mortem"
+	case pb.WindowKind_WINDOW_KIND_CRASH:
+		what = "crash post-mortem"
+	}
+	fmt.Fprintf(stdout, "%s %d (batches %d-%d) published: %d ranks merged", what, p.window, res.Start, res.Stop-1, len(res.Ranks))
 	if len(res.Missing) > 0 {
 		fmt.Fprintf(stdout, ", %d missing", len(res.Missing))
 	}
@@ -241,6 +293,16 @@ func sortedMissing(m map[int32]string) []int {
 	return out
 }
 
+func outcomeName(o pb.Outcome) string {
+	switch o {
+	case pb.Outcome_OUTCOME_PUBLISHED:
+		return "published"
+	case pb.Outcome_OUTCOME_FAILED:
+		return "failed"
+	}
+	return "unknown"
+}
+
 func resultJSON(r *pb.WindowResult, window uint64) any {
 	missing := map[string]string{}
 	for k, v := range r.Missing {
@@ -260,7 +322,7 @@ func resultJSON(r *pb.WindowResult, window uint64) any {
 		Ranks    []int32           `json:"ranks"`
 		Missing  map[string]string `json:"missing"`
 		Error    string            `json:"error,omitempty"`
-	}{window, r.State, r.Start, r.Stop, r.Manifest, r.Outputs, ranks, missing, r.Error}
+	}{window, outcomeName(r.State), r.Start, r.Stop, r.Manifest, r.Outputs, ranks, missing, r.Error}
 }
 
 // waitFor polls cond until it holds or timeout passes.
@@ -287,12 +349,12 @@ type progressPrinter struct {
 	mu      sync.Mutex
 	window  uint64
 	batches string
-	states  map[int]string
+	states  map[int]pb.Step
 	last    time.Time
 }
 
 func newProgressPrinter(w io.Writer, quiet bool) *progressPrinter {
-	return &progressPrinter{w: w, quiet: quiet, states: map[int]string{}}
+	return &progressPrinter{w: w, quiet: quiet, states: map[int]pb.Step{}}
 }
 
 func (p *progressPrinter) update(u coordinator.Update) {
@@ -302,24 +364,31 @@ func (p *progressPrinter) update(u coordinator.Update) {
 		p.window = u.Window
 	}
 	if u.Rank < 0 {
-		if u.State == "planned" {
+		if u.State == pb.Step_STEP_PLANNED {
 			p.batches = u.Reason
 		}
 		if !p.quiet {
-			fmt.Fprintf(p.w, "window %d %s %s\n", p.window, u.State, u.Reason)
+			line := fmt.Sprintf("window %d %s %s", p.window, coordinator.StepName(u.State), u.Reason)
+			if u.State == pb.Step_STEP_UNSPECIFIED {
+				line = fmt.Sprintf("window %d: %s", p.window, u.Reason)
+			}
+			if !u.Deadline.IsZero() {
+				line += fmt.Sprintf("; the leader gives up on it at %s (in %v)", u.Deadline.Format("15:04:05"), time.Until(u.Deadline).Round(time.Second))
+			}
+			fmt.Fprintln(p.w, line)
 		}
 		return
 	}
 	// progress travels as datagrams: show a rank's steps only forwards, once each
-	if stepOrder[u.State] <= stepOrder[p.states[u.Rank]] && stepOrder[u.State] < stepOrder["uploaded"] {
+	if stepOrder(u.State) <= stepOrder(p.states[u.Rank]) && stepOrder(u.State) < stepOrder(pb.Step_STEP_UPLOADED) {
 		return
 	}
 	p.states[u.Rank] = u.State
-	if p.quiet || u.State == "queued" || u.State == "sent" {
+	if p.quiet || u.State == pb.Step_STEP_QUEUED || u.State == pb.Step_STEP_SENT {
 		return
 	}
 	if len(p.states) <= 16 {
-		line := fmt.Sprintf("  rank %-3d %-10s", u.Rank, u.State)
+		line := fmt.Sprintf("  rank %-3d %-10s", u.Rank, coordinator.StepName(u.State))
 		if u.Batch >= 0 {
 			line += fmt.Sprintf(" batch %d", u.Batch)
 		}
@@ -335,13 +404,30 @@ func (p *progressPrinter) update(u coordinator.Update) {
 }
 
 // stepOrder orders a rank's steps in a window; the ends of a window share the last place.
-var stepOrder = map[string]int{"": 0, "queued": 1, "sent": 2, "acked": 3, "armed": 4, "recording": 5, "spooled": 6, "partial": 6,
-	"uploaded": 7, "missed": 7, "passed": 7, "failed": 7, "cancelled": 7, "refused": 7, "missing": 7}
+func stepOrder(s pb.Step) int {
+	switch s {
+	case pb.Step_STEP_QUEUED:
+		return 1
+	case pb.Step_STEP_SENT:
+		return 2
+	case pb.Step_STEP_ACKED:
+		return 3
+	case pb.Step_STEP_ARMED:
+		return 4
+	case pb.Step_STEP_RECORDING, pb.Step_STEP_STOPPING:
+		return 5
+	case pb.Step_STEP_SPOOLED, pb.Step_STEP_PARTIAL:
+		return 6
+	case pb.Step_STEP_UPLOADED, pb.Step_STEP_MISSED, pb.Step_STEP_PASSED, pb.Step_STEP_FAILED, pb.Step_STEP_CANCELLED, pb.Step_STEP_REFUSED, pb.Step_STEP_MISSING:
+		return 7
+	}
+	return 0
+}
 
 func (p *progressPrinter) summary() {
 	counts := map[string]int{}
 	for _, s := range p.states {
-		counts[s]++
+		counts[coordinator.StepName(s)]++
 	}
 	names := make([]string, 0, len(counts))
 	for s := range counts {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/demodata"
+	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/rankagent"
@@ -122,7 +123,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	if res.State != "published" {
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED {
 		return fmt.Errorf("demo: window %d failed: %s", p.window, res.Error)
 	}
 	fmt.Fprintf(stdout, "window %d (batches %d-%d) merged from %d ranks and published to %s\n", p.window, res.Start, res.Stop-1, len(res.Ranks), st)

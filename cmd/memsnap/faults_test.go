@@ -56,14 +56,15 @@ func startProcCluster(t *testing.T, n int, storeArgs []string, hang ...int) *pro
 	copy(pc.key, fmt.Sprintf("%032d", time.Now().UnixNano()))
 	pc.sock, _ = os.MkdirTemp("", "ms")
 	t.Cleanup(func() { os.RemoveAll(pc.sock) })
+	base := testutil.FreePorts(t, n) // local rank L listens on base+L
 	for r := 0; r < n; r++ {
-		pc.ports = append(pc.ports, freePort(t))
+		pc.ports = append(pc.ports, base+r)
 	}
 	for r := 0; r < n; r++ {
 		snap := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r%4))
 		args := append([]string{"agent", "--run-name", pc.run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(n),
 			"--local-world-size", strconv.Itoa(n), "--spool", filepath.Join(pc.sock, fmt.Sprintf("spool%d", r)), "--socket", filepath.Join(pc.sock, fmt.Sprintf("s%d", r)),
-			"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(pc.ports[r]), "--no-schedule", "--collect-timeout", "5s", "--drain-timeout", "30s"}, storeArgs...)
+			"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(pc.ports[0]), "--no-schedule", "--collect-timeout", "5s", "--drain-timeout", "30s"}, storeArgs...)
 		if r > 0 {
 			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", pc.ports[0]))
 		}
@@ -148,14 +149,14 @@ func TestFaultNonLeaderKilled(t *testing.T) {
 	c := pc.client(3)
 	var killed atomic.Bool
 	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u coordinator.Update) {
-		if u.Rank == 2 && u.State == "recording" && killed.CompareAndSwap(false, true) {
+		if u.Rank == 2 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
 			go pc.kill(2)
 		}
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" || res.Missing[2] == "" {
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 1]" || res.Missing[2] == "" {
 		t.Fatalf("result %+v", res)
 	}
 	checkPublished(t, dir, res, 1)
@@ -170,14 +171,14 @@ func TestFaultLeaderKilled(t *testing.T) {
 	c := pc.client(3)
 	var killed atomic.Bool
 	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u coordinator.Update) {
-		if u.Rank == 0 && u.State == "recording" && killed.CompareAndSwap(false, true) {
+		if u.Rank == 0 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
 			go pc.kill(0)
 		}
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.State != "published" || fmt.Sprint(res.Ranks) != "[1 2]" {
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[1 2]" {
 		t.Fatalf("result %+v", res)
 	}
 	checkPublished(t, dir, res, 1)
@@ -197,7 +198,7 @@ func TestFaultStoreDownDuringUploads(t *testing.T) {
 	resc := make(chan *pb.WindowResult, 1)
 	go func() {
 		res, err := c.Snapshot(testutil.Context(t, 3*time.Minute), 2, func(u coordinator.Update) {
-			if u.Rank >= 0 && u.State == "recording" && stopped.CompareAndSwap(0, 1) {
+			if u.Rank >= 0 && u.State == pb.Step_STEP_RECORDING && stopped.CompareAndSwap(0, 1) {
 				m.Stop()
 				stopped.Store(2)
 			}
@@ -213,7 +214,7 @@ func TestFaultStoreDownDuringUploads(t *testing.T) {
 	})
 	restarted.Do(m.Start)
 	res := <-resc
-	if res == nil || res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" {
+	if res == nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 1]" {
 		t.Fatalf("result %+v", res)
 	}
 	ctx := testutil.Context(t, time.Minute)

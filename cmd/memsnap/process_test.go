@@ -52,14 +52,15 @@ func TestClusterCommands(t *testing.T) {
 	sockDir, _ := os.MkdirTemp("", "ms")
 	defer os.RemoveAll(sockDir)
 	run := fmt.Sprintf("clitest%d", time.Now().UnixNano()%1e6)
-	ports := []int{freePort(t), freePort(t)}
+	base := testutil.FreePorts(t, 2) // local rank L listens on base+L
+	ports := []int{base, base + 1}
 	var agents []*exec.Cmd
 	var logs []*syncBuffer
 	for r := 0; r < 2; r++ {
 		snap := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r))
 		args := []string{"agent", "--run-name", run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", "2", "--local-world-size", "2",
 			"--store", storeDir, "--spool", filepath.Join(sockDir, fmt.Sprintf("spool%d", r)), "--socket", filepath.Join(sockDir, fmt.Sprintf("s%d", r)),
-			"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(ports[r]), "--no-schedule", "--collect-timeout", "30s"}
+			"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(base), "--no-schedule", "--collect-timeout", "30s"}
 		if r > 0 {
 			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", ports[0]))
 		}

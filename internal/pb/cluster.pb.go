@@ -23,6 +23,276 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// WindowKind is what a window records.
+type WindowKind int32
+
+const (
+	WindowKind_WINDOW_KIND_UNSPECIFIED WindowKind = 0
+	WindowKind_WINDOW_KIND_WINDOW      WindowKind = 1 // batches [start, stop) on every rank, in lockstep
+	WindowKind_WINDOW_KIND_OOM         WindowKind = 2 // a post-mortem of every rank when one ran out of memory
+	WindowKind_WINDOW_KIND_CRASH       WindowKind = 3 // a post-mortem of every rank when the job was stopped
+)
+
+// Enum value maps for WindowKind.
+var (
+	WindowKind_name = map[int32]string{
+		0: "WINDOW_KIND_UNSPECIFIED",
+		1: "WINDOW_KIND_WINDOW",
+		2: "WINDOW_KIND_OOM",
+		3: "WINDOW_KIND_CRASH",
+	}
+	WindowKind_value = map[string]int32{
+		"WINDOW_KIND_UNSPECIFIED": 0,
+		"WINDOW_KIND_WINDOW":      1,
+		"WINDOW_KIND_OOM":         2,
+		"WINDOW_KIND_CRASH":       3,
+	}
+)
+
+func (x WindowKind) Enum() *WindowKind {
+	p := new(WindowKind)
+	*p = x
+	return p
+}
+
+func (x WindowKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WindowKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_internal_pb_cluster_proto_enumTypes[0].Descriptor()
+}
+
+func (WindowKind) Type() protoreflect.EnumType {
+	return &file_internal_pb_cluster_proto_enumTypes[0]
+}
+
+func (x WindowKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WindowKind.Descriptor instead.
+func (WindowKind) EnumDescriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{0}
+}
+
+// Step is one step of a window: a rank's (progress with rank >= 0) or the
+// window's as a whole (rank -1).
+type Step int32
+
+const (
+	Step_STEP_UNSPECIFIED Step = 0
+	Step_STEP_QUEUED      Step = 1 // the rank has the window; no trainer has it yet
+	Step_STEP_SENT        Step = 2 // sent to the trainer
+	Step_STEP_ACKED       Step = 3 // the rank took the plan
+	Step_STEP_ARMED       Step = 4 // the trainer is before the start and waits for it
+	Step_STEP_RECORDING   Step = 5
+	Step_STEP_SPOOLED     Step = 6  // the snapshot is on the rank's disk
+	Step_STEP_PARTIAL     Step = 7  // the snapshot does not cover the whole window
+	Step_STEP_UPLOADED    Step = 8  // the snapshot is in the store
+	Step_STEP_MISSED      Step = 9  // the trainer was past the start
+	Step_STEP_PASSED      Step = 10 // the rank was past the start when the plan arrived
+	Step_STEP_FAILED      Step = 11
+	Step_STEP_CANCELLED   Step = 12
+	Step_STEP_REFUSED     Step = 13 // the rank refused the plan
+	Step_STEP_MISSING     Step = 14 // the leader gave up on the rank
+	Step_STEP_STOPPING    Step = 15 // the rank's trainer is being stopped (a crash)
+	Step_STEP_PLANNED     Step = 32 // the window: planned (the reason says which batches, on how many ranks)
+	Step_STEP_PUBLISHING  Step = 33 // the window: merging and publishing
+	Step_STEP_RETRYING    Step = 34 // the window: the store failed; publication is retried
+)
+
+// Enum value maps for Step.
+var (
+	Step_name = map[int32]string{
+		0:  "STEP_UNSPECIFIED",
+		1:  "STEP_QUEUED",
+		2:  "STEP_SENT",
+		3:  "STEP_ACKED",
+		4:  "STEP_ARMED",
+		5:  "STEP_RECORDING",
+		6:  "STEP_SPOOLED",
+		7:  "STEP_PARTIAL",
+		8:  "STEP_UPLOADED",
+		9:  "STEP_MISSED",
+		10: "STEP_PASSED",
+		11: "STEP_FAILED",
+		12: "STEP_CANCELLED",
+		13: "STEP_REFUSED",
+		14: "STEP_MISSING",
+		15: "STEP_STOPPING",
+		32: "STEP_PLANNED",
+		33: "STEP_PUBLISHING",
+		34: "STEP_RETRYING",
+	}
+	Step_value = map[string]int32{
+		"STEP_UNSPECIFIED": 0,
+		"STEP_QUEUED":      1,
+		"STEP_SENT":        2,
+		"STEP_ACKED":       3,
+		"STEP_ARMED":       4,
+		"STEP_RECORDING":   5,
+		"STEP_SPOOLED":     6,
+		"STEP_PARTIAL":     7,
+		"STEP_UPLOADED":    8,
+		"STEP_MISSED":      9,
+		"STEP_PASSED":      10,
+		"STEP_FAILED":      11,
+		"STEP_CANCELLED":   12,
+		"STEP_REFUSED":     13,
+		"STEP_MISSING":     14,
+		"STEP_STOPPING":    15,
+		"STEP_PLANNED":     32,
+		"STEP_PUBLISHING":  33,
+		"STEP_RETRYING":    34,
+	}
+)
+
+func (x Step) Enum() *Step {
+	p := new(Step)
+	*p = x
+	return p
+}
+
+func (x Step) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Step) Descriptor() protoreflect.EnumDescriptor {
+	return file_internal_pb_cluster_proto_enumTypes[1].Descriptor()
+}
+
+func (Step) Type() protoreflect.EnumType {
+	return &file_internal_pb_cluster_proto_enumTypes[1]
+}
+
+func (x Step) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Step.Descriptor instead.
+func (Step) EnumDescriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+// AckCode says why a rank refused a command.
+type AckCode int32
+
+const (
+	AckCode_ACK_OK          AckCode = 0
+	AckCode_ACK_PASSED      AckCode = 1 // the trainer is past the window's start
+	AckCode_ACK_BUSY        AckCode = 2 // another window is in progress
+	AckCode_ACK_STALE       AckCode = 3 // the window id is not newer than one the rank has seen
+	AckCode_ACK_ERROR       AckCode = 4
+	AckCode_ACK_NOT_LEADER  AckCode = 5 // the sender is not the leader this member sees (Ack.message names it)
+	AckCode_ACK_STALE_TERM  AckCode = 6 // the sender's term is older than one this member has seen (Ack.term)
+	AckCode_ACK_BAD_REQUEST AckCode = 7 // the request cannot be served as asked (Ack.message says why)
+)
+
+// Enum value maps for AckCode.
+var (
+	AckCode_name = map[int32]string{
+		0: "ACK_OK",
+		1: "ACK_PASSED",
+		2: "ACK_BUSY",
+		3: "ACK_STALE",
+		4: "ACK_ERROR",
+		5: "ACK_NOT_LEADER",
+		6: "ACK_STALE_TERM",
+		7: "ACK_BAD_REQUEST",
+	}
+	AckCode_value = map[string]int32{
+		"ACK_OK":          0,
+		"ACK_PASSED":      1,
+		"ACK_BUSY":        2,
+		"ACK_STALE":       3,
+		"ACK_ERROR":       4,
+		"ACK_NOT_LEADER":  5,
+		"ACK_STALE_TERM":  6,
+		"ACK_BAD_REQUEST": 7,
+	}
+)
+
+func (x AckCode) Enum() *AckCode {
+	p := new(AckCode)
+	*p = x
+	return p
+}
+
+func (x AckCode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AckCode) Descriptor() protoreflect.EnumDescriptor {
+	return file_internal_pb_cluster_proto_enumTypes[2].Descriptor()
+}
+
+func (AckCode) Type() protoreflect.EnumType {
+	return &file_internal_pb_cluster_proto_enumTypes[2]
+}
+
+func (x AckCode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AckCode.Descriptor instead.
+func (AckCode) EnumDescriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+// Outcome is how a window ended, or that the answering leader does not know it.
+type Outcome int32
+
+const (
+	Outcome_OUTCOME_UNSPECIFIED Outcome = 0
+	Outcome_OUTCOME_PUBLISHED   Outcome = 1
+	Outcome_OUTCOME_FAILED      Outcome = 2
+	Outcome_OUTCOME_UNKNOWN     Outcome = 3 // not in progress here and not in the store's log
+)
+
+// Enum value maps for Outcome.
+var (
+	Outcome_name = map[int32]string{
+		0: "OUTCOME_UNSPECIFIED",
+		1: "OUTCOME_PUBLISHED",
+		2: "OUTCOME_FAILED",
+		3: "OUTCOME_UNKNOWN",
+	}
+	Outcome_value = map[string]int32{
+		"OUTCOME_UNSPECIFIED": 0,
+		"OUTCOME_PUBLISHED":   1,
+		"OUTCOME_FAILED":      2,
+		"OUTCOME_UNKNOWN":     3,
+	}
+)
+
+func (x Outcome) Enum() *Outcome {
+	p := new(Outcome)
+	*p = x
+	return p
+}
+
+func (x Outcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Outcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_internal_pb_cluster_proto_enumTypes[3].Descriptor()
+}
+
+func (Outcome) Type() protoreflect.EnumType {
+	return &file_internal_pb_cluster_proto_enumTypes[3]
+}
+
+func (x Outcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Outcome.Descriptor instead.
+func (Outcome) EnumDescriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{3}
+}
+
 // NodeMeta is a member's memberlist metadata (memberlist allows 512 bytes): who it
 // is in the job. It changes rarely; progress travels in messages, not here.
 type NodeMeta struct {
@@ -36,8 +306,7 @@ type NodeMeta struct {
 	GpuUuid       string                 `protobuf:"bytes,7,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
 	LastWindow    uint64                 `protobuf:"varint,8,opt,name=last_window,json=lastWindow,proto3" json:"last_window,omitempty"` // the newest window id this member has seen
 	Hostname      string                 `protobuf:"bytes,9,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	Batch         int64                  `protobuf:"varint,10,opt,name=batch,proto3" json:"batch,omitempty"`                 // the trainer's batch when the metadata was last refreshed (-1: none)
-	StepUs        int64                  `protobuf:"varint,11,opt,name=step_us,json=stepUs,proto3" json:"step_us,omitempty"` // its measured step time then (0: unknown)
+	Term          uint64                 `protobuf:"varint,12,opt,name=term,proto3" json:"term,omitempty"` // the newest leadership term this member has seen
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -135,16 +404,9 @@ func (x *NodeMeta) GetHostname() string {
 	return ""
 }
 
-func (x *NodeMeta) GetBatch() int64 {
+func (x *NodeMeta) GetTerm() uint64 {
 	if x != nil {
-		return x.Batch
-	}
-	return 0
-}
-
-func (x *NodeMeta) GetStepUs() int64 {
-	if x != nil {
-		return x.StepUs
+		return x.Term
 	}
 	return 0
 }
@@ -155,8 +417,10 @@ type Envelope struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	SenderRank int32                  `protobuf:"varint,1,opt,name=sender_rank,json=senderRank,proto3" json:"sender_rank,omitempty"` // -1 for a member that is not a rank
 	WindowId   uint64                 `protobuf:"varint,2,opt,name=window_id,json=windowId,proto3" json:"window_id,omitempty"`
-	Sender     string                 `protobuf:"bytes,3,opt,name=sender,proto3" json:"sender,omitempty"` // the sender's member name, where replies go
-	Seq        uint64                 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`      // pairs a reply with its request (0: none)
+	Sender     string                 `protobuf:"bytes,3,opt,name=sender,proto3" json:"sender,omitempty"`                        // the sender's member name, where replies go
+	Seq        uint64                 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`                             // pairs a reply with its request: a random number (0: none)
+	Term       uint64                 `protobuf:"varint,5,opt,name=term,proto3" json:"term,omitempty"`                           // the sender's leadership term, on commands from a leader
+	ReplyAddr  string                 `protobuf:"bytes,6,opt,name=reply_addr,json=replyAddr,proto3" json:"reply_addr,omitempty"` // host:port the sender answers at, for a member not known yet
 	// Types that are valid to be assigned to Body:
 	//
 	//	*Envelope_StatusRequest
@@ -232,6 +496,20 @@ func (x *Envelope) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *Envelope) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *Envelope) GetReplyAddr() string {
+	if x != nil {
+		return x.ReplyAddr
+	}
+	return ""
 }
 
 func (x *Envelope) GetBody() isEnvelope_Body {
@@ -471,10 +749,11 @@ type Status struct {
 	Window        uint64                 `protobuf:"varint,4,opt,name=window,proto3" json:"window,omitempty"`               // the newest window it has seen
 	Start         int64                  `protobuf:"varint,5,opt,name=start,proto3" json:"start,omitempty"`                 // that window's batches, [start, stop)
 	Stop          int64                  `protobuf:"varint,6,opt,name=stop,proto3" json:"stop,omitempty"`
-	State         string                 `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`      // where that window stands on the rank
-	Result        *RankResult            `protobuf:"bytes,8,opt,name=result,proto3" json:"result,omitempty"`    // its snapshot, once uploaded (or refused)
-	Trainer       bool                   `protobuf:"varint,9,opt,name=trainer,proto3" json:"trainer,omitempty"` // a trainer is connected
-	Seen          uint64                 `protobuf:"varint,10,opt,name=seen,proto3" json:"seen,omitempty"`      // the newest window id it has seen (armed, refused, cancelled or gossiped)
+	State         Step                   `protobuf:"varint,7,opt,name=state,proto3,enum=memsnap.v1.Step" json:"state,omitempty"` // where that window stands on the rank
+	Result        *RankResult            `protobuf:"bytes,8,opt,name=result,proto3" json:"result,omitempty"`                     // its snapshot, once uploaded (or refused)
+	Trainer       bool                   `protobuf:"varint,9,opt,name=trainer,proto3" json:"trainer,omitempty"`                  // a trainer is connected
+	Seen          uint64                 `protobuf:"varint,10,opt,name=seen,proto3" json:"seen,omitempty"`                       // the newest window id it has seen (armed, refused, cancelled or gossiped)
+	Term          uint64                 `protobuf:"varint,11,opt,name=term,proto3" json:"term,omitempty"`                       // the newest leadership term it has seen
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -551,11 +830,11 @@ func (x *Status) GetStop() int64 {
 	return 0
 }
 
-func (x *Status) GetState() string {
+func (x *Status) GetState() Step {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return Step_STEP_UNSPECIFIED
 }
 
 func (x *Status) GetResult() *RankResult {
@@ -579,12 +858,19 @@ func (x *Status) GetSeen() uint64 {
 	return 0
 }
 
+func (x *Status) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
 // Plan asks every rank to record the batches [start, stop).
 type Plan struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Start         int64                  `protobuf:"varint,1,opt,name=start,proto3" json:"start,omitempty"`
 	Stop          int64                  `protobuf:"varint,2,opt,name=stop,proto3" json:"stop,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"` // "schedule", "request", "oom", "replan"
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"` // why: "schedule", "request", ...
 	WorldSize     int32                  `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	Ranks         []int32                `protobuf:"varint,5,rep,packed,name=ranks,proto3" json:"ranks,omitempty"` // the ranks expected to record it
 	unknownFields protoimpl.UnknownFields
@@ -660,9 +946,10 @@ func (x *Plan) GetRanks() []int32 {
 type Ack struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ok            bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
-	Code          string                 `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"` // when not ok: "passed", "busy", "stale", "error", "not_leader"
+	Code          AckCode                `protobuf:"varint,2,opt,name=code,proto3,enum=memsnap.v1.AckCode" json:"code,omitempty"` // why not, when not ok
 	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	Batch         int64                  `protobuf:"varint,4,opt,name=batch,proto3" json:"batch,omitempty"` // the trainer's batch when the plan arrived
+	Term          uint64                 `protobuf:"varint,5,opt,name=term,proto3" json:"term,omitempty"`   // the newest term the sender has seen
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -704,11 +991,11 @@ func (x *Ack) GetOk() bool {
 	return false
 }
 
-func (x *Ack) GetCode() string {
+func (x *Ack) GetCode() AckCode {
 	if x != nil {
 		return x.Code
 	}
-	return ""
+	return AckCode_ACK_OK
 }
 
 func (x *Ack) GetMessage() string {
@@ -725,13 +1012,21 @@ func (x *Ack) GetBatch() int64 {
 	return 0
 }
 
+func (x *Ack) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
 // Progress is one step of a window on one rank (armed, recording, uploaded, ...).
 type Progress struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	State         string                 `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	State         Step                   `protobuf:"varint,1,opt,name=state,proto3,enum=memsnap.v1.Step" json:"state,omitempty"`
 	Batch         int64                  `protobuf:"varint,2,opt,name=batch,proto3" json:"batch,omitempty"`
 	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Rank          int32                  `protobuf:"varint,4,opt,name=rank,proto3" json:"rank,omitempty"`
+	DeadlineUs    int64                  `protobuf:"varint,5,opt,name=deadline_us,json=deadlineUs,proto3" json:"deadline_us,omitempty"` // STEP_PLANNED: when the leader gives up on the window (wall clock, microseconds)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -766,11 +1061,11 @@ func (*Progress) Descriptor() ([]byte, []int) {
 	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{6}
 }
 
-func (x *Progress) GetState() string {
+func (x *Progress) GetState() Step {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return Step_STEP_UNSPECIFIED
 }
 
 func (x *Progress) GetBatch() int64 {
@@ -794,6 +1089,13 @@ func (x *Progress) GetRank() int32 {
 	return 0
 }
 
+func (x *Progress) GetDeadlineUs() int64 {
+	if x != nil {
+		return x.DeadlineUs
+	}
+	return 0
+}
+
 // RankResult is a rank's snapshot of a window, as it stands in the store.
 type RankResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -806,8 +1108,10 @@ type RankResult struct {
 	Error         string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`     // why it could not be stored ("" when it was)
 	Start         int64                  `protobuf:"varint,8,opt,name=start,proto3" json:"start,omitempty"`
 	Stop          int64                  `protobuf:"varint,9,opt,name=stop,proto3" json:"stop,omitempty"`
-	Reason        string                 `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`                              // "window", "oom" or "postmortem"
+	Reason        string                 `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`                              // "window", "oom", "postmortem" or "crash"
 	AnalysisKey   string                 `protobuf:"bytes,11,opt,name=analysis_key,json=analysisKey,proto3" json:"analysis_key,omitempty"` // the rank's analysis of its snapshot ("" when there is none)
+	Cause         string                 `protobuf:"bytes,12,opt,name=cause,proto3" json:"cause,omitempty"`                                // for a crash: how the trainer stopped
+	AtUs          int64                  `protobuf:"varint,13,opt,name=at_us,json=atUs,proto3" json:"at_us,omitempty"`                     // for an OOM or a crash: when (the rank's wall clock, microseconds)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -919,6 +1223,20 @@ func (x *RankResult) GetAnalysisKey() string {
 	return ""
 }
 
+func (x *RankResult) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+func (x *RankResult) GetAtUs() int64 {
+	if x != nil {
+		return x.AtUs
+	}
+	return 0
+}
+
 // Cancel withdraws a window.
 type Cancel struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -964,14 +1282,18 @@ func (x *Cancel) GetReason() string {
 	return ""
 }
 
-// SnapshotRequest asks the leader for a window now (from the snapshot command), or
-// for a post-mortem of every rank (from a rank whose trainer hit an OOM).
+// SnapshotRequest asks the leader for a window now (from the snapshot command),
+// how a window ended (window_id set in the envelope), or for a post-mortem of every
+// rank (from a rank whose trainer hit an OOM or is being stopped).
 type SnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Batches       int64                  `protobuf:"varint,1,opt,name=batches,proto3" json:"batches,omitempty"` // the window's length (0: the leader's default)
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`    // "request" or "oom"
-	OomRank       int32                  `protobuf:"varint,3,opt,name=oom_rank,json=oomRank,proto3" json:"oom_rank,omitempty"`
-	Watch         bool                   `protobuf:"varint,4,opt,name=watch,proto3" json:"watch,omitempty"` // send the sender every rank's progress and the result
+	Batches       int64                  `protobuf:"varint,1,opt,name=batches,proto3" json:"batches,omitempty"`                         // the window's length (0: the leader's default)
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`                            // free text, for the manifest
+	FailedRank    int32                  `protobuf:"varint,3,opt,name=failed_rank,json=failedRank,proto3" json:"failed_rank,omitempty"` // a post-mortem: the rank that failed
+	Watch         bool                   `protobuf:"varint,4,opt,name=watch,proto3" json:"watch,omitempty"`                             // send the sender every rank's progress and the result
+	Kind          WindowKind             `protobuf:"varint,5,opt,name=kind,proto3,enum=memsnap.v1.WindowKind" json:"kind,omitempty"`    // a window (on demand) or a post-mortem
+	Cause         string                 `protobuf:"bytes,6,opt,name=cause,proto3" json:"cause,omitempty"`                              // a post-mortem: how the rank failed
+	AtUs          int64                  `protobuf:"varint,7,opt,name=at_us,json=atUs,proto3" json:"at_us,omitempty"`                   // a post-mortem: when (the failing rank's clock)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1020,9 +1342,9 @@ func (x *SnapshotRequest) GetReason() string {
 	return ""
 }
 
-func (x *SnapshotRequest) GetOomRank() int32 {
+func (x *SnapshotRequest) GetFailedRank() int32 {
 	if x != nil {
-		return x.OomRank
+		return x.FailedRank
 	}
 	return 0
 }
@@ -1034,10 +1356,31 @@ func (x *SnapshotRequest) GetWatch() bool {
 	return false
 }
 
+func (x *SnapshotRequest) GetKind() WindowKind {
+	if x != nil {
+		return x.Kind
+	}
+	return WindowKind_WINDOW_KIND_UNSPECIFIED
+}
+
+func (x *SnapshotRequest) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+func (x *SnapshotRequest) GetAtUs() int64 {
+	if x != nil {
+		return x.AtUs
+	}
+	return 0
+}
+
 // WindowResult is how a window ended, sent to the member that asked for it.
 type WindowResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	State         string                 `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`                                                                                // "published" or "failed"
+	State         Outcome                `protobuf:"varint,1,opt,name=state,proto3,enum=memsnap.v1.Outcome" json:"state,omitempty"`
 	Manifest      string                 `protobuf:"bytes,2,opt,name=manifest,proto3" json:"manifest,omitempty"`                                                                          // where the manifest is: s3://bucket/key, or a path in a folder store
 	Store         string                 `protobuf:"bytes,3,opt,name=store,proto3" json:"store,omitempty"`                                                                                // the store, for messages
 	Outputs       []string               `protobuf:"bytes,4,rep,name=outputs,proto3" json:"outputs,omitempty"`                                                                            // where the merged outputs are, HTML report first
@@ -1046,6 +1389,8 @@ type WindowResult struct {
 	Error         string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
 	Start         int64                  `protobuf:"varint,8,opt,name=start,proto3" json:"start,omitempty"`
 	Stop          int64                  `protobuf:"varint,9,opt,name=stop,proto3" json:"stop,omitempty"`
+	Window        uint64                 `protobuf:"varint,10,opt,name=window,proto3" json:"window,omitempty"`
+	Kind          WindowKind             `protobuf:"varint,11,opt,name=kind,proto3,enum=memsnap.v1.WindowKind" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1080,11 +1425,11 @@ func (*WindowResult) Descriptor() ([]byte, []int) {
 	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{10}
 }
 
-func (x *WindowResult) GetState() string {
+func (x *WindowResult) GetState() Outcome {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return Outcome_OUTCOME_UNSPECIFIED
 }
 
 func (x *WindowResult) GetManifest() string {
@@ -1141,6 +1486,20 @@ func (x *WindowResult) GetStop() int64 {
 		return x.Stop
 	}
 	return 0
+}
+
+func (x *WindowResult) GetWindow() uint64 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+func (x *WindowResult) GetKind() WindowKind {
+	if x != nil {
+		return x.Kind
+	}
+	return WindowKind_WINDOW_KIND_UNSPECIFIED
 }
 
 // ClockProbe and ClockReply measure a member's clock against the leader's: the
@@ -1246,7 +1605,8 @@ func (x *ClockReply) GetTUs() int64 {
 type Dump struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
-	OomRank       int32                  `protobuf:"varint,2,opt,name=oom_rank,json=oomRank,proto3" json:"oom_rank,omitempty"`
+	FailedRank    int32                  `protobuf:"varint,2,opt,name=failed_rank,json=failedRank,proto3" json:"failed_rank,omitempty"` // the rank whose failure this post-mortem is of
+	Kind          WindowKind             `protobuf:"varint,3,opt,name=kind,proto3,enum=memsnap.v1.WindowKind" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1288,11 +1648,18 @@ func (x *Dump) GetReason() string {
 	return ""
 }
 
-func (x *Dump) GetOomRank() int32 {
+func (x *Dump) GetFailedRank() int32 {
 	if x != nil {
-		return x.OomRank
+		return x.FailedRank
 	}
 	return 0
+}
+
+func (x *Dump) GetKind() WindowKind {
+	if x != nil {
+		return x.Kind
+	}
+	return WindowKind_WINDOW_KIND_UNSPECIFIED
 }
 
 var File_internal_pb_cluster_proto protoreflect.FileDescriptor
@@ -1300,7 +1667,7 @@ var File_internal_pb_cluster_proto protoreflect.FileDescriptor
 const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\n" +
 	"\x19internal/pb/cluster.proto\x12\n" +
-	"memsnap.v1\"\xac\x02\n" +
+	"memsnap.v1\"\x9d\x02\n" +
 	"\bNodeMeta\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03run\x18\x02 \x01(\tR\x03run\x12\x12\n" +
@@ -1313,16 +1680,18 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\bgpu_uuid\x18\a \x01(\tR\agpuUuid\x12\x1f\n" +
 	"\vlast_window\x18\b \x01(\x04R\n" +
 	"lastWindow\x12\x1a\n" +
-	"\bhostname\x18\t \x01(\tR\bhostname\x12\x14\n" +
-	"\x05batch\x18\n" +
-	" \x01(\x03R\x05batch\x12\x17\n" +
-	"\astep_us\x18\v \x01(\x03R\x06stepUs\"\xe5\x05\n" +
+	"\bhostname\x18\t \x01(\tR\bhostname\x12\x12\n" +
+	"\x04term\x18\f \x01(\x04R\x04termJ\x04\b\n" +
+	"\x10\vJ\x04\b\v\x10\f\"\x98\x06\n" +
 	"\bEnvelope\x12\x1f\n" +
 	"\vsender_rank\x18\x01 \x01(\x05R\n" +
 	"senderRank\x12\x1b\n" +
 	"\twindow_id\x18\x02 \x01(\x04R\bwindowId\x12\x16\n" +
 	"\x06sender\x18\x03 \x01(\tR\x06sender\x12\x10\n" +
-	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12B\n" +
+	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12\x12\n" +
+	"\x04term\x18\x05 \x01(\x04R\x04term\x12\x1d\n" +
+	"\n" +
+	"reply_addr\x18\x06 \x01(\tR\treplyAddr\x12B\n" +
 	"\x0estatus_request\x18\n" +
 	" \x01(\v2\x19.memsnap.v1.StatusRequestH\x00R\rstatusRequest\x12,\n" +
 	"\x06status\x18\v \x01(\v2\x12.memsnap.v1.StatusH\x00R\x06status\x12&\n" +
@@ -1339,36 +1708,40 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"clockReply\x12&\n" +
 	"\x04dump\x18\x15 \x01(\v2\x10.memsnap.v1.DumpH\x00R\x04dumpB\x06\n" +
 	"\x04body\"\x0f\n" +
-	"\rStatusRequest\"\x86\x02\n" +
+	"\rStatusRequest\"\xac\x02\n" +
 	"\x06Status\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x03R\x05batch\x12\x17\n" +
 	"\astep_us\x18\x02 \x01(\x03R\x06stepUs\x12\x17\n" +
 	"\atime_us\x18\x03 \x01(\x03R\x06timeUs\x12\x16\n" +
 	"\x06window\x18\x04 \x01(\x04R\x06window\x12\x14\n" +
 	"\x05start\x18\x05 \x01(\x03R\x05start\x12\x12\n" +
-	"\x04stop\x18\x06 \x01(\x03R\x04stop\x12\x14\n" +
-	"\x05state\x18\a \x01(\tR\x05state\x12.\n" +
+	"\x04stop\x18\x06 \x01(\x03R\x04stop\x12&\n" +
+	"\x05state\x18\a \x01(\x0e2\x10.memsnap.v1.StepR\x05state\x12.\n" +
 	"\x06result\x18\b \x01(\v2\x16.memsnap.v1.RankResultR\x06result\x12\x18\n" +
 	"\atrainer\x18\t \x01(\bR\atrainer\x12\x12\n" +
 	"\x04seen\x18\n" +
-	" \x01(\x04R\x04seen\"}\n" +
+	" \x01(\x04R\x04seen\x12\x12\n" +
+	"\x04term\x18\v \x01(\x04R\x04term\"}\n" +
 	"\x04Plan\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\x03R\x05start\x12\x12\n" +
 	"\x04stop\x18\x02 \x01(\x03R\x04stop\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x04 \x01(\x05R\tworldSize\x12\x14\n" +
-	"\x05ranks\x18\x05 \x03(\x05R\x05ranks\"Y\n" +
+	"\x05ranks\x18\x05 \x03(\x05R\x05ranks\"\x82\x01\n" +
 	"\x03Ack\x12\x0e\n" +
-	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x12\n" +
-	"\x04code\x18\x02 \x01(\tR\x04code\x12\x18\n" +
+	"\x02ok\x18\x01 \x01(\bR\x02ok\x12'\n" +
+	"\x04code\x18\x02 \x01(\x0e2\x13.memsnap.v1.AckCodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x14\n" +
-	"\x05batch\x18\x04 \x01(\x03R\x05batch\"b\n" +
-	"\bProgress\x12\x14\n" +
-	"\x05state\x18\x01 \x01(\tR\x05state\x12\x14\n" +
+	"\x05batch\x18\x04 \x01(\x03R\x05batch\x12\x12\n" +
+	"\x04term\x18\x05 \x01(\x04R\x04term\"\x95\x01\n" +
+	"\bProgress\x12&\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x10.memsnap.v1.StepR\x05state\x12\x14\n" +
 	"\x05batch\x18\x02 \x01(\x03R\x05batch\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x12\n" +
-	"\x04rank\x18\x04 \x01(\x05R\x04rank\"\x92\x02\n" +
+	"\x04rank\x18\x04 \x01(\x05R\x04rank\x12\x1f\n" +
+	"\vdeadline_us\x18\x05 \x01(\x03R\n" +
+	"deadlineUs\"\xbd\x02\n" +
 	"\n" +
 	"RankResult\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n" +
@@ -1382,16 +1755,22 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x04stop\x18\t \x01(\x03R\x04stop\x12\x16\n" +
 	"\x06reason\x18\n" +
 	" \x01(\tR\x06reason\x12!\n" +
-	"\fanalysis_key\x18\v \x01(\tR\vanalysisKey\" \n" +
+	"\fanalysis_key\x18\v \x01(\tR\vanalysisKey\x12\x14\n" +
+	"\x05cause\x18\f \x01(\tR\x05cause\x12\x13\n" +
+	"\x05at_us\x18\r \x01(\x03R\x04atUs\" \n" +
 	"\x06Cancel\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"t\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xd1\x01\n" +
 	"\x0fSnapshotRequest\x12\x18\n" +
 	"\abatches\x18\x01 \x01(\x03R\abatches\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x19\n" +
-	"\boom_rank\x18\x03 \x01(\x05R\aoomRank\x12\x14\n" +
-	"\x05watch\x18\x04 \x01(\bR\x05watch\"\xc3\x02\n" +
-	"\fWindowResult\x12\x14\n" +
-	"\x05state\x18\x01 \x01(\tR\x05state\x12\x1a\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vfailed_rank\x18\x03 \x01(\x05R\n" +
+	"failedRank\x12\x14\n" +
+	"\x05watch\x18\x04 \x01(\bR\x05watch\x12*\n" +
+	"\x04kind\x18\x05 \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind\x12\x14\n" +
+	"\x05cause\x18\x06 \x01(\tR\x05cause\x12\x13\n" +
+	"\x05at_us\x18\a \x01(\x03R\x04atUs\"\x9c\x03\n" +
+	"\fWindowResult\x12)\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x13.memsnap.v1.OutcomeR\x05state\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\tR\bmanifest\x12\x14\n" +
 	"\x05store\x18\x03 \x01(\tR\x05store\x12\x18\n" +
 	"\aoutputs\x18\x04 \x03(\tR\aoutputs\x12\x14\n" +
@@ -1399,7 +1778,10 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\amissing\x18\x06 \x03(\v2%.memsnap.v1.WindowResult.MissingEntryR\amissing\x12\x14\n" +
 	"\x05error\x18\a \x01(\tR\x05error\x12\x14\n" +
 	"\x05start\x18\b \x01(\x03R\x05start\x12\x12\n" +
-	"\x04stop\x18\t \x01(\x03R\x04stop\x1a:\n" +
+	"\x04stop\x18\t \x01(\x03R\x04stop\x12\x16\n" +
+	"\x06window\x18\n" +
+	" \x01(\x04R\x06window\x12*\n" +
+	"\x04kind\x18\v \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"!\n" +
@@ -1409,10 +1791,57 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\n" +
 	"ClockReply\x12\x13\n" +
 	"\x05t0_us\x18\x01 \x01(\x03R\x04t0Us\x12\x11\n" +
-	"\x04t_us\x18\x02 \x01(\x03R\x03tUs\"9\n" +
+	"\x04t_us\x18\x02 \x01(\x03R\x03tUs\"k\n" +
 	"\x04Dump\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x19\n" +
-	"\boom_rank\x18\x02 \x01(\x05R\aoomRankB(Z&github.com/memsnap/memsnap/internal/pbb\x06proto3"
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vfailed_rank\x18\x02 \x01(\x05R\n" +
+	"failedRank\x12*\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind*m\n" +
+	"\n" +
+	"WindowKind\x12\x1b\n" +
+	"\x17WINDOW_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12WINDOW_KIND_WINDOW\x10\x01\x12\x13\n" +
+	"\x0fWINDOW_KIND_OOM\x10\x02\x12\x15\n" +
+	"\x11WINDOW_KIND_CRASH\x10\x03*\xdf\x02\n" +
+	"\x04Step\x12\x14\n" +
+	"\x10STEP_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vSTEP_QUEUED\x10\x01\x12\r\n" +
+	"\tSTEP_SENT\x10\x02\x12\x0e\n" +
+	"\n" +
+	"STEP_ACKED\x10\x03\x12\x0e\n" +
+	"\n" +
+	"STEP_ARMED\x10\x04\x12\x12\n" +
+	"\x0eSTEP_RECORDING\x10\x05\x12\x10\n" +
+	"\fSTEP_SPOOLED\x10\x06\x12\x10\n" +
+	"\fSTEP_PARTIAL\x10\a\x12\x11\n" +
+	"\rSTEP_UPLOADED\x10\b\x12\x0f\n" +
+	"\vSTEP_MISSED\x10\t\x12\x0f\n" +
+	"\vSTEP_PASSED\x10\n" +
+	"\x12\x0f\n" +
+	"\vSTEP_FAILED\x10\v\x12\x12\n" +
+	"\x0eSTEP_CANCELLED\x10\f\x12\x10\n" +
+	"\fSTEP_REFUSED\x10\r\x12\x10\n" +
+	"\fSTEP_MISSING\x10\x0e\x12\x11\n" +
+	"\rSTEP_STOPPING\x10\x0f\x12\x10\n" +
+	"\fSTEP_PLANNED\x10 \x12\x13\n" +
+	"\x0fSTEP_PUBLISHING\x10!\x12\x11\n" +
+	"\rSTEP_RETRYING\x10\"*\x8e\x01\n" +
+	"\aAckCode\x12\n" +
+	"\n" +
+	"\x06ACK_OK\x10\x00\x12\x0e\n" +
+	"\n" +
+	"ACK_PASSED\x10\x01\x12\f\n" +
+	"\bACK_BUSY\x10\x02\x12\r\n" +
+	"\tACK_STALE\x10\x03\x12\r\n" +
+	"\tACK_ERROR\x10\x04\x12\x12\n" +
+	"\x0eACK_NOT_LEADER\x10\x05\x12\x12\n" +
+	"\x0eACK_STALE_TERM\x10\x06\x12\x13\n" +
+	"\x0fACK_BAD_REQUEST\x10\a*b\n" +
+	"\aOutcome\x12\x17\n" +
+	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11OUTCOME_PUBLISHED\x10\x01\x12\x12\n" +
+	"\x0eOUTCOME_FAILED\x10\x02\x12\x13\n" +
+	"\x0fOUTCOME_UNKNOWN\x10\x03B(Z&github.com/memsnap/memsnap/internal/pbb\x06proto3"
 
 var (
 	file_internal_pb_cluster_proto_rawDescOnce sync.Once
@@ -1426,44 +1855,56 @@ func file_internal_pb_cluster_proto_rawDescGZIP() []byte {
 	return file_internal_pb_cluster_proto_rawDescData
 }
 
+var file_internal_pb_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_internal_pb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_internal_pb_cluster_proto_goTypes = []any{
-	(*NodeMeta)(nil),        // 0: memsnap.v1.NodeMeta
-	(*Envelope)(nil),        // 1: memsnap.v1.Envelope
-	(*StatusRequest)(nil),   // 2: memsnap.v1.StatusRequest
-	(*Status)(nil),          // 3: memsnap.v1.Status
-	(*Plan)(nil),            // 4: memsnap.v1.Plan
-	(*Ack)(nil),             // 5: memsnap.v1.Ack
-	(*Progress)(nil),        // 6: memsnap.v1.Progress
-	(*RankResult)(nil),      // 7: memsnap.v1.RankResult
-	(*Cancel)(nil),          // 8: memsnap.v1.Cancel
-	(*SnapshotRequest)(nil), // 9: memsnap.v1.SnapshotRequest
-	(*WindowResult)(nil),    // 10: memsnap.v1.WindowResult
-	(*ClockProbe)(nil),      // 11: memsnap.v1.ClockProbe
-	(*ClockReply)(nil),      // 12: memsnap.v1.ClockReply
-	(*Dump)(nil),            // 13: memsnap.v1.Dump
-	nil,                     // 14: memsnap.v1.WindowResult.MissingEntry
+	(WindowKind)(0),         // 0: memsnap.v1.WindowKind
+	(Step)(0),               // 1: memsnap.v1.Step
+	(AckCode)(0),            // 2: memsnap.v1.AckCode
+	(Outcome)(0),            // 3: memsnap.v1.Outcome
+	(*NodeMeta)(nil),        // 4: memsnap.v1.NodeMeta
+	(*Envelope)(nil),        // 5: memsnap.v1.Envelope
+	(*StatusRequest)(nil),   // 6: memsnap.v1.StatusRequest
+	(*Status)(nil),          // 7: memsnap.v1.Status
+	(*Plan)(nil),            // 8: memsnap.v1.Plan
+	(*Ack)(nil),             // 9: memsnap.v1.Ack
+	(*Progress)(nil),        // 10: memsnap.v1.Progress
+	(*RankResult)(nil),      // 11: memsnap.v1.RankResult
+	(*Cancel)(nil),          // 12: memsnap.v1.Cancel
+	(*SnapshotRequest)(nil), // 13: memsnap.v1.SnapshotRequest
+	(*WindowResult)(nil),    // 14: memsnap.v1.WindowResult
+	(*ClockProbe)(nil),      // 15: memsnap.v1.ClockProbe
+	(*ClockReply)(nil),      // 16: memsnap.v1.ClockReply
+	(*Dump)(nil),            // 17: memsnap.v1.Dump
+	nil,                     // 18: memsnap.v1.WindowResult.MissingEntry
 }
 var file_internal_pb_cluster_proto_depIdxs = []int32{
-	2,  // 0: memsnap.v1.Envelope.status_request:type_name -> memsnap.v1.StatusRequest
-	3,  // 1: memsnap.v1.Envelope.status:type_name -> memsnap.v1.Status
-	4,  // 2: memsnap.v1.Envelope.plan:type_name -> memsnap.v1.Plan
-	5,  // 3: memsnap.v1.Envelope.ack:type_name -> memsnap.v1.Ack
-	6,  // 4: memsnap.v1.Envelope.progress:type_name -> memsnap.v1.Progress
-	7,  // 5: memsnap.v1.Envelope.result:type_name -> memsnap.v1.RankResult
-	8,  // 6: memsnap.v1.Envelope.cancel:type_name -> memsnap.v1.Cancel
-	9,  // 7: memsnap.v1.Envelope.request:type_name -> memsnap.v1.SnapshotRequest
-	10, // 8: memsnap.v1.Envelope.window_result:type_name -> memsnap.v1.WindowResult
-	11, // 9: memsnap.v1.Envelope.clock_probe:type_name -> memsnap.v1.ClockProbe
-	12, // 10: memsnap.v1.Envelope.clock_reply:type_name -> memsnap.v1.ClockReply
-	13, // 11: memsnap.v1.Envelope.dump:type_name -> memsnap.v1.Dump
-	7,  // 12: memsnap.v1.Status.result:type_name -> memsnap.v1.RankResult
-	14, // 13: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	6,  // 0: memsnap.v1.Envelope.status_request:type_name -> memsnap.v1.StatusRequest
+	7,  // 1: memsnap.v1.Envelope.status:type_name -> memsnap.v1.Status
+	8,  // 2: memsnap.v1.Envelope.plan:type_name -> memsnap.v1.Plan
+	9,  // 3: memsnap.v1.Envelope.ack:type_name -> memsnap.v1.Ack
+	10, // 4: memsnap.v1.Envelope.progress:type_name -> memsnap.v1.Progress
+	11, // 5: memsnap.v1.Envelope.result:type_name -> memsnap.v1.RankResult
+	12, // 6: memsnap.v1.Envelope.cancel:type_name -> memsnap.v1.Cancel
+	13, // 7: memsnap.v1.Envelope.request:type_name -> memsnap.v1.SnapshotRequest
+	14, // 8: memsnap.v1.Envelope.window_result:type_name -> memsnap.v1.WindowResult
+	15, // 9: memsnap.v1.Envelope.clock_probe:type_name -> memsnap.v1.ClockProbe
+	16, // 10: memsnap.v1.Envelope.clock_reply:type_name -> memsnap.v1.ClockReply
+	17, // 11: memsnap.v1.Envelope.dump:type_name -> memsnap.v1.Dump
+	1,  // 12: memsnap.v1.Status.state:type_name -> memsnap.v1.Step
+	11, // 13: memsnap.v1.Status.result:type_name -> memsnap.v1.RankResult
+	2,  // 14: memsnap.v1.Ack.code:type_name -> memsnap.v1.AckCode
+	1,  // 15: memsnap.v1.Progress.state:type_name -> memsnap.v1.Step
+	0,  // 16: memsnap.v1.SnapshotRequest.kind:type_name -> memsnap.v1.WindowKind
+	3,  // 17: memsnap.v1.WindowResult.state:type_name -> memsnap.v1.Outcome
+	18, // 18: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
+	0,  // 19: memsnap.v1.WindowResult.kind:type_name -> memsnap.v1.WindowKind
+	0,  // 20: memsnap.v1.Dump.kind:type_name -> memsnap.v1.WindowKind
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_internal_pb_cluster_proto_init() }
@@ -1490,13 +1931,14 @@ func file_internal_pb_cluster_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_pb_cluster_proto_rawDesc), len(file_internal_pb_cluster_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      4,
 			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_internal_pb_cluster_proto_goTypes,
 		DependencyIndexes: file_internal_pb_cluster_proto_depIdxs,
+		EnumInfos:         file_internal_pb_cluster_proto_enumTypes,
 		MessageInfos:      file_internal_pb_cluster_proto_msgTypes,
 	}.Build()
 	File_internal_pb_cluster_proto = out.File

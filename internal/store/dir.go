@@ -30,7 +30,8 @@ type Dir struct {
 
 var _ Store = (*Dir)(nil)
 
-// OpenDir opens a folder store; create makes the folder when it is missing.
+// OpenDir opens a folder store; create makes the folder when it is missing. A
+// folder this process may not reach or create is ErrAccess.
 func OpenDir(root string, create bool) (*Dir, error) {
 	if root == "" {
 		return nil, errors.New("store: empty folder path")
@@ -43,16 +44,25 @@ func OpenDir(root string, create bool) (*Dir, error) {
 	switch {
 	case errors.Is(err, fs.ErrNotExist) && create:
 		if err := os.MkdirAll(abs, 0o755); err != nil {
-			return nil, fmt.Errorf("store: creating folder %s: %w", abs, err)
+			return nil, dirErr("creating folder "+abs, err)
 		}
 	case errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("%w: folder %s does not exist", ErrNoBucket, abs)
 	case err != nil:
-		return nil, fmt.Errorf("store: folder %s: %w", abs, err)
+		return nil, dirErr("folder "+abs, err)
 	case !st.IsDir():
 		return nil, fmt.Errorf("store: %s is not a folder", abs)
 	}
 	return &Dir{root: abs}, nil
+}
+
+// dirErr wraps an error about the store's folder: one of permission (or a
+// read-only file system) wraps ErrAccess.
+func dirErr(what string, err error) error {
+	if errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) {
+		return fmt.Errorf("%w: %s: %w", ErrAccess, what, err)
+	}
+	return fmt.Errorf("store: %s: %w", what, err)
 }
 
 func (d *Dir) String() string { return d.root }

@@ -16,7 +16,7 @@ type endpoint struct {
 
 // parseEndpoint reads host:port or http(s)://[user:secret@]host:port. A secret may
 // hold any character but '@' unescaped ('/' and '+' included, as AWS secrets do).
-// Its errors show the endpoint with any credentials replaced.
+// Its errors wrap ErrBadURL and show the endpoint with any credentials replaced.
 func parseEndpoint(ep string) (endpoint, error) {
 	shown := redactEndpoint(ep)
 	scheme, rest, ok := strings.Cut(ep, "://")
@@ -38,16 +38,16 @@ func parseEndpoint(ep string) (endpoint, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err // url.Error repeats the URL
 		}
-		return endpoint{}, fmt.Errorf("store: endpoint %s: %w", shown, err)
+		return endpoint{}, fmt.Errorf("%w: endpoint %s: %w", ErrBadURL, shown, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return endpoint{}, fmt.Errorf("store: endpoint %s: scheme must be http or https", shown)
+		return endpoint{}, fmt.Errorf("%w: endpoint %s: scheme must be http or https", ErrBadURL, shown)
 	}
 	if u.Host == "" {
-		return endpoint{}, fmt.Errorf("store: endpoint %s has no host", shown)
+		return endpoint{}, fmt.Errorf("%w: endpoint %s has no host", ErrBadURL, shown)
 	}
 	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-		return endpoint{}, fmt.Errorf("store: endpoint %s must be only a scheme, host and port", shown)
+		return endpoint{}, fmt.Errorf("%w: endpoint %s must be only a scheme, host and port", ErrBadURL, shown)
 	}
 	return endpoint{host: u.Host, secure: u.Scheme == "https", user: user}, nil
 }
@@ -75,7 +75,7 @@ func (e endpoint) credentials(given Credentials, shown string) (Credentials, err
 	case given.AccessKey == fromURL.AccessKey && given.SecretKey == fromURL.SecretKey:
 		return given, nil
 	}
-	return Credentials{}, fmt.Errorf("store: endpoint %s carries credentials that differ from the ones given: give them one way", shown)
+	return Credentials{}, fmt.Errorf("%w: endpoint %s carries credentials that differ from the ones given: give them one way", ErrBadURL, shown)
 }
 
 // redactEndpoint returns s (an endpoint or a store URL) with any user and secret
@@ -91,15 +91,4 @@ func redactEndpoint(s string) string {
 		return s
 	}
 	return s[:start] + "xxxxx" + s[start+at:]
-}
-
-// checkStoreURL refuses an s3:// URL that carries credentials, before any message
-// can repeat it.
-func checkStoreURL(s string) error {
-	rest, _ := strings.CutPrefix(s, "s3://")
-	bucket, _, _ := strings.Cut(rest, "/")
-	if strings.ContainsAny(bucket, "@:") {
-		return fmt.Errorf("store: %s: credentials do not belong in the store URL (give them as credentials or in the environment)", redactEndpoint(s))
-	}
-	return nil
 }

@@ -124,7 +124,50 @@ func TestPermanent(t *testing.T) {
 		{"access/minio", func(t *testing.T, _ Store) error {
 			_, err := Open(ctx, Config{URL: "s3://" + s3.bucket, Endpoint: m.Endpoint, Credentials: Credentials{AccessKey: m.AccessKey, SecretKey: "wrong-secret"}})
 			return err
-		}, ErrAccess, false},
+		}, ErrAccess, true},
+		{"access-on-put/minio", func(t *testing.T, _ Store) error {
+			// a store opened with good credentials that the server refuses later (a
+			// rotated key): the upload itself gets ErrAccess
+			bad, err := newS3(Config{URL: "s3://" + s3.bucket + "/p", Endpoint: m.Endpoint, Credentials: Credentials{AccessKey: m.AccessKey, SecretKey: "rotated-secret"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = bad.Put(ctx, "refused", strings.NewReader("a"), PutOptions{})
+			return err
+		}, ErrAccess, true},
+		{"clock-skew/403", func(t *testing.T, _ Store) error {
+			// a 403 that a correct clock cures is not refused credentials
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodHead {
+					return // the bucket exists
+				}
+				w.Header().Set("Content-Type", "application/xml")
+				w.WriteHeader(http.StatusForbidden)
+				fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>RequestTimeTooSkewed</Code><Message>The difference between the request time and the server's time is too large.</Message></Error>`)
+			}))
+			defer srv.Close()
+			st, err := Open(ctx, Config{URL: "s3://" + s3.bucket, Endpoint: srv.URL, Credentials: good, Region: "us-east-1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = st.Get(ctx, "k")
+			if err == nil || errors.Is(err, ErrAccess) {
+				t.Fatalf("want an error that is not ErrAccess, got %v", err)
+			}
+			return err
+		}, nil, false},
+		{"bad-url/scheme", func(t *testing.T, _ Store) error {
+			_, err := Open(ctx, Config{URL: "ftp://host/x", Endpoint: m.Endpoint, Credentials: good})
+			return err
+		}, ErrBadURL, true},
+		{"bad-url/bucket", func(t *testing.T, _ Store) error {
+			_, err := Open(ctx, Config{URL: "s3://My_Bucket/x", Endpoint: m.Endpoint, Credentials: good})
+			return err
+		}, ErrBadURL, true},
+		{"bad-url/endpoint", func(t *testing.T, _ Store) error {
+			_, err := Open(ctx, Config{URL: "s3://" + s3.bucket, Endpoint: "ftp://127.0.0.1:9", Credentials: good})
+			return err
+		}, ErrBadURL, true},
 		{"server-error/5xx", func(t *testing.T, _ Store) error {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "application/xml")
@@ -144,6 +187,9 @@ func TestPermanent(t *testing.T) {
 		{"transient-wins", func(t *testing.T, _ Store) error {
 			return fmt.Errorf("%w while %w", ErrExists, ErrUnreachable)
 		}, ErrExists, false},
+		{"transient-wins-over-access", func(t *testing.T, _ Store) error {
+			return fmt.Errorf("%w while %w", ErrAccess, context.DeadlineExceeded)
+		}, ErrAccess, false},
 	}
 	for _, r := range others {
 		t.Run(r.name, func(t *testing.T) {

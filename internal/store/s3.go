@@ -38,20 +38,33 @@ var _ Store = (*S3)(nil)
 // OpenS3 connects to the bucket cfg.URL names and checks that it exists (creating it
 // with cfg.CreateBucket), so a wrong endpoint, bad credentials or a missing bucket
 // are reported at start-up. Credentials written into the endpoint URL
-// (http://user:secret@host:port) serve when none are given in cfg.Credentials.
+// (http://user:secret@host:port) serve when none are given in cfg.Credentials. A
+// malformed URL or endpoint is refused (ErrBadURL) before any request.
 func OpenS3(ctx context.Context, cfg Config) (*S3, error) {
-	if err := checkStoreURL(cfg.URL); err != nil {
-		return nil, err
-	}
-	u, err := naming.ParseS3(cfg.URL)
+	s, err := newS3(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if err := s.ensureBucket(ctx, cfg.CreateBucket, cfg.Region); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newS3 checks cfg and builds the client, with no I/O. Its errors wrap ErrBadURL.
+func newS3(cfg Config) (*S3, error) {
+	loc, err := parseURL(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	if loc.s3 == nil {
+		return nil, fmt.Errorf("%w: %s is not an s3:// URL", ErrBadURL, cfg.URL)
 	}
 	if cfg.Endpoint == "" {
 		cfg.Endpoint = firstEnv(endpointEnv...)
 	}
 	if cfg.Endpoint == "" {
-		return nil, errors.New("store: no S3 endpoint: pass --endpoint or set S3_ENDPOINT_URL")
+		return nil, fmt.Errorf("%w: no S3 endpoint: pass --endpoint or set S3_ENDPOINT_URL", ErrBadURL)
 	}
 	ep, err := parseEndpoint(cfg.Endpoint)
 	if err != nil {
@@ -68,12 +81,12 @@ func OpenS3(ctx context.Context, cfg Config) (*S3, error) {
 		MaxRetries: 3,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: S3 endpoint %s: %w", ep.host, err)
+		return nil, fmt.Errorf("%w: S3 endpoint %s: %w", ErrBadURL, ep.host, err)
 	}
-	s := &S3{client: client, endpoint: ep.host, bucket: u.Bucket, partSize: cfg.PartSize,
+	s := &S3{client: client, endpoint: ep.host, bucket: loc.s3.Bucket, partSize: cfg.PartSize,
 		singlePutMax: maxSinglePut, spoolDir: cfg.SpoolDir}
-	if u.Key != "" {
-		s.prefix = strings.TrimSuffix(u.Key, "/") + "/"
+	if loc.s3.Key != "" {
+		s.prefix = strings.TrimSuffix(loc.s3.Key, "/") + "/"
 	}
 	if s.partSize == 0 {
 		s.partSize = 16 << 20
@@ -81,21 +94,28 @@ func OpenS3(ctx context.Context, cfg Config) (*S3, error) {
 	if s.partSize < 5<<20 {
 		s.partSize = 5 << 20
 	}
-	ok, err := client.BucketExists(ctx, u.Bucket)
-	if err != nil {
-		return nil, s.wrap(err, "checking bucket")
-	}
-	if !ok {
-		if !cfg.CreateBucket {
-			return nil, fmt.Errorf("%w: %s at %s", ErrNoBucket, u.Bucket, ep.host)
-		}
-		if err := client.MakeBucket(ctx, u.Bucket, minio.MakeBucketOptions{Region: cfg.Region}); err != nil {
-			if r := minio.ToErrorResponse(err); r.Code != "BucketAlreadyOwnedByYou" {
-				return nil, s.wrap(err, "creating bucket")
-			}
-		}
-	}
 	return s, nil
+}
+
+// ensureBucket asks whether the bucket exists (a request the credentials must
+// sign) and creates it when it does not and create is set.
+func (s *S3) ensureBucket(ctx context.Context, create bool, region string) error {
+	ok, err := s.client.BucketExists(ctx, s.bucket)
+	if err != nil {
+		return s.wrap(err, "checking bucket")
+	}
+	if ok {
+		return nil
+	}
+	if !create {
+		return fmt.Errorf("%w: %s at %s", ErrNoBucket, s.bucket, s.endpoint)
+	}
+	if err := s.client.MakeBucket(ctx, s.bucket, minio.MakeBucketOptions{Region: region}); err != nil {
+		if r := minio.ToErrorResponse(err); r.Code != "BucketAlreadyOwnedByYou" {
+			return s.wrap(err, "creating bucket")
+		}
+	}
+	return nil
 }
 
 func (s *S3) String() string {
@@ -126,8 +146,12 @@ func (s *S3) wrap(err error, what string) error {
 			return fmt.Errorf("%w: %s: %s in %s", ErrNotFound, what, resp.Key, s)
 		case "NoSuchBucket":
 			return fmt.Errorf("%w: %s: bucket %s at %s", ErrNoBucket, what, s.bucket, s.endpoint)
+		case "RequestTimeTooSkewed": // a 403 that fixing the clock cures, not the credentials
+			return fmt.Errorf("store: %s at %s: this machine's clock differs too much from the server's: %w", what, s.endpoint, err)
 		case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken":
 			return fmt.Errorf("%w: %s at %s: %s (%s)", ErrAccess, what, s.endpoint, resp.Code, resp.Message)
+		case "InvalidBucketName": // a server stricter than naming.CheckBucket
+			return fmt.Errorf("%w: %s: %s refuses the bucket name: %s (%s)", ErrBadURL, what, s.endpoint, resp.Code, resp.Message)
 		case "PreconditionFailed":
 			return fmt.Errorf("%w: %s: %s in %s", ErrExists, what, resp.Key, s)
 		case "XMinioInvalidObjectName", "InvalidObjectName", "KeyTooLongError":

@@ -28,7 +28,10 @@ var (
 	ErrExists = errors.New("store: object already exists")
 	// ErrNoBucket: the bucket (or the store's root folder) does not exist.
 	ErrNoBucket = errors.New("store: bucket does not exist")
-	// ErrAccess: the credentials were refused or do not allow the operation.
+	// ErrAccess: the credentials were refused or do not allow the operation (on
+	// S3: InvalidAccessKeyId, SignatureDoesNotMatch, AccessDenied, InvalidToken,
+	// ExpiredToken or another 403 but RequestTimeTooSkewed), or (OpenDir, Check)
+	// the folder may not be reached, created or written.
 	ErrAccess = errors.New("store: access denied")
 	// ErrUnreachable: the endpoint could not be reached.
 	ErrUnreachable = errors.New("store: endpoint unreachable")
@@ -36,30 +39,37 @@ var (
 	ErrChecksum = errors.New("store: checksum mismatch")
 	// ErrTooLarge: the object is larger than the store can hold in one object.
 	ErrTooLarge = errors.New("store: object too large")
+	// ErrBadURL: the store URL or the S3 endpoint is malformed, found before any
+	// request: an unsupported scheme (ftp://, gs://…), s3:// with no bucket or a
+	// bucket name S3 refuses, credentials written into the store URL, a missing or
+	// malformed endpoint. See CheckURL.
+	ErrBadURL = errors.New("store: bad URL")
 )
 
 // Permanent reports whether err is one that retrying the same operation cannot
 // fix, so that a queue of uploads can put the job aside at once rather than retry
 // it: the object exists (ErrExists), the content does not match the checksum given
 // (ErrChecksum), the key is refused (naming.ErrBadKey, which a folder store also
-// returns for a name its file system cannot hold), or the object is too large
-// (ErrTooLarge).
+// returns for a name its file system cannot hold), the object is too large
+// (ErrTooLarge), the credentials were refused (ErrAccess: the same request signed
+// with the same credentials is refused again), or the store URL or endpoint is
+// malformed (ErrBadURL).
 //
 // Everything else is transient, including errors this package does not know: an
-// unreachable endpoint, a missing bucket and refused credentials (an operator can
-// fix those while the job waits), a cancelled or expired context, server errors and
-// time-outs. An error that wraps one of those is transient even when it also wraps
-// a permanent one.
+// unreachable endpoint and a missing bucket (an operator can fix those while the
+// job waits), a cancelled or expired context, server errors and time-outs. An
+// error that wraps one of those is transient even when it also wraps a permanent
+// one.
 func Permanent(err error) bool {
 	if err == nil {
 		return false
 	}
-	for _, transient := range []error{context.Canceled, context.DeadlineExceeded, ErrUnreachable, ErrNoBucket, ErrAccess} {
+	for _, transient := range []error{context.Canceled, context.DeadlineExceeded, ErrUnreachable, ErrNoBucket} {
 		if errors.Is(err, transient) {
 			return false
 		}
 	}
-	for _, permanent := range []error{ErrExists, ErrChecksum, ErrTooLarge, naming.ErrBadKey} {
+	for _, permanent := range []error{ErrExists, ErrChecksum, ErrTooLarge, naming.ErrBadKey, ErrAccess, ErrBadURL} {
 		if errors.Is(err, permanent) {
 			return true
 		}
@@ -149,6 +159,8 @@ type Config struct {
 	PartSize uint64
 	// CreateBucket makes the bucket (or the root folder) when it is missing.
 	CreateBucket bool
+	// CheckTimeout bounds the requests Check makes (0: DefaultCheckTimeout).
+	CheckTimeout time.Duration
 	// SpoolDir is the folder where the S3 store stages a body of unknown size or
 	// checksum before sending it (empty: os.TempDir()). It needs room for the
 	// largest such body.
@@ -165,19 +177,27 @@ func (cfg Config) String() string {
 		u, redactEndpoint(cfg.Endpoint), cfg.Credentials, cfg.Region)
 }
 
-// Open returns the store cfg names.
+// Open returns the store cfg names. It checks cfg.URL (CheckURL) and, for S3, the
+// endpoint before any I/O, refusing a malformed one with ErrBadURL; then it asks
+// the S3 server whether the bucket exists, or looks at the folder (creating either
+// with cfg.CreateBucket). Check does the same and more, within a time limit.
 func Open(ctx context.Context, cfg Config) (Store, error) {
-	if cfg.URL == "" {
-		return nil, errors.New("store: no store given (an s3://bucket/prefix URL or a folder)")
+	loc, err := parseURL(cfg.URL)
+	if err != nil {
+		return nil, err
 	}
-	if naming.IsS3(cfg.URL) {
-		return OpenS3(ctx, cfg)
+	if loc.s3 != nil {
+		s, err := OpenS3(ctx, cfg)
+		if err != nil {
+			return nil, err // not a nil *S3 in a non-nil Store
+		}
+		return s, nil
 	}
-	path := strings.TrimPrefix(cfg.URL, "file://")
-	if strings.Contains(path, "://") {
-		return nil, fmt.Errorf("store: %s: unsupported scheme (use s3:// or a folder)", redactEndpoint(cfg.URL))
+	d, err := OpenDir(loc.folder, cfg.CreateBucket)
+	if err != nil {
+		return nil, err // nor a nil *Dir
 	}
-	return OpenDir(path, cfg.CreateBucket)
+	return d, nil
 }
 
 // FromEnv fills the endpoint and credentials of cfg from the environment where they

@@ -34,6 +34,13 @@ var ports struct {
 // process binds it.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	return FreePorts(t, 1)
+}
+
+// FreePorts returns the first of n consecutive loopback ports that are free for
+// TCP and UDP now (a base port whose local ranks listen on base+L), as FreePort.
+func FreePorts(t testing.TB, n int) int {
+	t.Helper()
 	lo := 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
@@ -47,22 +54,33 @@ func FreePort(t testing.TB) int {
 	if ports.given == nil {
 		ports.given = map[int]bool{}
 	}
-	for range 10000 {
-		p := 10000 + rand.IntN(lo-10000)
+	free := func(p int) bool {
 		if ports.given[p] {
-			continue
+			return false
 		}
 		tl, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 		if err != nil {
-			continue
+			return false
 		}
 		ul, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 		tl.Close()
 		if err != nil {
-			continue
+			return false
 		}
 		ul.Close()
-		ports.given[p] = true
+		return true
+	}
+next:
+	for range 10000 {
+		p := 10000 + rand.IntN(lo-10000-n)
+		for i := 0; i < n; i++ {
+			if !free(p + i) {
+				continue next
+			}
+		}
+		for i := 0; i < n; i++ {
+			ports.given[p+i] = true
+		}
 		return p
 	}
 	t.Fatal("no free loopback port below the ephemeral range")

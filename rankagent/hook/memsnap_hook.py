@@ -23,16 +23,26 @@ with the wall-clock start and end of every batch in the window. It also attaches
 torch's OOM observer and dumps a snapshot when an OOM happens. If the agent is absent
 or dies, training goes on untouched and the hook reconnects when it returns.
 
+When the process is being stopped (SIGTERM, as torchrun sends every worker when one
+fails; an uncaught exception; an interpreter exit while a window records), the hook
+tells the agent why ("stopping"), dumps what history it holds (reason "crash"),
+waits a bounded time for both messages to leave, and lets the stop go on as it
+would have: the previous SIGTERM handler or excepthook is called.
+
 Protocol: newline-delimited JSON, version 1 (see the memsnap README).
 """
 
+import atexit
+import collections
 import json
 import os
 import pickle
+import signal
 import socket
 import sys
 import threading
 import time
+import weakref
 
 __all__ = [
     "Hook", "get_hook", "batch_start", "batch_end", "step",
@@ -42,6 +52,10 @@ __all__ = [
 PROTOCOL_VERSION = 1
 HOOK_VERSION = "memsnap-hook/2"
 MAX_LINE = 64 << 10
+
+STOP_WAIT = 10.0   # seconds a stopping trainer waits for its messages to reach the agent
+OOM_RECENT = 5.0   # an OutOfMemoryError this soon after an OOM dump needs no crash dump
+MAX_CAUSE = 512    # bytes of a stopping cause (UTF-8)
 
 # error codes the agent tells apart
 CODE_START_PASSED = "start_passed"
@@ -190,10 +204,17 @@ class Hook:
         self._always = None       # history kept on from the start: {"max_entries", "stacks"}
         self._always_on = False
         self.errors = []          # what went wrong, for tests and logs
+        # messages of a stopping process: appended from signal handlers, so taking
+        # no lock (the interrupted thread may hold self._lock), drained by the thread
+        self._urgent = collections.deque()
+        self._stopped = False     # a stopping event was handled (at most once)
+        self._oom_at = None       # time.monotonic() of the last OOM dump
+        self.stop_wait = STOP_WAIT
         self._thread = None
         if connect:
             self._thread = threading.Thread(target=self._run, name="memsnap-hook", daemon=True)
             self._thread.start()
+            _watch_stopping(self)
 
     # --- the training thread: cheap, never blocks ---------------------------------
 
@@ -294,9 +315,69 @@ class Hook:
             snap = self._torch.snapshot()
             # written now: the process may not live long after an OOM
             self._dump(None, "oom", snap, [])
+            self._oom_at = time.monotonic()
         except Exception as e:
             self.errors.append("oom dump: %r" % (e,))
             self._send({"type": "error", "code": CODE_DUMP_FAILED, "message": "could not dump the OOM snapshot: %r" % (e,)})
+
+    # --- a stopping process -------------------------------------------------------
+
+    def _stopping(self, cause, exc=None):
+        """The process is being stopped: tell the agent why, dump what history holds
+        (reason "crash"), and wait up to stop_wait seconds until the hook's thread has
+        sent both. Runs on the thread that noticed (a signal handler, the excepthook,
+        atexit), at most once; never raises, never takes self._lock."""
+        t = self._thread
+        if self._stopped or self._closed or t is None or not t.is_alive() or self._sock is None or self._spool is None:
+            return  # handled already, or no agent to tell: nothing is sent and nothing waits
+        self._stopped = True
+        now = _now_us()
+        msg = {"type": "stopping", "cause": cause, "t_us": now}
+        if self._batch >= 0:
+            msg["batch"] = self._batch
+        self._urgent.append(("msg", msg))
+        rec = self._recording
+        if (rec is not None or self._always_on) and not self._oom_dumped_for(exc):
+            self._crash_dump(rec, cause, now)
+        done = threading.Event()
+        self._urgent.append(("done", done))
+        self._wake.set()
+        if threading.current_thread() is not t:
+            done.wait(max(0.0, float(self.stop_wait)))
+
+    def _crash_dump(self, rec, cause, now):
+        marks = list(self._marks) if rec is not None else []
+        b = self._batch
+        if rec is not None and b >= rec["start"] and (not marks or marks[-1]["batch"] < b):
+            # the batch in progress, up to now
+            start = self._cur_start or now
+            if marks:
+                start = max(start, marks[-1]["end_us"])
+            marks.append({"batch": b, "start_us": min(start, now), "end_us": now})
+        try:
+            snap = self._torch.snapshot()
+            if rec is not None:
+                # the window ends here: a trainer that trains on (its previous SIGTERM
+                # handler did not exit) does not dump it a second time
+                self._recording, self._window, self._marks = None, None, []
+                if not self._always_on:
+                    try:
+                        self._torch.stop()
+                    except Exception:
+                        pass
+            self._urgent.append(("msg", self._write_spool(rec, "crash", snap, marks, cause=cause)))
+        except Exception as e:
+            self.errors.append("crash dump: %r" % (e,))
+            err = {"type": "error", "code": CODE_DUMP_FAILED, "message": "could not dump the crash snapshot: %r" % (e,)}
+            if rec is not None:
+                err["window"] = rec["id"]
+            self._urgent.append(("msg", err))
+
+    def _oom_dumped_for(self, exc):
+        """Whether exc is torch's OutOfMemoryError right after an OOM dump, which
+        already holds what a crash dump would."""
+        at = self._oom_at
+        return at is not None and time.monotonic() - at < OOM_RECENT and _is_torch_oom(exc)
 
     # --- the hook's thread --------------------------------------------------------
 
@@ -390,11 +471,32 @@ class Hook:
         self._drop()
 
     def _flush(self, connected):
-        with self._lock:
+        items = []
+        # a signal handler on the training thread may hold self._lock while it waits
+        # for this thread: the urgent messages go out without it
+        locked = self._lock.acquire(timeout=0.5)
+        if locked:
             items, self._outbox = self._outbox, []
+            self._lock.release()
+        while self._urgent:
+            items.append(self._urgent.popleft())
+        try:
+            self._send_items(items, connected, locked)
+        except OSError:
+            for it in items:
+                if it[0] == "done":
+                    it[1].set()  # the connection broke: a stopping trainer waits no longer
+            raise
+
+    def _send_items(self, items, connected, locked):
         keep = []
         for it in items:
-            if it[0] == "dump":
+            if it[0] == "done":
+                if connected:
+                    it[1].set()  # everything queued before it was sent
+                else:
+                    keep.append(it)
+            elif it[0] == "dump":
                 _, w, reason, snap, marks = it
                 if self._spool is None:
                     keep.append(it)  # written once the agent says where
@@ -416,20 +518,36 @@ class Hook:
             else:
                 keep.append(it)
         if keep:
-            with self._lock:
+            if locked and self._lock.acquire(timeout=0.5):
                 self._outbox = keep + self._outbox
+                self._lock.release()
+            else:
+                self._urgent.extendleft(reversed(keep))
 
     def _dump(self, w, reason, snap, marks, send=True):
+        """Write the snapshot into the agent's spool (see _write_spool) and tell the
+        agent. A failure (a full disk) removes what was written and raises."""
+        msg = self._write_spool(w, reason, snap, marks)
+        if send and self._sock is not None and threading.current_thread() is self._thread:
+            self._sock.sendall((json.dumps(msg) + "\n").encode())
+        else:
+            self._send(msg)
+
+    def _write_spool(self, w, reason, snap, marks, cause=None):
         """Write the snapshot into the agent's spool: first the snapshot message beside
         it (NAME.json, so an agent that starts later can adopt the file), then the
-        pickle under a hidden name, renamed into place once complete. A failure (a full
-        disk) removes what was written and raises."""
+        pickle under a hidden name, renamed into place once complete. Returns the
+        message; a failure (a full disk) removes what was written and raises."""
         spool = self._spool
         if spool is None:
             raise OSError("no spool folder from the agent yet")
         wid = w["id"] if w is not None else 0
-        name = "rank%d.%s%d.%d.pickle" % (_rank(), "w" if reason == "window" else "oom", wid, time.time_ns())
-        msg = {"type": "snapshot", "window": wid, "reason": reason, "file": name, "batches": marks}
+        kind = {"window": "w", "crash": "crash"}.get(reason, "oom")
+        name = "rank%d.%s%d.%d.pickle" % (_rank(), kind, wid, time.time_ns())
+        msg = {"type": "snapshot", "window": wid, "reason": reason}
+        if cause is not None:
+            msg["cause"] = cause
+        msg["file"], msg["batches"] = name, marks
         if w is not None and "start" in w:
             msg["start"], msg["stop"] = w["start"], w["stop"]
         if w is not None and "stall_us" in w:
@@ -454,10 +572,7 @@ class Hook:
                 except OSError:
                     pass
             raise
-        if send and self._sock is not None and threading.current_thread() is self._thread:
-            self._sock.sendall((json.dumps(msg) + "\n").encode())
-        else:
-            self._send(msg)
+        return msg
 
     def _on_message(self, line):
         try:
@@ -526,7 +641,7 @@ class Hook:
         deadline = time.time() + timeout
         while time.time() < deadline:
             with self._lock:
-                empty = not self._outbox
+                empty = not self._outbox and not self._urgent
             if empty:
                 break
             self._wake.set()
@@ -535,6 +650,116 @@ class Hook:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - time.time()) + 1.0)
+
+
+# --- stopping events: SIGTERM, an uncaught exception, exit while recording ---------
+
+_stop_lock = threading.Lock()
+_stop_hooks = weakref.WeakSet()   # the connected hooks to tell
+_stop_prev = {}                   # "excepthook", "sigterm": the handlers chained to
+# "busy": stopping events being handled; "deferred": a SIGTERM that came meanwhile
+_stop_state = {"busy": 0}
+
+
+def _clip(s, n=MAX_CAUSE):
+    """s cut to at most n bytes of UTF-8, never inside a character."""
+    return s.encode("utf-8", "replace")[:n].decode("utf-8", "ignore")
+
+
+def _is_torch_oom(exc):
+    return exc is not None and any(
+        c.__name__ == "OutOfMemoryError" and str(getattr(c, "__module__", "")).split(".")[0] == "torch"
+        for c in type(exc).__mro__)
+
+
+def _stop_all(cause, exc=None, recording_only=False):
+    _stop_state["busy"] += 1
+    try:
+        for h in list(_stop_hooks):
+            if recording_only and h._recording is None:
+                continue
+            try:
+                h._stopping(cause, exc)
+            except Exception:  # a hook must never stand in the way of a stop
+                pass
+    finally:
+        _stop_state["busy"] -= 1
+
+
+def _on_sigterm(signum, frame):
+    if _stop_state["busy"]:
+        # a SIGTERM while a stop is being handled (the excepthook's dump, say) is
+        # passed on once that is done: the dump is not cut short, nor taken twice
+        _stop_state["deferred"] = (signum, frame)
+        return
+    _stop_all("SIGTERM")
+    _stop_state.pop("deferred", None)  # one SIGTERM passed on for both
+    _chain_sigterm(signum, frame)
+
+
+def _run_deferred():
+    d = _stop_state.pop("deferred", None)
+    if d is not None:
+        _chain_sigterm(*d)
+
+
+def _chain_sigterm(signum, frame):
+    prev = _stop_prev.get("sigterm")
+    if prev == signal.SIG_IGN:
+        return
+    if prev == signal.SIG_DFL or not callable(prev):
+        # die by SIGTERM, as the process would have without the hook
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    prev(signum, frame)
+
+
+def _excepthook(tp, value, tb):
+    try:
+        try:
+            text = str(value)
+        except Exception:
+            text = "<unprintable %s>" % getattr(tp, "__name__", "exception")
+        _stop_all(_clip("exception: %s: %s" % (getattr(tp, "__name__", "exception"), text)), value)
+    except Exception:
+        pass
+    try:
+        (_stop_prev.get("excepthook") or sys.__excepthook__)(tp, value, tb)
+    finally:
+        _run_deferred()
+
+
+def _at_exit():
+    _stop_all("exit", recording_only=True)  # an exit with no window recording is no stop
+    _run_deferred()
+
+
+def _watch_stopping(hook):
+    """Tell hook about stopping events. The first hook installs the handlers, once a
+    process: the excepthook and atexit from any thread, the SIGTERM handler only from
+    the main thread (Python allows no other)."""
+    with _stop_lock:
+        _stop_hooks.add(hook)
+        if "excepthook" not in _stop_prev:
+            _stop_prev["excepthook"] = sys.excepthook
+            sys.excepthook = _excepthook
+            atexit.register(_at_exit)
+        if "sigterm" in _stop_prev:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            hook.errors.append("no SIGTERM handler: the hook was created outside the main thread")
+            return
+        try:
+            prev = signal.getsignal(signal.SIGTERM)
+            if prev is None:
+                hook.errors.append("no SIGTERM handler: SIGTERM's handler was not set from Python")
+                return
+            _stop_prev["sigterm"] = prev  # before the handler can run
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError) as e:
+            _stop_prev.pop("sigterm", None)
+            hook.errors.append("no SIGTERM handler: %r" % (e,))
 
 
 class _Step:

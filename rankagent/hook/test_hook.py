@@ -3,7 +3,9 @@ Run: PYTHONPATH=rankagent/hook/testdata/faketorch python3 -m unittest discover -
 import json
 import os
 import pickle
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -21,7 +23,8 @@ import memsnap_hook  # noqa: E402
 class FakeAgent:
     """A Unix-socket server that speaks the agent's side of the protocol."""
 
-    def __init__(self, window=None):
+    def __init__(self, window=None, record_always=False):
+        self.record_always = record_always
         self.dir = tempfile.mkdtemp(prefix="msh")
         self.path = os.path.join(self.dir, "a.sock")
         self.spool = os.path.join(self.dir, "incoming")
@@ -56,7 +59,10 @@ class FakeAgent:
                     m = json.loads(line)
                     self.messages.append(m)
                     if m["type"] == "hello":
-                        c.sendall((json.dumps({"v": 1, "type": "welcome", "spool": self.spool}) + "\n").encode())
+                        welcome = {"v": 1, "type": "welcome", "spool": self.spool}
+                        if getattr(self, "record_always", False):
+                            welcome.update(record_always=True, max_entries=777, stacks="python")
+                        c.sendall((json.dumps(welcome) + "\n").encode())
                         if self.window:
                             c.sendall((json.dumps(dict(self.window, type="window")) + "\n").encode())
 
@@ -289,6 +295,225 @@ class HookTest(unittest.TestCase):
         finally:
             del os.environ["MEMSNAP_RUN_NAME"]
             del os.environ["LOCAL_RANK"]
+
+
+class StopTest(unittest.TestCase):
+    """A trainer process that is being stopped tells the agent why and dumps what it
+    recorded (testdata/train_stop.py, a subprocess, against a stand-in agent)."""
+
+    def trainer(self, agent_path, *args):
+        env = dict(os.environ, MEMSNAP_SOCKET=agent_path, RANK="0", LOCAL_RANK="0",
+                   PYTHONPATH=os.pathsep.join([os.path.join(HERE, "testdata", "faketorch"), HERE]))
+        p = subprocess.Popen([sys.executable, os.path.join(HERE, "testdata", "train_stop.py")] + list(args),
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p.out, p.err, p.readers = [], [], []
+        for stream, lines in ((p.stdout, p.out), (p.stderr, p.err)):
+            t = threading.Thread(target=lambda s=stream, l=lines: l.extend(iter(s.readline, "")), daemon=True)
+            t.start()
+            p.readers.append(t)
+
+        def cleanup():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        self.addCleanup(cleanup)
+        return p
+
+    def finish(self, p, timeout=30):
+        """Wait for the trainer to end: its exit status, stdout and stderr."""
+        p.wait(timeout=timeout)
+        for t in p.readers:
+            t.join(timeout)
+        return p.returncode, "".join(p.out), "".join(p.err)
+
+    def agent(self, **kw):
+        a = FakeAgent(**kw)
+        self.addCleanup(a.close)
+        return a
+
+    def until_batch(self, agent, b):
+        self.assertTrue(wait(lambda: any(m.get("batch", -1) >= b for m in agent.of("batch")), 20),
+                        "the trainer never reached batch %d" % b)
+
+    def check_crash(self, agent, snap, cause):
+        self.assertEqual((snap["reason"], snap["cause"]), ("crash", cause))
+        self.assertRegex(snap["file"], r"^rank0\.crash%d\.\d+\.pickle$" % snap["window"])
+        with open(os.path.join(agent.spool, snap["file"]), "rb") as f:
+            self.assertIn("device_traces", pickle.load(f))
+        with open(os.path.join(agent.spool, snap["file"][:-len(".pickle")] + ".json")) as f:
+            self.assertEqual(json.loads(f.read()), snap)
+        self.assertFalse([n for n in os.listdir(agent.spool) if n.startswith(".")], "hidden leftovers")
+        # the stopping message came first
+        kinds = [m["type"] for m in agent.messages if m["type"] in ("stopping", "snapshot")]
+        self.assertEqual(kinds, ["stopping", "snapshot"])
+
+    def test_sigterm_mid_window_dumps_and_dies_by_sigterm(self):
+        agent = self.agent(window={"id": 3, "start": 2, "stop": 100000})
+        p = self.trainer(agent.path, "wait=window")
+        self.assertTrue(wait(lambda: agent.of("recording"), 20), "the window never started")
+        self.until_batch(agent, 4)
+        p.send_signal(signal.SIGTERM)
+        code, out, err = self.finish(p)
+        self.assertEqual(code, -signal.SIGTERM, err)
+        self.assertTrue(wait(lambda: agent.of("snapshot")), "no crash snapshot reached the agent")
+        stop, snap = agent.of("stopping"), agent.of("snapshot")
+        self.assertEqual(len(stop), 1)
+        self.assertEqual(len(snap), 1)
+        stop, snap = stop[0], snap[0]
+        self.assertEqual(stop["cause"], "SIGTERM")
+        self.assertGreater(stop["t_us"], 0)
+        self.check_crash(agent, snap, "SIGTERM")
+        self.assertEqual((snap["window"], snap["start"], snap["stop"]), (3, 2, 100000))
+        batches = [b["batch"] for b in snap["batches"]]
+        self.assertEqual(batches, list(range(2, stop["batch"] + 1)), "marks up to the batch in progress")
+        for a, b in zip(snap["batches"], snap["batches"][1:]):
+            self.assertLessEqual(a["end_us"], b["start_us"])
+        last = snap["batches"][-1]
+        self.assertLessEqual(last["start_us"], last["end_us"])
+        self.assertLessEqual(last["end_us"], stop["t_us"])
+
+    def test_uncaught_exception_mid_window(self):
+        agent = self.agent(window={"id": 4, "start": 1, "stop": 100})
+        p = self.trainer(agent.path, "wait=window", "fail=3", "pace=0.001")
+        code, out, err = self.finish(p)
+        self.assertEqual(code, 1, err)
+        self.assertIn("Traceback (most recent call last)", err)
+        self.assertIn("RuntimeError: boom at batch 3", err)
+        self.assertTrue(wait(lambda: agent.of("snapshot")), "no crash snapshot reached the agent")
+        cause = "exception: RuntimeError: boom at batch 3"
+        self.assertEqual(agent.of("stopping")[0]["cause"], cause)
+        self.assertEqual(agent.of("stopping")[0]["batch"], 3)
+        snap = agent.of("snapshot")[0]
+        self.check_crash(agent, snap, cause)
+        self.assertEqual((snap["window"], snap["start"], snap["stop"]), (4, 1, 100))
+        self.assertEqual([b["batch"] for b in snap["batches"]], [1, 2, 3])
+
+    def test_record_always_without_window(self):
+        agent = self.agent(record_always=True)
+        p = self.trainer(agent.path, "wait=spool")
+        self.until_batch(agent, 2)
+        p.send_signal(signal.SIGTERM)
+        code, out, err = self.finish(p)
+        self.assertEqual(code, -signal.SIGTERM, err)
+        self.assertTrue(wait(lambda: agent.of("snapshot")), "no crash snapshot reached the agent")
+        snap = agent.of("snapshot")[0]
+        self.check_crash(agent, snap, "SIGTERM")
+        self.assertEqual(snap["window"], 0)
+        self.assertNotIn("start", snap)
+        self.assertNotIn("stop", snap)
+        self.assertEqual(snap["batches"], [])
+
+    def test_no_history_sends_only_stopping(self):
+        agent = self.agent()
+        p = self.trainer(agent.path, "wait=spool")
+        self.until_batch(agent, 2)
+        p.send_signal(signal.SIGTERM)
+        code, out, err = self.finish(p)
+        self.assertEqual(code, -signal.SIGTERM, err)
+        self.assertTrue(wait(lambda: agent.of("stopping")), "no stopping message")
+        self.assertEqual(agent.of("stopping")[0]["cause"], "SIGTERM")
+        self.assertFalse(agent.of("snapshot"))
+        self.assertEqual(os.listdir(agent.spool), [])
+
+    def test_previous_python_handler_is_called_and_dump_is_once(self):
+        agent = self.agent(window={"id": 2, "start": 1, "stop": 100000})
+        p = self.trainer(agent.path, "wait=window", "prev=py")
+        self.assertTrue(wait(lambda: agent.of("recording"), 20), "the window never started")
+        self.until_batch(agent, 2)
+        p.send_signal(signal.SIGTERM)
+        code, out, err = self.finish(p)
+        self.assertEqual(code, 7, err)  # the previous handler's sys.exit(7)
+        self.assertIn("previous handler called with %d" % signal.SIGTERM, out)
+        self.assertTrue(wait(lambda: agent.of("snapshot")), "no crash snapshot reached the agent")
+        # the SystemExit it raised, and the exit after it, dumped nothing more
+        self.assertEqual(len(agent.of("stopping")), 1)
+        self.assertEqual(len(agent.of("snapshot")), 1)
+        self.check_crash(agent, agent.of("snapshot")[0], "SIGTERM")
+
+    def test_sigterm_during_the_exception_dump(self):
+        agent = self.agent(window={"id": 8, "start": 1, "stop": 100})
+        p = self.trainer(agent.path, "wait=window", "fail=2", "term_in_dump=1", "pace=0.001")
+        code, out, err = self.finish(p)
+        # the dump was not cut short nor taken twice; the traceback was printed, then
+        # the SIGTERM was passed on
+        self.assertEqual(code, -signal.SIGTERM, err)
+        self.assertIn("RuntimeError: boom at batch 2", err)
+        self.assertTrue(wait(lambda: agent.of("snapshot")), "no crash snapshot reached the agent")
+        cause = "exception: RuntimeError: boom at batch 2"
+        self.assertEqual([m["cause"] for m in agent.of("stopping")], [cause])
+        self.assertEqual(len(agent.of("snapshot")), 1)
+        self.check_crash(agent, agent.of("snapshot")[0], cause)
+
+    def test_ignored_sigterm_trains_on(self):
+        agent = self.agent()
+        p = self.trainer(agent.path, "wait=spool", "prev=ign")
+        self.until_batch(agent, 1)
+        p.send_signal(signal.SIGTERM)
+        code, out, err = self.finish(p)
+        self.assertEqual(code, 0, err)
+        self.assertIn("trained on after SIGTERM", out)
+        self.assertEqual([m["cause"] for m in agent.of("stopping")], ["SIGTERM"])
+
+    def test_exit_mid_window(self):
+        agent = self.agent(window={"id": 6, "start": 1, "stop": 100})
+        p = self.trainer(agent.path, "wait=window", "exit=2", "pace=0.001")
+        code, out, err = self.finish(p)
+        self.assertEqual(code, 3, err)
+        self.assertTrue(wait(lambda: agent.of("snapshot")), "no crash snapshot reached the agent")
+        self.assertEqual(agent.of("stopping")[0]["cause"], "exit")
+        snap = agent.of("snapshot")[0]
+        self.check_crash(agent, snap, "exit")
+        self.assertEqual([b["batch"] for b in snap["batches"]], [1, 2])
+
+    def test_oom_error_after_oom_dump_skips_crash_dump(self):
+        agent = self.agent(window={"id": 5, "start": 1, "stop": 100})
+        p = self.trainer(agent.path, "wait=window", "oom=2", "pace=0.001")
+        code, out, err = self.finish(p)
+        self.assertEqual(code, 1, err)
+        self.assertIn("OutOfMemoryError", err)
+        self.assertTrue(wait(lambda: agent.of("stopping")), "no stopping message")
+        self.assertTrue(agent.of("stopping")[0]["cause"].startswith("exception: OutOfMemoryError: CUDA out of memory"))
+        self.assertEqual([m["reason"] for m in agent.of("snapshot")], ["oom"])
+        self.assertFalse([n for n in os.listdir(agent.spool) if ".crash" in n])
+
+    def test_no_agent_does_not_wait(self):
+        d = tempfile.mkdtemp(prefix="msh")
+        p = self.trainer(os.path.join(d, "none.sock"))
+        self.assertTrue(wait(lambda: "batch 3\n" in p.out, 20), "the trainer never trained")
+        t = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        code, out, err = self.finish(p)
+        self.assertEqual(code, -signal.SIGTERM, err)
+        self.assertLess(time.monotonic() - t, 5.0, "a trainer with no agent waited for one")
+
+    def test_wait_is_bounded(self):
+        hook = memsnap_hook.Hook(connect=False)
+        release = threading.Event()
+        hook._thread = threading.Thread(target=release.wait)  # a hook's thread that never sends
+        hook._thread.start()
+        self.addCleanup(hook._thread.join)
+        self.addCleanup(release.set)
+        hook._sock, hook._spool, hook.stop_wait = object(), tempfile.mkdtemp(prefix="msh"), 0.2
+        t = time.monotonic()
+        hook._stopping("SIGTERM")
+        self.assertLess(time.monotonic() - t, 2.0)
+        self.assertEqual([it[1]["type"] for it in hook._urgent if it[0] == "msg"], ["stopping"])
+        hook._stopping("SIGTERM")  # at most once
+        self.assertEqual(len([it for it in hook._urgent if it[0] == "msg"]), 1)
+
+    def test_cause_is_clipped_to_512_bytes(self):
+        c = memsnap_hook._clip("exception: ValueError: " + "é" * 600)
+        self.assertLessEqual(len(c.encode("utf-8")), 512)
+        self.assertTrue(c.startswith("exception: ValueError: éé"))
+        self.assertEqual(memsnap_hook._clip("\udcff"), "?")
+
+    def test_hook_on_another_thread_has_no_signal_handler(self):
+        d = tempfile.mkdtemp(prefix="msh")
+        p = self.trainer(os.path.join(d, "none.sock"), "thread=1")
+        code, out, err = self.finish(p)
+        self.assertEqual(code, 0, err)
+        self.assertIn("no SIGTERM handler: the hook was created outside the main thread", out)
+        self.assertIn("handler is SIG_DFL: True", out)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,17 @@ class _Memory:
         return {"segments": [], "device_traces": [[]]}
 
 
+class OutOfMemoryError(RuntimeError):
+    """torch.OutOfMemoryError (also torch.cuda.OutOfMemoryError)."""
+
+
 class _Props:
     uuid = "GPU-fake-0000"
 
 
 class cuda:  # noqa: N801 (mirrors torch.cuda)
     memory = _Memory()
+    OutOfMemoryError = OutOfMemoryError
 
     @staticmethod
     def is_available():

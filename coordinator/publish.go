@@ -1,0 +1,443 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/runlog"
+)
+
+// retryable reports whether a store or merge error may go away by itself (the
+// store is unreachable, a connection broke), so the operation is retried within
+// its bound; an error the store will give again (refused credentials, a bad name)
+// or a rank's input that cannot be read as it is are not.
+func retryable(err error) bool {
+	if err == nil || store.Permanent(err) || errors.Is(err, runlog.ErrMalformed) {
+		return false
+	}
+	if errors.Is(err, store.ErrUnreachable) || errors.Is(err, store.ErrNoBucket) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var ie *merge.InputError
+	return !errors.As(err, &ie)
+}
+
+// finish checks what the ranks stored and merges it: a rank whose snapshot does not
+// cover exactly the window's batches is reported missing, never merged. A store
+// that fails meanwhile is retried for up to PublishTimeout; a rank whose stored
+// snapshot cannot be merged is left out with the reason.
+func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
+	log := l.log.With("window", w.id)
+	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Kind: w.kind, Start: w.start, Stop: w.stop, Store: l.st.String()}
+	inputs := map[int]merge.Input{}
+	for r := 0; r < w.world; r++ {
+		s := w.ranks[r]
+		switch {
+		case s.result == nil:
+			if s.missing == "" {
+				s.missing = "no snapshot"
+			}
+		case s.result.Error != "":
+			s.missing = "its snapshot was not stored: " + s.result.Error
+		case w.postmortem():
+			inputs[r] = l.input(s.result, r)
+		case s.result.Partial != "":
+			s.missing = "its snapshot does not cover the window: " + s.result.Partial
+		case s.result.Start != w.start || s.result.Stop != w.stop:
+			s.missing = fmt.Sprintf("its snapshot covers [%d, %d), the window is [%d, %d)", s.result.Start, s.result.Stop, w.start, w.stop)
+		default:
+			if why := l.checkCoverage(ctx, s.result, w); why != "" {
+				s.missing = why
+			} else {
+				inputs[r] = l.input(s.result, r)
+			}
+		}
+	}
+	if len(inputs) == 0 {
+		res.Error = "no rank stored a snapshot of the window"
+		res.Missing = missingOf(w)
+		log.Error(res.Error, "missing", len(res.Missing))
+		l.conclude(ctx, w, res, false)
+		return res
+	}
+	l.tell(w, -1, pb.Step_STEP_PUBLISHING, -1, fmt.Sprintf("merging %d ranks", len(inputs)))
+	key, _ := l.manifestKey(w.id, w.stop)
+	give := time.Now().Add(l.c.cfg.PublishTimeout)
+	wait := 500 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		out, err := merge.Merge(ctx, l.mergeConfig(w, inputs))
+		if err == nil {
+			res = resultFromManifest(out.Outputs[merge.OutManifest], nil, l.st)
+			res.Window, res.Kind, res.Start, res.Stop = w.id, w.kind, w.start, w.stop
+			res.Outputs = outputURLs(l.st, out.Outputs)
+			for _, r := range out.Summary.RanksMerged {
+				res.Ranks = append(res.Ranks, int32(r))
+			}
+			res.Missing = missingOf(w)
+			log.Info("window published", "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String(), "attempt", attempt)
+			break
+		}
+		if ctx.Err() != nil {
+			return &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Error: "the leader stopped"}
+		}
+		// whoever published it, the manifest in the store is the truth
+		if m, merr := merge.ReadManifest(ctx, l.st, key); merr == nil {
+			log.Info("the window was published by another leader", "manifest", key)
+			res = resultFromManifest(key, m, l.st)
+			res.Window, res.Kind = w.id, w.kind
+			break
+		}
+		var ie *merge.InputError
+		if errors.As(err, &ie) && !retryable(err) && inputs[ie.Rank].Source == ie.Source {
+			why := "its snapshot cannot be merged: " + err.Error()
+			log.Warn("a rank's snapshot cannot be merged; merging without it", "left_out", ie.Rank, "err", err)
+			w.ranks[ie.Rank].missing = why
+			delete(inputs, ie.Rank)
+			if len(inputs) == 0 {
+				res.Error = "no rank's snapshot could be merged"
+				res.Missing = missingOf(w)
+				l.conclude(ctx, w, res, false)
+				return res
+			}
+			continue
+		}
+		if !retryable(err) {
+			res.Error = err.Error()
+			res.Missing = missingOf(w)
+			log.Error("the merge failed", "err", err)
+			l.conclude(ctx, w, res, false)
+			return res
+		}
+		if time.Now().After(give) {
+			res.Error = fmt.Sprintf("the store failed for %v while the window was published (%v); the window stays unfinished in the run's log, and the leader publishes it once the store is back", l.c.cfg.PublishTimeout, err)
+			res.Missing = missingOf(w)
+			log.Error("publication given up for now", "err", err)
+			l.mu.Lock()
+			l.sweepAt = time.Now().Add(l.c.cfg.SweepInterval)
+			l.mu.Unlock()
+			return res // no outcome: a sweep publishes it later
+		}
+		log.Warn("the store failed while publishing the window; retrying", "err", err, "attempt", attempt)
+		l.tell(w, -1, pb.Step_STEP_RETRYING, -1, err.Error())
+		if !backoff(ctx, &wait) {
+			return &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Error: "the leader stopped"}
+		}
+	}
+	l.conclude(ctx, w, res, false)
+	return res
+}
+
+// mergeConfig is the merge of w's inputs, published under this leader's attempt.
+func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config {
+	var ins []merge.Input
+	for _, in := range inputs {
+		ins = append(ins, in)
+	}
+	sort.Slice(ins, func(i, j int) bool { return ins[i].Rank < ins[j].Rank })
+	reasons := map[int]string{}
+	for r, s := range w.ranks {
+		if s.missing != "" {
+			reasons[r] = s.missing
+		}
+	}
+	run := l.c.cfg.Identity.RunName
+	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(w.id, w.stop), WorldSize: w.world,
+		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, w.id, w.start, w.stop-1),
+		Window: &merge.WindowInfo{ID: w.id, Start: w.start, Stop: w.stop}, MissingReasons: reasons, Logger: l.log.With("window", w.id),
+		Reason: w.reason, Kind: kindName(w.kind), FromAnalyses: true, Supersede: true, Attempt: "t" + strconv.FormatUint(l.term, 10)}
+	if w.world > l.c.cfg.FullDetailRanks {
+		cfg.Detail = merge.DetailDiff // the pickles hold the ranks the diff compares; the rest is in the summary and report
+	}
+	if w.postmortem() {
+		what := "OOM"
+		if w.kind == pb.WindowKind_WINDOW_KIND_CRASH {
+			what = "crash"
+		}
+		if r, f, ok := w.first(); ok {
+			cfg.Title = fmt.Sprintf("%s, %s post-mortem (window %d): rank %d failed first (%s)", run, what, w.id, r, f.cause)
+			cfg.Reason = fmt.Sprintf("%s post-mortem: rank %d failed first (%s)", what, r, f.cause)
+		} else {
+			cfg.Title = fmt.Sprintf("%s, %s post-mortem (window %d)", run, what, w.id)
+			cfg.Reason = what + " post-mortem"
+		}
+	}
+	return cfg
+}
+
+// conclude writes how w ended into the run's log (once: another leader's outcome,
+// when it wrote one first, is the truth) and tells every member waiting for it.
+// With quiet, nobody is told (the window was planned again under another id).
+func (l *leaderRun) conclude(ctx context.Context, w *win, res *pb.WindowResult, quiet bool) {
+	o := runlog.Outcome{ID: w.id, Term: l.term, Kind: kindName(w.kind), State: runlog.Failed, Error: res.Error, Leader: l.c.name, Missing: map[string]string{},
+		Manifest: manifestKeyOf(l, w)}
+	if res.State == pb.Outcome_OUTCOME_PUBLISHED {
+		o.State = runlog.Published
+	}
+	for _, r := range res.Ranks {
+		o.Ranks = append(o.Ranks, int(r))
+	}
+	for r, why := range res.Missing {
+		o.Missing[strconv.Itoa(int(r))] = why
+	}
+	give := time.Now().Add(l.c.cfg.PublishTimeout)
+	wait := 500 * time.Millisecond
+	for {
+		got, err := l.rl.Finish(ctx, o)
+		if err == nil {
+			if got.Term != o.Term || got.State != o.State {
+				l.log.Info("the window's outcome was written by another leader", "window", w.id, "state", got.State, "leader", got.Leader)
+				if res.State != pb.Outcome_OUTCOME_PUBLISHED { // a published manifest is the truth, whatever was written
+					*res = *l.resultOfOutcome(ctx, &got)
+				}
+			}
+			break
+		}
+		if ctx.Err() != nil || !retryable(err) || time.Now().After(give) {
+			l.log.Warn("cannot write the window's outcome into the run's log; a later sweep does", "window", w.id, "err", err)
+			break
+		}
+		if !backoff(ctx, &wait) {
+			break
+		}
+	}
+	if !quiet {
+		l.tellResult(w.id, w.watchers, res)
+		w.watchers = nil
+	}
+}
+
+func manifestKeyOf(l *leaderRun, w *win) string {
+	k, _ := l.manifestKey(w.id, w.stop)
+	return k
+}
+
+// input is rank r's stored snapshot as a merge input, with the rank's own
+// analysis of it where it stored one (so the leader need not decode it).
+func (l *leaderRun) input(res *pb.RankResult, r int) merge.Input {
+	in := merge.StoreInput(l.st, res.Key, res.MetaKey, r)
+	if res.AnalysisKey != "" {
+		in = in.WithAnalysis(merge.StoreAnalysis(l.st, res.AnalysisKey))
+	}
+	return in
+}
+
+// checkCoverage reads a rank's sidecar and says why its batch marks are not
+// exactly the window's batches ("" when they are).
+func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, w *win) string {
+	if r.MetaKey == "" {
+		return "its snapshot has no metadata"
+	}
+	b, err := store.ReadAll(ctx, l.st, r.MetaKey)
+	if err != nil {
+		return "its metadata cannot be read: " + err.Error()
+	}
+	m, err := merge.ParseRankMeta(b)
+	if err != nil {
+		return err.Error()
+	}
+	if m.Window == nil || m.Window.ID != w.id {
+		return "its metadata names another window"
+	}
+	if len(m.Batches) != int(w.stop-w.start) {
+		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), w.stop-w.start)
+	}
+	for i, bm := range m.Batches {
+		if bm.Batch != w.start+int64(i) {
+			return fmt.Sprintf("it recorded batch %d where batch %d belongs", bm.Batch, w.start+int64(i))
+		}
+	}
+	return ""
+}
+
+// outputURLs lists a merge's outputs (the HTML report first, then by name),
+// leaving out the claim and the manifest.
+func outputURLs(st store.Store, outputs map[string]string) []string {
+	var keys []string
+	for kind, k := range outputs {
+		if kind != merge.OutInputs && kind != merge.OutManifest && kind != merge.OutHTML && k != "" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	if k := outputs[merge.OutHTML]; k != "" {
+		keys = append([]string{k}, keys...)
+	}
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = st.URL(k)
+	}
+	return out
+}
+
+// resultFromManifest is a published window's result; m nil when only the
+// manifest's key is known.
+func resultFromManifest(key string, m *merge.Manifest, st store.Store) *pb.WindowResult {
+	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_PUBLISHED, Manifest: st.URL(key), Store: st.String(), Missing: map[int32]string{}}
+	if m == nil {
+		return res
+	}
+	p := merge.Published{Key: key, Manifest: m}
+	keys := map[string]string{}
+	for kind := range m.Outputs {
+		keys[kind], _ = p.OutputKey(kind)
+	}
+	res.Outputs = outputURLs(st, keys)
+	for _, r := range m.RanksMerged {
+		res.Ranks = append(res.Ranks, int32(r))
+	}
+	for r, why := range m.MissingReasons {
+		if n, err := strconv.Atoi(r); err == nil {
+			res.Missing[int32(n)] = why
+		}
+	}
+	if m.Window != nil {
+		res.Start, res.Stop, res.Window = m.Window.Start, m.Window.Stop, m.Window.ID
+	}
+	res.Kind = kindOf(m.Kind)
+	return res
+}
+
+// recoverPlan finishes a window the run's log holds unfinished: from the
+// manifest, when it was published and its outcome never written; else from the
+// ranks' reports in the log and the live ranks' status, waiting for ranks that
+// still record it (until its deadline).
+func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
+	c := l.c
+	log := l.log.With("window", p.ID)
+	w := &win{id: p.ID, start: p.Start, stop: p.Stop, reason: nonEmpty(p.Reason, "recovered"), kind: kindOf(p.Kind), ranks: map[int]*rankState{},
+		world: p.WorldSize, failed: map[int]failure{}, deadline: p.Deadline}
+	if p.FailedRank != nil {
+		w.failed[*p.FailedRank] = failure{cause: p.Cause, at: p.Created}
+	}
+	if !l.mayRecover(p) {
+		log.Debug("an unfinished window of another leader whose ranks this member cannot reach; left to it until its deadline", "deadline", p.Deadline)
+		return
+	}
+	if m, err := merge.ReadManifest(ctx, l.st, p.Manifest); err == nil {
+		log.Info("the window was published; recording its outcome", "manifest", p.Manifest)
+		res := resultFromManifest(p.Manifest, m, l.st)
+		res.Window = p.ID
+		l.conclude(ctx, w, res, false)
+		return
+	} else if !errors.Is(err, store.ErrNotFound) {
+		log.Warn("cannot read the window's manifest; trying again later", "err", err)
+		return
+	}
+	reports, bad, err := l.rl.Reports(ctx, p.ID)
+	if err != nil {
+		log.Warn("cannot read the ranks' reports; trying again later", "err", err)
+		return
+	}
+	for _, e := range bad {
+		log.Warn("a rank's report in the run's log is malformed; ignored", "err", e)
+	}
+	asked := map[int]bool{}
+	for _, r := range p.Ranks {
+		asked[r] = true
+	}
+	nodes := c.rankNodes()
+	var live []int
+	for r := range nodes {
+		if r < w.world {
+			live = append(live, r)
+		}
+	}
+	sts := c.status(ctx, live)
+	pending := false
+	now := time.Now()
+	for r := 0; r < w.world; r++ {
+		s := &rankState{}
+		w.ranks[r] = s
+		st, ok := sts[r]
+		switch rep := reports[r]; {
+		case rep != nil:
+			s.result = resultOfReport(rep)
+		case ok && st.st.Window == p.ID && st.st.Result != nil:
+			s.result = st.st.Result
+		case ok && st.st.Window == p.ID && !terminal(st.st.State) && time.Now().Before(p.Deadline.Add(c.cfg.CollectTimeout)):
+			s.lastSign, s.batch, s.state, s.acked = now, st.st.Batch, st.st.State, true
+			pending = true
+		case ok && st.st.Window == p.ID:
+			s.missing = "the window ended on the rank without a snapshot (" + stepName(st.st.State) + ")"
+		case !asked[r]:
+			s.missing = "not asked to record the window (its leader did not have it as a member)"
+		default:
+			s.missing = "no report in the run's log (its leader stopped before the rank reported)"
+		}
+	}
+	log.Info("finishing a window an earlier leader left unfinished", "kind", p.Kind, "start", p.Start, "stop", p.Stop, "reports", len(reports),
+		"waiting", pending, "planned_by", p.Leader, "term", p.Term)
+	if pending {
+		if dl := now.Add(c.cfg.StatusTimeout); w.deadline.Before(dl) {
+			w.deadline = dl.Add(c.cfg.CollectTimeout)
+		}
+		ch, seq := c.expect(16, c.fromRanks())
+		l.collect(ctx, w, ch, false)
+		c.forget(seq)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+	l.finish(ctx, w)
+	if pending && w.kind == pb.WindowKind_WINDOW_KIND_WINDOW {
+		l.cancelWindow(w, "finished by a later leader")
+	}
+}
+
+// mayRecover says whether this leader finishes plan p now: its own, or one whose
+// leader or ranks it can reach (a dead leader's, a stale leader's), or one whose
+// deadline has passed. A window of another leader none of whose ranks is a member
+// here is being recorded on the other side of a partition: it is left to its
+// leader until its deadline.
+func (l *leaderRun) mayRecover(p *runlog.Plan) bool {
+	if p.Term == l.term || time.Now().After(p.Deadline.Add(l.c.cfg.CollectTimeout)) {
+		return true
+	}
+	if l.c.node(p.Leader) != nil {
+		return true
+	}
+	nodes := l.c.rankNodes()
+	for _, r := range p.Ranks {
+		if nodes[r] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func resultOfReport(r *runlog.Report) *pb.RankResult {
+	return &pb.RankResult{Key: r.Key, MetaKey: r.MetaKey, AnalysisKey: r.AnalysisKey, Size: r.Size, Sha256: r.SHA256, Events: r.Events,
+		Start: r.Start, Stop: r.Stop, Reason: r.Reason, Partial: r.Partial, Error: r.Error, Cause: r.Cause}
+}
+
+func stepName(s pb.Step) string {
+	n := s.String()
+	if len(n) > 5 && n[:5] == "STEP_" {
+		n = n[5:]
+	}
+	return toLower(n)
+}
+
+func toLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}

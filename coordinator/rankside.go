@@ -1,0 +1,473 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/rankagent"
+	"github.com/memsnap/memsnap/runlog"
+)
+
+func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
+
+// stepOf is a rank's window state as it travels.
+func stepOf(s rankagent.WindowState) pb.Step {
+	switch s {
+	case rankagent.WindowQueued:
+		return pb.Step_STEP_QUEUED
+	case rankagent.WindowSent:
+		return pb.Step_STEP_SENT
+	case rankagent.WindowArmed:
+		return pb.Step_STEP_ARMED
+	case rankagent.WindowRecording:
+		return pb.Step_STEP_RECORDING
+	case rankagent.WindowSpooled:
+		return pb.Step_STEP_SPOOLED
+	case rankagent.WindowPartial:
+		return pb.Step_STEP_PARTIAL
+	case rankagent.WindowUploaded:
+		return pb.Step_STEP_UPLOADED
+	case rankagent.WindowMissed:
+		return pb.Step_STEP_MISSED
+	case rankagent.WindowFailed:
+		return pb.Step_STEP_FAILED
+	case rankagent.WindowCancelled:
+		return pb.Step_STEP_CANCELLED
+	case rankagent.WindowStopping:
+		return pb.Step_STEP_STOPPING
+	}
+	return pb.Step_STEP_UNSPECIFIED
+}
+
+// terminal reports whether a rank's window state is an end.
+func terminal(s pb.Step) bool {
+	switch s {
+	case pb.Step_STEP_UPLOADED, pb.Step_STEP_MISSED, pb.Step_STEP_FAILED, pb.Step_STEP_CANCELLED:
+		return true
+	}
+	return false
+}
+
+// --- the rank's side --------------------------------------------------------------
+
+func (c *Coordinator) answerStatus(req *pb.Envelope) {
+	st := &pb.Status{Batch: -1, TimeUs: c.cfg.Now().UnixMicro()}
+	if c.rec != nil {
+		b, step := c.rec.Progress()
+		st.Batch, st.StepUs, st.Trainer = b, step.Microseconds(), b >= 0
+		if a, ok := c.rec.(interface{ Connected() bool }); ok {
+			st.Trainer = a.Connected()
+		}
+	}
+	c.mu.Lock()
+	l := c.last
+	st.Seen, st.Term = c.lastWindow, c.term
+	c.mu.Unlock()
+	if l.w.ID != 0 {
+		st.Window, st.Start, st.Stop, st.State, st.Result = l.w.ID, l.w.Start, l.w.Stop, l.state, l.result
+	}
+	r := c.envelope(st.Window)
+	r.Body = &pb.Envelope_Status{Status: st}
+	c.reply(req, r, true)
+}
+
+// refuseCommand answers a command this member will not obey.
+func (c *Coordinator) refuseCommand(env *pb.Envelope, code pb.AckCode, why string) {
+	c.refuse(env, why)
+	if env.Seq == 0 {
+		return
+	}
+	r := c.envelope(env.WindowId)
+	r.Body = &pb.Envelope_Ack{Ack: &pb.Ack{Code: code, Message: why, Term: c.Term()}}
+	c.reply(env, r, true)
+}
+
+func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
+	if c.rec == nil || env.WindowId == 0 {
+		return
+	}
+	if code, why := c.commandAllowed(env); code != pb.AckCode_ACK_OK {
+		c.refuseCommand(env, code, why)
+		return
+	}
+	w := rankagent.Window{ID: env.WindowId, Start: p.Start, Stop: p.Stop}
+	batch, _ := c.rec.Progress()
+	ack := &pb.Ack{Ok: true, Batch: batch}
+	err := c.rec.Arm(w)
+	if errors.Is(err, rankagent.ErrStale) {
+		c.mu.Lock()
+		again := c.last.w == w
+		c.mu.Unlock()
+		if again {
+			// the plan comes directly and through gossip: a copy that arrives after
+			// the window ended here is the window this rank took, not a stale one
+			err = nil
+		}
+	}
+	switch {
+	case err == nil:
+		c.mu.Lock()
+		if c.last.w.ID != w.ID {
+			c.last = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender}
+		}
+		// the window id is not gossiped from here: a metadata update by every rank
+		// for every window costs the cluster O(n^2) messages; a new leader learns
+		// the newest id from the run's log and the ranks' status answers
+		bump := w.ID > c.lastWindow
+		c.lastWindow = max(c.lastWindow, w.ID)
+		c.mu.Unlock()
+		if bump {
+			c.log.Info("window planned", "window", w.ID, "start", w.Start, "stop", w.Stop, "batch", batch, "reason", p.Reason, "term", env.Term)
+		}
+	case errors.Is(err, rankagent.ErrPassed):
+		ack.Code = pb.AckCode_ACK_PASSED
+	case errors.Is(err, rankagent.ErrBusy):
+		ack.Code = pb.AckCode_ACK_BUSY
+	case errors.Is(err, rankagent.ErrStale):
+		ack.Code = pb.AckCode_ACK_STALE
+	default:
+		ack.Code = pb.AckCode_ACK_ERROR
+	}
+	if err != nil {
+		ack.Ok, ack.Message = false, err.Error()
+		c.log.Warn("window refused", "window", w.ID, "code", ack.Code, "err", err)
+	}
+	r := c.envelope(w.ID)
+	r.Body = &pb.Envelope_Ack{Ack: ack}
+	c.reply(env, r, true)
+}
+
+func (c *Coordinator) onCancel(env *pb.Envelope, x *pb.Cancel) {
+	if c.rec == nil {
+		return
+	}
+	if code, why := c.commandAllowed(env); code != pb.AckCode_ACK_OK {
+		c.refuse(env, "cancel: "+why)
+		return
+	}
+	c.rec.Cancel(env.WindowId, x.Reason)
+	c.mu.Lock()
+	if c.last.w.ID == env.WindowId && !terminal(c.last.state) {
+		c.last.state = pb.Step_STEP_CANCELLED
+	}
+	c.lastWindow = max(c.lastWindow, env.WindowId)
+	c.mu.Unlock()
+}
+
+// onDump answers a post-mortem: the snapshot this rank's trainer took when it hit
+// an OOM or was being stopped (when that is recent), else its snapshot now.
+func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
+	if c.rec == nil || env.WindowId == 0 {
+		return
+	}
+	if code, why := c.commandAllowed(env); code != pb.AckCode_ACK_OK {
+		c.refuseCommand(env, code, why)
+		return
+	}
+	ack := &pb.Ack{Ok: true}
+	w := rankagent.Window{ID: env.WindowId}
+	var have *pb.RankResult
+	c.mu.Lock()
+	dup := c.last.w.ID == w.ID
+	inc := c.inc
+	mine := inc != nil && inc.fresh(c.incidentHold()) && (inc.handedTo == 0 || inc.handedTo == w.ID)
+	if !dup {
+		c.last = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender}
+		c.lastWindow = max(c.lastWindow, w.ID)
+		if mine {
+			inc.handedTo, inc.leader = w.ID, env.Sender
+			if inc.result != nil {
+				have = proto.Clone(inc.result).(*pb.RankResult)
+				inc.sent = true
+				c.last.result, c.last.state = have, pb.Step_STEP_UPLOADED
+			} else if inc.noSnapshot != "" {
+				have = &pb.RankResult{Error: inc.noSnapshot, Reason: "crash", Cause: inc.cause}
+				inc.sent = true
+				c.last.result, c.last.state = have, pb.Step_STEP_FAILED
+			}
+		}
+	}
+	c.mu.Unlock()
+	if !dup && !mine {
+		if err := c.rec.Dump(w.ID); err != nil {
+			ack.Ok, ack.Code, ack.Message = false, pb.AckCode_ACK_ERROR, err.Error()
+		}
+	}
+	r := c.envelope(w.ID)
+	r.Body = &pb.Envelope_Ack{Ack: ack}
+	c.reply(env, r, true)
+	if have != nil {
+		c.sendResult(env.Sender, w.ID, have)
+	}
+}
+
+// sendResult gives a post-mortem's leader this rank's snapshot, and writes it
+// into the run's log.
+func (c *Coordinator) sendResult(leader string, window uint64, r *pb.RankResult) {
+	env := c.envelope(window)
+	env.Body = &pb.Envelope_Result{Result: r}
+	c.post(leader, "", env, true)
+	c.rep.put(window, r)
+}
+
+// --- incidents: this rank's trainer hit an OOM or is being stopped -----------------
+
+// incident is this rank's trainer's latest OOM or crash, until a post-mortem has
+// its snapshot.
+type incident struct {
+	kind       pb.WindowKind
+	cause      string
+	at         time.Time      // when, on this host's clock
+	result     *pb.RankResult // the snapshot the trainer took, once stored
+	noSnapshot string         // why there will be none
+	handedTo   uint64         // the post-mortem window it belongs to (0: none yet)
+	leader     string
+	sent       bool // the post-mortem's leader has it
+	asked      string
+}
+
+func (i *incident) fresh(hold time.Duration) bool { return time.Since(i.at) < hold }
+
+// incidentHold is how long a rank keeps its incident for a post-mortem to take.
+func (c *Coordinator) incidentHold() time.Duration { return 2*c.cfg.PostmortemDeadline + 5*time.Second }
+
+// Settled reports whether this rank has nothing left to hand on: no snapshot of an
+// OOM or a crash that a post-mortem has not taken yet (within the hold time), and
+// no report waiting to be written. An agent whose trainer exited waits for it
+// before it stops.
+func (c *Coordinator) Settled() bool {
+	c.mu.Lock()
+	inc := c.inc
+	pending := inc != nil && inc.fresh(c.incidentHold()) && !inc.sent
+	c.mu.Unlock()
+	return !pending && c.rep.idle() && c.out.idle()
+}
+
+// Observe takes the agent's window events (rankagent.Config.OnWindow) and tells the
+// leader: every step as progress, and the stored snapshot as the rank's result.
+func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
+	switch {
+	case ev.State == rankagent.WindowOOM:
+		c.incidentStart(pb.WindowKind_WINDOW_KIND_OOM, "out of memory", ev)
+		return
+	case ev.State == rankagent.WindowStopping:
+		c.incidentStart(pb.WindowKind_WINDOW_KIND_CRASH, ev.Reason, ev)
+		if ev.Window.ID == 0 {
+			return
+		}
+	case ev.Upload != nil && (ev.Upload.Reason == "oom" || ev.Upload.Reason == "crash"):
+		c.incidentSnapshot(resultOf(ev.Upload), "")
+		return
+	case ev.State == rankagent.WindowFailed && ev.Window.ID == 0:
+		c.incidentSnapshot(nil, ev.Reason)
+		return
+	case ev.Window.ID == 0:
+		return
+	}
+	c.mu.Lock()
+	if c.last.w.ID == ev.Window.ID || ev.Window.ID > c.last.w.ID {
+		if c.last.w.ID != ev.Window.ID {
+			c.last = lastWindow{w: ev.Window}
+		}
+		c.last.state = stepOf(ev.State)
+		if ev.Upload != nil {
+			c.last.result = resultOf(ev.Upload)
+		}
+	}
+	l := c.last
+	leader := c.leaderName
+	c.mu.Unlock()
+	if ev.Upload != nil && l.result != nil {
+		c.rep.put(ev.Window.ID, l.result)
+	}
+	if leader == "" {
+		return
+	}
+	env := c.envelope(ev.Window.ID)
+	if ev.Upload != nil {
+		env.Body = &pb.Envelope_Result{Result: l.result}
+	} else {
+		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: stepOf(ev.State), Batch: ev.Batch, Reason: ev.Reason, Rank: c.rank()}}
+	}
+	reliable := ev.Upload != nil || terminal(stepOf(ev.State)) || ev.State == rankagent.WindowPartial || ev.State == rankagent.WindowStopping
+	c.post(leader, "", env, reliable)
+}
+
+// incidentStart records that the trainer hit an OOM or is being stopped, and asks
+// the leader for a post-mortem of every rank.
+func (c *Coordinator) incidentStart(kind pb.WindowKind, cause string, ev rankagent.WindowEvent) {
+	at := ev.Time
+	if at.IsZero() {
+		at = time.Now()
+	}
+	c.mu.Lock()
+	inc := c.inc
+	if inc == nil || !inc.fresh(c.incidentHold()) || inc.sent {
+		inc = &incident{kind: kind, cause: cause, at: at}
+		c.inc = inc
+	} else if kind == pb.WindowKind_WINDOW_KIND_CRASH && inc.kind == pb.WindowKind_WINDOW_KIND_OOM {
+		// an OOM the trainer did not survive: one incident, now a crash
+		inc.kind, inc.cause = kind, cause
+	}
+	off := c.offset.offset
+	c.mu.Unlock()
+	c.log.Warn("the trainer hit an OOM or is being stopped; asking the leader for a post-mortem of every rank", "cause", cause, "batch", ev.Batch)
+	c.askPostmortem(inc, at.Add(-off))
+}
+
+// askPostmortem sends the incident to the leader (again, to a new leader).
+func (c *Coordinator) askPostmortem(inc *incident, at time.Time) {
+	c.mu.Lock()
+	leader := c.leaderName
+	if leader == "" || inc.handedTo != 0 || inc.asked == leader {
+		c.mu.Unlock()
+		return
+	}
+	inc.asked = leader
+	req := &pb.SnapshotRequest{Kind: inc.kind, FailedRank: c.rank(), Cause: inc.cause, AtUs: at.UnixMicro(), Reason: inc.cause}
+	c.mu.Unlock()
+	env := c.envelope(0)
+	env.Body = &pb.Envelope_Request{Request: req}
+	c.post(leader, "", env, true)
+}
+
+// incidentSnapshot records the incident's snapshot once stored (r), or why there
+// is none, and hands it to the post-mortem that asked for it.
+func (c *Coordinator) incidentSnapshot(r *pb.RankResult, none string) {
+	c.mu.Lock()
+	inc := c.inc
+	if inc == nil || !inc.fresh(c.incidentHold()) || inc.sent {
+		kind := pb.WindowKind_WINDOW_KIND_CRASH
+		if r != nil && r.Reason == "oom" {
+			kind = pb.WindowKind_WINDOW_KIND_OOM
+		}
+		inc = &incident{kind: kind, at: time.Now()}
+		c.inc = inc
+	}
+	var send *pb.RankResult
+	if r != nil {
+		inc.result = r
+	} else if inc.result == nil {
+		inc.noSnapshot = none
+	}
+	if inc.handedTo != 0 && !inc.sent {
+		if inc.result != nil {
+			send = proto.Clone(inc.result).(*pb.RankResult)
+		} else {
+			send = &pb.RankResult{Error: inc.noSnapshot, Reason: "crash", Cause: inc.cause}
+		}
+		inc.sent = true
+		if c.last.w.ID == inc.handedTo {
+			c.last.result, c.last.state = send, pb.Step_STEP_UPLOADED
+		}
+	}
+	window, leader := inc.handedTo, inc.leader
+	c.mu.Unlock()
+	if send != nil {
+		c.sendResult(leader, window, send)
+	}
+}
+
+func resultOf(u *rankagent.UploadResult) *pb.RankResult {
+	r := &pb.RankResult{Key: u.Key, MetaKey: u.MetaKey, AnalysisKey: u.AnalysisKey, Size: u.Size, Sha256: u.SHA256, Events: int64(u.Events),
+		Partial: u.Partial, Start: u.Window.Start, Stop: u.Window.Stop, Reason: u.Reason, Cause: u.Cause}
+	if u.Err != nil {
+		r.Error = u.Err.Error()
+	}
+	return r
+}
+
+// reportOf is a rank's result as the run's log keeps it.
+func reportOf(window uint64, rank int, r *pb.RankResult) runlog.Report {
+	return runlog.Report{Window: window, Rank: rank, Key: r.Key, MetaKey: r.MetaKey, AnalysisKey: r.AnalysisKey, Size: r.Size, SHA256: r.Sha256,
+		Events: r.Events, Start: r.Start, Stop: r.Stop, Reason: r.Reason, Partial: r.Partial, Error: r.Error, Cause: r.Cause}
+}
+
+// --- clocks -------------------------------------------------------------------
+
+// clockLoop measures this host's clock against the leader's: right after joining,
+// whenever the leader changes, and every ClockInterval; a few probes, keeping the
+// one with the shortest round trip.
+func (c *Coordinator) clockLoop(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.leaderSig:
+		}
+		c.measureClock(ctx)
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(c.cfg.ClockInterval)
+	}
+}
+
+func (c *Coordinator) measureClock(ctx context.Context) {
+	c.mu.Lock()
+	leader := c.leaderName
+	c.mu.Unlock()
+	if leader == "" {
+		return
+	}
+	if leader == c.name {
+		c.setOffset(0, 0)
+		return
+	}
+	best := time.Duration(-1)
+	var off time.Duration
+	for i := 0; i < 5; i++ {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		t0 := c.cfg.Now()
+		probe := c.envelope(0)
+		probe.Body = &pb.Envelope_ClockProbe{ClockProbe: &pb.ClockProbe{T0Us: t0.UnixMicro()}}
+		r, err := c.request(pctx, leader, probe, false)
+		t1 := c.cfg.Now()
+		cancel()
+		if err != nil || r.GetClockReply() == nil || r.GetClockReply().T0Us != t0.UnixMicro() {
+			continue
+		}
+		rtt := t1.Sub(t0)
+		if best < 0 || rtt < best {
+			mid := t0.Add(rtt / 2)
+			best = rtt
+			// this host's clock minus the leader's
+			off = mid.Sub(time.UnixMicro(r.GetClockReply().TUs))
+		}
+	}
+	if best >= 0 {
+		c.setOffset(off, best)
+	}
+}
+
+func (c *Coordinator) setOffset(off, rtt time.Duration) {
+	c.mu.Lock()
+	c.offset = clockState{offset: off, rtt: rtt, ok: true, at: time.Now()}
+	c.mu.Unlock()
+	if c.rec != nil {
+		c.rec.SetClockOffset(off, rtt)
+	}
+}
+
+// reaskPostmortem asks a new leader for the post-mortem the old one never took.
+func (c *Coordinator) reaskPostmortem() {
+	c.mu.Lock()
+	inc := c.inc
+	live := inc != nil && inc.fresh(c.incidentHold()) && inc.handedTo == 0
+	off := c.offset.offset
+	c.mu.Unlock()
+	if live {
+		c.askPostmortem(inc, inc.at.Add(-off))
+	}
+}

@@ -1,0 +1,240 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/memsnap/memsnap/internal/pb"
+)
+
+// waiter is a request waiting for its replies: a random seq that a stranger cannot
+// guess, and the members allowed to answer.
+type waiter struct {
+	ch   chan *pb.Envelope
+	from func(*pb.Envelope) bool // nil: any member
+}
+
+// newSeq is a random request id (never 0).
+func newSeq() uint64 {
+	var b [8]byte
+	for {
+		rand.Read(b[:])
+		if s := binary.LittleEndian.Uint64(b[:]); s != 0 {
+			return s
+		}
+	}
+}
+
+// expect registers a wait for replies to a new request; from says who may answer.
+func (c *Coordinator) expect(buf int, from func(*pb.Envelope) bool) (chan *pb.Envelope, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seq := newSeq()
+	for c.waiting[seq] != nil {
+		seq = newSeq()
+	}
+	ch := make(chan *pb.Envelope, buf)
+	c.waiting[seq] = &waiter{ch: ch, from: from}
+	return ch, seq
+}
+
+func (c *Coordinator) forget(seq uint64) {
+	c.mu.Lock()
+	delete(c.waiting, seq)
+	c.mu.Unlock()
+}
+
+// fromName accepts replies from the member named name only.
+func fromName(name string) func(*pb.Envelope) bool {
+	return func(e *pb.Envelope) bool { return e.Sender == name }
+}
+
+// fromRanks accepts replies from ranks (members whose name is their rank's).
+func (c *Coordinator) fromRanks() func(*pb.Envelope) bool {
+	return c.isRankMember
+}
+
+// envelope is a message from this member about window.
+func (c *Coordinator) envelope(window uint64) *pb.Envelope {
+	c.mu.Lock()
+	addr := c.addr
+	c.mu.Unlock()
+	return &pb.Envelope{SenderRank: c.rank(), WindowId: window, Sender: c.name, ReplyAddr: addr}
+}
+
+// target resolves a member to send to: a member this one knows, else the address
+// it gave (a member that joined through another and is not known here yet).
+func (c *Coordinator) target(to, addr string) (*memberlist.Node, error) {
+	if n := c.node(to); n != nil {
+		return n, nil
+	}
+	if addr == "" {
+		return nil, fmt.Errorf("coordinator: %s is not a member", to)
+	}
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %s's address %q: %w", to, addr, err)
+	}
+	ip := net.ParseIP(h)
+	port, err := strconv.Atoi(p)
+	if ip == nil || err != nil || port <= 0 || port > 65535 {
+		return nil, fmt.Errorf("coordinator: %s's address %q is not ip:port", to, addr)
+	}
+	return &memberlist.Node{Name: to, Addr: ip, Port: uint16(port)}, nil
+}
+
+// send sends env to the member named to, now: over TCP when reliable (it arrives
+// or the error says so), else as one UDP packet. It may wait up to memberlist's TCP
+// timeout: callers on the dispatcher use post.
+func (c *Coordinator) send(to string, env *pb.Envelope, reliable bool) error {
+	return c.sendAddr(to, "", env, reliable)
+}
+
+func (c *Coordinator) sendAddr(to, addr string, env *pb.Envelope, reliable bool) error {
+	if to == c.name {
+		c.handleLocal(env)
+		return nil
+	}
+	n, err := c.target(to, addr)
+	if err != nil {
+		return err
+	}
+	b, err := proto.Marshal(env)
+	if err != nil {
+		return err
+	}
+	m := c.memberlist()
+	if m == nil || c.stopped() {
+		return ErrStopped
+	}
+	if reliable || len(b) > 1200 {
+		return m.SendReliable(n, b)
+	}
+	return m.SendBestEffort(n, b)
+}
+
+// request sends env and waits for the reply carrying its seq from the member
+// asked, until ctx ends.
+func (c *Coordinator) request(ctx context.Context, to string, env *pb.Envelope, reliable bool) (*pb.Envelope, error) {
+	ch, seq := c.expect(1, fromName(to))
+	defer c.forget(seq)
+	env.Seq = seq
+	if err := c.send(to, env, reliable); err != nil {
+		return nil, err
+	}
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// reply answers req with env, through the outbox.
+func (c *Coordinator) reply(req *pb.Envelope, env *pb.Envelope, reliable bool) {
+	env.Seq = req.Seq
+	c.post(req.Sender, req.ReplyAddr, env, reliable)
+}
+
+// post queues env for the outbox's workers; it never blocks.
+func (c *Coordinator) post(to, addr string, env *pb.Envelope, reliable bool) {
+	if to == c.name {
+		c.handleLocal(env)
+		return
+	}
+	c.out.put(outMsg{to: to, addr: addr, env: env, reliable: reliable})
+}
+
+// outbox sends messages on a few workers, so that the dispatcher (and the leader's
+// loop) never waits on the network: one slow or vanished member delays only the
+// messages to it, and after a failure messages to it are dropped for a moment
+// rather than queued behind its time-out.
+type outbox struct {
+	c    *Coordinator
+	q    chan outMsg
+	mu   sync.Mutex
+	down map[string]time.Time // members a send to failed, until when they are skipped
+	drop int
+}
+
+type outMsg struct {
+	to, addr string
+	env      *pb.Envelope
+	reliable bool
+}
+
+const (
+	outboxWorkers = 8
+	outboxQueue   = 1 << 14
+	downFor       = 2 * time.Second
+)
+
+func newOutbox(c *Coordinator) *outbox {
+	return &outbox{c: c, q: make(chan outMsg, outboxQueue), down: map[string]time.Time{}}
+}
+
+func (o *outbox) start(ctx context.Context) {
+	for i := 0; i < outboxWorkers; i++ {
+		o.c.spawn(func() { o.work(ctx) })
+	}
+}
+
+func (o *outbox) put(m outMsg) {
+	o.mu.Lock()
+	until, down := o.down[m.to]
+	if down && time.Now().After(until) {
+		delete(o.down, m.to)
+		down = false
+	}
+	o.mu.Unlock()
+	if down && !m.reliable {
+		return
+	}
+	select {
+	case o.q <- m:
+	default:
+		o.mu.Lock()
+		o.drop++
+		d := o.drop
+		o.mu.Unlock()
+		if d == 1 || d%1000 == 0 {
+			o.c.log.Warn("dropping outgoing cluster messages: the outbox is full", "dropped", d)
+		}
+	}
+}
+
+func (o *outbox) work(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-o.q:
+			o.mu.Lock()
+			until, down := o.down[m.to]
+			o.mu.Unlock()
+			if down && time.Now().Before(until) {
+				continue // it failed a moment ago: do not wait on it again
+			}
+			if err := o.c.sendAddr(m.to, m.addr, m.env, m.reliable); err != nil {
+				o.c.log.Debug("could not send", "to", m.to, "err", err)
+				if err != ErrStopped {
+					o.mu.Lock()
+					o.down[m.to] = time.Now().Add(downFor)
+					o.mu.Unlock()
+				}
+			}
+		}
+	}
+}
+
+// idle reports whether nothing waits to be sent.
+func (o *outbox) idle() bool { return len(o.q) == 0 }

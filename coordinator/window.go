@@ -1,0 +1,698 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/runlog"
+)
+
+// plan is one window to record.
+type plan struct {
+	length   int64
+	minStart int64
+	reason   string
+	watchers []*pb.Envelope
+	req      *pb.Envelope // the request it serves (served again if the leader's term was stale)
+}
+
+// rankState is where one rank stands in the window in progress.
+type rankState struct {
+	acked    bool
+	state    pb.Step
+	result   *pb.RankResult
+	missing  string // why it is not merged ("" while it may still be)
+	lastSign time.Time
+	batch    int64
+	retryAt  time.Time // when to send the command again (it saw another leader)
+}
+
+// failure is a rank's trainer failing, as a post-mortem records it.
+type failure struct {
+	cause string
+	at    time.Time // on the leader's clock
+}
+
+// win is the window in progress: the collection registered before the plan is sent.
+type win struct {
+	id          uint64
+	start, stop int64
+	reason      string
+	kind        pb.WindowKind
+	failed      map[int]failure // a post-mortem: the ranks that failed, how and when
+	ranks       map[int]*rankState
+	watchers    []*pb.Envelope
+	world       int
+	deadline    time.Time
+	cmd         *pb.Envelope // the plan or dump sent to every rank
+}
+
+func (w *win) postmortem() bool { return w.kind != pb.WindowKind_WINDOW_KIND_WINDOW }
+
+func (w *win) outstanding() []int {
+	var out []int
+	for r, s := range w.ranks {
+		if s.missing == "" && s.result == nil {
+			out = append(out, r)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// first is the post-mortem's first failure.
+func (w *win) first() (int, failure, bool) {
+	best, ok := -1, false
+	var f failure
+	for r, x := range w.failed {
+		if !ok || x.at.Before(f.at) || (x.at.Equal(f.at) && r < best) {
+			best, f, ok = r, x, true
+		}
+	}
+	return best, f, ok
+}
+
+type status struct {
+	st   *pb.Status
+	rtt  time.Duration
+	when time.Time // when the answer arrived
+}
+
+// window records one window and tells the members that asked for it how it
+// ended. It returns nil when the request is to be served again (this leader's
+// term turned out stale).
+func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
+	l.mu.Lock()
+	l.working = true
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.working = false
+		l.mu.Unlock()
+	}()
+	w, res := l.record(ctx, p, false)
+	if res == nil || ctx.Err() != nil {
+		return res // served again, or the leader stopped: the watchers ask the next one
+	}
+	l.tellResult(res.Window, p.watchers, res)
+	_ = w
+	return res
+}
+
+// record plans a window, collects it, merges and publishes it. A rank past the
+// start makes the leader plan once more with a longer lead; the second time the
+// window goes on without it.
+func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) (*win, *pb.WindowResult) {
+	c := l.c
+	world := c.cfg.Identity.WorldSize
+	// ranks still joining (agents start at different times) get a moment to arrive
+	poll(ctx, c.cfg.JoinGrace, func() bool { return len(c.rankNodes()) >= world })
+	nodes := c.rankNodes()
+	ranks := make([]int, 0, len(nodes))
+	for r := range nodes {
+		if r < world {
+			ranks = append(ranks, r)
+		}
+	}
+	sort.Ints(ranks)
+	sts := c.status(ctx, ranks)
+	w := &win{reason: p.reason, kind: pb.WindowKind_WINDOW_KIND_WINDOW, ranks: map[int]*rankState{}, watchers: p.watchers, world: world}
+	for r := 0; r < world; r++ {
+		w.ranks[r] = &rankState{missing: "not a member of the cluster"}
+	}
+	rs := l.plausible(w, ranks, sts)
+	if len(rs) == 0 {
+		return w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: "no rank answered the leader with a plausible batch", Store: l.st.String()}
+	}
+	margin := c.cfg.LeadMargin
+	if replanned {
+		margin *= 3
+	}
+	w.start, w.stop = PlanWindow(rs, p.length, p.minStart, margin)
+	w.deadline = l.windowDeadline(rs, w.start, w.stop)
+	expected := make([]int, 0, len(rs))
+	for _, r := range rs {
+		expected = append(expected, r.Rank)
+	}
+	pl, err := l.createPlan(ctx, runlog.Plan{Kind: runlog.KindWindow, Reason: p.reason, Start: w.start, Stop: w.stop, Ranks: expected, Deadline: w.deadline})
+	if err != nil {
+		return w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: w.start, Stop: w.stop, Store: l.st.String(),
+			Error: "the window's plan could not be recorded in the run's log: " + err.Error()}
+	}
+	w.id = pl.ID
+	log := l.log.With("window", w.id)
+	log.Info("window planned", "start", w.start, "stop", w.stop, "ranks", len(rs), "world_size", world, "reason", p.reason, "term", l.term,
+		"deadline", w.deadline.Format(time.RFC3339))
+	l.tellPlanned(w, fmt.Sprintf("batches [%d, %d) on %d of %d ranks", w.start, w.stop, len(rs), world))
+
+	ranks32 := make([]int32, len(expected))
+	for i, r := range expected {
+		ranks32[i] = int32(r)
+	}
+	ch, seq := c.expect(4*len(rs)+64, c.fromRanks())
+	defer c.forget(seq)
+	w.cmd = c.envelope(w.id)
+	w.cmd.Seq, w.cmd.Term = seq, l.term
+	w.cmd.Body = &pb.Envelope_Plan{Plan: &pb.Plan{Start: w.start, Stop: w.stop, Reason: p.reason, WorldSize: int32(world), Ranks: ranks32}}
+	l.sendAll(w, expected)
+	c.gossip(w.cmd)
+
+	out := l.collect(ctx, w, ch, !replanned)
+	switch {
+	case ctx.Err() != nil:
+		// the leader stopped: the window stays unfinished in the log, and the next
+		// leader finishes it
+		return w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: "the leader stopped", Start: w.start, Stop: w.stop}
+	case out.stale:
+		log.Warn("a rank has seen a newer leadership term; this leader takes a new term and plans the window again")
+		l.cancelWindow(w, "its leader's term was superseded")
+		l.conclude(ctx, w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: w.start, Stop: w.stop,
+			Error: "planned under a leadership term that was superseded; the request is planned again as a later window"}, true)
+		if p.req != nil {
+			l.pushFront(p.req)
+		}
+		return w, nil
+	case out.abort != nil:
+		r := out.abort.GetRequest()
+		why := fmt.Sprintf("rank %d's trainer stopped during the window (%s); a crash post-mortem of every rank follows as the next window", r.FailedRank, r.Cause)
+		log.Warn("window abandoned: " + why)
+		l.mu.Lock()
+		l.aborted = append(l.aborted, w.id) // cancelled once the post-mortem has every rank's state
+		l.mu.Unlock()
+		l.pushFront(out.abort)
+		for r, s := range w.ranks {
+			if s.missing == "" && s.result == nil {
+				w.ranks[r].missing = "the window was abandoned: " + why
+			}
+		}
+		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Start: w.start, Stop: w.stop, Store: l.st.String(), Error: why, Missing: missingOf(w)}
+		l.conclude(ctx, w, res, false)
+		return w, res
+	case len(out.passed) > 0 && !replanned:
+		log.Warn("ranks were past the window's start; planning again with a longer lead", "ranks", out.passed)
+		l.cancelWindow(w, "re-planned: some ranks were past the start")
+		l.conclude(ctx, w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: w.start, Stop: w.stop,
+			Error: fmt.Sprintf("ranks %v were past the start; planned again as a later window", out.passed)}, true)
+		return l.record(ctx, p, true)
+	}
+	return w, l.finish(ctx, w)
+}
+
+// plausible turns the ranks' status answers into what PlanWindow needs, leaving
+// out (and saying why) a rank that did not answer and one whose batch is far from
+// the others' (a trainer reporting batch 10^9, or counting backwards, must not
+// make a window that no healthy rank reaches).
+func (l *leaderRun) plausible(w *win, ranks []int, sts map[int]status) []RankStatus {
+	var batches []int64
+	for _, r := range ranks {
+		if s, ok := sts[r]; ok && s.st.Batch >= 0 {
+			batches = append(batches, s.st.Batch)
+		}
+	}
+	sort.Slice(batches, func(i, j int) bool { return batches[i] < batches[j] })
+	med := int64(-1)
+	if len(batches) > 0 {
+		med = batches[len(batches)/2]
+	}
+	now := time.Now()
+	var rs []RankStatus
+	for _, r := range ranks {
+		s, ok := sts[r]
+		if !ok {
+			w.ranks[r].missing = "did not answer the leader"
+			continue
+		}
+		if b := s.st.Batch; b >= 0 && med >= 0 && (b > med+l.c.cfg.MaxBatchSpread || b < med-l.c.cfg.MaxBatchSpread) {
+			w.ranks[r].missing = fmt.Sprintf("left out: its trainer reports batch %d, more than %d batches from the other ranks' (median %d)", b, l.c.cfg.MaxBatchSpread, med)
+			l.log.Warn("a rank's progress is implausible; it is left out of the window", "left_out", r, "batch", b, "median", med)
+			continue
+		}
+		w.ranks[r] = &rankState{lastSign: now, batch: s.st.Batch}
+		rs = append(rs, RankStatus{Rank: r, Batch: s.st.Batch, Step: time.Duration(s.st.StepUs) * time.Microsecond, Delay: now.Sub(s.when) + s.rtt})
+	}
+	return rs
+}
+
+// windowDeadline is when the leader gives up on a window: time for the slowest
+// rank to reach the stop at its measured step time (three times over), plus the
+// collection time-out for its snapshot, and never past MaxWindowWait.
+func (l *leaderRun) windowDeadline(rs []RankStatus, start, stop int64) time.Time {
+	c := l.c
+	limit := c.cfg.MaxWindowWait
+	need := time.Duration(0)
+	for _, r := range rs {
+		if r.Step <= 0 {
+			return time.Now().Add(limit)
+		}
+		n := stop - max(r.Batch, 0)
+		if n > 0 && r.Step > limit/time.Duration(n) {
+			return time.Now().Add(limit)
+		}
+		need = max(need, time.Duration(n)*r.Step)
+	}
+	d := 3*need + c.cfg.CollectTimeout + c.cfg.AckTimeout
+	return time.Now().Add(min(d, limit))
+}
+
+// createPlan records a window's plan in the run's log, which gives it its id; a
+// store that is away is retried for up to AckTimeout.
+func (l *leaderRun) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan, error) {
+	c := l.c
+	p.Term, p.Leader, p.LeaderRank, p.WorldSize = l.term, c.name, int(c.rank()), c.cfg.Identity.WorldSize
+	c.mu.Lock()
+	atLeast := c.lastWindow + 1
+	c.mu.Unlock()
+	deadline := time.Now().Add(c.cfg.AckTimeout)
+	wait := 200 * time.Millisecond
+	for {
+		out, err := l.rl.CreatePlan(ctx, p, atLeast, func(id uint64) (string, error) { return l.manifestKey(id, p.Stop) })
+		if err == nil {
+			c.mu.Lock()
+			c.lastWindow = max(c.lastWindow, out.ID)
+			c.mu.Unlock()
+			return out, nil
+		}
+		if ctx.Err() != nil || !retryable(err) || time.Now().After(deadline) {
+			return runlog.Plan{}, err
+		}
+		l.log.Warn("cannot record the window's plan in the store yet; retrying", "err", err)
+		if !backoff(ctx, &wait) {
+			return runlog.Plan{}, ctx.Err()
+		}
+	}
+}
+
+// postmortem asks every rank for its allocator state now, for a rank's OOM or for
+// a job being stopped (the failing rank's own snapshot is the one its trainer took
+// when it failed), and merges them. Reports of the same incident that arrive
+// meanwhile (every rank of a job torn down reports) join it.
+func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
+	c := l.c
+	r := req.GetRequest()
+	failedRank := int(r.FailedRank)
+	if r.Kind == pb.WindowKind_WINDOW_KIND_OOM && !c.cfg.OnOOM {
+		l.log.Info("a rank hit an OOM; post-mortems are off", "failed_rank", failedRank)
+		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, "post-mortems are off (--no-postmortem)")
+		return
+	}
+	l.mu.Lock()
+	if time.Since(l.lastPM) < postmortemQuiet {
+		id := l.lastPMID
+		l.mu.Unlock()
+		l.log.Info("a rank failed during a recent post-mortem; no new one", "failed_rank", failedRank, "cause", r.Cause, "postmortem", id)
+		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", id))
+		return
+	}
+	l.lastPM, l.working = time.Now(), true
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.working = false
+		l.mu.Unlock()
+	}()
+	world := c.cfg.Identity.WorldSize
+	w := &win{kind: r.Kind, reason: r.Cause, ranks: map[int]*rankState{}, world: world, failed: map[int]failure{}}
+	if failedRank >= 0 && failedRank < world {
+		w.failed[failedRank] = failure{cause: r.Cause, at: failureTime(r.AtUs)}
+	}
+	nodes := c.rankNodes()
+	var ranks []int
+	now := time.Now()
+	for rk := 0; rk < world; rk++ {
+		if _, ok := nodes[rk]; ok || rk == failedRank {
+			w.ranks[rk] = &rankState{lastSign: now}
+			ranks = append(ranks, rk)
+		} else {
+			w.ranks[rk] = &rankState{missing: "not a member of the cluster"}
+		}
+	}
+	w.deadline = now.Add(c.cfg.PostmortemDeadline)
+	fr := failedRank
+	pl, err := l.createPlan(ctx, runlog.Plan{Kind: kindName(r.Kind), Reason: r.Cause, Ranks: ranks, Deadline: w.deadline, FailedRank: &fr, Cause: r.Cause})
+	if err != nil {
+		l.log.Error("cannot record the post-mortem's plan in the run's log; no post-mortem", "failed_rank", failedRank, "err", err)
+		return
+	}
+	w.id = pl.ID
+	l.mu.Lock()
+	l.lastPMID = w.id
+	l.mu.Unlock()
+	l.log.Warn("post-mortem: asking every rank for its allocator state", "window", w.id, "kind", kindName(r.Kind), "failed_rank", failedRank,
+		"cause", r.Cause, "ranks", len(ranks))
+	ch, seq := c.expect(4*len(ranks)+64, c.fromRanks())
+	defer c.forget(seq)
+	w.cmd = c.envelope(w.id)
+	w.cmd.Seq, w.cmd.Term = seq, l.term
+	w.cmd.Body = &pb.Envelope_Dump{Dump: &pb.Dump{Reason: r.Cause, FailedRank: int32(failedRank), Kind: r.Kind}}
+	l.sendAll(w, ranks)
+	// the rank that failed may be gone: its snapshot is in the store already, or
+	// arrives when its agent uploads it
+	l.collect(ctx, w, ch, false)
+	if ctx.Err() != nil {
+		return
+	}
+	l.finish(ctx, w)
+	l.mu.Lock()
+	aborted := l.aborted
+	l.aborted = nil
+	l.mu.Unlock()
+	for _, id := range aborted {
+		l.cancelWindow(&win{id: id, ranks: w.ranks}, "abandoned: a rank's trainer stopped during it")
+	}
+}
+
+// failureTime reads a failure's time (the leader's clock, microseconds).
+func failureTime(us int64) time.Time {
+	if us <= 0 {
+		return time.Now()
+	}
+	return time.UnixMicro(us)
+}
+
+// sendAll sends the window's command to each rank directly (over TCP, a few at a
+// time); a rank it cannot reach is missing.
+func (l *leaderRun) sendAll(w *win, ranks []int) {
+	c := l.c
+	nodes := c.rankNodes()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for _, r := range ranks {
+		if int32(r) == c.rank() {
+			c.handleLocal(w.cmd)
+			continue
+		}
+		n := nodes[r]
+		if n == nil {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := c.send(n.Name, w.cmd, true); err != nil {
+				mu.Lock()
+				if s := w.ranks[r]; s != nil && s.missing == "" && s.result == nil {
+					s.missing = "unreachable: " + err.Error()
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// cancelWindow withdraws w from every rank.
+func (l *leaderRun) cancelWindow(w *win, reason string) {
+	env := l.c.envelope(w.id)
+	env.Term = l.term
+	env.Body = &pb.Envelope_Cancel{Cancel: &pb.Cancel{Reason: reason}}
+	var ranks []int
+	for r := range w.ranks {
+		ranks = append(ranks, r)
+	}
+	l.sendAll(&win{ranks: map[int]*rankState{}, cmd: env}, ranks)
+	l.c.gossip(env)
+}
+
+// collectOut is how a collection ended early.
+type collectOut struct {
+	passed []int        // ranks past the window's start (it may be planned again)
+	abort  *pb.Envelope // a crash report that ends the window
+	stale  bool         // a rank has seen a newer term than this leader's
+}
+
+// collect waits until every rank of w has stored its snapshot or is missing: a
+// rank that shows no sign of life (no progress, no batch advancing) for
+// CollectTimeout is missing, and so is every rank not in by the window's
+// deadline. With canReplan, it returns as soon as a rank says it is past the
+// window's start, naming those ranks.
+func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope, canReplan bool) collectOut {
+	c := l.c
+	tick := time.NewTicker(min(c.cfg.StatusTimeout, 500*time.Millisecond))
+	defer tick.Stop()
+	lastPoll := time.Now()
+	ackDeadline := time.Now().Add(c.cfg.AckTimeout)
+	deadline := time.NewTimer(time.Until(w.deadline))
+	defer deadline.Stop()
+	var out collectOut
+	allAcked := func() bool {
+		for _, s := range w.ranks {
+			if s.missing == "" && !s.acked && s.result == nil {
+				return false
+			}
+		}
+		return true
+	}
+	for len(w.outstanding()) > 0 && !out.stale {
+		if canReplan && len(out.passed) > 0 && (allAcked() || time.Now().After(ackDeadline)) {
+			return out
+		}
+		select {
+		case <-ctx.Done():
+			return out
+		case <-deadline.C:
+			why := fmt.Sprintf("not in by the window's deadline (%s, %v after it was planned)", w.deadline.Format(time.TimeOnly), time.Since(w.deadline.Add(-time.Until(w.deadline))).Round(time.Second))
+			if w.postmortem() {
+				why = fmt.Sprintf("no snapshot within the post-mortem's deadline of %v", c.cfg.PostmortemDeadline)
+			}
+			for _, r := range w.outstanding() {
+				w.ranks[r].missing = why
+				l.tell(w, r, pb.Step_STEP_MISSING, w.ranks[r].batch, why)
+			}
+			return out
+		case env := <-acks:
+			if a := env.GetAck(); a != nil && env.WindowId == w.id {
+				l.onAck(w, env, a, &out, ackDeadline)
+			}
+		case env := <-l.msgs:
+			if env.GetRequest() != nil {
+				if l.onRequestDuring(w, env) {
+					out.abort = env
+					return out
+				}
+				continue
+			}
+			if env.WindowId == w.id {
+				l.onRankMessage(w, env, &out)
+			} else if a := env.GetAck(); a != nil && a.Code == pb.AckCode_ACK_STALE_TERM {
+				l.c.noteTerm(a.Term)
+				out.stale = true
+			}
+		case <-tick.C:
+			l.resend(w, ackDeadline)
+			if time.Since(lastPoll) >= c.cfg.StatusTimeout {
+				lastPoll = time.Now()
+				l.checkAlive(ctx, w)
+			}
+		}
+	}
+	return out
+}
+
+// resend sends the window's command again to the ranks that saw another leader
+// when it first arrived (their membership had not caught up yet).
+func (l *leaderRun) resend(w *win, ackDeadline time.Time) {
+	now := time.Now()
+	var again []int
+	for r, s := range w.ranks {
+		if s.retryAt.IsZero() || now.Before(s.retryAt) || s.missing != "" || s.result != nil {
+			continue
+		}
+		s.retryAt = time.Time{}
+		if now.After(ackDeadline) {
+			s.missing = "refused the window: it sees another member as leader"
+			l.tell(w, r, pb.Step_STEP_REFUSED, s.batch, s.missing)
+			continue
+		}
+		again = append(again, r)
+	}
+	if len(again) > 0 {
+		l.sendAll(w, again)
+	}
+}
+
+func (l *leaderRun) onAck(w *win, env *pb.Envelope, a *pb.Ack, out *collectOut, ackDeadline time.Time) {
+	r := int(env.SenderRank)
+	s := w.ranks[r]
+	if s == nil || s.missing != "" {
+		return
+	}
+	s.lastSign = time.Now()
+	switch {
+	case a.Ok && s.acked:
+	case a.Ok:
+		s.acked = true
+		l.tell(w, r, pb.Step_STEP_ACKED, a.Batch, "")
+	case a.Code == pb.AckCode_ACK_PASSED:
+		out.passed = append(out.passed, r)
+		s.missing = "past the window's start: " + a.Message
+		l.tell(w, r, pb.Step_STEP_PASSED, a.Batch, a.Message)
+	case a.Code == pb.AckCode_ACK_NOT_LEADER && time.Now().Before(ackDeadline):
+		s.retryAt = time.Now().Add(200 * time.Millisecond)
+	case a.Code == pb.AckCode_ACK_STALE_TERM:
+		l.c.noteTerm(a.Term)
+		out.stale = true
+	default:
+		s.missing = fmt.Sprintf("refused the window (%s): %s", ackName(a.Code), a.Message)
+		l.tell(w, r, pb.Step_STEP_REFUSED, a.Batch, a.Message)
+	}
+}
+
+func ackName(c pb.AckCode) string {
+	switch c {
+	case pb.AckCode_ACK_PASSED:
+		return "passed"
+	case pb.AckCode_ACK_BUSY:
+		return "busy"
+	case pb.AckCode_ACK_STALE:
+		return "stale"
+	case pb.AckCode_ACK_NOT_LEADER:
+		return "not the leader"
+	case pb.AckCode_ACK_STALE_TERM:
+		return "stale term"
+	case pb.AckCode_ACK_BAD_REQUEST:
+		return "bad request"
+	}
+	return "error"
+}
+
+func (l *leaderRun) onRankMessage(w *win, env *pb.Envelope, out *collectOut) {
+	r := int(env.SenderRank)
+	s := w.ranks[r]
+	if s == nil {
+		return
+	}
+	s.lastSign = time.Now()
+	if res := env.GetResult(); res != nil {
+		if s.result == nil {
+			s.result = res
+			s.missing = ""
+			state, why := pb.Step_STEP_UPLOADED, res.Partial
+			if res.Error != "" {
+				state, why = pb.Step_STEP_FAILED, res.Error
+			}
+			l.tell(w, r, state, -1, why)
+		}
+		return
+	}
+	p := env.GetProgress()
+	if p == nil || s.result != nil {
+		return
+	}
+	s.state = p.State
+	s.batch = max(s.batch, p.Batch)
+	switch p.State {
+	case pb.Step_STEP_MISSED:
+		if s.missing == "" {
+			out.passed = append(out.passed, r)
+			s.missing = "past the window's start: " + p.Reason
+		}
+	case pb.Step_STEP_FAILED:
+		s.missing = "failed: " + p.Reason
+	case pb.Step_STEP_CANCELLED:
+		s.missing = "cancelled: " + p.Reason
+	}
+	l.tell(w, r, p.State, p.Batch, p.Reason)
+}
+
+// onRequestDuring answers a request that arrives while w records: a watch of w
+// joins its watchers; a report of a trainer being stopped ends a window (a
+// post-mortem of the whole job follows) or, during a post-mortem, joins it as
+// another failure; anything else waits its turn. It reports whether w ends.
+func (l *leaderRun) onRequestDuring(w *win, env *pb.Envelope) bool {
+	r := env.GetRequest()
+	switch {
+	case env.WindowId == w.id:
+		w.watchers = append(w.watchers, env)
+		l.answer(env, pb.AckCode_ACK_OK, "")
+		return false
+	case (r.Kind == pb.WindowKind_WINDOW_KIND_CRASH || r.Kind == pb.WindowKind_WINDOW_KIND_OOM) && w.postmortem():
+		if rk := int(r.FailedRank); rk >= 0 && rk < w.world && l.c.isRankMember(env) || env.Sender == l.c.name {
+			if _, ok := w.failed[rk]; !ok {
+				w.failed[rk] = failure{cause: r.Cause, at: failureTime(r.AtUs)}
+			}
+		}
+		return false
+	case r.Kind == pb.WindowKind_WINDOW_KIND_CRASH && !w.postmortem():
+		return true
+	}
+	l.queue(env)
+	return false
+}
+
+// checkAlive asks the outstanding ranks where they stand: a result that never
+// arrived is taken from the answer, a batch that advanced is a sign of life, and a
+// rank silent for CollectTimeout is missing.
+func (l *leaderRun) checkAlive(ctx context.Context, w *win) {
+	out := w.outstanding()
+	if len(out) == 0 {
+		return
+	}
+	sts := l.c.status(ctx, out)
+	now := time.Now()
+	for _, r := range out {
+		s := w.ranks[r]
+		if st, ok := sts[r]; ok {
+			if st.st.Term > l.term {
+				l.c.noteTerm(st.st.Term)
+			}
+			if st.st.Window == w.id && st.st.Result != nil && s.result == nil {
+				s.result = st.st.Result
+				l.tell(w, r, pb.Step_STEP_UPLOADED, st.st.Batch, st.st.Result.Partial)
+				continue
+			}
+			if st.st.Window > w.id && !w.postmortem() {
+				s.missing = fmt.Sprintf("moved on to window %d", st.st.Window)
+				continue
+			}
+			if st.st.Batch > s.batch || st.st.State != s.state {
+				s.batch, s.state, s.lastSign = st.st.Batch, st.st.State, now
+			}
+		}
+		if now.Sub(s.lastSign) > l.c.cfg.CollectTimeout {
+			s.missing = fmt.Sprintf("no sign of life for %v", l.c.cfg.CollectTimeout)
+			l.tell(w, r, pb.Step_STEP_MISSING, s.batch, s.missing)
+		}
+	}
+}
+
+// tell logs a step of the window and passes it on to the members watching it
+// (rank steps as datagrams: a lost one is shown by the next).
+func (l *leaderRun) tell(w *win, rank int, state pb.Step, batch int64, reason string) {
+	l.log.Debug("window progress", "window", w.id, "of_rank", rank, "state", stepName(state), "batch", batch, "reason", reason)
+	l.mu.Lock()
+	watchers := append(append([]*pb.Envelope(nil), w.watchers...), l.pending[w.id]...)
+	l.mu.Unlock()
+	for _, wt := range watchers {
+		env := l.c.envelope(w.id)
+		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: state, Batch: batch, Reason: reason, Rank: int32(rank)}}
+		env.Seq = wt.Seq
+		l.c.post(wt.Sender, wt.ReplyAddr, env, rank < 0)
+	}
+}
+
+// tellPlanned says the window is planned, with the time the leader gives up on it.
+func (l *leaderRun) tellPlanned(w *win, what string) {
+	for _, wt := range w.watchers {
+		env := l.c.envelope(w.id)
+		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_PLANNED, Batch: -1, Reason: what, Rank: -1, DeadlineUs: w.deadline.UnixMicro()}}
+		env.Seq = wt.Seq
+		l.c.post(wt.Sender, wt.ReplyAddr, env, true)
+	}
+}
+
+func missingOf(w *win) map[int32]string {
+	out := map[int32]string{}
+	for r, s := range w.ranks {
+		if s.missing != "" {
+			out[int32(r)] = s.missing
+		}
+	}
+	return out
+}

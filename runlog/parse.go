@@ -1,0 +1,169 @@
+package runlog
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// maxText bounds a free-text field (a reason, a cause, an error) and a key.
+const maxText = 4096
+
+// Every record read from the store is untrusted: anyone who can write the bucket
+// can write the log. The parsers refuse unknown fields, wrong versions and values
+// out of range, with the reason.
+
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: more than one value", ErrMalformed)
+	}
+	return nil
+}
+
+func bad(what string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(what, a...))
+}
+
+func checkText(fields ...string) error {
+	for _, s := range fields {
+		if len(s) > maxText || !utf8.ValidString(s) {
+			return bad("a text field of %d bytes", len(s))
+		}
+	}
+	return nil
+}
+
+func checkKind(k string) error {
+	switch k {
+	case KindWindow, KindOOM, KindCrash:
+		return nil
+	}
+	return bad("kind %q", k)
+}
+
+// ParseTerm parses and checks a term record.
+func ParseTerm(b []byte) (*Term, error) {
+	var t Term
+	if err := decodeStrict(b, &t); err != nil {
+		return nil, err
+	}
+	switch {
+	case t.Version != Version:
+		return nil, bad("term version %d", t.Version)
+	case t.Term == 0 || t.Term > MaxID:
+		return nil, bad("term %d", t.Term)
+	case t.Rank < -1 || t.Rank >= maxRanks:
+		return nil, bad("term leader rank %d", t.Rank)
+	}
+	return &t, checkText(t.Leader)
+}
+
+// ParsePlan parses and checks a plan.
+func ParsePlan(b []byte) (*Plan, error) {
+	var p Plan
+	if err := decodeStrict(b, &p); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.Version != Version:
+		return nil, bad("plan version %d", p.Version)
+	case p.ID == 0 || p.ID > MaxID || p.Term > MaxID:
+		return nil, bad("plan of window %d, term %d", p.ID, p.Term)
+	case p.WorldSize <= 0 || p.WorldSize > maxRanks:
+		return nil, bad("plan for world size %d", p.WorldSize)
+	case p.LeaderRank < 0 || p.LeaderRank >= p.WorldSize:
+		return nil, bad("plan led by rank %d of %d", p.LeaderRank, p.WorldSize)
+	case p.Start < 0 || p.Stop < p.Start || (p.Kind == KindWindow && p.Stop == p.Start):
+		return nil, bad("plan for batches [%d, %d)", p.Start, p.Stop)
+	case len(p.Ranks) > p.WorldSize:
+		return nil, bad("plan for %d ranks of %d", len(p.Ranks), p.WorldSize)
+	case p.FailedRank != nil && (*p.FailedRank < 0 || *p.FailedRank >= p.WorldSize):
+		return nil, bad("plan naming rank %d of %d", *p.FailedRank, p.WorldSize)
+	}
+	if err := checkKind(p.Kind); err != nil {
+		return nil, err
+	}
+	for i, r := range p.Ranks {
+		if r < 0 || r >= p.WorldSize || (i > 0 && r <= p.Ranks[i-1]) {
+			return nil, bad("plan ranks are not increasing ranks of the world")
+		}
+	}
+	return &p, checkText(p.Leader, p.Reason, p.Manifest, p.Cause)
+}
+
+// ParseReport parses and checks a rank's report.
+func ParseReport(b []byte) (*Report, error) {
+	var r Report
+	if err := decodeStrict(b, &r); err != nil {
+		return nil, err
+	}
+	if r.Version != Version {
+		return nil, bad("report version %d", r.Version)
+	}
+	return &r, r.check()
+}
+
+func (r *Report) check() error {
+	switch {
+	case r.Window == 0 || r.Window > MaxID:
+		return bad("report of window %d", r.Window)
+	case r.Rank < 0 || r.Rank >= maxRanks:
+		return bad("report of rank %d", r.Rank)
+	case r.Size < 0 || r.Events < 0 || r.Start < 0 || r.Stop < 0:
+		return bad("report with negative figures")
+	case r.Error == "" && r.Key == "":
+		return bad("a report with neither a snapshot nor an error")
+	}
+	switch r.Reason {
+	case "", "window", "oom", "postmortem", "crash":
+	default:
+		return bad("report reason %q", r.Reason)
+	}
+	return checkText(r.Key, r.MetaKey, r.AnalysisKey, r.SHA256, r.Partial, r.Error, r.Cause)
+}
+
+// ParseOutcome parses and checks how a window ended.
+func ParseOutcome(b []byte) (*Outcome, error) {
+	var o Outcome
+	if err := decodeStrict(b, &o); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.Version != Version:
+		return nil, bad("outcome version %d", o.Version)
+	case o.ID == 0 || o.ID > MaxID || o.Term > MaxID:
+		return nil, bad("outcome of window %d, term %d", o.ID, o.Term)
+	case o.State != Published && o.State != Failed:
+		return nil, bad("outcome state %q", o.State)
+	case o.State == Published && o.Manifest == "":
+		return nil, bad("a published outcome without a manifest")
+	case len(o.Ranks) > maxRanks || len(o.Missing) > maxRanks:
+		return nil, bad("an outcome naming too many ranks")
+	}
+	if o.Kind != "" {
+		if err := checkKind(o.Kind); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range o.Ranks {
+		if r < 0 || r >= maxRanks {
+			return nil, bad("outcome naming rank %d", r)
+		}
+	}
+	for k, why := range o.Missing {
+		if n, err := strconv.Atoi(k); err != nil || n < 0 || n >= maxRanks || strconv.Itoa(n) != k {
+			return nil, bad("outcome naming rank %q", k)
+		}
+		if err := checkText(why); err != nil {
+			return nil, err
+		}
+	}
+	return &o, checkText(o.Manifest, o.Error, o.Leader)
+}

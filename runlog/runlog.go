@@ -1,0 +1,466 @@
+// Package runlog is a run's log in the object store: the one place where the fate
+// of every window is decided, because the store already gives the one primitive
+// that survives restarts, partitions and stalls, a conditional create (exactly one
+// writer of a name wins), as Delta Lake and Iceberg commit on S3.
+//
+// The log of run R lives under R/memsnap/ in the store the ranks upload to:
+//
+//	terms/term{T}.json                a leadership: who led from when (created once)
+//	plans/window{ID}.json             a window planned by a leader (created once)
+//	reports/window{ID}/rank{R}.json   what rank R stored for that window
+//	outcomes/window{ID}.json          how the window ended: published or failed (created once)
+//
+// Window ids and terms are therefore unique over the run's whole life, across
+// relaunches under the same run name and across partitions: a leader takes the
+// next id by creating its plan, and the next term by creating its term record. A
+// plan without an outcome is unfinished work that any leader, new or relaunched,
+// finishes from the reports and the ranks that still live. Nothing here does
+// anything but read and write small JSON objects; the coordinator decides.
+package runlog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/store"
+)
+
+// Version is the format version of every record.
+const Version = 1
+
+// maxRecord bounds how much of one record is read (a plan lists up to 65,536 ranks).
+const maxRecord = 4 << 20
+
+// MaxID bounds window ids and terms, as the cluster's messages do.
+const MaxID = uint64(1) << 53
+
+// maxRanks bounds rank numbers, as the merge does.
+const maxRanks = 1 << 16
+
+// maxConflicts bounds how many times a create retries after another writer took
+// the name it chose.
+const maxConflicts = 64
+
+// Kinds of windows.
+const (
+	KindWindow = "window" // batches recorded in lockstep (on demand or on a schedule)
+	KindOOM    = "oom"    // an OOM post-mortem: every rank's state when one ran out of memory
+	KindCrash  = "crash"  // a crash post-mortem: every rank's state when the job was stopped
+)
+
+// States of a finished window.
+const (
+	Published = "published"
+	Failed    = "failed"
+)
+
+var (
+	// ErrMalformed wraps every refusal of a record read from the store.
+	ErrMalformed = errors.New("runlog: malformed record")
+	// ErrConflict: other writers kept taking the names a create chose.
+	ErrConflict = errors.New("runlog: too many concurrent writers")
+)
+
+// Root is the log's folder for run.
+func Root(run string) string { return strings.TrimSuffix(run, "/") + "/memsnap/" }
+
+// Term is one leadership.
+type Term struct {
+	Version int       `json:"version"`
+	Term    uint64    `json:"term"`
+	Leader  string    `json:"leader"` // the leader's member name
+	Rank    int       `json:"rank"`
+	Started time.Time `json:"started"`
+}
+
+// Plan is a window as its leader planned it.
+type Plan struct {
+	Version    int    `json:"version"`
+	ID         uint64 `json:"window"`
+	Term       uint64 `json:"term"`
+	Leader     string `json:"leader"`
+	LeaderRank int    `json:"leader_rank"`
+	Kind       string `json:"kind"`
+	Reason     string `json:"reason,omitempty"`
+	// Start and Stop are the batches every rank records, [Start, Stop); zero for a
+	// post-mortem, which has no batches.
+	Start     int64 `json:"start"`
+	Stop      int64 `json:"stop"`
+	WorldSize int   `json:"world_size"`
+	Ranks     []int `json:"ranks"` // the ranks asked to record it
+	// Manifest is where the window's manifest goes once published.
+	Manifest string    `json:"manifest"`
+	Created  time.Time `json:"created"`
+	// Deadline is when the window should have ended; a leader that finds it
+	// unfinished later finishes it from what the store holds.
+	Deadline time.Time `json:"deadline"`
+	// FailedRank and Cause name, for a post-mortem, the rank that failed first and
+	// how (nil and "" otherwise).
+	FailedRank *int   `json:"failed_rank,omitempty"`
+	Cause      string `json:"cause,omitempty"`
+}
+
+// Report is what one rank stored for one window.
+type Report struct {
+	Version     int       `json:"version"`
+	Window      uint64    `json:"window"`
+	Rank        int       `json:"rank"`
+	Key         string    `json:"key,omitempty"`
+	MetaKey     string    `json:"meta_key,omitempty"`
+	AnalysisKey string    `json:"analysis_key,omitempty"`
+	Size        int64     `json:"size"`
+	SHA256      string    `json:"sha256,omitempty"`
+	Events      int64     `json:"events"`
+	Start       int64     `json:"start"`
+	Stop        int64     `json:"stop"`
+	Reason      string    `json:"reason,omitempty"`  // window, oom, postmortem, crash
+	Partial     string    `json:"partial,omitempty"` // why it does not cover the window
+	Error       string    `json:"error,omitempty"`   // why it could not be stored
+	Cause       string    `json:"cause,omitempty"`   // for a crash: how the trainer stopped
+	At          time.Time `json:"at"`
+}
+
+// Outcome is how a window ended.
+type Outcome struct {
+	Version  int               `json:"version"`
+	ID       uint64            `json:"window"`
+	Term     uint64            `json:"term"`
+	Kind     string            `json:"kind"`
+	State    string            `json:"state"`
+	Manifest string            `json:"manifest,omitempty"` // the manifest's key, when published
+	Error    string            `json:"error,omitempty"`    // why, when failed
+	Ranks    []int             `json:"ranks"`              // the ranks merged
+	Missing  map[string]string `json:"missing,omitempty"`  // rank -> why it is missing
+	Leader   string            `json:"leader"`
+	Finished time.Time         `json:"finished"`
+}
+
+// Log is one run's log in a store.
+type Log struct {
+	st   store.Store
+	root string
+}
+
+// New opens run's log in st (it reads and writes lazily).
+func New(st store.Store, run string) *Log { return &Log{st: st, root: Root(run)} }
+
+// Store is the store the log lives in.
+func (l *Log) Store() store.Store { return l.st }
+
+// TermKey, PlanKey, ReportKey and OutcomeKey name the log's records.
+func (l *Log) TermKey(t uint64) string {
+	return l.root + "terms/term" + strconv.FormatUint(t, 10) + ".json"
+}
+func (l *Log) PlanKey(id uint64) string {
+	return l.root + "plans/window" + strconv.FormatUint(id, 10) + ".json"
+}
+func (l *Log) OutcomeKey(id uint64) string {
+	return l.root + "outcomes/window" + strconv.FormatUint(id, 10) + ".json"
+}
+func (l *Log) reportsKey(id uint64) string {
+	return l.root + "reports/window" + strconv.FormatUint(id, 10) + "/"
+}
+func (l *Log) ReportKey(id uint64, r int) string {
+	return l.reportsKey(id) + "rank" + strconv.Itoa(r) + ".json"
+}
+
+// ids lists the numbers of the records under sub whose names are
+// <stem><number>.json, ascending.
+func (l *Log) ids(ctx context.Context, sub, stem string) ([]uint64, error) {
+	objs, err := l.st.List(ctx, l.root+sub)
+	if err != nil {
+		return nil, err
+	}
+	var out []uint64
+	for _, o := range objs {
+		name := strings.TrimPrefix(o.Key, l.root+sub)
+		if n, ok := parseName(name, stem); ok && n > 0 {
+			out = append(out, n)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
+
+// parseName reads <stem><number>.json, refusing anything else (leading zeros too,
+// so one number has one name).
+func parseName(name, stem string) (uint64, bool) {
+	s, ok := strings.CutPrefix(name, stem)
+	if !ok {
+		return 0, false
+	}
+	s, ok = strings.CutSuffix(s, ".json")
+	if !ok || s == "" || (len(s) > 1 && s[0] == '0') {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n > MaxID {
+		return 0, false
+	}
+	return n, true
+}
+
+// put stores v under key, once (overwrite false) or replacing it.
+func (l *Log) put(ctx context.Context, key string, v any, overwrite bool) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	_, err = l.st.Put(ctx, key, strings.NewReader(string(b)), store.PutOptions{Overwrite: overwrite, Size: int64(len(b)), ContentType: "application/json"})
+	return err
+}
+
+// read reads and parses the record under key into v (bounded).
+func (l *Log) read(ctx context.Context, key string) ([]byte, error) {
+	rc, _, err := l.st.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, maxRecord+1))
+	if err != nil {
+		return nil, fmt.Errorf("runlog: reading %s: %w", key, err)
+	}
+	if len(b) > maxRecord {
+		return nil, fmt.Errorf("%w: %s is larger than %d bytes", ErrMalformed, key, maxRecord)
+	}
+	return b, nil
+}
+
+// Terms lists the terms in the log, ascending.
+func (l *Log) Terms(ctx context.Context) ([]uint64, error) { return l.ids(ctx, "terms/", "term") }
+
+// LatestTerm is the highest term in the log (0 when there is none).
+func (l *Log) LatestTerm(ctx context.Context) (uint64, error) {
+	ts, err := l.Terms(ctx)
+	if err != nil || len(ts) == 0 {
+		return 0, err
+	}
+	return ts[len(ts)-1], nil
+}
+
+// NewTerm creates the next term, newer than every term in the log and at least
+// atLeast, for t's leader; it returns the record created.
+func (l *Log) NewTerm(ctx context.Context, t Term, atLeast uint64) (Term, error) {
+	t.Version = Version
+	if t.Started.IsZero() {
+		t.Started = time.Now().UTC()
+	}
+	for try := 0; try < maxConflicts; try++ {
+		latest, err := l.LatestTerm(ctx)
+		if err != nil {
+			return Term{}, err
+		}
+		t.Term = max(latest+1, atLeast, 1)
+		if t.Term > MaxID {
+			return Term{}, fmt.Errorf("runlog: term %d is past the largest allowed", t.Term)
+		}
+		err = l.put(ctx, l.TermKey(t.Term), t, false)
+		if err == nil {
+			return t, nil
+		}
+		if !errors.Is(err, store.ErrExists) {
+			return Term{}, err
+		}
+	}
+	return Term{}, ErrConflict
+}
+
+// ReadTerm reads one term record.
+func (l *Log) ReadTerm(ctx context.Context, term uint64) (*Term, error) {
+	b, err := l.read(ctx, l.TermKey(term))
+	if err != nil {
+		return nil, err
+	}
+	return ParseTerm(b)
+}
+
+// PlanIDs lists the planned windows' ids, ascending.
+func (l *Log) PlanIDs(ctx context.Context) ([]uint64, error) { return l.ids(ctx, "plans/", "window") }
+
+// OutcomeIDs lists the finished windows' ids, ascending.
+func (l *Log) OutcomeIDs(ctx context.Context) ([]uint64, error) {
+	return l.ids(ctx, "outcomes/", "window")
+}
+
+// CreatePlan stores p under the next window id: newer than every plan in the log
+// and at least atLeast. manifest, when not nil, names the window's manifest from
+// its id. It returns the plan as stored.
+func (l *Log) CreatePlan(ctx context.Context, p Plan, atLeast uint64, manifest func(id uint64) (string, error)) (Plan, error) {
+	p.Version = Version
+	if p.Created.IsZero() {
+		p.Created = time.Now().UTC()
+	}
+	for try := 0; try < maxConflicts; try++ {
+		ids, err := l.PlanIDs(ctx)
+		if err != nil {
+			return Plan{}, err
+		}
+		p.ID = max(atLeast, 1)
+		if len(ids) > 0 {
+			p.ID = max(p.ID, ids[len(ids)-1]+1)
+		}
+		if p.ID > MaxID {
+			return Plan{}, fmt.Errorf("runlog: window id %d is past the largest allowed", p.ID)
+		}
+		if manifest != nil {
+			if p.Manifest, err = manifest(p.ID); err != nil {
+				return Plan{}, err
+			}
+		}
+		err = l.put(ctx, l.PlanKey(p.ID), p, false)
+		if err == nil {
+			return p, nil
+		}
+		if !errors.Is(err, store.ErrExists) {
+			return Plan{}, err
+		}
+		atLeast = p.ID + 1
+	}
+	return Plan{}, ErrConflict
+}
+
+// ReadPlan reads one plan.
+func (l *Log) ReadPlan(ctx context.Context, id uint64) (*Plan, error) {
+	b, err := l.read(ctx, l.PlanKey(id))
+	if err != nil {
+		return nil, err
+	}
+	p, err := ParsePlan(b)
+	if err != nil {
+		return nil, err
+	}
+	if p.ID != id {
+		return nil, fmt.Errorf("%w: %s names window %d", ErrMalformed, l.PlanKey(id), p.ID)
+	}
+	return p, nil
+}
+
+// Unfinished lists the plans without an outcome, oldest first.
+func (l *Log) Unfinished(ctx context.Context) ([]*Plan, error) {
+	plans, err := l.PlanIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	done, err := l.OutcomeIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	finished := make(map[uint64]bool, len(done))
+	for _, id := range done {
+		finished[id] = true
+	}
+	var out []*Plan
+	for _, id := range plans {
+		if finished[id] {
+			continue
+		}
+		p, err := l.ReadPlan(ctx, id)
+		if errors.Is(err, ErrMalformed) {
+			// a record no leader can act on: it is finished as failed, with the reason
+			o := Outcome{ID: id, State: Failed, Error: err.Error()}
+			if _, ferr := l.Finish(ctx, o); ferr != nil {
+				return nil, ferr
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// PutReport stores (or replaces) rank r's report for window r.Window.
+func (l *Log) PutReport(ctx context.Context, r Report) error {
+	r.Version = Version
+	if r.At.IsZero() {
+		r.At = time.Now().UTC()
+	}
+	if err := r.check(); err != nil {
+		return err
+	}
+	return l.put(ctx, l.ReportKey(r.Window, r.Rank), r, true)
+}
+
+// Reports reads every rank's report for window id, by rank. A report that does not
+// parse is left out (and named in the error list returned beside).
+func (l *Log) Reports(ctx context.Context, id uint64) (map[int]*Report, []error, error) {
+	objs, err := l.st.List(ctx, l.reportsKey(id))
+	if err != nil {
+		return nil, nil, err
+	}
+	out := map[int]*Report{}
+	var bad []error
+	for _, o := range objs {
+		r, ok := parseName(strings.TrimPrefix(o.Key, l.reportsKey(id)), "rank")
+		rank := int(r)
+		if !ok || r >= maxRanks {
+			continue
+		}
+		b, err := l.read(ctx, o.Key)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		rep, err := ParseReport(b)
+		if err == nil && (rep.Window != id || rep.Rank != rank) {
+			err = fmt.Errorf("%w: %s names window %d rank %d", ErrMalformed, o.Key, rep.Window, rep.Rank)
+		}
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		out[rank] = rep
+	}
+	return out, bad, nil
+}
+
+// Finish stores how window o.ID ended, once: when another leader finished it
+// first, Finish returns that outcome (and no error), which is the truth.
+func (l *Log) Finish(ctx context.Context, o Outcome) (Outcome, error) {
+	o.Version = Version
+	if o.Finished.IsZero() {
+		o.Finished = time.Now().UTC()
+	}
+	if o.Ranks == nil {
+		o.Ranks = []int{}
+	}
+	err := l.put(ctx, l.OutcomeKey(o.ID), o, false)
+	if errors.Is(err, store.ErrExists) {
+		prev, rerr := l.ReadOutcome(ctx, o.ID)
+		if rerr != nil {
+			return Outcome{}, rerr
+		}
+		return *prev, nil
+	}
+	if err != nil {
+		return Outcome{}, err
+	}
+	return o, nil
+}
+
+// ReadOutcome reads how window id ended (store.ErrNotFound while it has not).
+func (l *Log) ReadOutcome(ctx context.Context, id uint64) (*Outcome, error) {
+	b, err := l.read(ctx, l.OutcomeKey(id))
+	if err != nil {
+		return nil, err
+	}
+	o, err := ParseOutcome(b)
+	if err != nil {
+		return nil, err
+	}
+	if o.ID != id {
+		return nil, fmt.Errorf("%w: %s names window %d", ErrMalformed, l.OutcomeKey(id), o.ID)
+	}
+	return o, nil
+}

@@ -1,0 +1,256 @@
+package runlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/testutil"
+)
+
+// stores runs f against a folder store and, where the test script started one, a
+// real MinIO.
+func stores(t *testing.T, f func(t *testing.T, st store.Store)) {
+	t.Run("folder", func(t *testing.T) {
+		st, err := store.OpenDir(t.TempDir(), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(t, st)
+	})
+	t.Run("minio", func(t *testing.T) {
+		m := testutil.RequireMinIO(t)
+		st, err := store.Open(testutil.Context(t, time.Minute), store.Config{URL: "s3://" + testutil.BucketName(t) + "/runs", Endpoint: m.Endpoint,
+			Credentials: store.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}, CreateBucket: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(t, st)
+	})
+}
+
+func TestIDsAreUniqueUnderConcurrentLeaders(t *testing.T) {
+	stores(t, func(t *testing.T, st store.Store) {
+		ctx := testutil.Context(t, time.Minute)
+		l := New(st, "gpt")
+		const n = 8
+		var mu sync.Mutex
+		var terms, ids []uint64
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tm, err := l.NewTerm(ctx, Term{Leader: fmt.Sprintf("gpt/rank%d", i), Rank: i}, 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				p, err := l.CreatePlan(ctx, Plan{Term: tm.Term, Leader: tm.Leader, LeaderRank: i, Kind: KindWindow, Start: 5, Stop: 8, WorldSize: n}, 0, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				terms, ids = append(terms, tm.Term), append(ids, p.ID)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		for what, got := range map[string][]uint64{"terms": terms, "ids": ids} {
+			sort.Slice(got, func(i, j int) bool { return got[i] < got[j] })
+			if len(got) != n {
+				t.Fatalf("%s: %v", what, got)
+			}
+			for i, v := range got {
+				if v != uint64(i+1) {
+					t.Fatalf("%s are not 1..%d, each once: %v", what, n, got)
+				}
+			}
+		}
+		// a relaunch (a new Log on the same store) continues after them
+		p, err := New(st, "gpt").CreatePlan(ctx, Plan{Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 3, nil)
+		if err != nil || p.ID != n+1 {
+			t.Fatalf("after a relaunch: window %d, %v", p.ID, err)
+		}
+		// another run's log is its own
+		if p, err := New(st, "bert").CreatePlan(ctx, Plan{Leader: "bert/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 0, nil); err != nil || p.ID != 1 {
+			t.Fatalf("another run: window %d, %v", p.ID, err)
+		}
+		// atLeast wins over a shorter log
+		if p, err := l.CreatePlan(ctx, Plan{Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 100, nil); err != nil || p.ID != 100 {
+			t.Fatalf("at least 100: window %d, %v", p.ID, err)
+		}
+	})
+}
+
+func TestFinishOnce(t *testing.T) {
+	stores(t, func(t *testing.T, st store.Store) {
+		ctx := testutil.Context(t, time.Minute)
+		l := New(st, "gpt")
+		for i := 0; i < 3; i++ {
+			if _, err := l.CreatePlan(ctx, Plan{Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 2, Ranks: []int{0, 1}}, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		un, err := l.Unfinished(ctx)
+		if err != nil || len(un) != 3 {
+			t.Fatalf("unfinished %v %v", un, err)
+		}
+		// two leaders finish window 2 at once: one outcome, both told the same
+		var wg sync.WaitGroup
+		got := make([]Outcome, 2)
+		for i := range got {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				o := Outcome{ID: 2, Term: uint64(i + 1), Kind: KindWindow, State: Published, Manifest: fmt.Sprintf("m%d", i), Leader: fmt.Sprint(i)}
+				var err error
+				got[i], err = l.Finish(ctx, o)
+				if err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if got[0].Manifest != got[1].Manifest || got[0].Term != got[1].Term {
+			t.Fatalf("two outcomes of one window: %+v %+v", got[0], got[1])
+		}
+		if _, err := l.Finish(ctx, Outcome{ID: 3, State: Failed, Error: "no rank stored a snapshot"}); err != nil {
+			t.Fatal(err)
+		}
+		un, err = l.Unfinished(ctx)
+		if err != nil || len(un) != 1 || un[0].ID != 1 {
+			t.Fatalf("unfinished after finishing 2 and 3: %v %v", un, err)
+		}
+		if _, err := l.ReadOutcome(ctx, 1); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("outcome of an unfinished window: %v", err)
+		}
+	})
+}
+
+func TestReports(t *testing.T) {
+	stores(t, func(t *testing.T, st store.Store) {
+		ctx := testutil.Context(t, time.Minute)
+		l := New(st, "gpt")
+		for r := 0; r < 3; r++ {
+			if err := l.PutReport(ctx, Report{Window: 7, Rank: r, Key: fmt.Sprintf("gpt/rank%d.9.pickle", r), Size: 10, Start: 6, Stop: 9, Reason: "window"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// a report replaced (the rank reported again) and one of another window
+		if err := l.PutReport(ctx, Report{Window: 7, Rank: 1, Error: "refused"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.PutReport(ctx, Report{Window: 70, Rank: 1, Key: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		// a hostile object in the reports folder
+		st.Put(ctx, l.ReportKey(7, 5), strings.NewReader(`{"version":1,"window":7,"rank":4,"key":"k"}`), store.PutOptions{})
+		got, bad, err := l.Reports(ctx, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 3 || got[0].Key != "gpt/rank0.9.pickle" || got[1].Error != "refused" || got[2].Start != 6 {
+			t.Fatalf("reports %+v", got)
+		}
+		if len(bad) != 1 || !errors.Is(bad[0], ErrMalformed) {
+			t.Fatalf("the report naming another rank was not refused: %v", bad)
+		}
+		if err := l.PutReport(ctx, Report{Window: 7, Rank: 1}); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("a report with nothing: %v", err)
+		}
+	})
+}
+
+func TestMalformedPlanIsFinishedAsFailed(t *testing.T) {
+	st, err := store.OpenDir(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l := New(st, "gpt")
+	st.Put(ctx, l.PlanKey(4), strings.NewReader(`{"version":1,"window":4,"kind":"window","start":9,"stop":3,"world_size":2,"leader_rank":0}`), store.PutOptions{})
+	un, err := l.Unfinished(ctx)
+	if err != nil || len(un) != 0 {
+		t.Fatalf("unfinished %v %v", un, err)
+	}
+	o, err := l.ReadOutcome(ctx, 4)
+	if err != nil || o.State != Failed || !strings.Contains(o.Error, "batches [9, 3)") {
+		t.Fatalf("outcome %+v %v", o, err)
+	}
+}
+
+func TestParseName(t *testing.T) {
+	for name, want := range map[string]int64{
+		"window1.json": 1, "window12.json": 12, "window0.json": 0, "window01.json": -1, "window.json": -1,
+		"window1.json.tmp": -1, "windowx.json": -1, "window-1.json": -1, "window9007199254740993.json": -1,
+		"rank3.json": -1,
+	} {
+		n, ok := parseName(name, "window")
+		if (want < 0) == ok || (ok && int64(n) != want) {
+			t.Errorf("%s: %d %v, want %d", name, n, ok, want)
+		}
+	}
+}
+
+func TestParsersRefuse(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		b    string
+		f    func([]byte) error
+	}{
+		{"plan: unknown field", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":1,"x":1}`, planErr},
+		{"plan: version", `{"version":2,"window":1,"kind":"window","start":1,"stop":2,"world_size":1}`, planErr},
+		{"plan: empty window", `{"version":1,"window":1,"kind":"window","start":2,"stop":2,"world_size":1}`, planErr},
+		{"plan: kind", `{"version":1,"window":1,"kind":"lunch","start":1,"stop":2,"world_size":1}`, planErr},
+		{"plan: ranks", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":2,"ranks":[1,0]}`, planErr},
+		{"plan: world", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":70000}`, planErr},
+		{"plan: failed rank", `{"version":1,"window":1,"kind":"crash","world_size":2,"failed_rank":2}`, planErr},
+		{"plan: two values", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":1} {}`, planErr},
+		{"outcome: state", `{"version":1,"window":1,"state":"maybe"}`, outcomeErr},
+		{"outcome: published without manifest", `{"version":1,"window":1,"state":"published"}`, outcomeErr},
+		{"outcome: rank name", `{"version":1,"window":1,"state":"failed","missing":{"03":"x"}}`, outcomeErr},
+		{"term: zero", `{"version":1,"term":0}`, termErr},
+		{"report: reason", `{"version":1,"window":1,"rank":0,"key":"k","reason":"lunch"}`, reportErr},
+	} {
+		if err := c.f([]byte(c.b)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+	if _, err := ParsePlan([]byte(`{"version":1,"window":1,"kind":"crash","world_size":2,"failed_rank":1,"ranks":[0,1]}`)); err != nil {
+		t.Errorf("a crash post-mortem's plan: %v", err)
+	}
+}
+
+func planErr(b []byte) error    { _, err := ParsePlan(b); return err }
+func outcomeErr(b []byte) error { _, err := ParseOutcome(b); return err }
+func termErr(b []byte) error    { _, err := ParseTerm(b); return err }
+func reportErr(b []byte) error  { _, err := ParseReport(b); return err }
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(`{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":1,"ranks":[0]}`))
+	f.Add([]byte(`{"version":1,"window":1,"state":"failed","missing":{"3":"x"},"ranks":[1]}`))
+	f.Add([]byte(`{"version":1,"window":1,"rank":0,"key":"k","reason":"crash","cause":"SIGTERM"}`))
+	f.Add([]byte(`{"version":1,"term":3,"leader":"x","rank":0}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if p, err := ParsePlan(b); err == nil {
+			if p.Stop < p.Start || p.WorldSize <= 0 || len(p.Ranks) > p.WorldSize {
+				t.Fatalf("accepted plan %+v", p)
+			}
+		}
+		if o, err := ParseOutcome(b); err == nil && o.State != Published && o.State != Failed {
+			t.Fatalf("accepted outcome %+v", o)
+		}
+		if r, err := ParseReport(b); err == nil && (r.Window == 0 || r.Rank < 0) {
+			t.Fatalf("accepted report %+v", r)
+		}
+		ParseTerm(b)
+	})
+}
