@@ -63,6 +63,9 @@ func isReply(env *pb.Envelope) bool {
 }
 
 func (c *Coordinator) handle(env *pb.Envelope) {
+	if env.Seq != 0 && env.GetAck() != nil && c.incidentAck(env) {
+		return
+	}
 	// a reply somebody waits for, from someone allowed to answer
 	if env.Seq != 0 && isReply(env) {
 		c.mu.Lock()

@@ -40,12 +40,12 @@ type leaderRun struct {
 	mu       sync.Mutex
 	next     int64 // the schedule's next window start (-1: the schedule is done)
 	requests []*pb.Envelope
-	working  bool
+	working  int // windows in progress (a post-mortem may run inside a window)
 	lastPM   time.Time                 // when the last post-mortem started
 	lastPMID uint64                    // and its window
 	pending  map[uint64][]*pb.Envelope // members waiting for a window this leader finishes from the log
 	sweepAt  time.Time                 // when the next sweep of the log is due
-	aborted  []uint64                  // windows a crash interrupted, cancelled once its post-mortem is taken
+	stash    []*pb.Envelope            // ranks' messages about a window a post-mortem interrupted
 }
 
 // postmortemQuiet is how long after a post-mortem further reports (other ranks
@@ -55,7 +55,7 @@ const postmortemQuiet = 30 * time.Second
 func (l *leaderRun) busy() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.working || len(l.requests) > 0 || len(l.msgs) > 0 || len(l.pending) > 0
+	return l.working > 0 || len(l.requests) > 0 || len(l.msgs) > 0 || len(l.pending) > 0
 }
 
 func newLeader(c *Coordinator) *leaderRun {

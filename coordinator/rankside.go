@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -99,6 +100,19 @@ func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
 	batch, _ := c.rec.Progress()
 	ack := &pb.Ack{Ok: true, Batch: batch}
 	err := c.rec.Arm(w)
+	if errors.Is(err, rankagent.ErrBusy) {
+		// busy with a window another leader planned (one that stalled, died or
+		// flapped): the current leader's plan wins, and the old window is
+		// finished from the run's log without this rank
+		c.mu.Lock()
+		old := c.last
+		c.mu.Unlock()
+		if old.w.ID != 0 && old.w.ID < w.ID && old.leader != env.Sender {
+			c.log.Warn("a window of another leader is in progress; the current leader's plan replaces it", "old_window", old.w.ID, "window", w.ID)
+			c.rec.Cancel(old.w.ID, fmt.Sprintf("replaced by window %d of the current leader", w.ID))
+			err = c.rec.Arm(w)
+		}
+	}
 	if errors.Is(err, rankagent.ErrStale) {
 		c.mu.Lock()
 		again := c.last.w == w
@@ -227,8 +241,9 @@ type incident struct {
 	noSnapshot string         // why there will be none
 	handedTo   uint64         // the post-mortem window it belongs to (0: none yet)
 	leader     string
-	sent       bool // the post-mortem's leader has it
+	sent       bool // the post-mortem's leader has it, or said it takes none
 	asked      string
+	seq        uint64 // the request's id, for the leader's answer
 }
 
 func (i *incident) fresh(hold time.Duration) bool { return time.Since(i.at) < hold }
@@ -329,11 +344,33 @@ func (c *Coordinator) askPostmortem(inc *incident, at time.Time) {
 		return
 	}
 	inc.asked = leader
+	inc.seq = newSeq()
 	req := &pb.SnapshotRequest{Kind: inc.kind, FailedRank: c.rank(), Cause: inc.cause, AtUs: at.UnixMicro(), Reason: inc.cause}
+	seq := inc.seq
 	c.mu.Unlock()
 	env := c.envelope(0)
+	env.Seq = seq
 	env.Body = &pb.Envelope_Request{Request: req}
 	c.post(leader, "", env, true)
+}
+
+// incidentAck takes the leader's answer to this rank's request for a
+// post-mortem: a refusal (post-mortems are off, or the failure is part of one
+// taken already) means no post-mortem will take this rank's snapshot, so the rank
+// has nothing left to hand on. It reports whether env was that answer.
+func (c *Coordinator) incidentAck(env *pb.Envelope) bool {
+	a := env.GetAck()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	inc := c.inc
+	if a == nil || inc == nil || env.Seq != inc.seq || env.Sender != inc.asked {
+		return false
+	}
+	if !a.Ok && inc.handedTo == 0 {
+		inc.sent = true
+		c.log.Info("no post-mortem takes this rank's snapshot", "why", a.Message)
+	}
+	return true
 }
 
 // incidentSnapshot records the incident's snapshot once stored (r), or why there

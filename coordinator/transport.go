@@ -69,12 +69,13 @@ type streamLimits struct {
 // grew the heap by 20 MiB (TestFloodTransport; 80 MiB without the limit, and
 // 640 MiB for 16 declaring 20 MiB, which the limit keeps at 0).
 //
-// Streams, 128: memberlist's own cap on concurrent push-pulls
-// (maxPushPullRequests). Legitimate streams last milliseconds, so this absorbs
-// a burst of many ranks reporting to the leader at once; each costs memberlist
-// a goroutine and two 4 KiB read buffers (about 20 KiB, 2.5 MiB for all).
+// Streams, 1,024: a leader of 1,024 ranks receives every rank's ack, and later
+// every rank's result, at about the same time, each on a stream of its own (a
+// refused one is lost: SendReliable has returned). Legitimate streams last
+// milliseconds; each costs memberlist a goroutine and two 4 KiB read buffers
+// (about 20 KiB, 20 MiB for all), and InflightBytes bounds what they declare.
 func defaultStreamLimits() streamLimits {
-	return streamLimits{Streams: 128, MessageBytes: 4 << 20, InflightBytes: 16 << 20}
+	return streamLimits{Streams: 1024, MessageBytes: 4 << 20, InflightBytes: 16 << 20}
 }
 
 func (l streamLimits) withDefaults() streamLimits {

@@ -87,11 +87,11 @@ type status struct {
 // term turned out stale).
 func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
 	l.mu.Lock()
-	l.working = true
+	l.working++
 	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
-		l.working = false
+		l.working--
 		l.mu.Unlock()
 	}()
 	w, res := l.record(ctx, p, false)
@@ -176,22 +176,6 @@ func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) (*win, *
 			l.pushFront(p.req)
 		}
 		return w, nil
-	case out.abort != nil:
-		r := out.abort.GetRequest()
-		why := fmt.Sprintf("rank %d's trainer stopped during the window (%s); a crash post-mortem of every rank follows as the next window", r.FailedRank, r.Cause)
-		log.Warn("window abandoned: " + why)
-		l.mu.Lock()
-		l.aborted = append(l.aborted, w.id) // cancelled once the post-mortem has every rank's state
-		l.mu.Unlock()
-		l.pushFront(out.abort)
-		for r, s := range w.ranks {
-			if s.missing == "" && s.result == nil {
-				w.ranks[r].missing = "the window was abandoned: " + why
-			}
-		}
-		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Start: w.start, Stop: w.stop, Store: l.st.String(), Error: why, Missing: missingOf(w)}
-		l.conclude(ctx, w, res, false)
-		return w, res
 	case len(out.passed) > 0 && !replanned:
 		log.Warn("ranks were past the window's start; planning again with a longer lead", "ranks", out.passed)
 		l.cancelWindow(w, "re-planned: some ranks were past the start")
@@ -289,7 +273,9 @@ func (l *leaderRun) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan,
 // postmortem asks every rank for its allocator state now, for a rank's OOM or for
 // a job being stopped (the failing rank's own snapshot is the one its trainer took
 // when it failed), and merges them. Reports of the same incident that arrive
-// meanwhile (every rank of a job torn down reports) join it.
+// meanwhile (every rank of a job torn down reports) join it. It runs on its own,
+// or inside the collection of a window the failure interrupted, which goes on
+// afterwards.
 func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 	c := l.c
 	r := req.GetRequest()
@@ -307,11 +293,12 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", id))
 		return
 	}
-	l.lastPM, l.working = time.Now(), true
+	l.lastPM = time.Now()
+	l.working++
 	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
-		l.working = false
+		l.working--
 		l.mu.Unlock()
 	}()
 	world := c.cfg.Identity.WorldSize
@@ -356,13 +343,6 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 		return
 	}
 	l.finish(ctx, w)
-	l.mu.Lock()
-	aborted := l.aborted
-	l.aborted = nil
-	l.mu.Unlock()
-	for _, id := range aborted {
-		l.cancelWindow(&win{id: id, ranks: w.ranks}, "abandoned: a rank's trainer stopped during it")
-	}
 }
 
 // failureTime reads a failure's time (the leader's clock, microseconds).
@@ -422,9 +402,8 @@ func (l *leaderRun) cancelWindow(w *win, reason string) {
 
 // collectOut is how a collection ended early.
 type collectOut struct {
-	passed []int        // ranks past the window's start (it may be planned again)
-	abort  *pb.Envelope // a crash report that ends the window
-	stale  bool         // a rank has seen a newer term than this leader's
+	passed []int // ranks past the window's start (it may be planned again)
+	stale  bool  // a rank has seen a newer term than this leader's
 }
 
 // collect waits until every rank of w has stored its snapshot or is missing: a
@@ -473,8 +452,14 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 		case env := <-l.msgs:
 			if env.GetRequest() != nil {
 				if l.onRequestDuring(w, env) {
-					out.abort = env
-					return out
+					// a post-mortem now, while the window goes on: every rank's
+					// state at the failure, not when the window ends (in a
+					// synchronous job the other ranks hang in their next collective)
+					l.postmortem(ctx, env)
+					if ctx.Err() != nil {
+						return out
+					}
+					l.unstash(w, &out)
 				}
 				continue
 			}
@@ -483,6 +468,8 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 			} else if a := env.GetAck(); a != nil && a.Code == pb.AckCode_ACK_STALE_TERM {
 				l.c.noteTerm(a.Term)
 				out.stale = true
+			} else if w.postmortem() {
+				l.stash = append(l.stash, env) // for the window this post-mortem interrupted
 			}
 		case <-tick.C:
 			l.resend(w, ackDeadline)
@@ -493,6 +480,26 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 		}
 	}
 	return out
+}
+
+// unstash handles what arrived for w while a post-mortem interrupted it.
+func (l *leaderRun) unstash(w *win, out *collectOut) {
+	var keep []*pb.Envelope
+	for _, env := range l.stash {
+		if env.WindowId == w.id {
+			if a := env.GetAck(); a != nil {
+				l.onAck(w, env, a, out, time.Now().Add(time.Hour))
+			} else {
+				l.onRankMessage(w, env, out)
+			}
+		} else {
+			keep = append(keep, env)
+		}
+	}
+	l.stash = keep
+	if len(l.stash) > 1<<16 {
+		l.stash = nil
+	}
 }
 
 // resend sends the window's command again to the ranks that saw another leader
@@ -602,24 +609,26 @@ func (l *leaderRun) onRankMessage(w *win, env *pb.Envelope, out *collectOut) {
 }
 
 // onRequestDuring answers a request that arrives while w records: a watch of w
-// joins its watchers; a report of a trainer being stopped ends a window (a
-// post-mortem of the whole job follows) or, during a post-mortem, joins it as
-// another failure; anything else waits its turn. It reports whether w ends.
+// joins its watchers; a rank's OOM or crash during a window asks for a
+// post-mortem now (it reports true), and during a post-mortem joins it as
+// another failure of the same incident; anything else waits its turn.
 func (l *leaderRun) onRequestDuring(w *win, env *pb.Envelope) bool {
 	r := env.GetRequest()
+	incident := r.Kind == pb.WindowKind_WINDOW_KIND_CRASH || r.Kind == pb.WindowKind_WINDOW_KIND_OOM
 	switch {
 	case env.WindowId == w.id:
 		w.watchers = append(w.watchers, env)
 		l.answer(env, pb.AckCode_ACK_OK, "")
 		return false
-	case (r.Kind == pb.WindowKind_WINDOW_KIND_CRASH || r.Kind == pb.WindowKind_WINDOW_KIND_OOM) && w.postmortem():
-		if rk := int(r.FailedRank); rk >= 0 && rk < w.world && l.c.isRankMember(env) || env.Sender == l.c.name {
+	case incident && w.postmortem():
+		if rk := int(r.FailedRank); rk >= 0 && rk < w.world && l.c.isRankMember(env) {
 			if _, ok := w.failed[rk]; !ok {
 				w.failed[rk] = failure{cause: r.Cause, at: failureTime(r.AtUs)}
 			}
 		}
+		l.answer(env, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", w.id))
 		return false
-	case r.Kind == pb.WindowKind_WINDOW_KIND_CRASH && !w.postmortem():
+	case incident:
 		return true
 	}
 	l.queue(env)

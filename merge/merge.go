@@ -260,6 +260,7 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err := checkUnpublished(ctx, &cfg, keys); err != nil {
 		return nil, err
 	}
+	plain := keys
 	if keys, err = attemptKeys(ctx, &cfg, keys); err != nil {
 		return nil, err
 	}
@@ -286,6 +287,9 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	if err := publish(ctx, &cfg, keys, tmp, b.refs, sum, outs); err != nil {
 		return nil, err
+	}
+	if plain[OutInputs] != keys[OutInputs] {
+		removeSuperseded(ctx, &cfg, plain, keys)
 	}
 	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
 		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))

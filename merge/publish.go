@@ -286,6 +286,31 @@ func unpublish(ctx context.Context, cfg *Config, manifest, claim string, outs []
 	}
 }
 
+// removeSuperseded removes, once this merge published under its attempt's names,
+// what the attempt it superseded (a leader that died or stalled while publishing)
+// stored under the window's own names: its claim and the outputs the claim names.
+// A stalled writer that stores more later removes it itself when it finds the
+// window published (unpublish).
+func removeSuperseded(ctx context.Context, cfg *Config, plain, mine map[string]string) {
+	prev, err := readClaim(ctx, cfg.Out, plain[OutInputs])
+	if err != nil || prev.Attempt == cfg.Attempt {
+		return
+	}
+	ours := map[string]bool{}
+	for _, k := range mine {
+		ours[k] = true
+	}
+	dir := path.Dir(plain[OutInputs])
+	for _, name := range prev.Outputs {
+		k := path.Join(dir, name)
+		if path.Base(k) == name && !ours[k] && !strings.ContainsAny(name, "/\\") && k != plain[OutManifest] {
+			cfg.Out.Delete(ctx, k)
+		}
+	}
+	cfg.Out.Delete(ctx, plain[OutInputs])
+	cfg.Logger.Info("removed what a superseded attempt stored", "attempt", prev.Attempt)
+}
+
 // storeClaim stores the claim: the inputs, the options and the outputs' names.
 func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, outs []output) (Object, error) {
 	claim := Claim{Version: 1, Inputs: refs, WorldSize: sum.WorldSize, Align: cfg.Align, Title: cfg.Title, Outputs: map[string]string{}, Window: cfg.Window,

@@ -204,6 +204,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	pace := fs.Duration("pace", 20*time.Millisecond, "the length of one batch")
 	rank := fs.Int("rank", 0, "the rank reported to the agent")
 	hang := fs.Bool("hang-in-window", false, "stop in the first batch of a window, as a stuck rank would (for tests)")
+	failAt := fs.Int64("fail-at", 0, "raise an uncaught exception at the start of this batch, as a failing trainer would: what it recorded goes to the agent as a crash snapshot (for tests)")
 	var holds multiFlag
 	fs.Var(&holds, "hold-at", "wait before this batch until a window arrives (repeatable)")
 	if _, err := parse(fs, args); err != nil {
@@ -225,5 +226,35 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		holdAt = append(holdAt, n)
 	}
-	return rankagent.Replay(ctx, rankagent.ReplayConfig{Socket: *sock, Snapshot: b, Batches: *batches, Pace: *pace, Rank: *rank, HoldAt: holdAt, HangInWindow: *hang})
+	// SIGTERM stops it as it stops a hooked trainer: a crash snapshot of what it
+	// recorded, then an exit by the signal's status
+	// (the process's context ends on SIGTERM too: the replay answers to its own)
+	stop := make(chan string, 1)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	go func() {
+		select {
+		case s := <-sigs:
+			if s == syscall.SIGTERM {
+				stop <- "SIGTERM"
+				return
+			}
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	err = rankagent.Replay(rctx, rankagent.ReplayConfig{Socket: *sock, Snapshot: b, Batches: *batches, Pace: *pace, Rank: *rank, HoldAt: holdAt,
+		HangInWindow: *hang, FailAt: *failAt, Stop: stop})
+	switch {
+	case errors.Is(err, rankagent.ErrTrainerStopped):
+		fmt.Fprintln(stderr, "memsnap replay:", err)
+		return exitError{128 + int(syscall.SIGTERM)}
+	case errors.Is(err, rankagent.ErrTrainerFailed):
+		fmt.Fprintln(stderr, "Traceback (most recent call last):\n  (replay)\n"+strings.TrimPrefix(err.Error(), rankagent.ErrTrainerFailed.Error()+": exception: "))
+		return exitError{1}
+	}
+	return err
 }

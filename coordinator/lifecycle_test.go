@@ -1,0 +1,234 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/rankagent"
+	"github.com/memsnap/memsnap/runlog"
+)
+
+// tripStore is a store that, at its n-th write of a window's publication (the
+// plan, the claim, each output, the manifest, the outcome), stores it and then
+// stops answering: tripped is closed, and the call waits until release is closed
+// (the leader wakes from a stall) or its context ends (the leader dies).
+type tripStore struct {
+	store.Store
+	n       int32
+	writes  atomic.Int32
+	tripped chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *tripStore) Put(ctx context.Context, key string, r io.Reader, opts store.PutOptions) (store.ObjectInfo, error) {
+	info, err := s.Store.Put(ctx, key, r, opts)
+	if err != nil || strings.Contains(key, "/memsnap/reports/") || strings.Contains(key, "/memsnap/terms/") {
+		return info, err
+	}
+	if s.writes.Add(1) != s.n {
+		return info, err
+	}
+	s.once.Do(func() { close(s.tripped) })
+	select {
+	case <-ctx.Done():
+		return info, ctx.Err()
+	case <-s.release:
+		return info, nil
+	}
+}
+
+// publicationWrites are a window's writes by its leader, in order.
+var publicationWrites = []string{"plan", "claim", "pickle", "trace", "summary", "html", "pb", "manifest", "outcome"}
+
+// TestLeaderDiesDuringPublication: the leader stops (dies, or stalls and later
+// wakes) after each write of a window's publication in turn. The next leader
+// completes or supersedes the publication; exactly one published set results,
+// every file of it whole; a leader that wakes never mixes its outputs into it;
+// and the old leader, back (restarted, or awake), leads the next window.
+func TestLeaderDiesDuringPublication(t *testing.T) {
+	for k, what := range publicationWrites {
+		// the old leader comes back in a few cases (each takes a while)
+		back := what == "claim" || what == "manifest"
+		t.Run("dies after the "+what, func(t *testing.T) { leaderStopsDuringPublication(t, int32(k+1), false, back) })
+	}
+	for _, k := range []int{2, 6, 8} {
+		t.Run("stalls after the "+publicationWrites[k-1], func(t *testing.T) { leaderStopsDuringPublication(t, int32(k), true, true) })
+	}
+}
+
+func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
+	trip := &tripStore{n: n, tripped: make(chan struct{}), release: make(chan struct{})}
+	p := &partition{group: map[string]int{}}
+	tc := startCluster(t, 3, func(c *Config, a *rankagent.Config) {
+		if c.Client {
+			return
+		}
+		if stall { // a stalled leader is cut off from everyone, as a SIGSTOPped one is
+			c.Memberlist.Transport = newCutTransport(t, p, min(c.Identity.Rank, 1))
+		}
+		if c.Identity.Rank == 0 {
+			open := c.OpenStore
+			c.OpenStore = func(ctx context.Context) (store.Store, error) {
+				st, err := open(ctx)
+				if err != nil {
+					return nil, err
+				}
+				trip.Store = st
+				return trip, nil
+			}
+		}
+	})
+	tc.holding()
+	ccfg := DefaultLocalConfig(rankagent.Identity{RunName: tc.run})
+	ccfg.Client, ccfg.SecretKey, ccfg.Logger = true, tc.key, testutil.Logger(t).With("member", "client")
+	if stall {
+		ccfg.Memberlist.Transport = newCutTransport(t, p, 1)
+	}
+	for _, r := range tc.ranks {
+		ccfg.Join = append(ccfg.Join, r.Coord.Addr())
+	}
+	c, stopClient := runMember(t, ccfg)
+	t.Cleanup(stopClient)
+	testutil.Eventually(t, 20*time.Second, "the client to see rank 0 lead", func() bool { l, ok := c.Leader(); return ok && l == 0 })
+
+	type result struct {
+		res *pb.WindowResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := c.Snapshot(testutil.Context(t, 3*time.Minute), 3, nil, nil)
+		done <- result{res, err}
+	}()
+	select {
+	case <-trip.tripped:
+	case r := <-done:
+		t.Fatalf("the window ended before the leader's write %d: %+v %v", n, r.res, r.err)
+	}
+	if stall {
+		p.mu.Lock()
+		p.cut = true
+		p.mu.Unlock()
+	} else {
+		tc.ranks[0].Coord.Shutdown() // no goodbye: it dies
+		tc.stops[0]()
+	}
+	r := <-done
+	if r.err != nil || r.res.State != pb.Outcome_OUTCOME_PUBLISHED {
+		t.Fatalf("the window after the leader stopped: %+v %v", r.res, r.err)
+	}
+	if len(r.res.Ranks) < 2 {
+		t.Fatalf("ranks merged %v", r.res.Ranks)
+	}
+	// the window published is the one asked for; a leader that died before it told
+	// the client the window's id leaves that window failed (nobody recorded it),
+	// and the client's request was planned again by the next leader
+	folder := filepath.Join(tc.dir, tc.run, "torch_memory_traces", fmt.Sprintf("window%d", r.res.Window))
+	checkOnePublication(t, folder)
+	st, _ := store.OpenDir(tc.dir, false)
+	rl := runlog.New(st, tc.run)
+	if !back {
+		if o, err := rl.ReadOutcome(context.Background(), r.res.Window); err != nil || o.State != runlog.Published {
+			t.Fatalf("window %d's outcome in the run's log: %+v %v", r.res.Window, o, err)
+		}
+		return
+	}
+
+	if stall {
+		// the old leader wakes: it finishes its writes, finds the window published,
+		// takes a newer term and leads again
+		p.mu.Lock()
+		p.cut = false
+		p.mu.Unlock()
+		close(trip.release)
+		testutil.Eventually(t, time.Minute, "the woken leader to lead under a newer term", func() bool {
+			l, ok := c.Leader()
+			return ok && l == 0 && tc.ranks[0].Coord.IsLeader() && tc.ranks[0].Coord.Busy() == false && tc.ranks[0].Coord.Term() >= 3
+		})
+	} else {
+		tc.startRank(0, 3)
+		testutil.Eventually(t, time.Minute, "the restarted rank 0 to lead under a newer term", func() bool {
+			l, ok := c.Leader()
+			return ok && l == 0 && tc.ranks[0].Coord.IsLeader() && tc.ranks[0].Coord.Term() >= 3
+		})
+	}
+	// nothing the old leader wrote after waking mixes into the published set
+	testutil.Eventually(t, 30*time.Second, "only the published set in the window's folder", func() bool {
+		return extraFiles(t, folder) == nil
+	})
+	checkOnePublication(t, folder)
+	o, err := rl.ReadOutcome(context.Background(), r.res.Window)
+	if err != nil || o.State != runlog.Published {
+		t.Fatalf("window %d's outcome in the run's log: %+v %v", r.res.Window, o, err)
+	}
+	if un, err := rl.Unfinished(context.Background()); err != nil || len(un) != 0 {
+		t.Fatalf("unfinished windows in the run's log: %v %v", un, err)
+	}
+	// and the cluster records the next window, under a newer id (a restarted
+	// member may flap once while gossip of its old self's death runs out)
+	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 2, nil, nil)
+	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || res.Window <= r.res.Window {
+		t.Fatalf("the next window: %+v %v", res, err)
+	}
+}
+
+// checkOnePublication: the folder holds one manifest, and every output it names
+// is there, whole.
+func checkOnePublication(t *testing.T, folder string) {
+	t.Helper()
+	ms, _ := filepath.Glob(filepath.Join(folder, "*.manifest.json"))
+	if len(ms) != 1 {
+		t.Fatalf("manifests %v", ms)
+	}
+	m := readManifest(t, ms[0])
+	for kind, o := range m.Outputs {
+		b, err := os.ReadFile(filepath.Join(folder, o.Name))
+		if err != nil {
+			t.Fatalf("output %s: %v", kind, err)
+		}
+		if h := sha256.Sum256(b); hex.EncodeToString(h[:]) != o.SHA256 || int64(len(b)) != o.Size {
+			t.Fatalf("output %s (%s) is not what the manifest says", kind, o.Name)
+		}
+	}
+}
+
+// extraFiles lists what the window's folder holds beyond the published set.
+func extraFiles(t *testing.T, folder string) []string {
+	ms, _ := filepath.Glob(filepath.Join(folder, "*.manifest.json"))
+	if len(ms) != 1 {
+		return ms
+	}
+	m := readManifest(t, ms[0])
+	named := map[string]bool{filepath.Base(ms[0]): true, m.Claim.Name: true}
+	for _, o := range m.Outputs {
+		named[o.Name] = true
+	}
+	ents, _ := os.ReadDir(folder)
+	var extra []string
+	for _, e := range ents {
+		if !named[e.Name()] && !strings.HasPrefix(e.Name(), ".") {
+			extra = append(extra, e.Name())
+		}
+	}
+	sort.Strings(extra)
+	return extra
+}
+
+var _ = merge.OutManifest
+var _ = fmt.Sprint
