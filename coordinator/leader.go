@@ -40,7 +40,7 @@ type leaderRun struct {
 	mu       sync.Mutex
 	next     int64 // the schedule's next window start (-1: the schedule is done)
 	requests []*pb.Envelope
-	working  int // windows in progress (a post-mortem may run inside a window)
+	working  int                       // windows in progress (a post-mortem may run inside a window)
 	lastPM   time.Time                 // when the last post-mortem started
 	lastPMID uint64                    // and its window
 	pending  map[uint64][]*pb.Envelope // members waiting for a window this leader finishes from the log

@@ -101,7 +101,7 @@ func brokenEnvelopes(t testing.TB) [][]byte {
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Batch: -2}}},                                               // batch before none
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{StepUs: maxStepUs + 1}}},                                   // step past a time.Duration
 		{Sender: "x", Body: &pb.Envelope_WindowResult{WindowResult: &pb.WindowResult{Outputs: []string{strings.Repeat("o", maxString+1)}}}},
-		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{FailedRank: -7}}},                       // negative rank
+		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{FailedRank: -7}}},                    // negative rank
 		{Sender: "x", WindowId: maxWindowID + 1, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}}, // a window id the next one would wrap past
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Seen: ^uint64(0)}}},            // the same, seen
 	} {
