@@ -189,21 +189,26 @@ func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
 	c.mu.Lock()
 	dup := c.last.w.ID == w.ID
 	inc := c.inc
-	mine := inc != nil && inc.fresh(c.incidentHold()) && (inc.handedTo == 0 || inc.handedTo == w.ID)
+	// the snapshot the trainer took when it failed or was stopped is this rank's
+	// part of the post-mortem (also when the dump comes again: the leader asks
+	// once more when the rank's own report of its failure reaches it)
+	mine := inc != nil && inc.fresh(c.incidentHold()) && (inc.handedTo == 0 || inc.handedTo == w.ID) && !(inc.sent && inc.handedTo == w.ID)
 	if !dup {
 		c.last = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender}
 		c.lastWindow = max(c.lastWindow, w.ID)
-		if mine {
-			inc.handedTo, inc.leader = w.ID, env.Sender
-			if inc.result != nil {
-				have = proto.Clone(inc.result).(*pb.RankResult)
-				inc.sent = true
-				c.last.result, c.last.state = have, pb.Step_STEP_UPLOADED
-			} else if inc.noSnapshot != "" {
-				have = &pb.RankResult{Error: inc.noSnapshot, Reason: "crash", Cause: inc.cause}
-				inc.sent = true
-				c.last.result, c.last.state = have, pb.Step_STEP_FAILED
-			}
+	}
+	if mine {
+		inc.handedTo, inc.leader = w.ID, env.Sender
+		if inc.result != nil {
+			have = proto.Clone(inc.result).(*pb.RankResult)
+			inc.sent = true
+			c.last.result, c.last.state = have, pb.Step_STEP_UPLOADED
+		} else if inc.noSnapshot != "" {
+			have = &pb.RankResult{Error: inc.noSnapshot, Reason: "crash", Cause: inc.cause}
+			inc.sent = true
+			c.last.result, c.last.state = have, pb.Step_STEP_FAILED
+		} else {
+			inc.sent = false // it goes to this post-mortem once stored
 		}
 	}
 	c.mu.Unlock()
@@ -339,7 +344,7 @@ func (c *Coordinator) incidentStart(kind pb.WindowKind, cause string, ev rankage
 func (c *Coordinator) askPostmortem(inc *incident, at time.Time) {
 	c.mu.Lock()
 	leader := c.leaderName
-	if leader == "" || inc.handedTo != 0 || inc.asked == leader {
+	if leader == "" || inc.handedTo != 0 || inc.sent || inc.asked == leader {
 		c.mu.Unlock()
 		return
 	}
@@ -378,12 +383,16 @@ func (c *Coordinator) incidentAck(env *pb.Envelope) bool {
 func (c *Coordinator) incidentSnapshot(r *pb.RankResult, none string) {
 	c.mu.Lock()
 	inc := c.inc
-	if inc == nil || !inc.fresh(c.incidentHold()) || inc.sent {
+	if inc == nil || !inc.fresh(c.incidentHold()) {
 		kind := pb.WindowKind_WINDOW_KIND_CRASH
-		if r != nil && r.Reason == "oom" {
-			kind = pb.WindowKind_WINDOW_KIND_OOM
+		cause := ""
+		if r != nil {
+			cause = r.Cause
+			if r.Reason == "oom" {
+				kind, cause = pb.WindowKind_WINDOW_KIND_OOM, "out of memory"
+			}
 		}
-		inc = &incident{kind: kind, at: time.Now()}
+		inc = &incident{kind: kind, at: time.Now(), cause: cause}
 		c.inc = inc
 	}
 	var send *pb.RankResult
@@ -501,7 +510,7 @@ func (c *Coordinator) setOffset(off, rtt time.Duration) {
 func (c *Coordinator) reaskPostmortem() {
 	c.mu.Lock()
 	inc := c.inc
-	live := inc != nil && inc.fresh(c.incidentHold()) && inc.handedTo == 0
+	live := inc != nil && inc.fresh(c.incidentHold()) && inc.handedTo == 0 && !inc.sent
 	off := c.offset.offset
 	c.mu.Unlock()
 	if live {

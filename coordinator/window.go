@@ -621,9 +621,17 @@ func (l *leaderRun) onRequestDuring(w *win, env *pb.Envelope) bool {
 		l.answer(env, pb.AckCode_ACK_OK, "")
 		return false
 	case incident && w.postmortem():
-		if rk := int(r.FailedRank); rk >= 0 && rk < w.world && l.c.isRankMember(env) {
+		rk := int(r.FailedRank)
+		if rk >= 0 && rk < w.world && l.c.isRankMember(env) {
 			if _, ok := w.failed[rk]; !ok {
 				w.failed[rk] = failure{cause: r.Cause, at: failureTime(r.AtUs)}
+			}
+			if s := w.ranks[rk]; s != nil && s.result == nil {
+				// its snapshot of the failure is its part of this post-mortem:
+				// ask again, so it hands that over
+				s.missing, s.lastSign = "", time.Now()
+				l.sendAll(w, []int{rk})
+				return false
 			}
 		}
 		l.answer(env, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", w.id))
@@ -664,7 +672,7 @@ func (l *leaderRun) checkAlive(ctx context.Context, w *win) {
 				s.batch, s.state, s.lastSign = st.st.Batch, st.st.State, now
 			}
 		}
-		if now.Sub(s.lastSign) > l.c.cfg.CollectTimeout {
+		if now.Sub(s.lastSign) > l.c.cfg.CollectTimeout && !w.postmortem() { // a post-mortem has its own short deadline
 			s.missing = fmt.Sprintf("no sign of life for %v", l.c.cfg.CollectTimeout)
 			l.tell(w, r, pb.Step_STEP_MISSING, s.batch, s.missing)
 		}

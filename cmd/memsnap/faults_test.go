@@ -30,11 +30,25 @@ type procCluster struct {
 	t      *testing.T
 	run    string
 	key    []byte
-	ports  []int
+	ports  []int // rank r's gossip port: ports[0] + r (one host, local rank r)
+	o      procOpts
+	n      int
 	mu     sync.Mutex // guards agents: a test kills one while its cleanup kills all
 	agents []*exec.Cmd
+	waits  []chan int // each agent's exit status, once it exited
 	logs   []*syncBuffer
 	sock   string
+}
+
+// procOpts vary a procCluster's agents and trainers.
+type procOpts struct {
+	storeArgs []string
+	hang      []int            // ranks whose trainer gets stuck in the first batch of a window
+	failAt    map[int]int64    // ranks whose trainer raises an exception at that batch
+	agentArgs []string         // more agent flags for every rank
+	collect   string           // --collect-timeout (default 5s)
+	joinHost  bool             // join "127.0.0.1" with no port: every local rank's port on it
+	replay    map[int][]string // more replay flags for a rank
 }
 
 // syncBuffer is a bytes.Buffer safe for a process's output and a test's reads.
@@ -51,7 +65,11 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 func startProcCluster(t *testing.T, n int, storeArgs []string, hang ...int) *procCluster {
-	pc := &procCluster{t: t, run: fmt.Sprintf("fault%d", time.Now().UnixNano()%1e6)}
+	return startProcs(t, n, procOpts{storeArgs: storeArgs, hang: hang})
+}
+
+func startProcs(t *testing.T, n int, o procOpts) *procCluster {
+	pc := &procCluster{t: t, run: fmt.Sprintf("fault%d", time.Now().UnixNano()%1e6), o: o, n: n}
 	pc.key = make([]byte, 32)
 	copy(pc.key, fmt.Sprintf("%032d", time.Now().UnixNano()))
 	pc.sock, _ = os.MkdirTemp("", "ms")
@@ -60,27 +78,9 @@ func startProcCluster(t *testing.T, n int, storeArgs []string, hang ...int) *pro
 	for r := 0; r < n; r++ {
 		pc.ports = append(pc.ports, base+r)
 	}
+	pc.agents, pc.waits, pc.logs = make([]*exec.Cmd, n), make([]chan int, n), make([]*syncBuffer, n)
 	for r := 0; r < n; r++ {
-		snap := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r%4))
-		args := append([]string{"agent", "--run-name", pc.run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(n),
-			"--local-world-size", strconv.Itoa(n), "--spool", filepath.Join(pc.sock, fmt.Sprintf("spool%d", r)), "--socket", filepath.Join(pc.sock, fmt.Sprintf("s%d", r)),
-			"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(pc.ports[0]), "--no-schedule", "--collect-timeout", "5s", "--drain-timeout", "30s"}, storeArgs...)
-		if r > 0 {
-			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", pc.ports[0]))
-		}
-		args = append(args, "--", os.Args[0], "replay", "--snapshot", snap, "--batches", "0", "--pace", "20ms", "--hold-at", "5", "--rank", strconv.Itoa(r))
-		if slices.Contains(hang, r) { // this rank's trainer gets stuck in the window: it dies mid-window
-			args = append(args, "--hang-in-window")
-		}
-		cmd := memsnapCmd(t, args...)
-		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+encodeKey(pc.key))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // kill -9 takes its trainer too
-		buf := &syncBuffer{}
-		cmd.Stdout, cmd.Stderr = buf, buf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		pc.agents, pc.logs = append(pc.agents, cmd), append(pc.logs, buf)
+		pc.start(r)
 	}
 	t.Cleanup(func() {
 		for i := range pc.agents {
@@ -95,17 +95,97 @@ func startProcCluster(t *testing.T, n int, storeArgs []string, hang ...int) *pro
 	return pc
 }
 
+// start starts (or starts again, as a relaunch does) rank r's agent and trainer.
+func (pc *procCluster) start(r int) {
+	t, o := pc.t, pc.o
+	collect := o.collect
+	if collect == "" {
+		collect = "5s"
+	}
+	snap := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r%4))
+	args := append([]string{"agent", "--run-name", pc.run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(pc.n),
+		"--local-world-size", strconv.Itoa(pc.n), "--spool", filepath.Join(pc.sock, fmt.Sprintf("spool%d", r)), "--socket", filepath.Join(pc.sock, fmt.Sprintf("s%d", r)),
+		"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(pc.ports[0]), "--no-schedule", "--collect-timeout", collect, "--drain-timeout", "30s"}, o.storeArgs...)
+	args = append(args, o.agentArgs...)
+	switch {
+	case o.joinHost:
+		args = append(args, "--join", "127.0.0.1")
+	case r > 0:
+		args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", pc.ports[0]))
+	}
+	args = append(args, "--", os.Args[0], "replay", "--snapshot", snap, "--batches", "0", "--pace", "20ms", "--hold-at", "5", "--rank", strconv.Itoa(r))
+	if slices.Contains(o.hang, r) { // this rank's trainer gets stuck in the window: it dies mid-window
+		args = append(args, "--hang-in-window")
+	}
+	if b, ok := o.failAt[r]; ok {
+		args = append(args, "--fail-at", strconv.FormatInt(b, 10))
+	}
+	args = append(args, o.replay[r]...)
+	cmd := memsnapCmd(t, args...)
+	cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+encodeKey(pc.key))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // kill -9 takes its trainer too
+	buf := &syncBuffer{}
+	if old := pc.logs[r]; old != nil {
+		buf.Write([]byte(old.String() + "\n--- started again ---\n"))
+	}
+	cmd.Stdout, cmd.Stderr = buf, buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan int, 1)
+	go func() {
+		cmd.Wait()
+		done <- cmd.ProcessState.ExitCode()
+	}()
+	pc.mu.Lock()
+	pc.agents[r], pc.waits[r], pc.logs[r] = cmd, done, buf
+	pc.mu.Unlock()
+}
+
 func encodeKey(k []byte) string { return base64.StdEncoding.EncodeToString(k) }
 
-// kill sends SIGKILL to agent i and its trainer.
+// kill sends SIGKILL to agent i and its trainer, and waits for the agent.
 func (pc *procCluster) kill(i int) {
+	pc.mu.Lock()
+	a, done := pc.agents[i], pc.waits[i]
+	pc.agents[i] = nil
+	pc.mu.Unlock()
+	if a != nil && a.Process != nil {
+		syscall.Kill(-a.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+}
+
+// signal sends sig to agent i (its process group: its trainer too, when group).
+func (pc *procCluster) signal(i int, sig syscall.Signal, group bool) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if a := pc.agents[i]; a != nil && a.Process != nil {
-		syscall.Kill(-a.Process.Pid, syscall.SIGKILL)
-		a.Wait()
-		pc.agents[i] = nil
+		pid := a.Process.Pid
+		if group {
+			pid = -pid
+		}
+		syscall.Kill(pid, sig)
 	}
+}
+
+// exited waits (up to timeout) for agent i to exit and returns its status.
+func (pc *procCluster) exited(i int, timeout time.Duration) int {
+	pc.t.Helper()
+	pc.mu.Lock()
+	done := pc.waits[i]
+	pc.mu.Unlock()
+	select {
+	case code := <-done:
+		done <- code
+		pc.mu.Lock()
+		pc.agents[i] = nil
+		pc.mu.Unlock()
+		return code
+	case <-time.After(timeout):
+		pc.t.Fatalf("agent %d did not exit within %v", i, timeout)
+	}
+	return -1
 }
 
 // client joins the cluster in this process, as memsnap snapshot does, and waits

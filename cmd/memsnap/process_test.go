@@ -134,15 +134,16 @@ func TestClusterCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "2/2") || !strings.Contains(out, fmt.Sprintf("%d-%d", res.Start, res.Stop-1)) {
 		t.Fatalf("ls: %q", out)
 	}
-	// SIGTERM: the trainers stop, the agents finish and exit 0
+	// SIGTERM (a launcher tearing the job down): the agents pass it to their
+	// trainers, which die of it, and exit with the trainer's status, 128+15
 	for i, a := range agents {
 		a.Process.Signal(syscall.SIGTERM)
 		done := make(chan error, 1)
 		go func() { done <- a.Wait() }()
 		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("agent %d: %v\n%s", i, err, logs[i])
+		case <-done:
+			if code := a.ProcessState.ExitCode(); code != 128+int(syscall.SIGTERM) {
+				t.Fatalf("agent %d exited %d\n%s", i, code, logs[i])
 			}
 		case <-time.After(60 * time.Second):
 			t.Fatalf("agent %d did not stop on SIGTERM\n%s", i, logs[i])

@@ -14,10 +14,12 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/naming"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // storeFlags are the flags every command that talks to a store shares.
@@ -42,7 +44,7 @@ func (s *storeFlags) config(url string, create bool) store.Config {
 func init() {
 	register(&command{
 		name:    "ls",
-		summary: "list the published merges (windows) under a store prefix, or with --objects every object",
+		summary: "list every window of the runs under a store prefix (kind, how it ended, where its outputs are) and published merges, or with --objects every object",
 		usage:   "[flags] s3://bucket/prefix | FOLDER",
 		run:     runLs,
 	})
@@ -102,54 +104,192 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return nil
 	}
-	pubs, err := merge.ListPublished(ctx, st, prefix)
+	rows, err := listWindows(ctx, st, prefix)
 	if err != nil {
 		return err
 	}
-	if len(pubs) == 0 {
-		fmt.Fprintf(stderr, "memsnap ls: no published merge under %s (--objects lists every object)\n", rest[0])
+	if len(rows) == 0 {
+		fmt.Fprintf(stderr, "memsnap ls: no window and no published merge under %s (--objects lists every object)\n", rest[0])
 		return nil
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
-		for _, p := range pubs {
-			line := struct {
-				Key      string          `json:"key"`
-				Error    string          `json:"error,omitempty"`
-				Manifest *merge.Manifest `json:"manifest,omitempty"`
-			}{Key: p.Key, Manifest: p.Manifest}
-			if p.Err != nil {
-				line.Error = p.Err.Error()
-			}
-			if err := enc.Encode(line); err != nil {
+		for _, r := range rows {
+			if err := enc.Encode(r.json()); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "WINDOW\tBATCHES\tRANKS\tMISSING\tOUTLIER\tPUBLISHED\tOUTPUTS")
-	for _, p := range pubs {
-		if p.Err != nil {
-			fmt.Fprintf(tw, "?\t\t\t\t\t%s\t%s: %v\n", p.ModTime.UTC().Format("2006-01-02 15:04:05"), p.Key, p.Err)
+	fmt.Fprintln(tw, "RUN\tWINDOW\tKIND\tSTATE\tBATCHES\tRANKS\tMISSING\tOUTLIER\tTIME\tOUTPUTS / WHY")
+	for _, r := range rows {
+		fmt.Fprintln(tw, r.line())
+	}
+	return tw.Flush()
+}
+
+// windowRow is one line of `memsnap ls`: a window in a run's log (whatever its
+// fate), or a published merge that belongs to no run's log (memsnap merge's).
+type windowRow struct {
+	run      string
+	id       uint64
+	kind     string // window, oom, crash; "merge" for a merge of files
+	state    string // published, failed, unfinished
+	plan     *runlog.Plan
+	outcome  *runlog.Outcome
+	pub      *merge.Published
+	when     time.Time
+	manifest string
+}
+
+// listWindows reads the run logs and the manifests under prefix: every window a
+// run planned, over all its launches, with its kind and how it ended.
+func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRow, error) {
+	objs, err := st.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	var rows []windowRow
+	claimed := map[string]bool{} // manifests a run's log names
+	runs := map[string]bool{}
+	for _, o := range objs {
+		if i := strings.Index(o.Key, "/memsnap/plans/window"); i >= 0 {
+			runs[o.Key[:i]] = true
+		}
+	}
+	names := make([]string, 0, len(runs))
+	for r := range runs {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	for _, run := range names {
+		rl := runlog.New(st, run)
+		ids, err := rl.PlanIDs(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range ids {
+			row := windowRow{run: run, id: id, state: "unfinished"}
+			if p, err := rl.ReadPlan(ctx, id); err == nil {
+				row.plan, row.kind, row.when, row.manifest = p, p.Kind, p.Created, p.Manifest
+			} else {
+				row.state, row.kind = "unreadable: "+err.Error(), "?"
+			}
+			if o, err := rl.ReadOutcome(ctx, id); err == nil {
+				row.outcome, row.state, row.when = o, o.State, o.Finished
+				if o.Manifest != "" {
+					row.manifest = o.Manifest
+				}
+			}
+			if row.manifest != "" {
+				claimed[row.manifest] = true
+				if m, err := merge.ReadManifest(ctx, st, row.manifest); err == nil {
+					row.pub = &merge.Published{Key: row.manifest, Manifest: m}
+					row.state = runlog.Published // the manifest is the truth
+				}
+			}
+			rows = append(rows, row)
+		}
+	}
+	for _, o := range objs {
+		if !strings.HasSuffix(o.Key, ".manifest.json") || claimed[o.Key] {
 			continue
 		}
-		m := p.Manifest
-		win, batches, outlier, missing := "-", "-", "-", "-"
-		if m.Window != nil {
-			win = strconv.FormatUint(m.Window.ID, 10)
+		p := merge.Published{Key: o.Key, ModTime: o.ModTime}
+		p.Manifest, p.Err = merge.ReadManifest(ctx, st, o.Key)
+		row := windowRow{kind: "merge", state: runlog.Published, pub: &p, when: o.ModTime, manifest: o.Key}
+		if p.Err != nil {
+			row.state = "unreadable: " + p.Err.Error()
+		} else if p.Manifest.Window != nil {
+			row.id = p.Manifest.Window.ID
+			if p.Manifest.Kind != "" {
+				row.kind = p.Manifest.Kind
+			}
+		}
+		rows = append(rows, row)
+	}
+	sort.SliceStable(rows, func(i, j int) bool {
+		if rows[i].run != rows[j].run {
+			return rows[i].run < rows[j].run
+		}
+		if rows[i].id != rows[j].id {
+			return rows[i].id < rows[j].id
+		}
+		return rows[i].when.Before(rows[j].when)
+	})
+	return rows, nil
+}
+
+func (r windowRow) line() string {
+	win, batches, ranks, missing, outlier, where := "-", "-", "-", "-", "-", ""
+	if r.id != 0 {
+		win = strconv.FormatUint(r.id, 10)
+	}
+	kind := map[string]string{runlog.KindWindow: "window", runlog.KindOOM: "OOM post-mortem", runlog.KindCrash: "crash post-mortem"}[r.kind]
+	if kind == "" {
+		kind = r.kind
+	}
+	if p := r.plan; p != nil && p.Stop > p.Start {
+		batches = fmt.Sprintf("%d-%d", p.Start, p.Stop-1)
+	}
+	if r.pub != nil && r.pub.Manifest != nil {
+		m := r.pub.Manifest
+		if m.Window != nil && m.Window.Stop > m.Window.Start {
 			batches = fmt.Sprintf("%d-%d", m.Window.Start, m.Window.Stop-1)
+		}
+		ranks = fmt.Sprintf("%d/%d", len(m.RanksMerged), m.WorldSize)
+		if len(m.MissingRanks) > 0 {
+			missing = rankList(m.MissingRanks)
 		}
 		if m.OutlierRank != nil {
 			outlier = strconv.Itoa(*m.OutlierRank)
 		}
-		if len(m.MissingRanks) > 0 {
-			missing = rankList(m.MissingRanks)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s\t%s.*\n", win, batches, len(m.RanksMerged), m.WorldSize, missing, outlier,
-			p.ModTime.UTC().Format("2006-01-02 15:04:05"), p.Base())
+		where = r.pub.Base() + ".*"
+	} else if o := r.outcome; o != nil {
+		ranks = fmt.Sprintf("%d/%d", len(o.Ranks), r.world())
+		where = o.Error
 	}
-	return tw.Flush()
+	if r.plan != nil && r.plan.FailedRank != nil && (r.kind == runlog.KindOOM || r.kind == runlog.KindCrash) && where == "" {
+		where = fmt.Sprintf("rank %d failed first (%s)", *r.plan.FailedRank, r.plan.Cause)
+	}
+	when := "-"
+	if !r.when.IsZero() {
+		when = r.when.UTC().Format("2006-01-02 15:04:05")
+	}
+	run := r.run
+	if run == "" {
+		run = "-"
+	}
+	return strings.Join([]string{run, win, kind, r.state, batches, ranks, missing, outlier, when, where}, "\t")
+}
+
+func (r windowRow) world() int {
+	if r.plan != nil {
+		return r.plan.WorldSize
+	}
+	return 0
+}
+
+func (r windowRow) json() any {
+	out := struct {
+		Run      string          `json:"run,omitempty"`
+		Window   uint64          `json:"window,omitempty"`
+		Kind     string          `json:"kind"`
+		State    string          `json:"state"`
+		Key      string          `json:"key,omitempty"` // the manifest's key
+		Plan     *runlog.Plan    `json:"plan,omitempty"`
+		Outcome  *runlog.Outcome `json:"outcome,omitempty"`
+		Manifest *merge.Manifest `json:"manifest,omitempty"`
+		Error    string          `json:"error,omitempty"`
+	}{Run: r.run, Window: r.id, Kind: r.kind, State: r.state, Plan: r.plan, Outcome: r.outcome}
+	if r.pub != nil {
+		out.Key, out.Manifest = r.pub.Key, r.pub.Manifest
+		if r.pub.Err != nil {
+			out.Error = r.pub.Err.Error()
+		}
+	}
+	return out
 }
 
 // rankList writes ranks compactly: 0-3,7.
