@@ -33,6 +33,10 @@ var (
 	ErrRefused = errors.New("coordinator: the leader refused the request")
 )
 
+// rewatchAfter is how long Snapshot waits without a word about its window before
+// it asks the leader about it again.
+const rewatchAfter = 10 * time.Second
+
 // unknownTries is how many times Snapshot asks again when a leader cannot tell
 // how a window ended (its store is away) before it gives up.
 const unknownTries = 5
@@ -67,6 +71,7 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 	check := time.NewTicker(500 * time.Millisecond)
 	defer check.Stop()
 	unknown := 0
+	heard := time.Now() // when the leader last said something about the window
 	var again <-chan time.Time
 	for {
 		select {
@@ -83,6 +88,14 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 			c.mu.Lock()
 			now := c.leaderName
 			c.mu.Unlock()
+			if now == leader && window != 0 && time.Since(heard) > rewatchAfter {
+				// nothing heard for a while: ask again (a message may have been
+				// lost, or the job was relaunched under the same member names)
+				heard = time.Now()
+				if err := ask(); err != nil {
+					return nil, err
+				}
+			}
 			if now != leader && now != "" {
 				if progress != nil {
 					progress(Update{Window: window, Rank: -1, State: pb.Step_STEP_UNSPECIFIED, Reason: "the leader changed; asking the new one", Received: time.Now()})
@@ -92,6 +105,7 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 				}
 			}
 		case env := <-ch:
+			heard = time.Now()
 			if env.WindowId != 0 {
 				window = env.WindowId
 			}

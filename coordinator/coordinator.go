@@ -87,6 +87,7 @@ type Coordinator struct {
 	offset     clockState
 	waiting    map[uint64]*waiter // replies a request waits for, by its random seq
 	last       lastWindow         // the rank's latest window, for status answers
+	pm         lastWindow         // the rank's latest post-mortem
 	inc        *incident          // this rank's trainer's latest OOM or crash
 	dropped    int
 	refused    refusals
@@ -197,9 +198,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.joined = true
 	c.mu.Unlock()
 	c.memberChanged(nil, false)
-	if !c.cfg.Client {
-		c.spawn(func() { c.rejoinLoop(ctx) })
-	}
+	c.spawn(func() { c.rejoinLoop(ctx) })
 	<-ctx.Done()
 	c.Leave(2 * time.Second)
 	return nil

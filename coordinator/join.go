@@ -300,11 +300,13 @@ func isSelf(addr, self string) bool {
 	return (h == "localhost" || (ip != nil && (ip.IsLoopback() || ip.IsUnspecified()))) && net.ParseIP(sh) != nil && net.ParseIP(sh).IsLoopback()
 }
 
-// rejoinLoop keeps a rank that sees fewer ranks than its world size trying to
-// join: its join addresses (a restarted agent that came up alone) and every rank
-// it has seen that is not a member now (the other side of a split). Two parts of
-// one run that reach each other become one cluster again: memberlist merges
-// their states on the join. The wait doubles up to 30 s while nothing changes.
+// rejoinLoop keeps a rank that sees fewer ranks than its world size (a client
+// that sees no rank) trying to join: its join addresses (a restarted agent that
+// came up alone, a job relaunched under a client that waits for its window) and
+// every rank it has seen that is not a member now (the other side of a split).
+// Two parts of one run that reach each other become one cluster again:
+// memberlist merges their states on the join. The wait doubles up to 30 s while
+// nothing changes.
 func (c *Coordinator) rejoinLoop(ctx context.Context) {
 	wait := c.cfg.RejoinInterval
 	for {
@@ -329,7 +331,11 @@ func (c *Coordinator) rejoinLoop(ctx context.Context) {
 		}
 		m := c.ml
 		c.mu.Unlock()
-		if ranks >= c.cfg.Identity.WorldSize || m == nil {
+		want := c.cfg.Identity.WorldSize
+		if c.cfg.Client {
+			want = 1
+		}
+		if ranks >= want || m == nil {
 			wait = c.cfg.RejoinInterval
 			continue
 		}

@@ -319,7 +319,9 @@ func (l *leaderRun) answerWatch(ctx context.Context, req *pb.Envelope) {
 	case errors.Is(err, store.ErrNotFound):
 		if _, perr := l.rl.ReadPlan(ctx, id); perr == nil {
 			l.mu.Lock()
-			l.pending[id] = append(l.pending[id], req)
+			if !watching(l.pending[id], req) {
+				l.pending[id] = append(l.pending[id], req)
+			}
 			l.sweepAt = time.Time{} // finish it now
 			l.mu.Unlock()
 			l.answer(req, pb.AckCode_ACK_OK, "")

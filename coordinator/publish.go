@@ -43,6 +43,85 @@ func retryable(err error) bool {
 func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 	log := l.log.With("window", w.id)
 	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Kind: w.kind, Start: w.start, Stop: w.stop, Store: l.st.String()}
+	key, _ := l.manifestKey(w.id, w.stop)
+	give := time.Now().Add(l.c.cfg.PublishTimeout)
+	wait := 500 * time.Millisecond
+	told := false
+	for attempt := 1; ; attempt++ {
+		inputs, err := l.inputs(ctx, w)
+		if err == nil && len(inputs) == 0 {
+			res.Error = "no rank stored a snapshot of the window"
+			res.Missing = missingOf(w)
+			log.Error(res.Error, "missing", len(res.Missing))
+			l.conclude(ctx, w, res, false)
+			return res
+		}
+		if err == nil {
+			if !told {
+				l.tell(w, -1, pb.Step_STEP_PUBLISHING, -1, fmt.Sprintf("merging %d ranks", len(inputs)))
+				told = true
+			}
+			var out *merge.Result
+			if out, err = merge.Merge(ctx, l.mergeConfig(w, inputs)); err == nil {
+				res = resultFromManifest(out.Outputs[merge.OutManifest], nil, l.st)
+				res.Window, res.Kind, res.Start, res.Stop = w.id, w.kind, w.start, w.stop
+				res.Outputs = outputURLs(l.st, out.Outputs)
+				for _, r := range out.Summary.RanksMerged {
+					res.Ranks = append(res.Ranks, int32(r))
+				}
+				res.Missing = missingOf(w)
+				log.Info("window published", "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String(), "attempt", attempt)
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			return &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Error: "the leader stopped"}
+		}
+		// whoever published it, the manifest in the store is the truth
+		if m, merr := merge.ReadManifest(ctx, l.st, key); merr == nil {
+			log.Info("the window was published by another leader", "manifest", key)
+			res = resultFromManifest(key, m, l.st)
+			res.Window, res.Kind = w.id, w.kind
+			break
+		}
+		var ie *merge.InputError
+		if errors.As(err, &ie) && !retryable(err) && inputs[ie.Rank].Source == ie.Source {
+			log.Warn("a rank's snapshot cannot be merged; merging without it", "left_out", ie.Rank, "err", err)
+			w.ranks[ie.Rank].result = nil
+			w.ranks[ie.Rank].missing = "its snapshot cannot be merged: " + err.Error()
+			continue
+		}
+		if !retryable(err) {
+			res.Error = err.Error()
+			res.Missing = missingOf(w)
+			log.Error("the merge failed", "err", err)
+			l.conclude(ctx, w, res, false)
+			return res
+		}
+		if time.Now().After(give) {
+			res.Error = fmt.Sprintf("the store failed for %v while the window was published (%v); the window stays unfinished in the run's log, and the leader publishes it once the store is back", l.c.cfg.PublishTimeout, err)
+			res.Missing = missingOf(w)
+			log.Error("publication given up for now", "err", err)
+			l.mu.Lock()
+			l.sweepAt = time.Now().Add(l.c.cfg.SweepInterval)
+			l.mu.Unlock()
+			l.tellResult(w.id, w.watchers, res) // no outcome: a sweep publishes it later
+			return res
+		}
+		log.Warn("the store failed while publishing the window; retrying", "err", err, "attempt", attempt)
+		l.tell(w, -1, pb.Step_STEP_RETRYING, -1, err.Error())
+		if !backoff(ctx, &wait) {
+			return &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Error: "the leader stopped"}
+		}
+	}
+	l.conclude(ctx, w, res, false)
+	return res
+}
+
+// inputs checks what the ranks stored and returns what can be merged: a rank
+// whose snapshot does not cover exactly the window's batches is missing, with the
+// reason. A store that cannot be read is an error (retried), not a missing rank.
+func (l *leaderRun) inputs(ctx context.Context, w *win) (map[int]merge.Input, error) {
 	inputs := map[int]merge.Input{}
 	for r := 0; r < w.world; r++ {
 		s := w.ranks[r]
@@ -60,85 +139,18 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 		case s.result.Start != w.start || s.result.Stop != w.stop:
 			s.missing = fmt.Sprintf("its snapshot covers [%d, %d), the window is [%d, %d)", s.result.Start, s.result.Stop, w.start, w.stop)
 		default:
-			if why := l.checkCoverage(ctx, s.result, w); why != "" {
+			why, err := l.checkCoverage(ctx, s.result, w)
+			if err != nil {
+				return nil, err
+			}
+			if why != "" {
 				s.missing = why
 			} else {
 				inputs[r] = l.input(s.result, r)
 			}
 		}
 	}
-	if len(inputs) == 0 {
-		res.Error = "no rank stored a snapshot of the window"
-		res.Missing = missingOf(w)
-		log.Error(res.Error, "missing", len(res.Missing))
-		l.conclude(ctx, w, res, false)
-		return res
-	}
-	l.tell(w, -1, pb.Step_STEP_PUBLISHING, -1, fmt.Sprintf("merging %d ranks", len(inputs)))
-	key, _ := l.manifestKey(w.id, w.stop)
-	give := time.Now().Add(l.c.cfg.PublishTimeout)
-	wait := 500 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		out, err := merge.Merge(ctx, l.mergeConfig(w, inputs))
-		if err == nil {
-			res = resultFromManifest(out.Outputs[merge.OutManifest], nil, l.st)
-			res.Window, res.Kind, res.Start, res.Stop = w.id, w.kind, w.start, w.stop
-			res.Outputs = outputURLs(l.st, out.Outputs)
-			for _, r := range out.Summary.RanksMerged {
-				res.Ranks = append(res.Ranks, int32(r))
-			}
-			res.Missing = missingOf(w)
-			log.Info("window published", "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String(), "attempt", attempt)
-			break
-		}
-		if ctx.Err() != nil {
-			return &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Error: "the leader stopped"}
-		}
-		// whoever published it, the manifest in the store is the truth
-		if m, merr := merge.ReadManifest(ctx, l.st, key); merr == nil {
-			log.Info("the window was published by another leader", "manifest", key)
-			res = resultFromManifest(key, m, l.st)
-			res.Window, res.Kind = w.id, w.kind
-			break
-		}
-		var ie *merge.InputError
-		if errors.As(err, &ie) && !retryable(err) && inputs[ie.Rank].Source == ie.Source {
-			why := "its snapshot cannot be merged: " + err.Error()
-			log.Warn("a rank's snapshot cannot be merged; merging without it", "left_out", ie.Rank, "err", err)
-			w.ranks[ie.Rank].missing = why
-			delete(inputs, ie.Rank)
-			if len(inputs) == 0 {
-				res.Error = "no rank's snapshot could be merged"
-				res.Missing = missingOf(w)
-				l.conclude(ctx, w, res, false)
-				return res
-			}
-			continue
-		}
-		if !retryable(err) {
-			res.Error = err.Error()
-			res.Missing = missingOf(w)
-			log.Error("the merge failed", "err", err)
-			l.conclude(ctx, w, res, false)
-			return res
-		}
-		if time.Now().After(give) {
-			res.Error = fmt.Sprintf("the store failed for %v while the window was published (%v); the window stays unfinished in the run's log, and the leader publishes it once the store is back", l.c.cfg.PublishTimeout, err)
-			res.Missing = missingOf(w)
-			log.Error("publication given up for now", "err", err)
-			l.mu.Lock()
-			l.sweepAt = time.Now().Add(l.c.cfg.SweepInterval)
-			l.mu.Unlock()
-			return res // no outcome: a sweep publishes it later
-		}
-		log.Warn("the store failed while publishing the window; retrying", "err", err, "attempt", attempt)
-		l.tell(w, -1, pb.Step_STEP_RETRYING, -1, err.Error())
-		if !backoff(ctx, &wait) {
-			return &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Error: "the leader stopped"}
-		}
-	}
-	l.conclude(ctx, w, res, false)
-	return res
+	return inputs, nil
 }
 
 // mergeConfig is the merge of w's inputs, published under this leader's attempt.
@@ -193,30 +205,30 @@ func (l *leaderRun) conclude(ctx context.Context, w *win, res *pb.WindowResult, 
 	for r, why := range res.Missing {
 		o.Missing[strconv.Itoa(int(r))] = why
 	}
-	give := time.Now().Add(l.c.cfg.PublishTimeout)
+	// the members waiting hear the truth first; the log is written after (a
+	// store that fails here leaves the window to a later sweep, which finds the
+	// manifest, or finishes it again)
+	if !quiet {
+		l.tellResult(w.id, w.watchers, res)
+		w.watchers = nil
+	}
+	give := time.Now().Add(min(l.c.cfg.PublishTimeout, 30*time.Second))
 	wait := 500 * time.Millisecond
 	for {
 		got, err := l.rl.Finish(ctx, o)
 		if err == nil {
 			if got.Term != o.Term || got.State != o.State {
 				l.log.Info("the window's outcome was written by another leader", "window", w.id, "state", got.State, "leader", got.Leader)
-				if res.State != pb.Outcome_OUTCOME_PUBLISHED { // a published manifest is the truth, whatever was written
-					*res = *l.resultOfOutcome(ctx, &got)
-				}
 			}
-			break
+			return
 		}
 		if ctx.Err() != nil || !retryable(err) || time.Now().After(give) {
 			l.log.Warn("cannot write the window's outcome into the run's log; a later sweep does", "window", w.id, "err", err)
-			break
+			return
 		}
 		if !backoff(ctx, &wait) {
-			break
+			return
 		}
-	}
-	if !quiet {
-		l.tellResult(w.id, w.watchers, res)
-		w.watchers = nil
 	}
 }
 
@@ -237,30 +249,33 @@ func (l *leaderRun) input(res *pb.RankResult, r int) merge.Input {
 
 // checkCoverage reads a rank's sidecar and says why its batch marks are not
 // exactly the window's batches ("" when they are).
-func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, w *win) string {
+func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, w *win) (string, error) {
 	if r.MetaKey == "" {
-		return "its snapshot has no metadata"
+		return "its snapshot has no metadata", nil
 	}
 	b, err := store.ReadAll(ctx, l.st, r.MetaKey)
 	if err != nil {
-		return "its metadata cannot be read: " + err.Error()
+		if retryable(err) {
+			return "", err
+		}
+		return "its metadata cannot be read: " + err.Error(), nil
 	}
 	m, err := merge.ParseRankMeta(b)
 	if err != nil {
-		return err.Error()
+		return err.Error(), nil
 	}
 	if m.Window == nil || m.Window.ID != w.id {
-		return "its metadata names another window"
+		return "its metadata names another window", nil
 	}
 	if len(m.Batches) != int(w.stop-w.start) {
-		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), w.stop-w.start)
+		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), w.stop-w.start), nil
 	}
 	for i, bm := range m.Batches {
 		if bm.Batch != w.start+int64(i) {
-			return fmt.Sprintf("it recorded batch %d where batch %d belongs", bm.Batch, w.start+int64(i))
+			return fmt.Sprintf("it recorded batch %d where batch %d belongs", bm.Batch, w.start+int64(i)), nil
 		}
 	}
-	return ""
+	return "", nil
 }
 
 // outputURLs lists a merge's outputs (the HTML report first, then by name),

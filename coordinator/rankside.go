@@ -187,14 +187,14 @@ func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
 	w := rankagent.Window{ID: env.WindowId}
 	var have *pb.RankResult
 	c.mu.Lock()
-	dup := c.last.w.ID == w.ID
+	dup := c.pm.w.ID == w.ID
 	inc := c.inc
 	// the snapshot the trainer took when it failed or was stopped is this rank's
 	// part of the post-mortem (also when the dump comes again: the leader asks
 	// once more when the rank's own report of its failure reaches it)
 	mine := inc != nil && inc.fresh(c.incidentHold()) && (inc.handedTo == 0 || inc.handedTo == w.ID) && !(inc.sent && inc.handedTo == w.ID)
 	if !dup {
-		c.last = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender}
+		c.pm = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender}
 		c.lastWindow = max(c.lastWindow, w.ID)
 	}
 	if mine {
@@ -202,11 +202,11 @@ func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
 		if inc.result != nil {
 			have = proto.Clone(inc.result).(*pb.RankResult)
 			inc.sent = true
-			c.last.result, c.last.state = have, pb.Step_STEP_UPLOADED
+			c.pm.result, c.pm.state = have, pb.Step_STEP_UPLOADED
 		} else if inc.noSnapshot != "" {
 			have = &pb.RankResult{Error: inc.noSnapshot, Reason: "crash", Cause: inc.cause}
 			inc.sent = true
-			c.last.result, c.last.state = have, pb.Step_STEP_FAILED
+			c.pm.result, c.pm.state = have, pb.Step_STEP_FAILED
 		} else {
 			inc.sent = false // it goes to this post-mortem once stored
 		}
@@ -289,28 +289,37 @@ func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
 	case ev.Window.ID == 0:
 		return
 	}
+	var res *pb.RankResult
+	if ev.Upload != nil {
+		res = resultOf(ev.Upload)
+	}
 	c.mu.Lock()
-	if c.last.w.ID == ev.Window.ID || ev.Window.ID > c.last.w.ID {
-		if c.last.w.ID != ev.Window.ID {
-			c.last = lastWindow{w: ev.Window}
+	// a post-mortem's steps go to its own record: the window a post-mortem
+	// interrupted goes on, and status answers keep saying where it stands
+	target := &c.last
+	if ev.Window.ID == c.pm.w.ID {
+		target = &c.pm
+	}
+	if target.w.ID == ev.Window.ID || (target == &c.last && ev.Window.ID > c.last.w.ID) {
+		if target.w.ID != ev.Window.ID {
+			*target = lastWindow{w: ev.Window}
 		}
-		c.last.state = stepOf(ev.State)
-		if ev.Upload != nil {
-			c.last.result = resultOf(ev.Upload)
+		target.state = stepOf(ev.State)
+		if res != nil {
+			target.result = res
 		}
 	}
-	l := c.last
 	leader := c.leaderName
 	c.mu.Unlock()
-	if ev.Upload != nil && l.result != nil {
-		c.rep.put(ev.Window.ID, l.result)
+	if res != nil {
+		c.rep.put(ev.Window.ID, res)
 	}
 	if leader == "" {
 		return
 	}
 	env := c.envelope(ev.Window.ID)
-	if ev.Upload != nil {
-		env.Body = &pb.Envelope_Result{Result: l.result}
+	if res != nil {
+		env.Body = &pb.Envelope_Result{Result: res}
 	} else {
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: stepOf(ev.State), Batch: ev.Batch, Reason: ev.Reason, Rank: c.rank()}}
 	}
@@ -408,8 +417,8 @@ func (c *Coordinator) incidentSnapshot(r *pb.RankResult, none string) {
 			send = &pb.RankResult{Error: inc.noSnapshot, Reason: "crash", Cause: inc.cause}
 		}
 		inc.sent = true
-		if c.last.w.ID == inc.handedTo {
-			c.last.result, c.last.state = send, pb.Step_STEP_UPLOADED
+		if c.pm.w.ID == inc.handedTo {
+			c.pm.result, c.pm.state = send, pb.Step_STEP_UPLOADED
 		}
 	}
 	window, leader := inc.handedTo, inc.leader

@@ -617,7 +617,9 @@ func (l *leaderRun) onRequestDuring(w *win, env *pb.Envelope) bool {
 	incident := r.Kind == pb.WindowKind_WINDOW_KIND_CRASH || r.Kind == pb.WindowKind_WINDOW_KIND_OOM
 	switch {
 	case env.WindowId == w.id:
-		w.watchers = append(w.watchers, env)
+		if !watching(w.watchers, env) {
+			w.watchers = append(w.watchers, env)
+		}
 		l.answer(env, pb.AckCode_ACK_OK, "")
 		return false
 	case incident && w.postmortem():
@@ -702,6 +704,16 @@ func (l *leaderRun) tellPlanned(w *win, what string) {
 		env.Seq = wt.Seq
 		l.c.post(wt.Sender, wt.ReplyAddr, env, true)
 	}
+}
+
+// watching reports whether env's sender already watches (by its request).
+func watching(ws []*pb.Envelope, env *pb.Envelope) bool {
+	for _, w := range ws {
+		if w.Sender == env.Sender && w.Seq == env.Seq {
+			return true
+		}
+	}
+	return false
 }
 
 func missingOf(w *win) map[int32]string {

@@ -255,6 +255,7 @@ type Agent struct {
 	conns    map[net.Conn]bool // every open trainer connection, attached or not
 	taking   map[string]bool   // snapshot files in incoming/ being taken into the spool
 	stopping *stopNote         // the trainer is being stopped, since when and why
+	launched bool              // the trainer is this agent's child (RunWithTrainer)
 }
 
 // stopNote is the trainer being stopped: how, when, and whether its snapshot of
@@ -710,8 +711,9 @@ func (a *Agent) detach(tc *trainerConn) {
 	}
 	a.log.Info("trainer disconnected")
 	// a trainer whose process is gone will not reconnect: a window it was in
-	// is over now, not at the leader's deadline
-	if a.win != nil && a.hookPID > 0 && !processAlive(a.hookPID) {
+	// is over now, not at the leader's deadline (a trainer this agent launched
+	// is judged by TrainerExited a moment later, with its exit status)
+	if a.win != nil && a.hookPID > 0 && !a.launched && !processAlive(a.hookPID) {
 		why := fmt.Sprintf("the trainer (pid %d) exited during the window", a.hookPID)
 		if a.win.state == WindowRecording {
 			a.noteStoppingLocked(why, time.Now())
@@ -779,7 +781,7 @@ func (a *Agent) TrainerExited(code int) {
 	defer a.mu.Unlock()
 	how := fmt.Sprintf("exited with status %d", code)
 	if code > 128 && code < 128+65 {
-		how = fmt.Sprintf("killed by %s (exit status %d)", syscall.Signal(code-128), code)
+		how = fmt.Sprintf("was killed by signal %d (%v; exit status %d)", code-128, syscall.Signal(code-128), code)
 	}
 	if a.win != nil {
 		why := "the trainer " + how + " before the window was recorded"

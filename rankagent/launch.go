@@ -67,6 +67,9 @@ func RunWithTrainer(a *Agent, t Trainer) (Outcome, error) {
 	if len(t.Command) == 0 {
 		return Outcome{}, errors.New("rankagent: no trainer command")
 	}
+	a.mu.Lock()
+	a.launched = true
+	a.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)

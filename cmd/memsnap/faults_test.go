@@ -191,10 +191,15 @@ func (pc *procCluster) exited(i int, timeout time.Duration) int {
 // client joins the cluster in this process, as memsnap snapshot does, and waits
 // until every trainer holds before batch 5.
 func (pc *procCluster) client(n int) *coordinator.Coordinator {
+	return pc.clientVia(n, pc.ports...)
+}
+
+// clientVia is client, joining through the given gossip ports only.
+func (pc *procCluster) clientVia(n int, ports ...int) *coordinator.Coordinator {
 	t := pc.t
 	cfg := coordinator.DefaultLocalConfig(rankagent.Identity{RunName: pc.run})
 	cfg.Client, cfg.SecretKey, cfg.Logger = true, pc.key, testutil.Logger(t)
-	for _, p := range pc.ports {
+	for _, p := range ports {
 		cfg.Join = append(cfg.Join, fmt.Sprintf("127.0.0.1:%d", p))
 	}
 	c, err := coordinator.New(cfg, nil)

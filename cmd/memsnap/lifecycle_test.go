@@ -247,3 +247,222 @@ func TestFaultTornDown(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultLeaderStalls: the leader (rank 0) stalls (SIGSTOP, as a long GC or
+// swap pause does) in the middle of a window; rank 1 takes over and finishes it,
+// and records the next window; the old leader wakes (SIGCONT) in the middle of
+// that one. It never acts on its stale state: it takes a newer term, the window
+// in progress is finished by the leader of the moment, and every request ends
+// published. Each window is published once.
+func TestFaultLeaderStalls(t *testing.T) {
+	dir := t.TempDir()
+	pc := startProcs(t, 3, procOpts{storeArgs: []string{"--store", dir}})
+	c := pc.client(3)
+	var stopped atomic.Bool
+	first := ask(t, c, 150, 3*time.Minute, func(u coordinator.Update) {
+		if u.Rank == 0 && u.State == pb.Step_STEP_RECORDING && stopped.CompareAndSwap(false, true) {
+			pc.signal(0, syscall.SIGSTOP, true) // the agent and its trainer
+		}
+	})
+	if first.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(first.Ranks) != "[1 2]" || first.Missing[0] == "" {
+		t.Fatalf("the window the leader stalled in: %+v", first)
+	}
+	var woke atomic.Bool
+	var recording atomic.Int32
+	second := ask(t, c, 150, 3*time.Minute, func(u coordinator.Update) {
+		if u.Rank > 0 && u.State == pb.Step_STEP_RECORDING && recording.Add(1) == 2 && woke.CompareAndSwap(false, true) {
+			pc.signal(0, syscall.SIGCONT, true)
+		}
+	})
+	if !woke.Load() {
+		t.Fatal("the old leader was never woken")
+	}
+	if second.State != pb.Outcome_OUTCOME_PUBLISHED || second.Window <= first.Window || len(second.Ranks) < 2 {
+		t.Fatalf("the window the old leader woke in: %+v", second)
+	}
+	testutil.Eventually(t, time.Minute, "the woken rank 0 to lead again", func() bool { l, ok := c.Leader(); return ok && l == 0 })
+	st, _ := store.OpenDir(dir, false)
+	for _, id := range []uint64{first.Window, second.Window} {
+		ms, _ := filepath.Glob(filepath.Join(dir, pc.run, "torch_memory_traces", fmt.Sprintf("window%d", id), "*.manifest.json"))
+		if len(ms) != 1 {
+			t.Fatalf("window %d: manifests %v", id, ms)
+		}
+		if o := waitOutcome(t, st, pc.run, id, 30*time.Second); o.State != runlog.Published {
+			t.Fatalf("window %d's outcome: %+v", id, o)
+		}
+	}
+	// and the cluster under its old leader records the next window with every rank
+	testutil.Eventually(t, time.Minute, "rank 0's trainer to be free", func() bool {
+		b, ok := c.Batches(testutil.Context(t, 10*time.Second))
+		return ok && len(b) == 3
+	})
+	third := ask(t, c, 3, 3*time.Minute, nil)
+	if third.State != pb.Outcome_OUTCOME_PUBLISHED || third.Window <= second.Window {
+		t.Fatalf("the next window: %+v", third)
+	}
+}
+
+// storeDown runs a 3-rank cluster on a real MinIO whose rank 2 gets stuck in the
+// window; once ranks 0 and 1 stored their snapshots and reports, MinIO stops,
+// so the leader merges (once rank 2 is given up) while the store is away. onRetry
+// runs when the client sees the leader retry the publication.
+func storeDown(t *testing.T, onRetry func(m *testutil.MinIOServer, pc *procCluster)) (*procCluster, *testutil.MinIOServer, store.Store, *pb.WindowResult) {
+	m := testutil.StartMinIO(t)
+	bucket := testutil.BucketName(t)
+	url := "s3://" + bucket + "/jobs"
+	pc := startProcs(t, 3, procOpts{storeArgs: []string{"--store", url, "--endpoint", m.Endpoint, "--access-key", m.AccessKey, "--secret-key", m.SecretKey},
+		hang: []int{2}})
+	var st store.Store
+	testutil.Eventually(t, time.Minute, "the store to open", func() bool {
+		var err error
+		st, err = store.Open(testutil.Context(t, time.Minute), store.Config{URL: url, Endpoint: m.Endpoint, CreateBucket: true,
+			Credentials: store.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}})
+		return err == nil
+	})
+	c := pc.client(3)
+	var uploaded atomic.Int32
+	var down, retried atomic.Bool
+	type result struct {
+		res *pb.WindowResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := c.Snapshot(testutil.Context(t, 3*time.Minute), 3, func(u coordinator.Update) {
+			if u.Rank >= 0 && u.Rank < 2 && u.State == pb.Step_STEP_UPLOADED {
+				uploaded.Add(1)
+			}
+			if u.Rank < 0 && u.State == pb.Step_STEP_RETRYING && down.Load() && retried.CompareAndSwap(false, true) {
+				go onRetry(m, pc)
+			}
+		}, nil)
+		done <- result{res, err}
+	}()
+	rl := runlog.New(st, pc.run)
+	testutil.Eventually(t, 2*time.Minute, "ranks 0 and 1 stored their snapshots and reports", func() bool {
+		if uploaded.Load() < 2 {
+			return false
+		}
+		reps, _, err := rl.Reports(context.Background(), 1)
+		return err == nil && reps[0] != nil && reps[1] != nil
+	})
+	m.Stop()
+	down.Store(true)
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !retried.Load() {
+		t.Fatalf("the leader never said it retries the publication: %+v", r.res)
+	}
+	return pc, m, st, r.res
+}
+
+// TestFaultStoreDownDuringMerge: the store goes away while the leader merges and
+// publishes a window whose ranks' snapshots are all in it; the leader retries
+// with backoff (and says so) and publishes once the store is back. A cluster
+// relaunched while such a window is unfinished publishes it when it starts.
+func TestFaultStoreDownDuringMerge(t *testing.T) {
+	t.Run("the leader retries", func(t *testing.T) {
+		_, _, _, res := storeDown(t, func(m *testutil.MinIOServer, pc *procCluster) { m.Start() })
+		if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 1]" || !strings.Contains(res.Missing[2], "no sign of life") {
+			t.Fatalf("result %+v", res)
+		}
+	})
+	t.Run("a relaunched cluster publishes it", func(t *testing.T) {
+		restarted := make(chan struct{})
+		pc, _, st, res := storeDown(t, func(m *testutil.MinIOServer, pc *procCluster) {
+			for r := 0; r < 3; r++ { // the whole job dies while the store is away
+				pc.kill(r)
+			}
+			m.Start()
+			for r := 0; r < 3; r++ {
+				pc.start(r)
+			}
+			close(restarted)
+		})
+		<-restarted
+		// the client's leader died under it: the window is not published yet, and
+		// the relaunched job's leader finishes it from the run's log
+		o := waitOutcome(t, st, pc.run, 1, 2*time.Minute)
+		if o.State != runlog.Published || fmt.Sprint(o.Ranks) != "[0 1]" {
+			t.Fatalf("window 1 after the relaunch: %+v (the client saw %+v)", o, res)
+		}
+		if _, err := merge.ReadManifest(context.Background(), st, o.Manifest); err != nil {
+			t.Fatal(err)
+		}
+		// and the member that asked for it, whose leader died, heard so from the next
+		if res.State != pb.Outcome_OUTCOME_PUBLISHED || res.Window != 1 {
+			t.Fatalf("the client saw %+v", res)
+		}
+	})
+}
+
+// TestFaultTrainerDiesMidWindow: the leader's own trainer is killed (SIGKILL: no
+// dump) in the middle of a window; its agent says so at once, and the window is
+// merged without it, the reason in the manifest, long before the collection's
+// time-out (here 10 minutes). A crash post-mortem of the live ranks is published
+// too, naming the rank whose trainer died.
+func TestFaultTrainerDiesMidWindow(t *testing.T) {
+	dir := t.TempDir()
+	pc := startProcs(t, 3, procOpts{storeArgs: []string{"--store", dir}, collect: "10m"})
+	c := pc.client(3)
+	trainer := trainerPID(t, pc, 0)
+	var killed atomic.Bool
+	res := ask(t, c, 100, 90*time.Second, func(u coordinator.Update) {
+		if u.Rank == 0 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
+			syscall.Kill(trainer, syscall.SIGKILL)
+		}
+	})
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[1 2]" || !strings.Contains(res.Missing[0], "killed by signal 9") {
+		t.Fatalf("result %+v", res)
+	}
+	m := manifestAt(t, dir, pc.run, res.Window)
+	if !strings.Contains(m.MissingReasons["0"], "during the window") {
+		t.Fatalf("the manifest's reason for rank 0: %q", m.MissingReasons["0"])
+	}
+	st, _ := store.OpenDir(dir, false)
+	pm := waitOutcome(t, st, pc.run, res.Window+1, 30*time.Second)
+	if pm.Kind != runlog.KindCrash || fmt.Sprint(pm.Ranks) != "[1 2]" || !strings.Contains(pm.Missing["0"], "without a snapshot") {
+		t.Fatalf("the crash post-mortem: %+v", pm)
+	}
+}
+
+// trainerPID reads the pid of rank r's trainer from its agent's log.
+func trainerPID(t *testing.T, pc *procCluster, r int) int {
+	t.Helper()
+	re := regexp.MustCompile(`msg="trainer connected" rank=\d+ pid=(\d+)`)
+	pid := 0
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("rank %d's trainer to connect", r), func() bool {
+		if m := re.FindStringSubmatch(pc.logs[r].String()); m != nil {
+			fmt.Sscan(m[1], &pid)
+		}
+		return pid > 0
+	})
+	return pid
+}
+
+// TestFaultRestartedAgentRejoins: agents that join through a host name without a
+// port (every local rank's port on it) form one cluster; an agent killed and
+// started again with the same flags joins the others (not only its own port), so
+// the job is never split, and a window asked through it is planned on every rank.
+func TestFaultRestartedAgentRejoins(t *testing.T) {
+	dir := t.TempDir()
+	pc := startProcs(t, 3, procOpts{storeArgs: []string{"--store", dir}, joinHost: true})
+	c := pc.client(3)
+	testutil.Eventually(t, 30*time.Second, "rank 0 to lead", func() bool { l, ok := c.Leader(); return ok && l == 0 })
+	pc.kill(0)
+	testutil.Eventually(t, time.Minute, "rank 1 to lead the two left", func() bool { l, ok := c.Leader(); return ok && l == 1 })
+	pc.start(0)
+	// a client that reaches the cluster only through the restarted agent sees all of it
+	via := pc.clientVia(3, pc.ports[0])
+	testutil.Eventually(t, time.Minute, "one cluster under rank 0", func() bool {
+		l1, ok1 := c.Leader()
+		l2, ok2 := via.Leader()
+		return ok1 && ok2 && l1 == 0 && l2 == 0 && len(via.Members()) == 5 // three ranks, two clients
+	})
+	res := ask(t, via, 3, 2*time.Minute, nil)
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != 3 {
+		t.Fatalf("a window asked through the restarted agent: %+v", res)
+	}
+}
