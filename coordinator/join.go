@@ -256,11 +256,23 @@ func diagnoseJoin(targets []string, err error, after time.Duration) error {
 	case strings.Contains(low, "decrypt") || strings.Contains(low, "encrypt"):
 		why = "the agents there use another key (--key, --key-file or $MEMSNAP_KEY must be the agents' own)"
 	case strings.Contains(low, "eof") || strings.Contains(low, "reset by peer") || strings.Contains(low, "label"):
-		why = "the agents there refused this member: they belong to another run (check --run) or use another key"
+		why = "the agents there closed the connection: they belong to another run (check --run: the run's name labels its gossip)"
 	default:
 		why = "no member answered"
 	}
-	return fmt.Errorf("%w through %s within %v: %s (last error: %v)", ErrJoin, strings.Join(targets, ", "), after, why, err)
+	return fmt.Errorf("%w through %s within %v: %s (%s)", ErrJoin, strings.Join(targets, ", "), after, why, oneLine(msg))
+}
+
+// oneLine turns memberlist's multi-line error list into one line.
+func oneLine(s string) string {
+	var parts []string
+	for _, l := range strings.Split(s, "\n") {
+		l = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "* "))
+		if l != "" && !strings.HasSuffix(l, "error occurred:") && !strings.HasSuffix(l, "errors occurred:") {
+			parts = append(parts, l)
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // joinTargets are the join addresses (without this member's own and those of

@@ -27,7 +27,9 @@ while [ $# -ge 2 ]; do
   dir=$(go list -f '{{.Dir}}' "$pkg")
   for i in $(seq 1 "$n"); do
     if ! (cd "$dir" && "$tmp/t.test" -test.count=1 -test.run "$re" >"$tmp/out" 2>&1); then
-      echo "FAIL $pkg $re (run $i of $n):"; grep -v "handler.go:[0-9]*: time=.*level=DEBUG" "$tmp/out" | grep -A 40 -- "--- FAIL" | head -80
+      keep="${TMPDIR:-/tmp}/stress-fail-$$-$i.log"; cp "$tmp/out" "$keep"
+      echo "FAIL $pkg $re (run $i of $n; whole output in $keep):"
+      grep -E -- "^(=== RUN|\s*--- FAIL|FAIL)|_test\.go:[0-9]+: " "$keep" | grep -v "testutil.go:[0-9]*: time=" | head -40
       fail=1; break
     fi
   done

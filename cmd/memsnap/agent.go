@@ -104,6 +104,16 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	scfg := sf.config(*storeURL, true)
 	cfg.OpenStore = func(ctx context.Context) (store.Store, error) { return store.Open(ctx, scfg) }
+	// what can be checked now is checked now: a bad URL or refused credentials stop
+	// the agent at once; a store that does not answer yet only warns (snapshots
+	// wait in the spool until it does)
+	if st, err := store.Check(ctx, scfg); err == nil {
+		log.Info("store ready", "store", st.String())
+	} else if store.Permanent(err) {
+		return fmt.Errorf("--store %s: %w", *storeURL, err)
+	} else if ctx.Err() == nil {
+		log.Warn("the store does not answer yet; snapshots wait in the spool and are uploaded once it does", "store", *storeURL, "err", err)
+	}
 	prov, gerr := gpu.OpenNVML(nil)
 	if gerr != nil {
 		if *requireGPU {
