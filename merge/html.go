@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"sort"
 )
 
@@ -69,7 +70,19 @@ type htmlView struct {
 	DataJS  template.JS
 	Band    bool
 	Missing string
+	// Why are the missing ranks and why each is missing (at most maxWhyRows, the
+	// summary has them all); WhyMore counts the rest.
+	Why     []htmlWhy
+	WhyMore int
 }
+
+type htmlWhy struct {
+	Rank   int
+	Reason string
+}
+
+// maxWhyRows bounds the missing ranks the report lists with their reason.
+const maxWhyRows = 64
 
 type htmlRow struct {
 	Rank                                           int
@@ -106,6 +119,13 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 	v := htmlView{Title: title, S: s, DataJS: template.JS(js), Band: d.Band}
 	if len(s.MissingRanks) > 0 {
 		v.Missing = fmt.Sprint(s.MissingRanks)
+		for _, r := range s.MissingRanks {
+			if len(v.Why) == maxWhyRows {
+				v.WhyMore++
+				continue
+			}
+			v.Why = append(v.Why, htmlWhy{Rank: r, Reason: s.MissingReasons[strconv.Itoa(r)]})
+		}
 	}
 	if s.Diff != nil {
 		n := min(diffRows, len(s.Diff.Sites))

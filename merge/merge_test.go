@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -235,9 +236,17 @@ func TestMergeMissingAndExplicitRanks(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(d, "rank1.5.memory_snapshot.pickle"))
 	os.WriteFile(other, b, 0o644)
 	ins := resolve(t, naming.ComposerSnapshotName, []string{filepath.Join(d, "rank0.5.memory_snapshot.pickle"), filepath.Join(d, "rank3.5.*")}, "1="+other)
-	res, dir := runMerge(t, Config{Inputs: ins, WorldSize: 4, Align: AlignStart})
+	why := "its trainer was killed by signal 9 <during> the window"
+	res, dir := runMerge(t, Config{Inputs: ins, WorldSize: 4, Align: AlignStart, MissingReasons: map[int]string{2: why}})
 	if fmt.Sprint(res.Summary.MissingRanks) != "[2]" || fmt.Sprint(res.Summary.RanksMerged) != "[0 1 3]" {
 		t.Fatalf("missing %v merged %v", res.Summary.MissingRanks, res.Summary.RanksMerged)
+	}
+	// why a rank is missing is in the summary and the report, not only the manifest
+	if res.Summary.MissingReasons["2"] != why {
+		t.Fatalf("the summary's missing reasons: %v", res.Summary.MissingReasons)
+	}
+	if page, _ := os.ReadFile(filepath.Join(dir, "merged.html")); !strings.Contains(string(page), html.EscapeString(why)) {
+		t.Fatal("the report does not say why rank 2 is missing")
 	}
 	for _, r := range res.Summary.Ranks {
 		if r.FirstEventUS != 0 {

@@ -277,6 +277,13 @@ class Hook:
                     self._outbox.append(("dump", w, "window", snap, marks))
                 self._wake.set()
 
+    def recording(self):
+        """The window being recorded now, as {"id", "start", "stop"}, or None."""
+        w = self._recording
+        if w is None:
+            return None
+        return {"id": w["id"], "start": w["start"], "stop": w["stop"]}
+
     def step(self, batch):
         """A context manager around one training step."""
         return _Step(self, batch)

@@ -2,7 +2,9 @@
 rank drives GPU local_rank; with gloo (the default) every rank shares GPU 0. Ranks
 differ on purpose: the batch grows with the rank, and the last rank holds an extra
 96 MiB buffer from batch 4 on. Run under `memsnap agent` via torchrun.
-argv: batches [pause seconds between batches]"""
+argv: batches [pause seconds between batches]
+MEMSNAP_FAIL_RANK=R MEMSNAP_FAIL_AFTER=N: rank R raises an uncaught exception N batches
+into the first window it records (scripts/gpu-crash.sh)."""
 import os
 import sys
 import time
@@ -26,8 +28,13 @@ model = nn.Sequential(*[nn.Sequential(nn.Linear(hidden, hidden), nn.GELU()) for 
 ddp = nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
 hook = memsnap_hook.get_hook()
+fail_rank = int(os.environ.get("MEMSNAP_FAIL_RANK", "-1"))
+fail_after = int(os.environ.get("MEMSNAP_FAIL_AFTER", "10"))
 keep = None
 for b in range(batches):
+    w = hook.recording()
+    if rank == fail_rank and w is not None and b >= w["start"] + fail_after:
+        raise RuntimeError("planted failure of rank %d at batch %d, %d batches into window %d" % (rank, b, b - w["start"], w["id"]))
     with hook.step(b):
         x = torch.randn(64 * (rank + 1), hidden, device=dev)
         if rank == world - 1 and b == 4:
