@@ -96,6 +96,7 @@ type Coordinator struct {
 	leaderSig  chan struct{}      // the leader changed (for the clock loop)
 	joined     bool               // joined the cluster (or had no one to join)
 	stopRun    context.CancelFunc // ends Run's context, for Shutdown
+	down       chan struct{}      // closed once the first Shutdown is done
 	wg         sync.WaitGroup
 }
 
@@ -130,7 +131,7 @@ func New(cfg Config, rec Recorder) (*Coordinator, error) {
 	}
 	c := &Coordinator{cfg: cfg, rec: rec, inbox: make(chan []byte, 4096), members: map[string]*member{}, seenAddrs: map[string]string{},
 		waiting: map[uint64]*waiter{}, changed: make(chan struct{}, 1), termBump: make(chan struct{}, 1),
-		leaderSig: make(chan struct{}, 1)}
+		leaderSig: make(chan struct{}, 1), down: make(chan struct{})}
 	if cfg.Client {
 		var b [4]byte
 		rand.Read(b[:])
@@ -204,10 +205,17 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	return nil
 }
 
-// spawn starts f as a goroutine Shutdown waits for.
-func (c *Coordinator) spawn(f func()) {
+// spawn starts f as a goroutine Shutdown waits for, unless the member has
+// stopped (Shutdown may be waiting already: nothing starts after it).
+func (c *Coordinator) spawn(f func()) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state == lifeStopped {
+		return false
+	}
 	c.wg.Add(1)
 	go func() { defer c.wg.Done(); f() }()
+	return true
 }
 
 // start creates the memberlist, unless the member was shut down meanwhile.
@@ -289,8 +297,10 @@ func (c *Coordinator) Shutdown() error {
 	c.mu.Lock()
 	if c.state == lifeStopped {
 		c.mu.Unlock()
+		<-c.down // another Shutdown is under way: return once it is done
 		return nil
 	}
+	defer close(c.down)
 	c.state = lifeStopped
 	m := c.ml
 	lead := c.lead

@@ -1,8 +1,6 @@
 package coordinator
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -207,8 +205,9 @@ func TestClockSkew(t *testing.T) {
 	}
 }
 
-// TestOutsidersAreNotAdmitted: a member with another key, or of another run, cannot
-// join, and what it sends changes nothing.
+// TestOutsidersAreNotAdmitted: a member with another key, with none, or of another
+// run cannot join: its join is refused, and every member still sees exactly the
+// two ranks. (What such a member sends, once refused, is TestForgedMessagesChangeNothing.)
 func TestOutsidersAreNotAdmitted(t *testing.T) {
 	tc := startCluster(t, 2)
 	for name, tune := range map[string]func(*Config){
@@ -225,8 +224,6 @@ func TestOutsidersAreNotAdmitted(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
 			if err := c.start(); err != nil {
 				t.Fatal(err)
 			}
@@ -234,16 +231,12 @@ func TestOutsidersAreNotAdmitted(t *testing.T) {
 			if n, err := c.ml.Join(cfg.Join); n != 0 || err == nil {
 				t.Fatalf("joined %d members", n)
 			}
-			_ = ctx
 			for _, r := range tc.ranks {
 				if len(r.Coord.Members()) != 2 {
 					t.Fatalf("rank sees %d members", len(r.Coord.Members()))
 				}
 			}
 		})
-	}
-	if !errors.Is(nil, nil) {
-		t.Fatal()
 	}
 }
 

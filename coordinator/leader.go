@@ -110,6 +110,7 @@ func (l *leaderRun) run(ctx context.Context) {
 		return
 	}
 	l.st, l.rl = st, runlog.New(st, l.c.cfg.Identity.RunName)
+	defer st.Close()
 	tick := time.NewTicker(l.c.cfg.StatusTimeout)
 	defer tick.Stop()
 	for ctx.Err() == nil {

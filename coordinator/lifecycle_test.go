@@ -29,6 +29,12 @@ import (
 // (the leader wakes from a stall) or its context ends (the leader dies).
 type tripStore struct {
 	store.Store
+	*trip
+}
+
+// trip is what every tripStore of one member shares (the leader and the
+// reporter open a store each).
+type trip struct {
 	n       int32
 	writes  atomic.Int32
 	tripped chan struct{}
@@ -73,7 +79,7 @@ func TestLeaderDiesDuringPublication(t *testing.T) {
 }
 
 func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
-	trip := &tripStore{n: n, tripped: make(chan struct{}), release: make(chan struct{})}
+	trip := &trip{n: n, tripped: make(chan struct{}), release: make(chan struct{})}
 	p := &partition{group: map[string]int{}}
 	tc := startCluster(t, 3, func(c *Config, a *rankagent.Config) {
 		if c.Client {
@@ -89,8 +95,7 @@ func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
 				if err != nil {
 					return nil, err
 				}
-				trip.Store = st
-				return trip, nil
+				return &tripStore{Store: st, trip: trip}, nil
 			}
 		}
 	})
@@ -155,10 +160,17 @@ func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
 	checkOnePublication(t, folder)
 	st, _ := store.OpenDir(tc.dir, false)
 	rl := runlog.New(st, tc.run)
+	// the outcome is written just after the members waiting were told
+	var o *runlog.Outcome
+	testutil.Eventually(t, 30*time.Second, "the window's outcome in the run's log", func() bool {
+		var err error
+		o, err = rl.ReadOutcome(context.Background(), r.res.Window)
+		return err == nil
+	})
+	if o.State != runlog.Published {
+		t.Fatalf("window %d's outcome in the run's log: %+v", r.res.Window, o)
+	}
 	if !back {
-		if o, err := rl.ReadOutcome(context.Background(), r.res.Window); err != nil || o.State != runlog.Published {
-			t.Fatalf("window %d's outcome in the run's log: %+v %v", r.res.Window, o, err)
-		}
 		return
 	}
 
@@ -185,10 +197,6 @@ func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
 		return extraFiles(t, folder) == nil
 	})
 	checkOnePublication(t, folder)
-	o, err := rl.ReadOutcome(context.Background(), r.res.Window)
-	if err != nil || o.State != runlog.Published {
-		t.Fatalf("window %d's outcome in the run's log: %+v %v", r.res.Window, o, err)
-	}
 	if un, err := rl.Unfinished(context.Background()); err != nil || len(un) != 0 {
 		t.Fatalf("unfinished windows in the run's log: %v %v", un, err)
 	}

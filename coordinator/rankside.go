@@ -459,6 +459,7 @@ func (c *Coordinator) clockLoop(ctx context.Context) {
 		case <-c.leaderSig:
 		}
 		c.measureClock(ctx)
+		c.updateMeta() // gossiped only when it changed: the trainer's GPU, say
 		if !t.Stop() {
 			select {
 			case <-t.C:

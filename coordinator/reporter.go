@@ -56,6 +56,11 @@ func (r *reporter) idle() bool {
 }
 
 func (r *reporter) run(ctx context.Context) {
+	defer func() {
+		if r.log != nil {
+			r.log.Store().Close()
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():

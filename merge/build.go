@@ -146,7 +146,7 @@ func (b *builder) addRank(lr *loadedRank, ref InputRef) error {
 	if lr.fromFile {
 		b.fromAnalyses = append(b.fromAnalyses, lr.rank)
 	}
-	b.cfg.Logger.Info("merged rank", "rank", lr.rank, "events", lr.a.Events, "peak_allocated", human(lr.a.PeakAllocatedBytes),
+	b.cfg.Logger.Info("merged rank", "of_rank", lr.rank, "events", lr.a.Events, "peak_allocated", human(lr.a.PeakAllocatedBytes),
 		"from_analysis", lr.fromFile, "source", lr.source)
 	return nil
 }

@@ -9,8 +9,8 @@ import (
 	"io"
 	"math"
 	"slices"
-	"strconv"
 	"sort"
+	"strconv"
 )
 
 // maxLines is the most ranks the report draws as individual lines; above it, the

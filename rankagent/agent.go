@@ -351,6 +351,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	<-ctx.Done()
 	a.shutdown()
 	a.wg.Wait()
+	a.up.close()
 	os.Remove(a.cfg.Socket)
 	if n := len(a.sp.pendingJobs()); n > 0 {
 		a.log.Warn("snapshots stay in the spool; an agent started with this spool uploads them", "pending", n, "spool", a.cfg.Spool)

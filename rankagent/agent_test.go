@@ -283,10 +283,14 @@ func TestAgentMinIOStoreGoesAway(t *testing.T) {
 	target := strings.TrimPrefix(m.Endpoint, "http://")
 	p := newProxy(t, target)
 	p.cutAt = 20 << 10 // cut once 20 KiB of the upload went up
+	// the test's own requests go through a proxy of their own, never cut: it
+	// closes their connections when the test ends (a store has no Close, and its
+	// client keeps idle connections open for a minute)
+	direct := newProxy(t, target)
 	scfg := store.Config{URL: "s3://" + bucket + "/jobs", Endpoint: p.addr(), CreateBucket: true,
 		Credentials: store.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}}
-	// create the bucket directly, so the proxy's byte count starts with the upload
-	if _, err := store.Open(testutil.Context(t, time.Minute), store.Config{URL: scfg.URL, Endpoint: m.Endpoint, CreateBucket: true, Credentials: scfg.Credentials}); err != nil {
+	// create the bucket beside the cut proxy, so its byte count starts with the upload
+	if _, err := store.Open(testutil.Context(t, time.Minute), store.Config{URL: scfg.URL, Endpoint: direct.addr(), CreateBucket: true, Credentials: scfg.Credentials}); err != nil {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig(testID(1))
@@ -300,14 +304,21 @@ func TestAgentMinIOStoreGoesAway(t *testing.T) {
 	if jobs := h.agent.sp.pendingJobs(); len(jobs) != 1 {
 		t.Fatalf("%d jobs in the spool while the store is away", len(jobs))
 	}
-	time.Sleep(300 * time.Millisecond) // a few more failed attempts, on purpose
+	// a few more failed attempts, on purpose: the snapshot stays in the spool through them
+	failed := h.agent.Stats().Retries
+	testutil.Eventually(t, 20*time.Second, "three more failed attempts while the store is away", func() bool {
+		return h.agent.Stats().Retries >= failed+3
+	})
+	if jobs := h.agent.sp.pendingJobs(); len(jobs) != 1 {
+		t.Fatalf("%d jobs in the spool after failed attempts", len(jobs))
+	}
 	p.cutAt = 0
 	p.down.Store(false)
 	r := waitUpload(t, h, 30*time.Second)
 	if r.Err != nil {
 		t.Fatal(r.Err)
 	}
-	st, err := store.Open(context.Background(), store.Config{URL: scfg.URL, Endpoint: m.Endpoint, Credentials: scfg.Credentials})
+	st, err := store.Open(context.Background(), store.Config{URL: scfg.URL, Endpoint: direct.addr(), Credentials: scfg.Credentials})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +438,19 @@ func TestGarbageOnSocket(t *testing.T) {
 	c, _ := net.Dial("unix", h.agent.Socket())
 	c.Write([]byte(`{"v":1,"type":"hello","pid":1}` + "\n"))
 	c.Write([]byte(`{"type":"snapshot","window":7,"reason":"window","file":"junk.pickle"}` + "\n"))
-	time.Sleep(100 * time.Millisecond)
+	// the agent has dealt with the announcement once it set the junk aside in the
+	// spool's failed folder and is taking nothing more into the spool
+	testutil.Eventually(t, 20*time.Second, "the junk to be set aside in the spool's failed folder", func() bool {
+		kept, _ := filepath.Glob(filepath.Join(h.agent.Spool(), "failed", "r1-w7-*", "snapshot.pickle"))
+		h.agent.mu.Lock()
+		busy := h.agent.working > 0 || len(h.agent.taking) > 0
+		h.agent.mu.Unlock()
+		if len(kept) != 1 || busy {
+			return false
+		}
+		b, _ := os.ReadFile(kept[0])
+		return string(b) == "junk"
+	})
 	c.Close()
 	if n := len(h.agent.sp.pendingJobs()); n != 0 {
 		t.Fatalf("garbage made %d spool jobs", n)

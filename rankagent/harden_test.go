@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -210,10 +211,13 @@ func TestAdoptsIncomingAfterRestart(t *testing.T) {
 	}
 }
 
-// blockingGPU is a GPU whose second sample blocks until released.
+// blockingGPU is a GPU whose samples after the first block until released.
 type blockingGPU struct {
-	calls   chan struct{}
-	release chan struct{}
+	samples  atomic.Int64
+	blocked  chan struct{} // closed once a sample blocks
+	release  chan struct{}
+	once     sync.Once
+	returned atomic.Bool // a blocked sample has returned
 }
 
 func (g *blockingGPU) Open(string, int) (gpu.Device, error) { return g, nil }
@@ -221,18 +225,21 @@ func (g *blockingGPU) Available() bool                      { return true }
 func (g *blockingGPU) Close() error                         { return nil }
 func (g *blockingGPU) Info() gpu.Info                       { return gpu.Info{UUID: "GPU-block"} }
 func (g *blockingGPU) Sample(int) (gpu.Sample, error) {
-	select {
-	case g.calls <- struct{}{}:
-	default:
+	if g.samples.Add(1) > 1 {
+		g.once.Do(func() { close(g.blocked) })
 		<-g.release
+		g.returned.Store(true)
 	}
 	return gpu.Sample{TimeUS: time.Now().UnixMicro(), DeviceUsedBytes: 1}, nil
 }
 
 // TestRunWaitsForItsGoroutines: Run does not return while a goroutine it started
-// (here the NVML sampler, stuck in a driver call) is still running.
+// (here the NVML sampler, stuck in a driver call) is still running: once its
+// context ends, Run stops everything else and then waits, parked, with the stuck
+// sampler the only goroutine of the agent left; it returns after the sampler
+// does, and leaves no goroutine behind.
 func TestRunWaitsForItsGoroutines(t *testing.T) {
-	g := &blockingGPU{calls: make(chan struct{}, 1), release: make(chan struct{})}
+	g := &blockingGPU{blocked: make(chan struct{}), release: make(chan struct{})}
 	cfg := DefaultConfig(testID(0))
 	cfg.GPU = g
 	cfg.SampleEvery = time.Millisecond
@@ -256,16 +263,37 @@ func TestRunWaitsForItsGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-g.calls:
+	case <-g.blocked:
 	case <-time.After(20 * time.Second):
-		t.Fatal("the sampler never ran")
+		t.Fatal("the sampler never got stuck in a driver call")
 	}
 	cancel()
-	select {
-	case <-done:
-		t.Fatal("Run returned while its sampler was still inside a driver call")
-	default:
-	}
+	var left []string
+	defer func() {
+		if t.Failed() {
+			t.Logf("the agent's goroutines:\n%s", strings.Join(left, "\n\n"))
+		}
+	}()
+	testutil.Eventually(t, 20*time.Second, "Run to wait, parked, for the stuck sampler alone", func() bool {
+		select {
+		case <-done:
+			t.Fatal("Run returned while its sampler was still inside a driver call")
+		default:
+		}
+		run := false
+		left = left[:0]
+		for _, st := range agentGoroutines() {
+			switch {
+			case strings.Contains(st, "rankagent.(*Agent).Run("):
+				run = parked(st)
+			case strings.Contains(st, "(*blockingGPU).Sample("), strings.Contains(st, "rankagent.(*dispatcher).run("):
+				// the sampler, stuck; the event dispatcher, which Run stops after the wait
+			default:
+				left = append(left, st)
+			}
+		}
+		return run && len(left) == 0
+	})
 	close(g.release)
 	select {
 	case err := <-done:
@@ -275,6 +303,13 @@ func TestRunWaitsForItsGoroutines(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Run did not return once the sampler was released")
 	}
+	if !g.returned.Load() {
+		t.Fatal("Run returned before the sampler's driver call did")
+	}
+	testutil.Eventually(t, 20*time.Second, "no goroutine of the agent left", func() bool {
+		left = agentGoroutines()
+		return len(left) == 0
+	})
 }
 
 // TestOneBadJobNeverBlocksTheQueue: a job the store can never take (a name too

@@ -580,6 +580,17 @@ func (u *uploader) fail(id string, err error, res UploadResult) {
 	}
 }
 
+// close releases the store, once the uploader has stopped.
+func (u *uploader) close() {
+	u.mu.Lock()
+	st := u.st
+	u.st = nil
+	u.mu.Unlock()
+	if st != nil {
+		st.Close()
+	}
+}
+
 func (u *uploader) idle() bool {
 	u.mu.Lock()
 	busy := u.busy

@@ -109,6 +109,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// wait in the spool until it does)
 	if st, err := store.Check(ctx, scfg); err == nil {
 		log.Info("store ready", "store", st.String())
+		st.Close()
 	} else if store.Permanent(err) {
 		return fmt.Errorf("--store %s: %w", *storeURL, err)
 	} else if ctx.Err() == nil {

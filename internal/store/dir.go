@@ -307,6 +307,9 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	return c.r.Read(p)
 }
 
+// Close does nothing: a folder holds no connection.
+func (d *Dir) Close() error { return nil }
+
 // URL is the file's path.
 func (d *Dir) URL(key string) string {
 	return filepath.Join(d.root, filepath.FromSlash(strings.TrimLeft(key, "/")))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"syscall"
@@ -25,6 +26,7 @@ const maxSinglePut = 5 << 30
 // S3 is a store in an S3 bucket under a key prefix, through minio-go.
 type S3 struct {
 	client       *minio.Client
+	tr           *http.Transport
 	endpoint     string // host:port, never with credentials
 	bucket       string
 	prefix       string // "" or ends with '/'
@@ -74,16 +76,22 @@ func newS3(cfg Config) (*S3, error) {
 		return nil, err
 	}
 	cfg.FromEnv()
+	// a transport of its own, so Close can let its idle connections go
+	tr, err := minio.DefaultTransport(ep.secure)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
 	client, err := minio.New(ep.host, &minio.Options{
 		Creds:      credentials.NewStaticV4(cfg.Credentials.AccessKey, cfg.Credentials.SecretKey, cfg.Credentials.SessionToken),
 		Secure:     ep.secure,
 		Region:     cfg.Region,
 		MaxRetries: 3,
+		Transport:  tr,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: S3 endpoint %s: %w", ErrBadURL, ep.host, err)
 	}
-	s := &S3{client: client, endpoint: ep.host, bucket: loc.s3.Bucket, partSize: cfg.PartSize,
+	s := &S3{client: client, tr: tr, endpoint: ep.host, bucket: loc.s3.Bucket, partSize: cfg.PartSize,
 		singlePutMax: maxSinglePut, spoolDir: cfg.SpoolDir}
 	if loc.s3.Key != "" {
 		s.prefix = strings.TrimSuffix(loc.s3.Key, "/") + "/"
@@ -243,6 +251,12 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 }
 
 // URL is s3://bucket/prefix/key.
+// Close lets the store's idle connections go; the store must not be used after.
+func (s *S3) Close() error {
+	s.tr.CloseIdleConnections()
+	return nil
+}
+
 func (s *S3) URL(key string) string {
 	return "s3://" + s.bucket + "/" + s.prefix + strings.TrimLeft(key, "/")
 }

@@ -120,6 +120,9 @@ type Store interface {
 	// URL is where key lives, as the CLI takes it: s3://bucket/prefix/key, or the
 	// file's path in a folder store.
 	URL(key string) string
+	// Close releases what the store holds (idle connections); its owner calls it
+	// once done with it.
+	Close() error
 }
 
 // Credentials for an S3 store. They are never logged or printed.

@@ -178,8 +178,54 @@ func Context(t testing.TB, timeout time.Duration) context.Context {
 // Logger sends structured logs to t.Log until the test ends and drops them after:
 // background goroutines (memberlist's among them) may still log after a Shutdown
 // returns, and t.Log after the end panics the whole test binary.
+// It also fails the test when a line carries one key twice (a logger made
+// With("rank", r) that logs "rank" again reads ambiguously).
 func Logger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(LogWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	w := LogWriter(t).(*tlogWriter)
+	return slog.New(&uniqueKeys{Handler: slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}), w: w})
+}
+
+// uniqueKeys is a handler that reports a record whose attributes (its own and
+// its logger's) repeat a key.
+type uniqueKeys struct {
+	slog.Handler
+	w    *tlogWriter
+	keys []string
+}
+
+func (h *uniqueKeys) WithAttrs(as []slog.Attr) slog.Handler {
+	keys := append([]string(nil), h.keys...)
+	for _, a := range as {
+		keys = append(keys, a.Key)
+	}
+	return &uniqueKeys{Handler: h.Handler.WithAttrs(as), w: h.w, keys: keys}
+}
+
+func (h *uniqueKeys) WithGroup(name string) slog.Handler {
+	return &uniqueKeys{Handler: h.Handler.WithGroup(name), w: h.w} // keys in a group are its own
+}
+
+func (h *uniqueKeys) Handle(ctx context.Context, r slog.Record) error {
+	seen := map[string]bool{}
+	for _, k := range h.keys {
+		seen[k] = true
+	}
+	dup := ""
+	r.Attrs(func(a slog.Attr) bool {
+		if seen[a.Key] && dup == "" {
+			dup = a.Key
+		}
+		seen[a.Key] = true
+		return true
+	})
+	if dup != "" {
+		h.w.mu.Lock()
+		if !h.w.done {
+			h.w.t.Errorf("a log line carries the key %q twice: %q", dup, r.Message)
+		}
+		h.w.mu.Unlock()
+	}
+	return h.Handler.Handle(ctx, r)
 }
 
 // LogWriter is Logger's writer: lines to t.Log while the test runs.
