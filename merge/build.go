@@ -137,6 +137,9 @@ func (b *builder) addRank(lr *loadedRank, ref InputRef) error {
 		b.worldMeta = max(b.worldMeta, lr.meta.WorldSize)
 	}
 	e := &rankEntry{sum: rankSummary(lr), a: lr.a, shift: lr.shift, w: lr.w, ref: ref}
+	if _, given := b.cfg.Offsets[lr.rank]; b.cfg.Align == AlignOffsets && !given && (lr.meta == nil || lr.meta.ClockOffsetUS == nil) {
+		e.sum.ClockUnmeasured = true
+	}
 	if lr.meta != nil {
 		e.marks = lr.meta.Batches
 	}
@@ -326,6 +329,10 @@ func (b *builder) summary(world int) *Summary {
 	for i, e := range b.ranks {
 		sum.Ranks[i] = e.sum
 		sum.RanksMerged = append(sum.RanksMerged, e.sum.Rank)
+		if e.sum.ClockUnmeasured {
+			sum.ClockUnmeasured = append(sum.ClockUnmeasured, e.sum.Rank)
+			continue
+		}
 		sum.ClockOffsetsUS[strconv.Itoa(e.sum.Rank)] = e.sum.ClockOffsetUS
 	}
 	for r := 0; r < world; r++ {

@@ -25,7 +25,7 @@ td.up{color:#cf222e;font-weight:600}td.down{color:#1a7f37}
 details{margin:4px 0}summary{cursor:pointer}
 </style></head><body>
 <h1>Cluster memory snapshot{{if .Title}}: {{.Title}}{{end}}</h1>
-<p class="meta">{{len .S.RanksMerged}} of {{.S.WorldSize}} ranks merged · times aligned by {{.S.Align}}{{if .S.Spread}} · largest peak {{printf "%.3f" .S.Spread.MaxOverMedian}}× the median ({{human .S.Spread.MedianPeakAllocatedBytes}}){{if gt (len .S.RanksMerged) 1}} · outlier: <b>rank {{.S.Spread.OutlierRank}}</b>{{end}}{{end}}{{if .Missing}} · <b>missing ranks: {{.Missing}}</b>{{end}}{{if .S.Cut}} · cut:{{if .S.Cut.Ranks}} ranks {{.S.Cut.Ranks}}{{end}}{{if .S.Cut.Batches}} batches {{.S.Cut.Batches}}{{end}}{{end}}</p>
+<p class="meta">{{len .S.RanksMerged}} of {{.S.WorldSize}} ranks merged · times aligned by {{.S.Align}}{{if .S.Spread}} · largest peak {{printf "%.3f" .S.Spread.MaxOverMedian}}× the median ({{human .S.Spread.MedianPeakAllocatedBytes}}){{if gt (len .S.RanksMerged) 1}} · outlier: <b>rank {{.S.Spread.OutlierRank}}</b>{{end}}{{end}}{{if .Missing}} · <b>missing ranks: {{.Missing}}</b>{{end}}{{if .S.ClockUnmeasured}} · clock offset never measured for ranks {{.S.ClockUnmeasured}} (their times are their own clocks'){{end}}{{if .S.Cut}} · cut:{{if .S.Cut.Ranks}} ranks {{.S.Cut.Ranks}}{{end}}{{if .S.Cut.Batches}} batches {{.S.Cut.Batches}}{{end}}{{end}}</p>
 {{if .Why}}<details id="missing"{{if le (len .Why) 8}} open{{end}}><summary>{{len .S.MissingRanks}} rank(s) missing, and why</summary><table><tbody>
 {{range .Why}}<tr><td>rank {{.Rank}}</td><td class="l">{{dash .Reason}}</td></tr>
 {{end}}{{if .WhyMore}}<tr><td></td><td class="l">and {{.WhyMore}} more (merged.summary.json lists every one)</td></tr>{{end}}</tbody></table></details>{{end}}

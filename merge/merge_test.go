@@ -376,3 +376,21 @@ func TestMergeS3(t *testing.T) {
 		t.Fatalf("re-merging the timeline: %+v", r2.Summary.Ranks)
 	}
 }
+
+// TestUnmeasuredClockIsMarked: aligned by the agents' clock offsets, a rank whose
+// offset was never measured is named as such in the summary and the report, and
+// is in no clock_offsets_us (an offset of 0 there would claim a measurement).
+func TestUnmeasuredClockIsMarked(t *testing.T) {
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)}) // no sidecars: nothing measured
+	res, dir := runMerge(t, Config{Inputs: ins, Align: AlignOffsets, Offsets: map[int]int64{1: 250}})
+	s := res.Summary
+	if fmt.Sprint(s.ClockUnmeasured) != "[0 2 3]" || len(s.ClockOffsetsUS) != 1 || s.ClockOffsetsUS["1"] != 250 {
+		t.Fatalf("unmeasured %v, offsets %v", s.ClockUnmeasured, s.ClockOffsetsUS)
+	}
+	if !s.Ranks[0].ClockUnmeasured || s.Ranks[1].ClockUnmeasured {
+		t.Fatalf("ranks: %+v %+v", s.Ranks[0].ClockUnmeasured, s.Ranks[1].ClockUnmeasured)
+	}
+	if page, _ := os.ReadFile(filepath.Join(dir, "merged.html")); !strings.Contains(string(page), "clock offset never measured for ranks [0 2 3]") {
+		t.Fatal("the report does not say which clocks were never measured")
+	}
+}

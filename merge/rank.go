@@ -38,11 +38,14 @@ type Site struct {
 
 // RankSummary is one rank's line of merged.summary.json.
 type RankSummary struct {
-	Rank                     int     `json:"rank"`
-	Source                   string  `json:"source"`
-	Device                   int     `json:"device"`
-	Events                   int     `json:"events"`
-	ClockOffsetUS            int64   `json:"clock_offset_us"`
+	Rank          int    `json:"rank"`
+	Source        string `json:"source"`
+	Device        int    `json:"device"`
+	Events        int    `json:"events"`
+	ClockOffsetUS int64  `json:"clock_offset_us"`
+	// ClockUnmeasured says the rank's clock offset was never measured (aligned
+	// by offsets, its times are its own clock's: an offset of 0 is not claimed)
+	ClockUnmeasured          bool    `json:"clock_unmeasured,omitempty"`
 	FirstEventUS             int64   `json:"first_event_time_us"` // aligned
 	LastEventUS              int64   `json:"last_event_time_us"`  // aligned
 	StartAllocatedBytes      int64   `json:"start_allocated_bytes"`

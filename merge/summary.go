@@ -16,8 +16,11 @@ type Summary struct {
 	MissingReasons map[string]string `json:"missing_reasons,omitempty"`
 	Spread         *Spread           `json:"spread,omitempty"`
 	ClockOffsetsUS map[string]int64  `json:"clock_offsets_us"`
-	Ranks          []RankSummary     `json:"ranks"`
-	Outputs        map[string]string `json:"outputs,omitempty"`
+	// ClockUnmeasured are the ranks whose clock offset was never measured: they
+	// are in no clock_offsets_us, and their times are their own clocks'
+	ClockUnmeasured []int             `json:"clock_unmeasured,omitempty"`
+	Ranks           []RankSummary     `json:"ranks"`
+	Outputs         map[string]string `json:"outputs,omitempty"`
 	// Pickles are the merged pickles, one per group of ranks.
 	Pickles []PicklePart `json:"pickles,omitempty"`
 	// Cut says which ranks and which part of their traces were merged (nil: all).

@@ -140,6 +140,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return errors.New("no cluster to join: pass --join host[:port] (rank 0's agent), or --standalone")
 		}
 		lf.apply(&ccfg)
+		log.Info("gossip address chosen", "advertise", ccfg.Memberlist.AdvertiseAddr, "by", mf.chose, "bind", ccfg.Memberlist.BindAddr)
 		ccfg.OpenStore, ccfg.Logger = cfg.OpenStore, log
 		if member, err = coordinator.NewRank(cfg, ccfg); err != nil {
 			return err

@@ -42,13 +42,14 @@ type procCluster struct {
 
 // procOpts vary a procCluster's agents and trainers.
 type procOpts struct {
-	storeArgs []string
-	hang      []int            // ranks whose trainer gets stuck in the first batch of a window
-	failAt    map[int]int64    // ranks whose trainer raises an exception at that batch
-	agentArgs []string         // more agent flags for every rank
-	collect   string           // --collect-timeout (default 5s)
-	joinHost  bool             // join "127.0.0.1" with no port: every local rank's port on it
-	replay    map[int][]string // more replay flags for a rank
+	storeArgs  []string
+	hang       []int            // ranks whose trainer gets stuck in the first batch of a window
+	failAt     map[int]int64    // ranks whose trainer raises an exception at that batch
+	agentArgs  []string         // more agent flags for every rank
+	collect    string           // --collect-timeout (default 5s)
+	joinHost   bool             // join "127.0.0.1" with no port: every local rank's port on it
+	replay     map[int][]string // more replay flags for a rank
+	masterAddr string           // no --join: MASTER_ADDR names the head host, as torchrun sets it
 }
 
 // syncBuffer is a bytes.Buffer safe for a process's output and a test's reads.
@@ -108,6 +109,7 @@ func (pc *procCluster) start(r int) {
 		"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(pc.ports[0]), "--no-schedule", "--collect-timeout", collect, "--drain-timeout", "30s"}, o.storeArgs...)
 	args = append(args, o.agentArgs...)
 	switch {
+	case o.masterAddr != "":
 	case o.joinHost:
 		args = append(args, "--join", "127.0.0.1")
 	case r > 0:
@@ -123,6 +125,9 @@ func (pc *procCluster) start(r int) {
 	args = append(args, o.replay[r]...)
 	cmd := memsnapCmd(t, args...)
 	cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+encodeKey(pc.key))
+	if o.masterAddr != "" {
+		cmd.Env = append(cmd.Env, "MASTER_ADDR="+o.masterAddr)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // kill -9 takes its trainer too
 	buf := &syncBuffer{}
 	if old := pc.logs[r]; old != nil {
