@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -62,6 +63,10 @@ type Config struct {
 	// Join lists members to join (host:port). Run retries until one answers, or
 	// until JoinTimeout.
 	Join []string
+	// Resolve resolves a join address's host name into every address it names (a
+	// Kubernetes headless service names every pod's): each is joined. Nil:
+	// net.LookupIP.
+	Resolve func(host string) ([]net.IP, error)
 	// JoinTimeout, when above zero, makes Run give up joining after it and return
 	// why no member answered (no agent at an address, another key, another run);
 	// zero retries until Run's context ends (agents: a rank may start first).

@@ -200,8 +200,7 @@ func expandItem(item string, limit int) ([]string, error) {
 // own), retrying until a member other than this one answers or ctx ends. A member
 // with nothing to join (the first of the cluster) is joined at once.
 func (c *Coordinator) join(ctx context.Context) error {
-	targets := c.joinTargets(nil)
-	if len(targets) == 0 {
+	if len(c.joinTargets(nil)) == 0 {
 		return nil
 	}
 	wait := 200 * time.Millisecond
@@ -211,10 +210,15 @@ func (c *Coordinator) join(ctx context.Context) error {
 		defer t.Stop()
 		give = t.C
 	}
+	var targets []string
 	for attempt := 1; ; attempt++ {
 		m := c.memberlist()
 		if m == nil {
 			return ErrStopped
+		}
+		targets = c.joinTargets(nil) // resolved again: pods come up behind a name
+		if len(targets) == 0 {
+			return nil
 		}
 		_, err := m.Join(targets)
 		if m.NumMembers() > 1 {
@@ -275,9 +279,38 @@ func oneLine(s string) string {
 	return strings.Join(parts, "; ")
 }
 
-// joinTargets are the join addresses (without this member's own and those of
-// members already here), and then extra.
+// resolveJoin turns each join address whose host is a name into one address per
+// IP the name resolves to (a headless service's name resolves to every pod), so
+// every one is joined; an address that does not resolve stays as it is (the join
+// says why it failed).
+func (c *Coordinator) resolveJoin(addrs []string) []string {
+	lookup := c.cfg.Resolve
+	if lookup == nil {
+		lookup = net.LookupIP
+	}
+	var out []string
+	for _, a := range addrs {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || net.ParseIP(host) != nil {
+			out = append(out, a)
+			continue
+		}
+		ips, err := lookup(host)
+		if err != nil || len(ips) == 0 {
+			out = append(out, a)
+			continue
+		}
+		for _, ip := range ips {
+			out = append(out, net.JoinHostPort(ip.String(), port))
+		}
+	}
+	return out
+}
+
+// joinTargets are the join addresses, each name resolved (without this member's
+// own address and those of members already here), and then extra.
 func (c *Coordinator) joinTargets(extra []string) []string {
+	join := c.resolveJoin(c.cfg.Join)
 	c.mu.Lock()
 	self := c.addr
 	here := map[string]bool{self: true}
@@ -287,7 +320,7 @@ func (c *Coordinator) joinTargets(extra []string) []string {
 	c.mu.Unlock()
 	var out []string
 	seen := map[string]bool{}
-	for _, a := range append(append([]string(nil), c.cfg.Join...), extra...) {
+	for _, a := range append(join, extra...) {
 		if here[a] || seen[a] || isSelf(a, self) {
 			continue
 		}

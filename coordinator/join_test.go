@@ -1,13 +1,20 @@
 package coordinator
 
 import (
+	"errors"
+	"fmt"
+	"net"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/rankagent"
 )
 
 func TestExpandNodeList(t *testing.T) {
@@ -94,5 +101,49 @@ func TestMetaFits(t *testing.T) {
 	}
 	if _, err := decodeMeta(b); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestJoinNameResolvesToEveryAddress: a join address whose name resolves to
+// several addresses (a Kubernetes headless service names every pod) joins every
+// one of them: two members that never joined each other become one cluster
+// through a third that joins the name.
+func TestJoinNameResolvesToEveryAddress(t *testing.T) {
+	port := testutil.FreePort(t)
+	key := newKey(t)
+	member := func(bind string, join []string, resolve func(string) ([]net.IP, error)) *Coordinator {
+		cfg := DefaultLocalConfig(rankagent.Identity{RunName: "svc"})
+		cfg.Client, cfg.SecretKey, cfg.Logger = true, key, testutil.Logger(t)
+		cfg.Memberlist.BindAddr, cfg.Memberlist.AdvertiseAddr = bind, bind
+		if join == nil {
+			cfg.Memberlist.BindPort, cfg.Memberlist.AdvertisePort = port, port
+		}
+		cfg.Join, cfg.Resolve = join, resolve
+		c, stop := runMember(t, cfg)
+		t.Cleanup(stop)
+		testutil.Eventually(t, 10*time.Second, "gossip on "+bind, func() bool { return c.Addr() != "" })
+		return c
+	}
+	a := member("127.0.0.2", nil, nil)
+	b := member("127.0.0.3", nil, nil)
+	var asked []string
+	var mu sync.Mutex
+	stub := func(host string) ([]net.IP, error) {
+		mu.Lock()
+		asked = append(asked, host)
+		mu.Unlock()
+		if host != "trainer.default.svc.cluster.local" {
+			return nil, errors.New("no such host")
+		}
+		return []net.IP{net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3")}, nil
+	}
+	c := member("127.0.0.1", []string{fmt.Sprintf("trainer.default.svc.cluster.local:%d", port)}, stub)
+	testutil.Eventually(t, 30*time.Second, "one cluster of the three", func() bool {
+		return len(a.Members()) == 3 && len(b.Members()) == 3 && len(c.Members()) == 3
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) == 0 {
+		t.Fatal("the join name was never resolved through the resolver")
 	}
 }

@@ -71,3 +71,39 @@ func TestHookWithRealAgent(t *testing.T) {
 		t.Fatalf("the hook did not turn history on and off:\n%s", out)
 	}
 }
+
+// TestHookInstalledWithPip: `pip install ./hook` into a fresh virtual environment
+// (offline: the build backend needs only the standard library) gives `import
+// memsnap_hook`, and the hook's tests pass against the installed copy (run from a
+// folder that holds no memsnap_hook.py, so the source copy cannot be imported).
+func TestHookInstalledWithPip(t *testing.T) {
+	py := testutil.Python(t)
+	venv := filepath.Join(t.TempDir(), "venv")
+	if out, err := exec.Command(py, "-m", "venv", venv).CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("python3 -m venv: %v\n%s", err, out)
+		}
+		t.Skipf("no venv module (Debian: python3-venv): %v", err)
+	}
+	vpy := filepath.Join(venv, "bin", "python")
+	if out, err := exec.Command(vpy, "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "./hook").CombinedOutput(); err != nil {
+		t.Fatalf("pip install ./hook: %v\n%s", err, out)
+	}
+	out, err := exec.Command(vpy, "-c", "import memsnap_hook; print(memsnap_hook.__file__)").CombinedOutput()
+	if err != nil || !strings.HasPrefix(strings.TrimSpace(string(out)), venv) {
+		t.Fatalf("import memsnap_hook: %v %s", err, out)
+	}
+	tests := t.TempDir()
+	for _, f := range []string{"test_hook.py", "testdata"} {
+		if out, err := exec.Command("cp", "-r", filepath.Join("hook", f), tests).CombinedOutput(); err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+	}
+	cmd := exec.Command(vpy, "-m", "unittest", "discover", "-s", tests, "-p", "test_*.py")
+	cmd.Dir = tests
+	cmd.Env = append(os.Environ(), "MEMSNAP_HOOK_INSTALLED=1")
+	out, err = cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "OK") {
+		t.Fatalf("the hook's tests against the installed copy: %v\n%s", err, out)
+	}
+}

@@ -75,6 +75,13 @@ func IdentityFromEnv(getenv func(string) string) (Identity, bool, error) {
 		set(&id.WorldSize, "OMPI_COMM_WORLD_SIZE", 1)
 		set(&id.LocalWorldSize, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
 		set(&id.NodeRank, "OMPI_COMM_WORLD_NODE_RANK", 0)
+		id.RunName = mpiJobID(getenv)
+	case getenv("JOB_COMPLETION_INDEX") != "" && getenv("WORLD_SIZE") != "":
+		// a Kubernetes indexed Job: one pod per rank, the pod's index its rank
+		id.Launcher = "kubernetes"
+		set(&id.Rank, "JOB_COMPLETION_INDEX", 0)
+		set(&id.WorldSize, "WORLD_SIZE", 1)
+		id.NodeRank, id.LocalRank, id.LocalWorldSize = id.Rank, 0, 1
 	default:
 		return id, false, nil
 	}
@@ -85,6 +92,26 @@ func IdentityFromEnv(getenv func(string) string) (Identity, bool, error) {
 		id.RunName = v
 	}
 	return id, true, id.Check()
+}
+
+// mpiJobID is an Open MPI job's id, so two jobs writing to one store get run
+// names of their own: PMIx's namespace (Open MPI 5), the job id (Open MPI 4), or
+// the job family of the head node's URI, made safe for a key and a label.
+func mpiJobID(getenv func(string) string) string {
+	id := firstEnv(getenv, "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid")
+	if id == "" {
+		if uri := firstEnv(getenv, "OMPI_MCA_orte_hnp_uri", "OMPI_MCA_prte_hnp_uri"); uri != "" {
+			id, _, _ = strings.Cut(uri, ";")
+		}
+	}
+	if id == "" {
+		return ""
+	}
+	id = strings.Trim(unsafeChars.ReplaceAllString(id, "-"), "-.")
+	if len(id) > 64 {
+		id = id[:64]
+	}
+	return "mpi-" + id
 }
 
 func firstEnv(getenv func(string) string, names ...string) string {

@@ -13,11 +13,18 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# MEMSNAP_HOOK_INSTALLED=1 tests the copy pip installed, not the one beside this file
+INSTALLED = os.environ.get("MEMSNAP_HOOK_INSTALLED") == "1"
+SRC = [] if INSTALLED else [HERE]
 sys.path.insert(0, os.path.join(HERE, "testdata", "faketorch"))
-sys.path.insert(0, HERE)
+if not INSTALLED:
+    sys.path.insert(0, HERE)
 
 import torch  # noqa: E402  (the stand-in)
 import memsnap_hook  # noqa: E402
+
+if INSTALLED and os.path.dirname(os.path.abspath(memsnap_hook.__file__)) == HERE:
+    raise ImportError("MEMSNAP_HOOK_INSTALLED=1, but memsnap_hook comes from the source folder")
 
 
 class FakeAgent:
@@ -303,7 +310,7 @@ class StopTest(unittest.TestCase):
 
     def trainer(self, agent_path, *args):
         env = dict(os.environ, MEMSNAP_SOCKET=agent_path, RANK="0", LOCAL_RANK="0",
-                   PYTHONPATH=os.pathsep.join([os.path.join(HERE, "testdata", "faketorch"), HERE]))
+                   PYTHONPATH=os.pathsep.join([os.path.join(HERE, "testdata", "faketorch")] + SRC))
         p = subprocess.Popen([sys.executable, os.path.join(HERE, "testdata", "train_stop.py")] + list(args),
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         p.out, p.err, p.readers = [], [], []
