@@ -51,6 +51,9 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 		inputs, err := l.inputs(ctx, w)
 		if err == nil && len(inputs) == 0 {
 			res.Error = "no rank stored a snapshot of the window"
+			if w.postmortem() {
+				res.Error = "no rank had a snapshot to give: every trainer was stopped with no allocator history recorded (--record-always keeps one for post-mortems)"
+			}
 			res.Missing = missingOf(w)
 			log.Error(res.Error, "missing", len(res.Missing))
 			l.conclude(ctx, w, res, false)

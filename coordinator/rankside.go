@@ -345,7 +345,11 @@ func (c *Coordinator) incidentStart(kind pb.WindowKind, cause string, ev rankage
 	}
 	off := c.offset.offset
 	c.mu.Unlock()
-	c.log.Warn("the trainer hit an OOM or is being stopped; asking the leader for a post-mortem of every rank", "cause", cause, "batch", ev.Batch)
+	what := "the trainer is being stopped; asking the leader for a crash post-mortem of every rank"
+	if kind == pb.WindowKind_WINDOW_KIND_OOM {
+		what = "the trainer hit an OOM; asking the leader for a post-mortem of every rank"
+	}
+	c.log.Warn(what, "cause", cause, "batch", ev.Batch)
 	c.askPostmortem(inc, at.Add(-off))
 }
 
