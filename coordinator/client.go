@@ -62,7 +62,11 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 		leader = name
 		env := c.envelope(window)
 		env.Seq = seq
-		env.Body = &pb.Envelope_Request{Request: &pb.SnapshotRequest{Batches: batches, Reason: "request", Watch: true, Kind: pb.WindowKind_WINDOW_KIND_WINDOW}}
+		req := &pb.SnapshotRequest{Batches: batches, Reason: "request", Watch: true, Kind: pb.WindowKind_WINDOW_KIND_WINDOW}
+		if dl, ok := ctx.Deadline(); ok {
+			req.ExpiresUs = dl.UnixMicro() // a leader that gets to it later does not plan it
+		}
+		env.Body = &pb.Envelope_Request{Request: req}
 		return c.send(name, env, true)
 	}
 	if err := ask(); err != nil {

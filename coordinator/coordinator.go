@@ -112,6 +112,7 @@ type lastWindow struct {
 	state  pb.Step
 	result *pb.RankResult
 	leader string
+	term   uint64 // the term of the leader that planned it
 }
 
 type clockState struct {
@@ -191,6 +192,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if !c.cfg.Client {
 		c.spawn(func() { c.clockLoop(ctx) })
 		c.spawn(func() { c.rep.run(ctx) })
+		c.spawn(func() { c.incidentLoop(ctx) })
 	}
 	if err := c.join(ctx); err != nil && ctx.Err() == nil {
 		return err

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
@@ -289,9 +291,58 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 			l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("a window of %d batches (1 to %d)", length, MaxWindowBatches))
 			return
 		}
+		if r.ExpiresUs > 0 && time.Now().After(time.UnixMicro(r.ExpiresUs)) {
+			l.log.Info("a request whose member stopped waiting is not planned", "from", req.Sender, "expired", time.UnixMicro(r.ExpiresUs).Format(time.RFC3339))
+			l.answer(req, pb.AckCode_ACK_BAD_REQUEST, "the request expired before the leader got to it")
+			return
+		}
+		// a request another leader served already (this one stalled with it, or
+		// the member asked again): it is a watch of that window
+		if id := l.served(ctx, req); id != 0 {
+			w := proto.Clone(req).(*pb.Envelope)
+			w.WindowId = id
+			l.log.Info("the request was served already; answering with its window", "from", req.Sender, "window", id)
+			l.answerWatch(ctx, w)
+			return
+		}
 		l.answer(req, pb.AckCode_ACK_OK, "")
 		l.window(ctx, plan{length: length, reason: nonEmpty(r.Reason, "request"), watchers: []*pb.Envelope{req}, req: req})
 	}
+}
+
+// requestID names a request for the run's log: its member and its random id.
+func requestID(req *pb.Envelope) string { return fmt.Sprintf("%s#%016x", req.Sender, req.Seq) }
+
+// served returns the window that already serves req, from the newest plans in
+// the run's log (0: none).
+func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) uint64 {
+	if req.Seq == 0 {
+		return 0
+	}
+	recent, err := l.rl.Latest(ctx, 16)
+	if err != nil {
+		return 0
+	}
+	id := requestID(req)
+	for _, p := range recent {
+		if p.Request != id {
+			continue
+		}
+		o, err := l.rl.ReadOutcome(ctx, p.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			// unfinished: finish it first (a window its dead leader never sent
+			// to the ranks fails at once)
+			l.recoverPlan(ctx, p)
+			o, err = l.rl.ReadOutcome(ctx, p.ID)
+		}
+		if err == nil && o.State == runlog.Failed && len(o.Ranks) == 0 {
+			// nothing of it was recorded: the request is planned again
+			l.log.Info("the request's window failed with no snapshot; planning the request again", "from", req.Sender, "window", p.ID, "why", o.Error)
+			return 0
+		}
+		return p.ID
+	}
+	return 0
 }
 
 // answer acks a request (ok, or refused with code).

@@ -154,6 +154,9 @@ func checkEnvelope(e *pb.Envelope) error {
 		if err := enum("status state", int32(b.Status.State), pb.Step_name); err != nil {
 			return err
 		}
+		if len(b.Status.Spooled) > 64 {
+			return bad("status naming %d spooled windows", len(b.Status.Spooled))
+		}
 		if b.Status.Batch < -1 || b.Status.StepUs < 0 || b.Status.StepUs > maxStepUs {
 			return bad("status of batch %d, step time %d us", b.Status.Batch, b.Status.StepUs)
 		}

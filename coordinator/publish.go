@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -382,19 +383,25 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 		w.ranks[r] = s
 		st, ok := sts[r]
 		switch rep := reports[r]; {
+		case !asked[r]:
+			s.missing, s.leftOut = "not asked to record the window (its leader did not have it as a member)", true
 		case rep != nil:
 			s.result = resultOfReport(rep)
 		case ok && st.st.Window == p.ID && st.st.Result != nil:
 			s.result = st.st.Result
+		case ok && slices.Contains(st.st.Spooled, p.ID):
+			// its snapshot waits in its spool (the store was away): it comes
+			s.lastSign, s.batch, s.acked = now, st.st.Batch, true
+			pending = true
 		case ok && st.st.Window == p.ID && !terminal(st.st.State) && time.Now().Before(p.Deadline.Add(c.cfg.CollectTimeout)):
 			s.lastSign, s.batch, s.state, s.acked = now, st.st.Batch, st.st.State, true
 			pending = true
 		case ok && st.st.Window == p.ID:
 			s.missing = "the window ended on the rank without a snapshot (" + stepName(st.st.State) + ")"
-		case !asked[r]:
-			s.missing = "not asked to record the window (its leader did not have it as a member)"
+		case !ok:
+			s.missing = "not a member now, and no snapshot of it in the run's log"
 		default:
-			s.missing = "no report in the run's log (its leader stopped before the rank reported)"
+			s.missing = "no snapshot of it in the run's log or the rank's spool (the rank stopped before storing one)"
 		}
 	}
 	log.Info("finishing a window an earlier leader left unfinished", "kind", p.Kind, "start", p.Start, "stop", p.Stop, "reports", len(reports),

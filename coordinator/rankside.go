@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -64,6 +65,9 @@ func (c *Coordinator) answerStatus(req *pb.Envelope) {
 		if a, ok := c.rec.(interface{ Connected() bool }); ok {
 			st.Trainer = a.Connected()
 		}
+		if a, ok := c.rec.(interface{ SpooledWindows() []uint64 }); ok {
+			st.Spooled = a.SpooledWindows()
+		}
 	}
 	c.mu.Lock()
 	l := c.last
@@ -96,18 +100,23 @@ func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
 		c.refuseCommand(env, code, why)
 		return
 	}
+	if len(p.Ranks) > 0 && !slices.Contains(p.Ranks, int32(c.cfg.Identity.Rank)) {
+		// a plan that leaves this rank out (it reached it through gossip)
+		c.log.Debug("a window planned without this rank", "window", env.WindowId)
+		return
+	}
 	w := rankagent.Window{ID: env.WindowId, Start: p.Start, Stop: p.Stop}
 	batch, _ := c.rec.Progress()
 	ack := &pb.Ack{Ok: true, Batch: batch}
 	err := c.rec.Arm(w)
 	if errors.Is(err, rankagent.ErrBusy) {
 		// busy with a window another leader planned (one that stalled, died or
-		// flapped): the current leader's plan wins, and the old window is
-		// finished from the run's log without this rank
+		// flapped), or this leader under an older term: the current leader's plan
+		// wins, and the old window is finished from the run's log without this rank
 		c.mu.Lock()
 		old := c.last
 		c.mu.Unlock()
-		if old.w.ID != 0 && old.w.ID < w.ID && old.leader != env.Sender {
+		if old.w.ID != 0 && old.w.ID < w.ID && (old.leader != env.Sender || old.term < env.Term) {
 			c.log.Warn("a window of another leader is in progress; the current leader's plan replaces it", "old_window", old.w.ID, "window", w.ID)
 			c.rec.Cancel(old.w.ID, fmt.Sprintf("replaced by window %d of the current leader", w.ID))
 			err = c.rec.Arm(w)
@@ -127,7 +136,7 @@ func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
 	case err == nil:
 		c.mu.Lock()
 		if c.last.w.ID != w.ID {
-			c.last = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender}
+			c.last = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender, term: env.Term}
 		}
 		// the window id is not gossiped from here: a metadata update by every rank
 		// for every window costs the cluster O(n^2) messages; a new leader learns
@@ -248,13 +257,44 @@ type incident struct {
 	leader     string
 	sent       bool // the post-mortem's leader has it, or said it takes none
 	asked      string
+	askedAt    time.Time
 	seq        uint64 // the request's id, for the leader's answer
+}
+
+// incidentRetry is how long a rank waits for the leader to take (or decline)
+// its incident before it asks again (a request lost to a leader that was
+// leaving, or that had not started leading yet).
+const incidentRetry = 2 * time.Second
+
+// incidentLoop asks again, while this rank's incident is neither taken nor
+// declined.
+func (c *Coordinator) incidentLoop(ctx context.Context) {
+	t := time.NewTicker(incidentRetry / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		inc := c.inc
+		again := inc != nil && inc.fresh(c.incidentHold()) && inc.handedTo == 0 && !inc.sent && time.Since(inc.askedAt) >= incidentRetry
+		if again {
+			inc.asked = "" // whoever leads now
+		}
+		off := c.offset.offset
+		c.mu.Unlock()
+		if again {
+			c.askPostmortem(inc, inc.at.Add(-off))
+		}
+	}
 }
 
 func (i *incident) fresh(hold time.Duration) bool { return time.Since(i.at) < hold }
 
 // incidentHold is how long a rank keeps its incident for a post-mortem to take.
-func (c *Coordinator) incidentHold() time.Duration { return 2*c.cfg.PostmortemDeadline + 5*time.Second }
+func (c *Coordinator) incidentHold() time.Duration { return c.cfg.PostmortemDeadline + 5*time.Second }
 
 // Settled reports whether this rank has nothing left to hand on: no snapshot of an
 // OOM or a crash that a post-mortem has not taken yet (within the hold time), and
@@ -361,7 +401,7 @@ func (c *Coordinator) askPostmortem(inc *incident, at time.Time) {
 		c.mu.Unlock()
 		return
 	}
-	inc.asked = leader
+	inc.asked, inc.askedAt = leader, time.Now()
 	inc.seq = newSeq()
 	req := &pb.SnapshotRequest{Kind: inc.kind, FailedRank: c.rank(), Cause: inc.cause, AtUs: at.UnixMicro(), Reason: inc.cause}
 	seq := inc.seq

@@ -29,6 +29,7 @@ type rankState struct {
 	lastSign time.Time
 	batch    int64
 	retryAt  time.Time // when to send the command again (it saw another leader)
+	leftOut  bool      // not in the window's plan: nothing of it is taken
 }
 
 // failure is a rank's trainer failing, as a post-mortem records it.
@@ -122,7 +123,7 @@ func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) (*win, *
 	sts := c.status(ctx, ranks)
 	w := &win{reason: p.reason, kind: pb.WindowKind_WINDOW_KIND_WINDOW, ranks: map[int]*rankState{}, watchers: p.watchers, world: world}
 	for r := 0; r < world; r++ {
-		w.ranks[r] = &rankState{missing: "not a member of the cluster"}
+		w.ranks[r] = &rankState{missing: "not a member of the cluster", leftOut: true}
 	}
 	rs := l.plausible(w, ranks, sts)
 	if len(rs) == 0 {
@@ -138,7 +139,11 @@ func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) (*win, *
 	for _, r := range rs {
 		expected = append(expected, r.Rank)
 	}
-	pl, err := l.createPlan(ctx, runlog.Plan{Kind: runlog.KindWindow, Reason: p.reason, Start: w.start, Stop: w.stop, Ranks: expected, Deadline: w.deadline})
+	rp := runlog.Plan{Kind: runlog.KindWindow, Reason: p.reason, Start: w.start, Stop: w.stop, Ranks: expected, Deadline: w.deadline}
+	if p.req != nil {
+		rp.Request = requestID(p.req)
+	}
+	pl, err := l.createPlan(ctx, rp)
 	if err != nil {
 		return w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: w.start, Stop: w.stop, Store: l.st.String(),
 			Error: "the window's plan could not be recorded in the run's log: " + err.Error()}
@@ -246,7 +251,7 @@ func (l *leaderRun) windowDeadline(rs []RankStatus, start, stop int64) time.Time
 // store that is away is retried for up to AckTimeout.
 func (l *leaderRun) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan, error) {
 	c := l.c
-	p.Term, p.Leader, p.LeaderRank, p.WorldSize = l.term, c.name, int(c.rank()), c.cfg.Identity.WorldSize
+	p.Term, p.Leader, p.LeaderRank, p.WorldSize, p.Run = l.term, c.name, int(c.rank()), c.cfg.Identity.WorldSize, c.cfg.Identity.RunName
 	c.mu.Lock()
 	atLeast := c.lastWindow + 1
 	c.mu.Unlock()
@@ -293,6 +298,22 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", id))
 		return
 	}
+	l.mu.Unlock()
+	// a post-mortem another leader took of the same incident moments ago (the
+	// leader of a job torn down rank by rank is stopped too): this one is part of it
+	if recent, err := l.rl.Latest(ctx, 4); err == nil {
+		for _, p := range recent {
+			if (p.Kind == runlog.KindCrash || p.Kind == runlog.KindOOM) && time.Since(p.Created) < postmortemQuiet {
+				l.mu.Lock()
+				l.lastPM, l.lastPMID = p.Created, p.ID
+				l.mu.Unlock()
+				l.log.Info("a rank failed during a recent post-mortem of another leader; no new one", "failed_rank", failedRank, "cause", r.Cause, "postmortem", p.ID)
+				l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", p.ID))
+				return
+			}
+		}
+	}
+	l.mu.Lock()
 	l.lastPM = time.Now()
 	l.working++
 	l.mu.Unlock()
@@ -314,7 +335,7 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 			w.ranks[rk] = &rankState{lastSign: now}
 			ranks = append(ranks, rk)
 		} else {
-			w.ranks[rk] = &rankState{missing: "not a member of the cluster"}
+			w.ranks[rk] = &rankState{missing: "not a member of the cluster", leftOut: true}
 		}
 	}
 	w.deadline = now.Add(c.cfg.PostmortemDeadline)
@@ -572,8 +593,8 @@ func ackName(c pb.AckCode) string {
 func (l *leaderRun) onRankMessage(w *win, env *pb.Envelope, out *collectOut) {
 	r := int(env.SenderRank)
 	s := w.ranks[r]
-	if s == nil {
-		return
+	if s == nil || s.leftOut {
+		return // a rank the plan left out took it from gossip: nothing of it is merged
 	}
 	s.lastSign = time.Now()
 	if res := env.GetResult(); res != nil {

@@ -8,6 +8,7 @@ package rankagent
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,8 @@ var (
 	ErrPassed = errors.New("rankagent: the trainer is past the window's start")
 	// ErrStale: the window's id is not newer than one the agent has seen.
 	ErrStale = errors.New("rankagent: stale window id")
+	// ErrTrainerGone: the trainer this agent launched has exited; no window can be recorded.
+	ErrTrainerGone = errors.New("rankagent: the trainer has exited")
 )
 
 // Window is a batch range [Start, Stop) to record. IDs only grow; they come from
@@ -136,6 +139,7 @@ func (c *Config) validate() error {
 	case c.RetryMin <= 0 || c.RetryMax < c.RetryMin:
 		return fmt.Errorf("rankagent: retry backoff %v to %v", c.RetryMin, c.RetryMax)
 	}
+	named := map[string]bool{}
 	for _, t := range []string{c.RemoteFileName, c.Filename} {
 		tm, err := naming.Parse(t)
 		if err != nil {
@@ -145,7 +149,11 @@ func (c *Config) validate() error {
 			if !agentVars[n] {
 				return fmt.Errorf("rankagent: template %q names {%s}, which the agent does not know (it knows run_name, rank, local_rank, node_rank, world_size, local_world_size, batch, window)", t, n)
 			}
+			named[n] = true
 		}
+	}
+	if c.Identity.WorldSize > 1 && !named["rank"] {
+		return fmt.Errorf("rankagent: with %d ranks the snapshot names must name {rank} (--filename %q, --remote-file-name %q): every rank would write the same name", c.Identity.WorldSize, c.Filename, c.RemoteFileName)
 	}
 	if err := c.checkNames(); err != nil {
 		return err
@@ -256,6 +264,7 @@ type Agent struct {
 	taking   map[string]bool   // snapshot files in incoming/ being taken into the spool
 	stopping *stopNote         // the trainer is being stopped, since when and why
 	launched bool              // the trainer is this agent's child (RunWithTrainer)
+	gone     bool              // and it has exited
 }
 
 // stopNote is the trainer being stopped: how, when, and whether its snapshot of
@@ -391,6 +400,9 @@ func (a *Agent) Arm(w Window) error {
 	if a.stopped {
 		return ErrStopped
 	}
+	if a.gone {
+		return ErrTrainerGone
+	}
 	if a.win != nil && a.win.w == w {
 		return nil
 	}
@@ -506,12 +518,14 @@ func (a *Agent) Connected() bool {
 	return a.conn != nil
 }
 
-// Idle reports whether no window is in progress and nothing waits in the spool.
+// Idle reports whether no window is in progress, nothing waits in the spool, and
+// every window event has been handed to OnWindow (the cluster hears of a trainer
+// that died before its agent stops).
 func (a *Agent) Idle() bool {
 	a.mu.Lock()
 	busy := a.win != nil || a.working > 0
 	a.mu.Unlock()
-	return !busy && a.up.idle()
+	return !busy && a.up.idle() && a.ev.idle()
 }
 
 // Stats returns what the agent did so far.
@@ -531,6 +545,23 @@ func (a *Agent) DeviceUUID() string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.uuid
+}
+
+// SpooledWindows lists the windows whose snapshots wait in the spool for the
+// store (at most 64).
+func (a *Agent) SpooledWindows() []uint64 {
+	var out []uint64
+	for _, id := range a.sp.pendingJobs() {
+		if len(out) == 64 {
+			break
+		}
+		b, err := os.ReadFile(filepath.Join(a.sp.root, "pending", id, "job.json"))
+		var j job
+		if err == nil && json.Unmarshal(b, &j) == nil && j.Window != 0 {
+			out = append(out, j.Window)
+		}
+	}
+	return out
 }
 
 // Spool returns the spool folder.
@@ -780,6 +811,7 @@ func (a *Agent) TrainerExited(code int) {
 	a.adopt(a.ctxOrBackground())
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.gone = true
 	how := fmt.Sprintf("exited with status %d", code)
 	if code > 128 && code < 128+65 {
 		how = fmt.Sprintf("was killed by signal %d (%v; exit status %d)", code-128, syscall.Signal(code-128), code)

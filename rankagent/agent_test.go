@@ -366,7 +366,7 @@ func TestSpoolSurvivesRestart(t *testing.T) {
 // failed folder.
 func TestExistingObjectIsKept(t *testing.T) {
 	dir := t.TempDir()
-	cfg := DefaultConfig(testID(0))
+	cfg := DefaultConfig(Identity{RunName: "run1", WorldSize: 1, LocalWorldSize: 1}) // one rank: a name without {rank} is fine
 	cfg.Filename = "fixed"
 	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
 	folder := filepath.Join(dir, "run1", "torch_memory_traces")
@@ -581,4 +581,36 @@ func FuzzParseMessage(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestLongWindow: a window of more batches than one socket line can mark (here
+// 1,500; up to 1,048,576 may be asked for) is recorded whole: the snapshot
+// message on the socket says its marks are in the file beside the snapshot, and
+// the agent takes them from there.
+func TestLongWindow(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig(testID(0))
+	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
+	h := startAgent(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Replay(ctx, ReplayConfig{Socket: h.agent.Socket(), Snapshot: replaySnapshot(t), Pace: time.Millisecond, HoldAt: []int64{3}})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	w := armAt(t, h, 3, 1500)
+	r := waitUpload(t, h, 2*time.Minute)
+	if r.Err != nil || r.Partial != "" || r.Window != w {
+		t.Fatalf("upload %+v", r)
+	}
+	st, _ := store.OpenDir(dir, false)
+	b, err := store.ReadAll(context.Background(), st, r.MetaKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := merge.ParseRankMeta(b)
+	if err != nil || len(meta.Batches) != 1500 || meta.Batches[1499].Batch != w.Stop-1 {
+		t.Fatalf("the sidecar's marks: %v, %d", err, len(meta.Batches))
+	}
 }

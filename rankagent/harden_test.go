@@ -409,7 +409,7 @@ func TestNamesCheckedAtStart(t *testing.T) {
 	cfg := DefaultConfig(testID(0))
 	cfg.OpenStore = func(context.Context) (store.Store, error) { return nil, nil }
 	cfg.Spool = t.TempDir()
-	cfg.Filename = strings.Repeat("x", 240) + "{batch}"
+	cfg.Filename = "{rank}" + strings.Repeat("x", 240) + "{batch}"
 	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "path segment") {
 		t.Fatalf("a name segment over 255 bytes: %v", err)
 	}

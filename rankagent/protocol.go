@@ -13,6 +13,12 @@ import (
 const (
 	ProtocolVersion = 1
 	MaxLine         = 64 << 10
+	// SocketMarks is the most batch marks a snapshot message carries on the socket;
+	// a longer window's marks are only in the message file beside the snapshot
+	// (batches_file), which may hold MaxFileMarks in MaxMessageFile bytes.
+	SocketMarks    = 256
+	MaxFileMarks   = 1 << 20
+	MaxMessageFile = 96 << 20
 	// MaxCause bounds a stopping trainer's cause, in bytes.
 	MaxCause = 512
 )
@@ -45,8 +51,11 @@ type Message struct {
 	Reason  string      `json:"reason,omitempty"` // "window", "oom", "postmortem" or "crash"
 	File    string      `json:"file,omitempty"`   // a base name inside the spool's incoming folder
 	Batches []BatchMark `json:"batches,omitempty"`
-	Message string      `json:"message,omitempty"`
-	Code    string      `json:"code,omitempty"` // error: one of the Code* constants
+	// BatchesFile says the marks are too many for the socket: they are in the
+	// message file beside the snapshot (NAME.json)
+	BatchesFile bool   `json:"batches_file,omitempty"`
+	Message     string `json:"message,omitempty"`
+	Code        string `json:"code,omitempty"` // error: one of the Code* constants
 	// snapshot: how long the training thread waited for the snapshot and for
 	// history to be turned off at the window's end, in microseconds
 	StallUS int64 `json:"stall_us,omitempty"`
@@ -84,8 +93,23 @@ var ErrProtocol = errors.New("rankagent: bad trainer message")
 // ParseMessage parses and validates one line from the trainer. Anything malformed
 // is refused with ErrProtocol; the agent drops such a connection and runs on.
 func ParseMessage(line []byte) (*Message, error) {
-	if len(line) > MaxLine {
-		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrProtocol, len(line), MaxLine)
+	return parseMessage(line, MaxLine, 1<<16)
+}
+
+// ParseMessageFile parses and validates the snapshot message the hook writes
+// beside a snapshot in the spool (NAME.json): a snapshot message whose batch marks
+// may be many more than a socket line holds.
+func ParseMessageFile(b []byte) (*Message, error) {
+	m, err := parseMessage(b, MaxMessageFile, MaxFileMarks)
+	if err == nil && (m.Type != "snapshot" || m.BatchesFile) {
+		return nil, fmt.Errorf("%w: a message file holds a whole snapshot message", ErrProtocol)
+	}
+	return m, err
+}
+
+func parseMessage(line []byte, maxBytes, maxMarks int) (*Message, error) {
+	if len(line) > maxBytes {
+		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrProtocol, len(line), maxBytes)
 	}
 	var m Message
 	dec := json.NewDecoder(strings.NewReader(string(line)))
@@ -159,8 +183,11 @@ func ParseMessage(line []byte) (*Message, error) {
 		if m.Start < 0 || m.Stop < 0 || (m.Stop != 0 && m.Stop <= m.Start) {
 			return bad("window [%d, %d) is empty or negative", m.Start, m.Stop)
 		}
-		if len(m.Batches) > 1<<16 {
+		if len(m.Batches) > maxMarks {
 			return bad("%d batch marks", len(m.Batches))
+		}
+		if m.BatchesFile && len(m.Batches) > 0 {
+			return bad("batch marks both here and in the message file")
 		}
 		for i, b := range m.Batches {
 			if b.Batch < 0 || b.EndUS < b.StartUS || (i > 0 && b.Batch <= m.Batches[i-1].Batch) {

@@ -495,6 +495,11 @@ func (r *replay) spoolWrite(s *snapshot.Snapshot, kind string, msg *Message) err
 		os.Remove(filepath.Join(spool, companion(name)))
 		return err
 	}
+	if len(msg.Batches) > SocketMarks { // as the hook does: the file beside has them all
+		short := *msg
+		short.Batches, short.BatchesFile = nil, true
+		msg = &short
+	}
 	r.send(msg)
 	return nil
 }

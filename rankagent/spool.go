@@ -133,11 +133,11 @@ func (s *spool) incomingMessage(name string) *Message {
 		return nil
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxLine+1))
+	b, err := io.ReadAll(io.LimitReader(f, MaxMessageFile+1))
 	if err != nil {
 		return nil
 	}
-	m, err := ParseMessage(b)
+	m, err := ParseMessageFile(b)
 	if err != nil || m.Type != "snapshot" || m.File != name {
 		return nil
 	}

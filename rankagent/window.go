@@ -67,10 +67,18 @@ func (a *Agent) post(e WindowEvent) {
 // dispatcher runs callbacks one at a time, in order, on its own goroutine, so the
 // agent never calls out while holding a lock and a slow callback blocks no one.
 type dispatcher struct {
-	mu     sync.Mutex
-	q      []func()
-	wake   chan struct{}
-	closed bool
+	mu      sync.Mutex
+	q       []func()
+	wake    chan struct{}
+	closed  bool
+	running bool // a callback runs now
+}
+
+// idle reports whether no callback waits or runs.
+func (d *dispatcher) idle() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.q) == 0 && !d.running
 }
 
 func newDispatcher() *dispatcher { return &dispatcher{wake: make(chan struct{}, 1)} }
@@ -101,10 +109,14 @@ func (d *dispatcher) run() {
 		d.mu.Lock()
 		q, closed := d.q, d.closed
 		d.q = nil
+		d.running = len(q) > 0
 		d.mu.Unlock()
 		for _, f := range q {
 			f()
 		}
+		d.mu.Lock()
+		d.running = false
+		d.mu.Unlock()
 		if len(q) == 0 {
 			if closed {
 				return
@@ -195,6 +207,15 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	if err != nil {
 		a.log.Error("could not spool the trainer's snapshot", "file", m.File, "err", err)
 		return
+	}
+	if m.BatchesFile {
+		// a long window's marks are only in the message file beside the snapshot
+		full := a.sp.incomingMessage(m.File)
+		if full == nil || full.Window != m.Window || full.Reason != m.Reason {
+			a.log.Warn("the snapshot's batch marks are not in the file beside it; it is kept as partial", "file", m.File)
+		} else {
+			m.Batches = full.Batches
+		}
 	}
 	a.mu.Lock()
 	batch := a.batch

@@ -95,7 +95,7 @@ func ParsePlan(b []byte) (*Plan, error) {
 			return nil, bad("plan ranks are not increasing ranks of the world")
 		}
 	}
-	return &p, checkText(p.Leader, p.Reason, p.Manifest, p.Cause)
+	return &p, checkText(p.Run, p.Leader, p.Reason, p.Manifest, p.Cause, p.Request)
 }
 
 // ParseReport parses and checks a rank's report.

@@ -83,6 +83,7 @@ type Term struct {
 // Plan is a window as its leader planned it.
 type Plan struct {
 	Version    int    `json:"version"`
+	Run        string `json:"run"` // the run's name: the log is at <store>/<run>/memsnap/
 	ID         uint64 `json:"window"`
 	Term       uint64 `json:"term"`
 	Leader     string `json:"leader"`
@@ -95,7 +96,8 @@ type Plan struct {
 	Stop      int64 `json:"stop"`
 	WorldSize int   `json:"world_size"`
 	Ranks     []int `json:"ranks"` // the ranks asked to record it
-	// Manifest is where the window's manifest goes once published.
+	// Manifest is where the window's manifest goes once published (a key in the
+	// store the log is in, relative to the store's root as the agents open it).
 	Manifest string    `json:"manifest"`
 	Created  time.Time `json:"created"`
 	// Deadline is when the window should have ended; a leader that finds it
@@ -105,6 +107,9 @@ type Plan struct {
 	// how (nil and "" otherwise).
 	FailedRank *int   `json:"failed_rank,omitempty"`
 	Cause      string `json:"cause,omitempty"`
+	// Request names the request the window serves (the asking member and its
+	// request's id), so a leader that finds it served already does not plan it again
+	Request string `json:"request,omitempty"`
 }
 
 // Report is what one rank stored for one window.
@@ -342,6 +347,24 @@ func (l *Log) ReadPlan(ctx context.Context, id uint64) (*Plan, error) {
 		return nil, fmt.Errorf("%w: %s names window %d", ErrMalformed, l.PlanKey(id), p.ID)
 	}
 	return p, nil
+}
+
+// Latest reads the n newest plans (by id), newest first; a plan that does not
+// read is left out.
+func (l *Log) Latest(ctx context.Context, n int) ([]*Plan, error) {
+	ids, err := l.PlanIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Plan
+	for i := len(ids) - 1; i >= 0 && len(out) < n; i-- {
+		if p, err := l.ReadPlan(ctx, ids[i]); err == nil {
+			out = append(out, p)
+		} else if !errors.Is(err, ErrMalformed) && !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // Unfinished lists the plans without an outcome, oldest first.

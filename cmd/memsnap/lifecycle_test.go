@@ -374,9 +374,16 @@ func storeDown(t *testing.T, onRetry func(m *testutil.MinIOServer, pc *procClust
 // relaunched while such a window is unfinished publishes it when it starts.
 func TestFaultStoreDownDuringMerge(t *testing.T) {
 	t.Run("the leader retries", func(t *testing.T) {
-		_, _, _, res := storeDown(t, func(m *testutil.MinIOServer, pc *procCluster) { m.Start() })
+		pc, m, _, res := storeDown(t, func(m *testutil.MinIOServer, pc *procCluster) { m.Start() })
 		if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 1]" || !strings.Contains(res.Missing[2], "no sign of life") {
 			t.Fatalf("result %+v", res)
+		}
+		// ls of the store's prefix (opened at the bucket, where the run's log keys
+		// are relative to the prefix) shows the window once, published
+		code, out, errOut := runCLI(t, "ls", "--endpoint", m.Endpoint, "--access-key", m.AccessKey, "--secret-key", m.SecretKey, pc.o.storeArgs[1])
+		rows := lsRows(out)
+		if r := rows["1"]; code != 0 || len(rows) != 1 || r["RUN"] != pc.run || r["STATE"] != "published" || r["RANKS"] != "2/3" {
+			t.Fatalf("ls: %d\n%s\n%s", code, out, errOut)
 		}
 	})
 	t.Run("a relaunched cluster publishes it", func(t *testing.T) {
@@ -408,33 +415,47 @@ func TestFaultStoreDownDuringMerge(t *testing.T) {
 	})
 }
 
-// TestFaultTrainerDiesMidWindow: the leader's own trainer is killed (SIGKILL: no
-// dump) in the middle of a window; its agent says so at once, and the window is
-// merged without it, the reason in the manifest, long before the collection's
-// time-out (here 10 minutes). A crash post-mortem of the live ranks is published
-// too, naming the rank whose trainer died.
+// TestFaultTrainerDiesMidWindow: a trainer is killed (SIGKILL: no dump) in the
+// middle of a window, the leader's own or another rank's; its agent says so at
+// once (and stays until the cluster heard it), and the window is merged without
+// it, the reason in the manifest, long before the collection's time-out (here 10
+// minutes). A crash post-mortem of the live ranks is published too, naming the
+// rank whose trainer died.
 func TestFaultTrainerDiesMidWindow(t *testing.T) {
-	dir := t.TempDir()
-	pc := startProcs(t, 3, procOpts{storeArgs: []string{"--store", dir}, collect: "10m"})
-	c := pc.client(3)
-	trainer := trainerPID(t, pc, 0)
-	var killed atomic.Bool
-	res := ask(t, c, 100, 90*time.Second, func(u coordinator.Update) {
-		if u.Rank == 0 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
-			syscall.Kill(trainer, syscall.SIGKILL)
-		}
-	})
-	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[1 2]" || !strings.Contains(res.Missing[0], "killed by signal 9") {
-		t.Fatalf("result %+v", res)
-	}
-	m := manifestAt(t, dir, pc.run, res.Window)
-	if !strings.Contains(m.MissingReasons["0"], "during the window") {
-		t.Fatalf("the manifest's reason for rank 0: %q", m.MissingReasons["0"])
-	}
-	st, _ := store.OpenDir(dir, false)
-	pm := waitOutcome(t, st, pc.run, res.Window+1, 30*time.Second)
-	if pm.Kind != runlog.KindCrash || fmt.Sprint(pm.Ranks) != "[1 2]" || !strings.Contains(pm.Missing["0"], "without a snapshot") {
-		t.Fatalf("the crash post-mortem: %+v", pm)
+	for _, dying := range []int{0, 2} {
+		t.Run(fmt.Sprintf("rank %d", dying), func(t *testing.T) {
+			dir := t.TempDir()
+			pc := startProcs(t, 3, procOpts{storeArgs: []string{"--store", dir}, collect: "10m"})
+			c := pc.client(3)
+			trainer := trainerPID(t, pc, dying)
+			var killed atomic.Bool
+			res := ask(t, c, 100, 90*time.Second, func(u coordinator.Update) {
+				if u.Rank == dying && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
+					syscall.Kill(trainer, syscall.SIGKILL)
+				}
+			})
+			var want []int32
+			for r := 0; r < 3; r++ {
+				if r != dying {
+					want = append(want, int32(r))
+				}
+			}
+			if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != fmt.Sprint(want) || !strings.Contains(res.Missing[int32(dying)], "killed by signal 9") {
+				t.Fatalf("result %+v", res)
+			}
+			m := manifestAt(t, dir, pc.run, res.Window)
+			if !strings.Contains(m.MissingReasons[fmt.Sprint(dying)], "during the window") {
+				t.Fatalf("the manifest's reason for rank %d: %q", dying, m.MissingReasons[fmt.Sprint(dying)])
+			}
+			st, _ := store.OpenDir(dir, false)
+			pm := waitOutcome(t, st, pc.run, res.Window+1, 30*time.Second)
+			if pm.Kind != runlog.KindCrash || fmt.Sprint(pm.Ranks) != strings.ReplaceAll(fmt.Sprint(want), " ", " ") || !strings.Contains(pm.Missing[fmt.Sprint(dying)], "without a snapshot") {
+				t.Fatalf("the crash post-mortem: %+v", pm)
+			}
+			if code := pc.exited(dying, time.Minute); code != 128+int(syscall.SIGKILL) {
+				t.Fatalf("the agent of the killed trainer exited %d", code)
+			}
+		})
 	}
 }
 

@@ -171,22 +171,33 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 		}
 		for _, id := range ids {
 			row := windowRow{run: run, id: id, state: "unfinished"}
+			// the log's keys are relative to the store the agents opened: its
+			// root is what lies before the run's name here
+			root := ""
 			if p, err := rl.ReadPlan(ctx, id); err == nil {
-				row.plan, row.kind, row.when, row.manifest = p, p.Kind, p.Created, p.Manifest
+				row.plan, row.kind, row.when = p, p.Kind, p.Created
+				if p.Run != "" && strings.HasSuffix(run, p.Run) {
+					root = strings.TrimSuffix(run, p.Run)
+					row.run = p.Run
+				}
+				row.manifest = root + p.Manifest
 			} else {
 				row.state, row.kind = "unreadable: "+err.Error(), "?"
 			}
 			if o, err := rl.ReadOutcome(ctx, id); err == nil {
 				row.outcome, row.state, row.when = o, o.State, o.Finished
 				if o.Manifest != "" {
-					row.manifest = o.Manifest
+					row.manifest = root + o.Manifest
 				}
+			} else if errors.Is(err, runlog.ErrMalformed) {
+				row.state = "outcome unreadable: " + err.Error()
 			}
 			if row.manifest != "" {
 				claimed[row.manifest] = true
-				if m, err := merge.ReadManifest(ctx, st, row.manifest); err == nil {
+				// the manifest is the truth, when it is this window's
+				if m, err := merge.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
 					row.pub = &merge.Published{Key: row.manifest, Manifest: m}
-					row.state = runlog.Published // the manifest is the truth
+					row.state = runlog.Published
 				}
 			}
 			rows = append(rows, row)

@@ -754,6 +754,7 @@ type Status struct {
 	Trainer       bool                   `protobuf:"varint,9,opt,name=trainer,proto3" json:"trainer,omitempty"`                  // a trainer is connected
 	Seen          uint64                 `protobuf:"varint,10,opt,name=seen,proto3" json:"seen,omitempty"`                       // the newest window id it has seen (armed, refused, cancelled or gossiped)
 	Term          uint64                 `protobuf:"varint,11,opt,name=term,proto3" json:"term,omitempty"`                       // the newest leadership term it has seen
+	Spooled       []uint64               `protobuf:"varint,12,rep,packed,name=spooled,proto3" json:"spooled,omitempty"`          // windows whose snapshot waits in its spool for the store
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -863,6 +864,13 @@ func (x *Status) GetTerm() uint64 {
 		return x.Term
 	}
 	return 0
+}
+
+func (x *Status) GetSpooled() []uint64 {
+	if x != nil {
+		return x.Spooled
+	}
+	return nil
 }
 
 // Plan asks every rank to record the batches [start, stop).
@@ -1294,6 +1302,7 @@ type SnapshotRequest struct {
 	Kind          WindowKind             `protobuf:"varint,5,opt,name=kind,proto3,enum=memsnap.v1.WindowKind" json:"kind,omitempty"`    // a window (on demand) or a post-mortem
 	Cause         string                 `protobuf:"bytes,6,opt,name=cause,proto3" json:"cause,omitempty"`                              // a post-mortem: how the rank failed
 	AtUs          int64                  `protobuf:"varint,7,opt,name=at_us,json=atUs,proto3" json:"at_us,omitempty"`                   // a post-mortem: when (the failing rank's clock)
+	ExpiresUs     int64                  `protobuf:"varint,8,opt,name=expires_us,json=expiresUs,proto3" json:"expires_us,omitempty"`    // a window: the asker stops waiting then (0: never); later it is not planned
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1373,6 +1382,13 @@ func (x *SnapshotRequest) GetCause() string {
 func (x *SnapshotRequest) GetAtUs() int64 {
 	if x != nil {
 		return x.AtUs
+	}
+	return 0
+}
+
+func (x *SnapshotRequest) GetExpiresUs() int64 {
+	if x != nil {
+		return x.ExpiresUs
 	}
 	return 0
 }
@@ -1708,7 +1724,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"clockReply\x12&\n" +
 	"\x04dump\x18\x15 \x01(\v2\x10.memsnap.v1.DumpH\x00R\x04dumpB\x06\n" +
 	"\x04body\"\x0f\n" +
-	"\rStatusRequest\"\xac\x02\n" +
+	"\rStatusRequest\"\xc6\x02\n" +
 	"\x06Status\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x03R\x05batch\x12\x17\n" +
 	"\astep_us\x18\x02 \x01(\x03R\x06stepUs\x12\x17\n" +
@@ -1721,7 +1737,8 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\atrainer\x18\t \x01(\bR\atrainer\x12\x12\n" +
 	"\x04seen\x18\n" +
 	" \x01(\x04R\x04seen\x12\x12\n" +
-	"\x04term\x18\v \x01(\x04R\x04term\"}\n" +
+	"\x04term\x18\v \x01(\x04R\x04term\x12\x18\n" +
+	"\aspooled\x18\f \x03(\x04R\aspooled\"}\n" +
 	"\x04Plan\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\x03R\x05start\x12\x12\n" +
 	"\x04stop\x18\x02 \x01(\x03R\x04stop\x12\x16\n" +
@@ -1759,7 +1776,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x05cause\x18\f \x01(\tR\x05cause\x12\x13\n" +
 	"\x05at_us\x18\r \x01(\x03R\x04atUs\" \n" +
 	"\x06Cancel\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xd1\x01\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xf0\x01\n" +
 	"\x0fSnapshotRequest\x12\x18\n" +
 	"\abatches\x18\x01 \x01(\x03R\abatches\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1f\n" +
@@ -1768,7 +1785,9 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x05watch\x18\x04 \x01(\bR\x05watch\x12*\n" +
 	"\x04kind\x18\x05 \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind\x12\x14\n" +
 	"\x05cause\x18\x06 \x01(\tR\x05cause\x12\x13\n" +
-	"\x05at_us\x18\a \x01(\x03R\x04atUs\"\x9c\x03\n" +
+	"\x05at_us\x18\a \x01(\x03R\x04atUs\x12\x1d\n" +
+	"\n" +
+	"expires_us\x18\b \x01(\x03R\texpiresUs\"\x9c\x03\n" +
 	"\fWindowResult\x12)\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x13.memsnap.v1.OutcomeR\x05state\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\tR\bmanifest\x12\x14\n" +

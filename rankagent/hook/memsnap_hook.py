@@ -52,6 +52,7 @@ __all__ = [
 PROTOCOL_VERSION = 1
 HOOK_VERSION = "memsnap-hook/2"
 MAX_LINE = 64 << 10
+SOCKET_MARKS = 256  # more batch marks than this go only into the message file beside the snapshot
 
 STOP_WAIT = 10.0   # seconds a stopping trainer waits for its messages to reach the agent
 OOM_RECENT = 5.0   # an OutOfMemoryError this soon after an OOM dump needs no crash dump
@@ -579,6 +580,12 @@ class Hook:
                 except OSError:
                     pass
             raise
+        if len(marks) > SOCKET_MARKS:
+            # a long window's marks would not fit a socket line: the file beside
+            # the snapshot holds them all
+            msg = dict(msg)
+            del msg["batches"]
+            msg["batches_file"] = True
         return msg
 
     def _on_message(self, line):
