@@ -218,8 +218,8 @@ func (c *Config) validate() error {
 			return err
 		}
 	}
-	if c.Identity.RunName == "" {
-		return errors.New("coordinator: no run name")
+	if err := naming.CheckRunName(c.Identity.RunName); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
 	}
 	switch {
 	case c.Memberlist == nil:

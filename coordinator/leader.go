@@ -409,6 +409,9 @@ func (l *leaderRun) resultOfOutcome(ctx context.Context, o *runlog.Outcome) *pb.
 		fmt.Sscan(r, &n)
 		res.Missing[n] = why
 	}
+	if p, err := l.rl.ReadPlan(ctx, o.ID); err == nil {
+		res.Start, res.Stop = p.Start, p.Stop
+	}
 	return res
 }
 

@@ -81,6 +81,12 @@ func (w *mlWriter) Write(p []byte) (int, error) {
 		if m == nil {
 			continue
 		}
+		if k.what == refusalKinds[0].what && m[1] == "" {
+			// no label at all: mostly a connection closed before it sent a byte
+			// (a member going away, a port probe), which is no one's mistake
+			w.log.Debug("a connection without a run label (closed before it sent anything, or gossip from outside memsnap)", "line", line)
+			return len(p), nil
+		}
 		w.ref.mu.Lock()
 		w.ref.count[k.what]++
 		n := w.ref.count[k.what]

@@ -143,7 +143,7 @@ func (l *leaderRun) inputs(ctx context.Context, w *win) (map[int]merge.Input, er
 		case s.result.Start != w.start || s.result.Stop != w.stop:
 			s.missing = fmt.Sprintf("its snapshot covers [%d, %d), the window is [%d, %d)", s.result.Start, s.result.Stop, w.start, w.stop)
 		default:
-			why, err := l.checkCoverage(ctx, s.result, w)
+			why, err := l.checkCoverage(ctx, s.result, r, w)
 			if err != nil {
 				return nil, err
 			}
@@ -253,7 +253,7 @@ func (l *leaderRun) input(res *pb.RankResult, r int) merge.Input {
 
 // checkCoverage reads a rank's sidecar and says why its batch marks are not
 // exactly the window's batches ("" when they are).
-func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, w *win) (string, error) {
+func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank int, w *win) (string, error) {
 	if r.MetaKey == "" {
 		return "its snapshot has no metadata", nil
 	}
@@ -270,6 +270,9 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, w *win)
 	}
 	if m.Window == nil || m.Window.ID != w.id {
 		return "its metadata names another window", nil
+	}
+	if m.Rank != rank || (m.RunName != "" && m.RunName != l.c.cfg.Identity.RunName) {
+		return fmt.Sprintf("its metadata is rank %d's of run %q", m.Rank, m.RunName), nil
 	}
 	if len(m.Batches) != int(w.stop-w.start) {
 		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), w.stop-w.start), nil

@@ -64,3 +64,16 @@ func TestParseS3Refuses(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckRunName(t *testing.T) {
+	for _, ok := range []string{"memsnap", "run-1", "mpi-1234", "a.b_c", "12345", "é"} {
+		if err := CheckRunName(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", ".", "..", "a/b", "../x", "a b", "a\tb", "a\nb", "a\\b", "\x7f", "\xff", strings.Repeat("x", MaxRunNameLen+1)} {
+		if err := CheckRunName(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -160,3 +161,28 @@ func isIPv4Like(b string) bool {
 }
 
 func isAlnum(c byte) bool { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') }
+
+// MaxRunNameLen is the longest run name, in bytes.
+const MaxRunNameLen = 128
+
+// CheckRunName checks a run's name: it names the run's objects, its run's log and
+// its gossip, so it is one path segment of printable characters, without
+// whitespace, of at most MaxRunNameLen bytes.
+func CheckRunName(s string) error {
+	switch {
+	case s == "":
+		return errors.New("naming: the run name is empty")
+	case len(s) > MaxRunNameLen:
+		return fmt.Errorf("naming: the run name is %d bytes, over the %d allowed", len(s), MaxRunNameLen)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("naming: the run name %q is not valid UTF-8", s)
+	case s == "." || s == "..":
+		return fmt.Errorf("naming: the run name %q is not a name", s)
+	}
+	for _, r := range s {
+		if r <= 0x20 || r == 0x7f || (r >= 0x80 && r <= 0xa0) || r == '/' || r == '\\' || unicode.IsSpace(r) {
+			return fmt.Errorf("naming: the run name %q holds %q (a run name is one word: letters, digits, '-', '_', '.')", s, r)
+		}
+	}
+	return nil
+}

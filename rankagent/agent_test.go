@@ -544,6 +544,9 @@ func TestIdentityFromEnv(t *testing.T) {
 		{"none", env(), Identity{}, false, false},
 		{"bad", env("RANK", "x", "WORLD_SIZE", "2"), Identity{}, true, true},
 		{"outside", env("RANK", "4", "WORLD_SIZE", "2"), Identity{}, true, true},
+		{"run name with a slash", env("RANK", "0", "WORLD_SIZE", "2", "TORCHELASTIC_RUN_ID", "../other"), Identity{}, true, true},
+		{"run name with a space", env("RANK", "0", "WORLD_SIZE", "2", "MEMSNAP_RUN_NAME", "my run"), Identity{}, true, true},
+		{"no run id", env("RANK", "1", "WORLD_SIZE", "2"), Identity{Rank: 1, WorldSize: 2, LocalWorldSize: 1, Launcher: "torchrun"}, true, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

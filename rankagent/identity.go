@@ -91,7 +91,11 @@ func IdentityFromEnv(getenv func(string) string) (Identity, bool, error) {
 	if v := firstEnv(getenv, "MEMSNAP_RUN_NAME", "COMPOSER_RUN_NAME", "RUN_NAME"); v != "" {
 		id.RunName = v
 	}
-	return id, true, id.Check()
+	chk := id
+	if chk.RunName == "" {
+		chk.RunName = "memsnap" // the default, set later
+	}
+	return id, true, chk.Check()
 }
 
 // mpiJobID is an Open MPI job's id, so two jobs writing to one store get run
@@ -137,6 +141,9 @@ func slurmTasksPerNode(vals ...string) int {
 
 // Check refuses an inconsistent identity.
 func (id Identity) Check() error {
+	if err := naming.CheckRunName(id.RunName); err != nil {
+		return fmt.Errorf("rankagent: %w", err)
+	}
 	switch {
 	case id.WorldSize < 1:
 		return fmt.Errorf("rankagent: world size %d", id.WorldSize)

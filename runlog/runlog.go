@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/memsnap/memsnap/internal/store"
 )
@@ -35,8 +36,29 @@ import (
 // Version is the format version of every record.
 const Version = 1
 
-// maxRecord bounds how much of one record is read (a plan lists up to 65,536 ranks).
-const maxRecord = 4 << 20
+// maxRecord bounds how much of one record is read (a plan lists up to 65,536
+// ranks; an outcome up to as many reasons, each at most MaxReason bytes).
+const maxRecord = 16 << 20
+
+// MaxReason and MaxError bound the text of one missing rank's reason and of an
+// outcome's error, as written: longer ones are cut (a rank's reasons are its
+// own words, and a rank that lies must not make the outcome unreadable).
+const (
+	MaxReason = 200
+	MaxError  = 4096
+)
+
+// Cut shortens s to at most n bytes on a rune boundary, marking the cut.
+func Cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n - len("…")
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
+}
 
 // MaxID bounds window ids and terms, as the cluster's messages do.
 const MaxID = uint64(1) << 53
@@ -309,6 +331,14 @@ func (l *Log) CreatePlan(ctx context.Context, p Plan, atLeast uint64, manifest f
 		if err != nil {
 			return Plan{}, err
 		}
+		// the newest plan that reads (a malformed object under plans/ is not one:
+		// a window id past it is not taken for its name's sake)
+		for skip := 0; len(ids) > 0 && skip < 8; skip++ {
+			if _, err := l.ReadPlan(ctx, ids[len(ids)-1]); !errors.Is(err, ErrMalformed) {
+				break
+			}
+			ids = ids[:len(ids)-1]
+		}
 		p.ID = max(atLeast, 1)
 		if len(ids) > 0 {
 			p.ID = max(p.ID, ids[len(ids)-1]+1)
@@ -409,6 +439,7 @@ func (l *Log) PutReport(ctx context.Context, r Report) error {
 	if r.At.IsZero() {
 		r.At = time.Now().UTC()
 	}
+	r.Partial, r.Error, r.Cause = Cut(r.Partial, MaxError), Cut(r.Error, MaxError), Cut(r.Cause, MaxError)
 	if err := r.check(); err != nil {
 		return err
 	}
@@ -457,6 +488,14 @@ func (l *Log) Finish(ctx context.Context, o Outcome) (Outcome, error) {
 	}
 	if o.Ranks == nil {
 		o.Ranks = []int{}
+	}
+	o.Error = Cut(o.Error, MaxError)
+	if len(o.Missing) > 0 {
+		m := make(map[string]string, len(o.Missing))
+		for k, v := range o.Missing {
+			m[k] = Cut(v, MaxReason)
+		}
+		o.Missing = m
 	}
 	err := l.put(ctx, l.OutcomeKey(o.ID), o, false)
 	if errors.Is(err, store.ErrExists) {

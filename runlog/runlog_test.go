@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -253,4 +255,54 @@ func FuzzParse(f *testing.F) {
 		}
 		ParseTerm(b)
 	})
+}
+
+// TestOutcomeReasonsAreCut: a rank's long reason (its own words) is cut when the
+// outcome is written, so an outcome of the largest world stays readable.
+func TestOutcomeReasonsAreCut(t *testing.T) {
+	st, err := store.OpenDir(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(st, "run")
+	long := strings.Repeat("é", 10_000)
+	missing := map[string]string{}
+	for r := 0; r < 65536; r++ {
+		missing[strconv.Itoa(r)] = long
+	}
+	o, err := l.Finish(context.Background(), Outcome{ID: 1, State: Failed, Error: long, Missing: missing})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.Error) > MaxError || len(o.Missing["7"]) > MaxReason || !utf8.ValidString(o.Missing["7"]) || !strings.HasSuffix(o.Missing["7"], "…") {
+		t.Fatalf("error %d bytes, reason %d bytes %q", len(o.Error), len(o.Missing["7"]), o.Missing["7"])
+	}
+	back, err := l.ReadOutcome(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Missing) != 65536 || back.Missing["65535"] != o.Missing["65535"] {
+		t.Fatalf("read back %d reasons", len(back.Missing))
+	}
+}
+
+// TestMalformedTopPlanDoesNotTakeTheIDs: garbage stored under a huge window id
+// (a bad write, a hostile one) does not push every new window id to the end of
+// the range.
+func TestMalformedTopPlanDoesNotTakeTheIDs(t *testing.T) {
+	st, err := store.OpenDir(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l := New(st, "gpt")
+	if _, err := st.Put(ctx, l.PlanKey(MaxID), strings.NewReader("garbage"), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for want := uint64(1); want <= 2; want++ {
+		p, err := l.CreatePlan(ctx, Plan{Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1, Leader: "gpt/rank0", Deadline: time.Now().Add(time.Hour)}, 0, nil)
+		if err != nil || p.ID != want {
+			t.Fatalf("plan %d: %+v %v", want, p, err)
+		}
+	}
 }

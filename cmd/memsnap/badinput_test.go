@@ -52,6 +52,7 @@ func TestBadStoresFailAtOnce(t *testing.T) {
 		{[]string{"--store", "ftp://host/x"}, `unsupported store URL scheme "ftp"`},
 		{[]string{"--store", "s3://My_Bucket/x"}, `bucket name "My_Bucket"`},
 		{[]string{"--store", "s3://ab/x"}, "3 to 63 characters"},
+		{[]string{"--run-name", "../x"}, `the run name "../x" holds '/'`},
 		{[]string{"--store", "s3://" + testutil.BucketName(t) + "/x", "--endpoint", m.Endpoint, "--access-key", m.AccessKey, "--secret-key", "wrong"}, "access denied"},
 	}
 	for _, c := range cases {
@@ -150,4 +151,13 @@ func TestProgressThroughAnyMember(t *testing.T) {
 	}
 	_ = os.Getpid
 	_ = syscall.SIGTERM
+}
+
+// TestLsCellsArePrintable: text from the store (a rank's reason, a crash's cause)
+// cannot move the terminal's cursor, break a row, or fill the screen.
+func TestLsCellsArePrintable(t *testing.T) {
+	got := printable("a\tb\nc\x1b[2Jd\xffe\u0085" + strings.Repeat("x", 1000))
+	if strings.ContainsAny(got, "\t\n\x1b\u0085") || !strings.HasPrefix(got, "a b c?[2Jd?e?") || len(got) > 300 {
+		t.Fatalf("%q", got)
+	}
 }

@@ -190,6 +190,9 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if name == "" {
 		return errors.New("no run name: pass --run (the agents' --run-name)")
 	}
+	if *timeout <= 0 || *joinTimeout <= 0 {
+		return fmt.Errorf("--timeout %v, --join-timeout %v: both must be more than zero", *timeout, *joinTimeout)
+	}
 	if *batches < 0 || *batches > coordinator.MaxWindowBatches {
 		return fmt.Errorf("--batches %d: a window is 1 to %d batches (0: the leader's --interval)", *batches, coordinator.MaxWindowBatches)
 	}
@@ -238,6 +241,9 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return fmt.Errorf("joining the cluster of run %q: %w", name, runErr)
 	case <-leader:
 		if _, ok := c.Leader(); !ok {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("gave up after --timeout %v: joined through %v, and no rank of run %q became a member", *timeout, cfg.Join, name)
+			}
 			return fmt.Errorf("joined through %v, but no rank of run %q is a member: %w", cfg.Join, name, ctx.Err())
 		}
 	}
@@ -274,6 +280,12 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return nil
 	}
 	if res.State != pb.Outcome_OUTCOME_PUBLISHED {
+		for _, r := range sortedMissing(res.Missing) {
+			fmt.Fprintf(stdout, "  rank %d missing: %s\n", r, res.Missing[int32(r)])
+		}
+		if p.window == 0 {
+			return fmt.Errorf("the window failed before it was planned: %s", res.Error)
+		}
 		return fmt.Errorf("window %d failed: %s", p.window, res.Error)
 	}
 	what := "window"

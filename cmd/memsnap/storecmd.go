@@ -15,6 +15,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
@@ -272,7 +273,27 @@ func (r windowRow) line() string {
 	if run == "" {
 		run = "-"
 	}
-	return strings.Join([]string{run, win, kind, r.state, batches, ranks, missing, outlier, when, where}, "\t")
+	cols := []string{run, win, kind, r.state, batches, ranks, missing, outlier, when, where}
+	for i, c := range cols {
+		cols[i] = printable(c)
+	}
+	return strings.Join(cols, "\t")
+}
+
+// printable makes text from the store safe for one cell of a terminal table:
+// tabs, newlines and other control characters (a terminal's escapes among
+// them) become spaces or escapes, and it is cut at 300 bytes.
+func printable(s string) string {
+	s = strings.Map(func(r rune) rune {
+		switch {
+		case r == '\t' || r == '\n' || r == '\r':
+			return ' '
+		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == utf8.RuneError:
+			return '?'
+		}
+		return r
+	}, s)
+	return runlog.Cut(s, 300)
 }
 
 func (r windowRow) world() int {
