@@ -401,6 +401,12 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 			pending = true
 		case ok && st.st.Window == p.ID:
 			s.missing = "the window ended on the rank without a snapshot (" + stepName(st.st.State) + ")"
+		case !ok && now.Before(p.Deadline):
+			// not a member now, but it may be rejoining (a restarted member's
+			// name is taken for dead a moment): it has JoinGrace to show up
+			s.lastSign, s.acked = now.Add(min(c.cfg.JoinGrace-c.cfg.CollectTimeout, 0)), true
+			s.gone = "not a member now, and no snapshot of it in the run's log"
+			pending = true
 		case !ok:
 			s.missing = "not a member now, and no snapshot of it in the run's log"
 		default:

@@ -30,6 +30,7 @@ type rankState struct {
 	batch    int64
 	retryAt  time.Time // when to send the command again (it saw another leader)
 	leftOut  bool      // not in the window's plan: nothing of it is taken
+	gone     string    // why it is missing if it shows no sign of life in time (else the silence is the reason)
 }
 
 // failure is a rank's trainer failing, as a post-mortem records it.
@@ -696,7 +697,7 @@ func (l *leaderRun) checkAlive(ctx context.Context, w *win) {
 			}
 		}
 		if now.Sub(s.lastSign) > l.c.cfg.CollectTimeout && !w.postmortem() { // a post-mortem has its own short deadline
-			s.missing = fmt.Sprintf("no sign of life for %v", l.c.cfg.CollectTimeout)
+			s.missing = nonEmpty(s.gone, fmt.Sprintf("no sign of life for %v", l.c.cfg.CollectTimeout))
 			l.tell(w, r, pb.Step_STEP_MISSING, s.batch, s.missing)
 		}
 	}

@@ -48,9 +48,18 @@ func mpiJob(t *testing.T, n, base int, key string, store string) (*exec.Cmd, *sy
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
+		// mpirun stops its processes on SIGTERM and exits when they are gone, so
+		// nothing writes into the test's folders as they are removed
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+		}
 		if t.Failed() {
 			t.Logf("mpirun said:\n%s", out)
 		}
@@ -96,7 +105,6 @@ func TestOpenMPIJob(t *testing.T) {
 		t.Fatalf("snapshot: exit %d, %v, %q\n%s\nmpirun:\n%s", code, err, sout.String(), serr.String(), out)
 	}
 	syscall.Kill(-job.Process.Pid, syscall.SIGTERM)
-	job.Wait()
 	_, _, run2 := mpiJob(t, 3, testutil.FreePorts(t, 3), key, store)
 	if run2 == run {
 		t.Fatalf("two Open MPI jobs share the run name %q", run)
