@@ -784,7 +784,14 @@ const stoppingHold = time.Minute
 func (a *Agent) TrainerSignalled(sig os.Signal) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !a.stopped {
+	switch {
+	case a.stopped:
+	case a.win == nil && !a.cfg.RecordAlways:
+		// no window and no history kept: the trainer has nothing to give a
+		// post-mortem, and a job ended by its launcher (scancel, mpirun, a
+		// time limit) is no incident; a window that comes now is missed as usual
+		a.log.Info("the trainer is being stopped; it keeps no allocator history, so no crash post-mortem is asked for", "cause", signalCause(sig))
+	default:
 		a.noteStoppingLocked(signalCause(sig), time.Now())
 	}
 }

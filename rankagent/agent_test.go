@@ -9,9 +9,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -615,5 +617,33 @@ func TestLongWindow(t *testing.T) {
 	meta, err := merge.ParseRankMeta(b)
 	if err != nil || len(meta.Batches) != 1500 || meta.Batches[1499].Batch != w.Stop-1 {
 		t.Fatalf("the sidecar's marks: %v, %d", err, len(meta.Batches))
+	}
+}
+
+// TestTeardownWithoutHistoryIsNoIncident: a launcher stopping a trainer that keeps
+// no allocator history (no window, no --record-always) asks for no crash
+// post-mortem: it would hold nothing. With --record-always it does.
+func TestTeardownWithoutHistoryIsNoIncident(t *testing.T) {
+	for _, always := range []bool{false, true} {
+		cfg := DefaultConfig(testID(0))
+		dir := t.TempDir()
+		cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
+		cfg.RecordAlways = always
+		var mu sync.Mutex
+		var states []WindowState
+		cfg.OnWindow = func(e WindowEvent) {
+			mu.Lock()
+			states = append(states, e.State)
+			mu.Unlock()
+		}
+		h := startAgent(t, cfg)
+		h.agent.TrainerSignalled(syscall.SIGTERM)
+		testutil.Eventually(t, 10*time.Second, "the agent idle", h.agent.Idle)
+		mu.Lock()
+		got := slices.Contains(states, WindowStopping)
+		mu.Unlock()
+		if got != always {
+			t.Errorf("record-always %v: events %v", always, states)
+		}
 	}
 }
