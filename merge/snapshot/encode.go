@@ -60,6 +60,12 @@ type encoder struct {
 	next       uint32
 	shift      int64 // added to every trace entry's time_us
 	err        error
+	// a typed object (entry, block, segment, snapshot) met as a generic value, inside
+	// another's extra fields: memoNext is memoised as its dict opens (so one that
+	// holds itself is written as a reference, and one shared is written once), and
+	// nest is the depth its own extra fields are written at
+	memoNext any
+	nest     int
 }
 
 func (e *encoder) op(b byte) { e.buf = append(e.buf, b) }
@@ -187,6 +193,10 @@ type dictState struct{ n, inBatch int }
 
 func (e *encoder) openDict(n int) dictState {
 	e.op(opEMPTY_DICT)
+	if e.memoNext != nil {
+		e.remember(e.memoNext)
+		e.memoNext = nil
+	}
 	if n > 0 {
 		e.op(opMARK)
 	}
@@ -282,13 +292,13 @@ func (e *encoder) snapshot(s *Snapshot) {
 	}
 	if s.Has&SnapAllocatorSettings != 0 {
 		e.key(&st, fAllocatorSettings)
-		e.value(s.AllocatorSettings, 1)
+		e.value(s.AllocatorSettings, e.nest+1)
 	}
 	if s.Has&SnapExternalAnnotations != 0 {
 		e.key(&st, fExternalAnnotations)
-		e.value(s.ExternalAnnotations, 1)
+		e.value(s.ExternalAnnotations, e.nest+1)
 	}
-	e.extras(&st, s.Extra, 1)
+	e.extras(&st, s.Extra, e.nest+1)
 	e.closeDict(st)
 }
 
@@ -394,7 +404,7 @@ func (e *encoder) entry(t *TraceEntry) {
 		e.key(&st, fFrames)
 		e.frameList(t.Frames)
 	}
-	e.extras(&st, t.Extra, 2)
+	e.extras(&st, t.Extra, e.nest+2)
 	e.closeDict(st)
 }
 
@@ -420,7 +430,7 @@ func (e *encoder) block(b *Block) {
 		e.key(&st, fFrames)
 		e.frameList(b.Frames)
 	}
-	e.extras(&st, b.Extra, 2)
+	e.extras(&st, b.Extra, e.nest+2)
 	e.closeDict(st)
 }
 
@@ -448,7 +458,7 @@ func (e *encoder) segment(g *Segment) {
 	}
 	if h&SegSegmentPoolID != 0 {
 		e.key(&st, fSegmentPoolID)
-		e.value(g.SegmentPoolID, 2)
+		e.value(g.SegmentPoolID, e.nest+2)
 	}
 	if h&SegIsExpandable != 0 {
 		e.key(&st, fIsExpandable)
@@ -462,7 +472,7 @@ func (e *encoder) segment(g *Segment) {
 		e.key(&st, fBlocks)
 		e.list(len(g.Blocks), func(i int) { e.block(g.Blocks[i]) })
 	}
-	e.extras(&st, g.Extra, 2)
+	e.extras(&st, g.Extra, e.nest+2)
 	e.closeDict(st)
 }
 
@@ -536,14 +546,24 @@ func (e *encoder) value(v Value, depth int) {
 		e.closeDict(st)
 	case *Frame:
 		e.frame(x)
-	case *TraceEntry:
-		e.entry(x)
-	case *Block:
-		e.block(x)
-	case *Segment:
-		e.segment(x)
-	case *Snapshot:
-		e.snapshot(x)
+	case *TraceEntry, *Block, *Segment, *Snapshot:
+		if id, ok := e.objs[v]; ok {
+			e.get(id)
+			return
+		}
+		saved := e.nest
+		e.nest, e.memoNext = depth+1, v
+		switch x := v.(type) {
+		case *TraceEntry:
+			e.entry(x)
+		case *Block:
+			e.block(x)
+		case *Segment:
+			e.segment(x)
+		case *Snapshot:
+			e.snapshot(x)
+		}
+		e.nest = saved
 	default:
 		if e.err == nil {
 			e.err = fmt.Errorf("snapshot: cannot encode a %T", v)

@@ -320,3 +320,37 @@ func (r repeatByte) Read(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+func TestTypedObjectsInExtrasStayLinear(t *testing.T) {
+	// an entry that holds itself in an unknown field (a pickle can: its dict is in
+	// the memo before its items are set) encodes as a reference, not forever
+	e := &TraceEntry{Action: "alloc", Has: EntryAction}
+	e.Extra = []Item{{Key: "me", Value: e}}
+	s := &Snapshot{Has: SnapDeviceTraces, DeviceTraces: [][]*TraceEntry{{e}}}
+	if _, err := EncodeBytes(s); err != nil {
+		t.Fatalf("self-holding entry: %v", err)
+	}
+
+	// twenty levels of blocks, each holding the next one ten times: written once each
+	leaf := &Block{Has: BlockSize, Size: 512}
+	cur := leaf
+	for i := 0; i < 20; i++ {
+		up := &Block{Has: BlockSize, Size: 512}
+		for j := 0; j < 10; j++ {
+			up.Extra = append(up.Extra, Item{Key: int64(j), Value: cur})
+		}
+		cur = up
+	}
+	seg := &Segment{Has: SegBlocks, Blocks: []*Block{cur}}
+	s = &Snapshot{Has: SnapSegments, Segments: []*Segment{seg}}
+	out, err := EncodeBytes(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) > 64<<10 {
+		t.Fatalf("twenty levels of shared blocks wrote %d bytes", len(out))
+	}
+	if _, err := Decode(out); err != nil {
+		t.Fatalf("our own encoding does not decode: %v", err)
+	}
+}
