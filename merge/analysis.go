@@ -69,6 +69,13 @@ type RankAnalysis struct {
 	OOMs              []OOM         `json:"ooms"`
 	Batches           []BatchFigure `json:"batches,omitempty"`
 	Curve             Curve         `json:"curve"`
+	// Truncated is set when the history reached its cap and lost its oldest
+	// events; Leak when allocated bytes grow from batch to batch.
+	Truncated *Truncation `json:"truncated,omitempty"`
+	Leak      *Leak       `json:"leak,omitempty"`
+	// Outside is device memory in use beyond the allocator's reserved bytes, from
+	// the NVML samples in the window (nil without samples).
+	Outside *OutsideAllocator `json:"outside_allocator,omitempty"`
 }
 
 // SnapshotRef is a snapshot's size and SHA-256.
@@ -185,6 +192,8 @@ func (r *rankData) analysis(w window) *RankAnalysis {
 			a.PeakBatch = &b
 		}
 		a.Batches = hist.batchFigures(r.meta.Batches, w)
+		a.Truncated = r.truncation()
+		a.Leak = r.leak(a.Batches, w)
 	}
 	sites, tracked := r.sitesAt(peakIdx)
 	a.BeforeRecording = a.PeakAllocatedBytes - tracked
@@ -193,6 +202,9 @@ func (r *rankData) analysis(w window) *RankAnalysis {
 	}
 	a.Sites, a.OtherSites = splitSites(sites, AnalysisSites)
 	a.PeakPhase = peakPhase(r.trace, peakIdx)
+	if r.meta != nil {
+		a.Outside = outsideAllocator(a, r.meta.Samples, r.meta.Batches, w)
+	}
 	a.Curve = downsampleCurve(a.Curve, CurvePoints)
 	return a
 }
@@ -466,6 +478,23 @@ func (a *RankAnalysis) check() error {
 	for _, f := range a.Batches {
 		if f.EndUS < f.StartUS {
 			return fmt.Errorf("batch %d ends before it starts", f.Batch)
+		}
+	}
+	if t := a.Truncated; t != nil && (t.Events < 0 || t.MaxEntries < 0 || t.MissingUS < 0 || t.UnknownFrees < 0 || t.SuggestMaxEntries < 0) {
+		return errors.New("a truncation with negative figures")
+	}
+	if o := a.Outside; o != nil && (o.Samples < 0 || o.AtPeakBytes < 0 || o.MaxBytes < 0 ||
+		(o.ProcessAtPeakBytes != nil && *o.ProcessAtPeakBytes < 0) || (o.ProcessMaxBytes != nil && *o.ProcessMaxBytes < 0)) {
+		return errors.New("memory outside the allocator with negative figures")
+	}
+	if l := a.Leak; l != nil {
+		if l.Batches < 0 || len(l.Sites) > leakSites {
+			return fmt.Errorf("a leak over %d batches naming %d sites", l.Batches, len(l.Sites))
+		}
+		for _, s := range l.Sites {
+			if len(s.Site) > maxSiteName || s.Blocks < 0 || s.Batches < 0 {
+				return errors.New("a leak site's name is too long or its counts negative")
+			}
 		}
 	}
 	return nil

@@ -169,7 +169,8 @@ func rankSummary(lr *loadedRank) RankSummary {
 		PeakAllocatedBytes: a.PeakAllocatedBytes, PeakAllocatedTimeUS: at(a.PeakAllocatedUS), PeakAllocatedBatch: a.PeakBatch,
 		PeakAllocatedPhase: a.PeakPhase, PeakReservedBytes: a.PeakReservedBytes, PeakReservedTimeUS: at(a.PeakReservedUS),
 		EndAllocatedBytes: a.EndAllocatedBytes, EndReservedBytes: a.EndReservedBytes, AllocatedBeforeRecording: a.BeforeRecording,
-		TopSites: a.Sites[:min(topSites, len(a.Sites))], OOMs: make([]OOM, len(a.OOMs)), Note: a.Note}
+		TopSites: a.Sites[:min(topSites, len(a.Sites))], OOMs: make([]OOM, len(a.OOMs)), Note: a.Note,
+		Truncated: a.Truncated, Leak: a.Leak, OutsideAllocator: a.Outside}
 	for i, o := range a.OOMs {
 		o.TimeUS += sh
 		s.OOMs[i] = o
@@ -186,6 +187,9 @@ func rankSummary(lr *loadedRank) RankSummary {
 			s.PeakNVMLDeviceUsedBytes = max(s.PeakNVMLDeviceUsedBytes, x.DeviceUsedBytes)
 		}
 		s.StallUS = m.StallUS
+		if s.OutsideAllocator == nil {
+			s.OutsideAllocator = outsideAllocator(a, m.Samples, m.Batches, lr.w)
+		}
 	}
 	return s
 }

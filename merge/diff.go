@@ -34,6 +34,13 @@ type DiffSide struct {
 	// Complete is false when the side's analysis names only its largest sites:
 	// a site absent from it may still be among the rest.
 	Complete bool `json:"complete"`
+	// OutsideAllocatorBytes is device memory in use beyond the allocator's
+	// reserved bytes at the reserved peak (NVML; nil without samples).
+	OutsideAllocatorBytes *int64 `json:"outside_allocator_bytes,omitempty"`
+	// Truncated says the side's history lost its oldest events (its peak may be
+	// among them); LeakPerBatchBytes is its growth per batch when it leaks.
+	Truncated         bool  `json:"truncated,omitempty"`
+	LeakPerBatchBytes int64 `json:"leak_per_batch_bytes,omitempty"`
 }
 
 // SiteDiff is one site's bytes at each side's peak.
@@ -111,6 +118,14 @@ func diffSide(in DiffInput) DiffSide {
 	if a.Events > 0 {
 		s.PeakTimeUS = a.PeakAllocatedUS + in.ShiftUS
 	}
+	if a.Outside != nil {
+		o := a.Outside.AtPeakBytes
+		s.OutsideAllocatorBytes = &o
+	}
+	s.Truncated = a.Truncated != nil
+	if a.Leak != nil {
+		s.LeakPerBatchBytes = a.Leak.PerBatchBytes
+	}
 	return s
 }
 
@@ -168,6 +183,19 @@ func (d *RankDiff) WriteTable(w io.Writer, top int) error {
 	fmt.Fprintf(tw, "peak allocated\t%s\t%s\t%s\t\n", human(d.Base.PeakAllocatedBytes), human(d.Other.PeakAllocatedBytes), signed(d.PeakDeltaBytes))
 	fmt.Fprintf(tw, "at batch\t%s\t%s\t\t\n", batchText(d.Base.PeakBatch), batchText(d.Other.PeakBatch))
 	fmt.Fprintf(tw, "in phase\t%s\t%s\t\t\n", orDash(d.Base.PeakPhase), orDash(d.Other.PeakPhase))
+	if b, o := d.Base.OutsideAllocatorBytes, d.Other.OutsideAllocatorBytes; b != nil || o != nil {
+		delta := ""
+		if b != nil && o != nil {
+			delta = signed(*o - *b)
+		}
+		fmt.Fprintf(tw, "outside allocator\t%s\t%s\t%s\t\n", optBytes(b), optBytes(o), delta)
+	}
+	if d.Base.LeakPerBatchBytes > 0 || d.Other.LeakPerBatchBytes > 0 {
+		fmt.Fprintf(tw, "grows per batch\t%s\t%s\t\t\n", leakText(d.Base.LeakPerBatchBytes), leakText(d.Other.LeakPerBatchBytes))
+	}
+	if d.Base.Truncated || d.Other.Truncated {
+		fmt.Fprintf(tw, "history\t%s\t%s\t\t\n", truncText(d.Base.Truncated), truncText(d.Other.Truncated))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -233,4 +261,25 @@ func shortLabel(p string) string {
 		return p[i+1:]
 	}
 	return p
+}
+
+func optBytes(n *int64) string {
+	if n == nil {
+		return "—"
+	}
+	return human(*n)
+}
+
+func leakText(n int64) string {
+	if n <= 0 {
+		return "—"
+	}
+	return human(n)
+}
+
+func truncText(t bool) string {
+	if t {
+		return "truncated"
+	}
+	return "whole"
 }

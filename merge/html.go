@@ -74,6 +74,14 @@ type htmlView struct {
 	// summary has them all); WhyMore counts the rest.
 	Why     []htmlWhy
 	WhyMore int
+	// Findings are the summary's findings; Leaks the leaking ranks' sites
+	Findings []string
+	Leaks    []htmlLeak
+}
+
+type htmlLeak struct {
+	Rank int
+	L    *Leak
 }
 
 type htmlWhy struct {
@@ -87,6 +95,7 @@ const maxWhyRows = 64
 type htmlRow struct {
 	Rank                                           int
 	Peak, PeakAt, Batch, Phase, Reserved, End, OOM string
+	Outside                                        string
 	VsMedian                                       string
 	Outlier                                        bool
 }
@@ -131,6 +140,12 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 		n := min(diffRows, len(s.Diff.Sites))
 		v.Diff = &htmlDiff{D: s.Diff, Top: s.Diff.Sites[:n], More: s.Diff.Sites[n:]}
 	}
+	v.Findings = s.Findings()
+	for _, r := range s.Ranks {
+		if r.Leak != nil && len(r.Leak.Sites) > 0 && len(v.Leaks) < 8 {
+			v.Leaks = append(v.Leaks, htmlLeak{Rank: r.Rank, L: r.Leak})
+		}
+	}
 	t0 := firstEvent(s)
 	shown := func(r int) bool { return !d.Band || r == d.Median || (s.Spread != nil && r == s.Spread.OutlierRank) }
 	for _, r := range s.Ranks {
@@ -154,7 +169,10 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 // peakRow is a rank's row of the peaks table.
 func peakRow(s *Summary, r RankSummary, t0 int64) htmlRow {
 	row := htmlRow{Rank: r.Rank, Peak: human(r.PeakAllocatedBytes), Reserved: human(r.PeakReservedBytes), End: human(r.EndAllocatedBytes),
-		Batch: batchText(r.PeakAllocatedBatch), Phase: orDash(r.PeakAllocatedPhase), OOM: fmt.Sprint(len(r.OOMs))}
+		Batch: batchText(r.PeakAllocatedBatch), Phase: orDash(r.PeakAllocatedPhase), OOM: fmt.Sprint(len(r.OOMs)), Outside: "—"}
+	if o := r.OutsideAllocator; o != nil {
+		row.Outside = human(o.AtPeakBytes)
+	}
 	if r.Events > 0 {
 		row.PeakAt = fmt.Sprintf("%.3f s", float64(r.PeakAllocatedTimeUS-t0)/1e6)
 	}

@@ -29,6 +29,10 @@ details{margin:4px 0}summary{cursor:pointer}
 {{if .Why}}<details id="missing"{{if le (len .Why) 8}} open{{end}}><summary>{{len .S.MissingRanks}} rank(s) missing, and why</summary><table><tbody>
 {{range .Why}}<tr><td>rank {{.Rank}}</td><td class="l">{{dash .Reason}}</td></tr>
 {{end}}{{if .WhyMore}}<tr><td></td><td class="l">and {{.WhyMore}} more (merged.summary.json lists every one)</td></tr>{{end}}</tbody></table></details>{{end}}
+{{if .Findings}}<h2>Findings</h2><ul id="findings">{{range .Findings}}<li>{{.}}</li>
+{{end}}</ul>{{range .Leaks}}<table class="leak" id="leak-{{.Rank}}"><thead><tr><th class="l">rank {{.Rank}}: site whose blocks outlive their batch</th><th>per batch</th><th>batches</th><th>blocks</th><th>bytes</th></tr></thead><tbody>
+{{range .L.Sites}}<tr><td class="l">{{.Site}}</td><td>{{human .PerBatchBytes}}</td><td>{{.Batches}}</td><td>{{.Blocks}}</td><td>{{human .Bytes}}</td></tr>
+{{end}}</tbody></table>{{end}}{{end}}
 <div id="controls">x axis: <button id="axis-time" type="button">wall time</button> <button id="axis-batch" type="button" title="each rank's own batches: batch + the fraction of it done">batch</button>
 {{if .Band}} · rank: <select id="pick"><option value="">none</option>{{range .Rows}}<option value="{{.Rank}}">rank {{.Rank}} ({{.Peak}})</option>{{end}}</select>{{end}}</div>
 <div id="chart"><noscript>The chart is drawn by the page's own script; the tables below need none.</noscript></div>
@@ -47,8 +51,8 @@ details{margin:4px 0}summary{cursor:pointer}
 {{range .More}}<tr><td class="l">{{.Site}}</td><td>{{human .BaseBytes}}</td><td>{{human .OtherBytes}}</td><td>{{signed .DeltaBytes}}</td><td class="l">{{only $d .}}</td></tr>
 {{end}}</tbody></table></details>{{end}}{{end}}
 <h2>Peaks</h2>
-{{define "peakhead"}}<thead><tr><th>rank</th><th>peak allocated</th><th>at</th><th>batch</th><th>phase</th><th>vs median</th><th>peak reserved</th><th>allocated at end</th><th>OOMs</th></tr></thead>{{end}}
-{{define "peakrows"}}{{range .}}<tr{{if .Outlier}} class="outlier"{{end}}><td>{{.Rank}}</td><td>{{.Peak}}</td><td>{{.PeakAt}}</td><td>{{.Batch}}</td><td>{{.Phase}}</td><td>{{.VsMedian}}</td><td>{{.Reserved}}</td><td>{{.End}}</td><td>{{.OOM}}</td></tr>
+{{define "peakhead"}}<thead><tr><th>rank</th><th>peak allocated</th><th>at</th><th>batch</th><th>phase</th><th>vs median</th><th>peak reserved</th><th>allocated at end</th><th title="NVML device used less the allocator's reserved bytes, at the reserved peak">outside allocator</th><th>OOMs</th></tr></thead>{{end}}
+{{define "peakrows"}}{{range .}}<tr{{if .Outlier}} class="outlier"{{end}}><td>{{.Rank}}</td><td>{{.Peak}}</td><td>{{.PeakAt}}</td><td>{{.Batch}}</td><td>{{.Phase}}</td><td>{{.VsMedian}}</td><td>{{.Reserved}}</td><td>{{.End}}</td><td>{{.Outside}}</td><td>{{.OOM}}</td></tr>
 {{end}}{{end}}
 {{if .Band}}<table id="peaks">{{template "peakhead"}}<tbody>
 {{template "peakrows" .Notable}}</tbody></table>

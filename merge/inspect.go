@@ -21,9 +21,28 @@ func InspectFile(path string) (FileFigures, error) {
 // a merged .memsnap.pb timeline, whose device i is rank i) and computes its
 // figures. Only regular files are read; reading and decoding stop when ctx is done.
 func InspectFileContext(ctx context.Context, path string) (FileFigures, error) {
+	f, _, err := InspectFileHistory(ctx, path)
+	return f, err
+}
+
+// InspectFileHistory is InspectFileContext that also says whether the snapshot's
+// history was truncated, when a sidecar beside the file (X.memsnap.json) gives
+// the history's cap: nil when it was not, or nothing says. A sidecar that cannot
+// be read is not an error here (the figures stand without it).
+func InspectFileHistory(ctx context.Context, path string) (FileFigures, *Truncation, error) {
 	s, err := readSnapshotFile(ctx, path)
 	if err != nil {
-		return FileFigures{}, err
+		return FileFigures{}, nil, err
 	}
-	return s.ComputeFigures(), nil
+	fig := s.ComputeFigures()
+	if isPB(path) {
+		return fig, nil, nil
+	}
+	meta, err := sidecarOf(ctx, path)
+	if err != nil || meta == nil || meta.MaxEntries <= 0 {
+		return fig, nil, nil
+	}
+	r := rankFromSnapshot(s, meta.Rank, path)
+	r.meta = meta
+	return fig, r.truncation(), nil
 }

@@ -25,9 +25,12 @@ type RankMeta struct {
 	ClockOffsetUS  *int64         `json:"clock_offset_us,omitempty"` // this host's clock minus the leader's
 	ClockRTTUS     *int64         `json:"clock_rtt_us,omitempty"`    // the round trip the offset was measured over
 	Samples        []MemorySample `json:"nvml_samples,omitempty"`
-	Reason         string         `json:"reason,omitempty"`  // "window", "oom", "postmortem" or "crash"
-	Cause          string         `json:"cause,omitempty"`   // a crash: how the trainer was stopped
-	Partial        string         `json:"partial,omitempty"` // why the snapshot does not cover its whole window
+	// MaxEntries is the cap of torch's history (--max-entries): a device trace that
+	// holds this many events lost its oldest ones
+	MaxEntries int    `json:"max_entries,omitempty"`
+	Reason     string `json:"reason,omitempty"`  // "window", "oom", "postmortem" or "crash"
+	Cause      string `json:"cause,omitempty"`   // a crash: how the trainer was stopped
+	Partial    string `json:"partial,omitempty"` // why the snapshot does not cover its whole window
 	// StallUS is how long the training thread waited at the window's end for the
 	// snapshot and for history to be turned off (microseconds; 0 when unknown).
 	StallUS int64 `json:"stall_us,omitempty"`
@@ -90,6 +93,9 @@ func ParseRankMeta(b []byte) (*RankMeta, error) {
 	}
 	if m.StallUS < 0 {
 		return nil, fmt.Errorf("merge: rank metadata: a stall of %d us", m.StallUS)
+	}
+	if m.MaxEntries < 0 {
+		return nil, fmt.Errorf("merge: rank metadata: max entries %d", m.MaxEntries)
 	}
 	if len(m.Batches) == 0 {
 		m.Batches = nil

@@ -69,6 +69,14 @@ type RankSummary struct {
 	// BatchFigures are the allocated bytes at the start and end of every batch,
 	// and the peak inside it (aligned times).
 	BatchFigures []BatchFigure `json:"batch_figures,omitempty"`
+	// Truncated: the rank's history reached its cap and lost its oldest events.
+	Truncated *Truncation `json:"truncated,omitempty"`
+	// Leak: the rank's allocated bytes at the start of its batches grow, and the
+	// sites whose blocks outlive their batch.
+	Leak *Leak `json:"leak,omitempty"`
+	// OutsideAllocator is device memory in use beyond the allocator's reserved
+	// bytes (why nvidia-smi shows more), from the NVML samples.
+	OutsideAllocator *OutsideAllocator `json:"outside_allocator,omitempty"`
 }
 
 // pickDevice chooses the device trace of a rank's snapshot: the one with the most

@@ -298,7 +298,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	a.mu.Lock()
 	meta := merge.RankMeta{Version: 1, RunName: id.RunName, Rank: id.Rank, LocalRank: id.LocalRank, NodeRank: id.NodeRank,
 		WorldSize: id.WorldSize, LocalWorldSize: id.LocalWorldSize, GPU: a.gpuInfoLocked(), Reason: m.Reason, Samples: samples, Partial: partial,
-		StallUS: m.StallUS, Cause: m.Cause}
+		StallUS: m.StallUS, Cause: m.Cause, MaxEntries: a.cfg.MaxEntries}
 	if a.offset != nil {
 		off, rtt := a.offset.offsetUS, a.offset.rttUS
 		meta.ClockOffsetUS, meta.ClockRTTUS = &off, &rtt

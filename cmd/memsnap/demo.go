@@ -133,7 +133,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if sp := outputEnding(res.Outputs, ".summary.json"); sp != "" {
 		if b, err := os.ReadFile(sp); err == nil {
 			var sum merge.Summary
-			if json.Unmarshal(b, &sum) == nil && sum.Spread != nil {
+			if json.Unmarshal(b, &sum) == nil {
 				printSpread(stdout, &sum)
 			}
 		}

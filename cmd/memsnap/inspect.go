@@ -24,6 +24,9 @@ func init() {
 type inspectLine struct {
 	File string `json:"file"`
 	merge.FileFigures
+	// Truncated is set when the sidecar beside the file gives the history's cap
+	// and the history reached it
+	Truncated *merge.Truncation `json:"truncated,omitempty"`
 }
 
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -45,7 +48,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if i > 0 {
 			gc.between()
 		}
-		fig, err := merge.InspectFileContext(ctx, f)
+		fig, trunc, err := merge.InspectFileHistory(ctx, f)
 		if ctx.Err() != nil {
 			return fmt.Errorf("stopped at %s: %w", f, ctx.Err())
 		}
@@ -55,12 +58,15 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			continue
 		}
 		if *asJSON {
-			if err := enc.Encode(inspectLine{File: filepath.Base(f), FileFigures: fig}); err != nil {
+			if err := enc.Encode(inspectLine{File: filepath.Base(f), FileFigures: fig, Truncated: trunc}); err != nil {
 				return err
 			}
 			continue
 		}
 		printFigures(stdout, filepath.Base(f), fig)
+		if trunc != nil {
+			fmt.Fprintf(stdout, "  %s\n", trunc.Describe())
+		}
 	}
 	if failed > 0 {
 		return exitError{1}

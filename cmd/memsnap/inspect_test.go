@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -137,5 +138,51 @@ func TestInspectRestoresGC(t *testing.T) {
 	}
 	if got := debug.SetGCPercent(123); got != 123 {
 		t.Fatalf("GOGC is %d after inspect, want 123", got)
+	}
+}
+
+// TestInspectSaysTruncated: a snapshot whose sidecar gives a history cap its
+// trace reached is said to be truncated, with the --max-entries that would hold it.
+func TestInspectSaysTruncated(t *testing.T) {
+	src := testutil.Snapshot(t, "ddp4/rank0.5.memory_snapshot.pickle")
+	dir := t.TempDir()
+	snap := filepath.Join(dir, "rank0.5.memory_snapshot.pickle")
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(snap, b, 0o644)
+	code, out, errOut := runCLI(t, "inspect", "--json", snap)
+	if code != 0 {
+		t.Fatalf("inspect: %s", errOut)
+	}
+	var plain struct {
+		Devices   []struct{ Events int }
+		Truncated *struct{ Events int } `json:"truncated"`
+	}
+	json.Unmarshal([]byte(out), &plain)
+	if len(plain.Devices) == 0 || plain.Devices[0].Events == 0 || plain.Truncated != nil {
+		t.Fatalf("inspect without a sidecar: %s", out)
+	}
+	n := plain.Devices[0].Events
+	side := filepath.Join(dir, "rank0.5.memory_snapshot.memsnap.json")
+	for _, c := range []struct {
+		cap       int
+		truncated bool
+	}{{n + 1, false}, {n, true}} {
+		os.WriteFile(side, []byte(`{"version":1,"rank":0,"max_entries":`+strconv.Itoa(c.cap)+`}`), 0o644)
+		code, out, errOut := runCLI(t, "inspect", snap)
+		want := "history truncated: " + strconv.Itoa(n) + " events reached --max-entries " + strconv.Itoa(n)
+		if code != 0 || strings.Contains(out, want) != c.truncated {
+			t.Fatalf("cap %d: inspect exited %d (%s), printed:\n%s", c.cap, code, errOut, out)
+		}
+		if c.truncated && !strings.Contains(out, "would have held it") {
+			t.Fatalf("no suggested --max-entries:\n%s", out)
+		}
+	}
+	_, out, _ = runCLI(t, "inspect", "--json", snap)
+	json.Unmarshal([]byte(out), &plain)
+	if plain.Truncated == nil || plain.Truncated.Events != n {
+		t.Fatalf("inspect --json: %s", out)
 	}
 }

@@ -162,6 +162,9 @@ func printSpread(w io.Writer, s *merge.Summary) {
 			humanBytes(s.Spread.MedianPeakAllocatedBytes), humanBytes(s.Spread.MaxPeakAllocatedBytes), s.Spread.MaxOverMedian,
 			s.Spread.OutlierRank, humanBytes(s.Spread.OutlierPeakBytes))
 	}
+	for _, f := range s.Findings() {
+		fmt.Fprintln(w, f)
+	}
 }
 
 func readOffsets(path string) (map[int]int64, error) {

@@ -1,0 +1,288 @@
+package merge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/naming"
+)
+
+const mib = 1 << 20
+
+// synthJob is a synthesised rank's training: a 1 GiB segment holding 256 MiB of
+// weights allocated before recording; in each of its batches an activation of
+// 64 MiB is allocated and freed, a gradient of 32 MiB is allocated in the batch
+// and freed in the next one, and (leak > 0) leak bytes are allocated at
+// leakSite and never freed. Batch b runs over [b*1000, b*1000+900) µs after t0.
+type synthJob struct {
+	batches int
+	leak    int64
+}
+
+var (
+	actFrame  = &snapshot.Frame{Name: "forward", Filename: "/job/model.py", Line: 10, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
+	gradFrame = &snapshot.Frame{Name: "backward", Filename: "/job/train.py", Line: 20, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
+	leakFrame = &snapshot.Frame{Name: "remember", Filename: "/job/train.py", Line: 33, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
+)
+
+const leakSite = "remember (/job/train.py:33)"
+
+func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
+	var tr []*snapshot.TraceEntry
+	ev := func(action string, addr, size, t int64, fr *snapshot.Frame) {
+		e := &snapshot.TraceEntry{Action: action, Addr: addr, Size: size, TimeUS: t,
+			Has: snapshot.EntryAction | snapshot.EntryAddr | snapshot.EntrySize | snapshot.EntryTimeUS}
+		if fr != nil {
+			e.Frames, e.Has = []*snapshot.Frame{fr}, e.Has|snapshot.EntryFrames
+		}
+		tr = append(tr, e)
+	}
+	const base = 1 << 40
+	meta := &RankMeta{Version: 1, Rank: 0, WorldSize: 1}
+	var blocks []*snapshot.Block
+	blocks = append(blocks, &snapshot.Block{Address: base, Size: 256 * mib, State: snapshot.BlockActiveAllocated,
+		Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
+	gradAt := func(b int) int64 { return base + 256*mib + int64(b%2)*32*mib }
+	for b := 0; b < j.batches; b++ {
+		s := t0 + int64(b)*1000
+		meta.Batches = append(meta.Batches, BatchMark{Batch: int64(b), StartUS: s, EndUS: s + 900})
+		if b > 0 {
+			ev(snapshot.ActionFreeRequested, gradAt(b-1), 32*mib, s+10, gradFrame)
+			ev(snapshot.ActionFreeCompleted, gradAt(b-1), 32*mib, s+11, gradFrame)
+		}
+		act := int64(base + 512*mib)
+		ev(snapshot.ActionAlloc, act, 64*mib, s+100, actFrame)
+		ev(snapshot.ActionAlloc, gradAt(b), 32*mib, s+200, gradFrame)
+		ev(snapshot.ActionFreeRequested, act, 64*mib, s+300, actFrame)
+		ev(snapshot.ActionFreeCompleted, act, 64*mib, s+301, actFrame)
+		if j.leak > 0 {
+			addr := int64(base + 600*mib + int64(b)*j.leak)
+			ev(snapshot.ActionAlloc, addr, j.leak, s+400, leakFrame)
+			blocks = append(blocks, &snapshot.Block{Address: addr, Size: j.leak, State: snapshot.BlockActiveAllocated,
+				Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
+		}
+	}
+	blocks = append(blocks, &snapshot.Block{Address: gradAt(j.batches - 1), Size: 32 * mib, State: snapshot.BlockActiveAllocated,
+		Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
+	seg := &snapshot.Segment{Device: 0, Address: base, TotalSize: 1 << 30, Blocks: blocks,
+		Has: snapshot.SegDevice | snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegBlocks}
+	s := &snapshot.Snapshot{Segments: []*snapshot.Segment{seg}, DeviceTraces: [][]*snapshot.TraceEntry{tr},
+		Has: snapshot.SnapSegments | snapshot.SnapDeviceTraces}
+	return s, meta
+}
+
+func (j synthJob) analyse(t *testing.T, t0 int64) *RankAnalysis {
+	t.Helper()
+	s, meta := j.build(t0)
+	return analyse(t, s, meta)
+}
+
+func analyse(t *testing.T, s *snapshot.Snapshot, meta *RankMeta) *RankAnalysis {
+	t.Helper()
+	a, err := AnalyzeSnapshot(context.Background(), s, meta, AnalyzeOptions{Rank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestLeakAcrossBatches(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	a := (synthJob{batches: 6, leak: 8 * mib}).analyse(t, t0)
+	l := a.Leak
+	if l == nil {
+		t.Fatalf("a rank leaking 8 MiB a batch is not flagged; batches %+v", a.Batches)
+	}
+	if l.Batches != 6 || l.PerBatchBytes != 8*mib || l.GrowthBytes != 72*mib { // 40 MiB leaked, the 32 MiB gradient kept from batch 0 on
+		t.Fatalf("leak %+v, want 6 batches growing 8 MiB each", l)
+	}
+	// the gradient lives into the next batch but is freed there: not a leak
+	if len(l.Sites) != 1 || l.Sites[0].Site != leakSite || l.Sites[0].PerBatchBytes != 8*mib || l.Sites[0].Batches != 5 || l.Sites[0].Blocks != 5 {
+		t.Fatalf("leak sites %+v, want %s alone, 8 MiB in each of 5 batches", l.Sites, leakSite)
+	}
+	if !strings.Contains(l.describe(), "8.0 MiB per batch over 6 batches; "+leakSite+" leaves 8.0 MiB per batch") {
+		t.Fatalf("described as %q", l.describe())
+	}
+
+	// the same training without the leak: nothing flagged
+	if a := (synthJob{batches: 6}).analyse(t, t0); a.Leak != nil {
+		t.Fatalf("a steady rank is flagged: %+v", a.Leak)
+	}
+	// growth under the threshold, or over too few batches: not flagged
+	if a := (synthJob{batches: 6, leak: 512 << 10}).analyse(t, t0); a.Leak != nil {
+		t.Fatalf("512 KiB a batch is flagged: %+v", a.Leak)
+	}
+	if a := (synthJob{batches: 2, leak: 64 * mib}).analyse(t, t0); a.Leak != nil {
+		t.Fatalf("two batches are flagged: %+v", a.Leak)
+	}
+}
+
+func TestTruncatedHistory(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	s, meta := synthJob{batches: 400}.build(t0)
+	full := s.DeviceTraces[0]
+	if a := analyse(t, s, &RankMeta{Version: 1, Batches: meta.Batches, MaxEntries: len(full) + 1}); a.Truncated != nil {
+		t.Fatalf("a history under its cap is truncated: %+v", a.Truncated)
+	}
+	// the ring buffer kept the last 500 events: about the last 80 batches
+	kept := full[len(full)-500:]
+	s.DeviceTraces[0] = kept
+	meta.MaxEntries = 500
+	a := analyse(t, s, meta)
+	tr := a.Truncated
+	if tr == nil {
+		t.Fatal("a history at its cap is not flagged")
+	}
+	if tr.Events != 500 || tr.MaxEntries != 500 || tr.MissingUS != kept[0].TimeUS-t0 {
+		t.Fatalf("truncation %+v (first kept event at +%d µs)", tr, kept[0].TimeUS-t0)
+	}
+	// the suggestion holds the whole window's history, with no more than twice to spare
+	if tr.SuggestMaxEntries < len(full) || tr.SuggestMaxEntries > 2*len(full) {
+		t.Fatalf("suggested --max-entries %d for a window of %d events", tr.SuggestMaxEntries, len(full))
+	}
+	if tr.UnknownFrees == 0 {
+		t.Fatal("frees of blocks the kept history never allocated are not counted")
+	}
+	if !strings.Contains(tr.Describe(), "500 events reached --max-entries 500") {
+		t.Fatalf("described as %q", tr.Describe())
+	}
+	// without the cap in the metadata nothing is claimed
+	meta.MaxEntries = 0
+	if a := analyse(t, s, meta); a.Truncated != nil {
+		t.Fatalf("truncation claimed without a known cap: %+v", a.Truncated)
+	}
+}
+
+func TestRoundUpEntries(t *testing.T) {
+	for in, want := range map[float64]int{10: 1000, 1000: 1000, 1001: 1100, 123456: 130000, 99999: 100000, 2e12: 1e9} {
+		if got := roundUpEntries(in); got != want {
+			t.Errorf("roundUpEntries(%v) = %d, want %d", in, got, want)
+		}
+	}
+}
+
+func TestMemoryOutsideTheAllocator(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	s, meta := synthJob{batches: 4}.build(t0)
+	// reserved is the 1 GiB segment throughout; NVML says 1.5 GiB used on the
+	// device, 1.25 GiB by this process, and 3 GiB at one moment far from the peak
+	for i := int64(0); i < 40; i++ {
+		meta.Samples = append(meta.Samples, MemorySample{TimeUS: t0 + i*100, DeviceUsedBytes: 1536 * mib, ProcessUsedBytes: 1280 * mib})
+	}
+	meta.Samples[39].DeviceUsedBytes = 3 << 30
+	meta.Samples = append(meta.Samples, MemorySample{TimeUS: t0 - 10_000_000, DeviceUsedBytes: 50 << 30}) // outside the window: ignored
+	a := analyse(t, s, meta)
+	o := a.Outside
+	if o == nil {
+		t.Fatal("no figure of memory outside the allocator")
+	}
+	if o.AtPeakBytes != 512*mib || o.MaxBytes != 2<<30 || o.ProcessAtPeakBytes == nil || *o.ProcessAtPeakBytes != 256*mib {
+		t.Fatalf("outside %+v (process %v)", o, o.ProcessAtPeakBytes)
+	}
+	if a := analyse(t, s, &RankMeta{Version: 1, Batches: meta.Batches}); a.Outside != nil {
+		t.Fatalf("a figure without samples: %+v", a.Outside)
+	}
+}
+
+// TestFindingsInEveryOutput: a merge of a leaking, truncated rank and a steady one
+// says so in the summary, the CLI's findings, the HTML report and the diff.
+func TestFindingsInEveryOutput(t *testing.T) {
+	res, out := findingsMerge(t)
+	checkFindings(t, res, out)
+}
+
+// TestFindingsInChromium: the report's findings and leak table are in the page a
+// browser renders.
+func TestFindingsInChromium(t *testing.T) {
+	_, out := findingsMerge(t)
+	dom, _ := browse(t, filepath.Join(out, "merged.html"))
+	for _, want := range []string{"<li>rank 1: allocated grows 8.0 MiB per batch over 6 batches; " + leakSite,
+		`<table class="leak" id="leak-1">`, "<li>rank 1: history truncated: 40 events reached --max-entries 40"} {
+		if !strings.Contains(dom, want) {
+			t.Fatalf("the rendered report lacks %q", want)
+		}
+	}
+}
+
+// findingsMerge merges a steady rank 0 with a rank 1 that leaks 8 MiB a batch and
+// whose history reached its cap, both with NVML samples.
+func findingsMerge(t *testing.T) (*Result, string) {
+	const t0 = 1_700_000_000_000_000
+	dir := t.TempDir()
+	for r, j := range []synthJob{{batches: 6}, {batches: 6, leak: 8 * mib}} {
+		s, meta := j.build(t0)
+		meta.Rank, meta.WorldSize = r, 2
+		for i := int64(0); i < 20; i++ {
+			meta.Samples = append(meta.Samples, MemorySample{TimeUS: t0 + i*300, DeviceUsedBytes: (1024 + 300 + int64(r)*100) * mib})
+		}
+		if r == 1 {
+			meta.MaxEntries = len(s.DeviceTraces[0])
+		}
+		b, err := snapshot.EncodeBytes(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprintf("rank%d.0.memory_snapshot.pickle", r)
+		mb, _ := json.Marshal(meta)
+		write(t, filepath.Join(dir, name), b)
+		write(t, filepath.Join(dir, MetaName(name)), mb)
+	}
+	return runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{dir}), Title: "findings"})
+}
+
+func checkFindings(t *testing.T, res *Result, out string) {
+	r1 := res.Summary.Ranks[1]
+	if r1.Leak == nil || r1.Truncated == nil || r1.OutsideAllocator == nil || res.Summary.Ranks[0].Leak != nil || res.Summary.Ranks[0].Truncated != nil {
+		t.Fatalf("rank 0: %+v; rank 1: leak %v truncated %v outside %v", res.Summary.Ranks[0], r1.Leak, r1.Truncated, r1.OutsideAllocator)
+	}
+	f := strings.Join(res.Summary.Findings(), "\n")
+	for _, want := range []string{"rank 1: history truncated", "rank 1: allocated grows 8.0 MiB per batch over 6 batches; " + leakSite,
+		"outside the allocator (NVML device used less reserved) at the peak: median 300.0 MiB, most 400.0 MiB on rank 1"} {
+		if !strings.Contains(f, want) {
+			t.Fatalf("findings\n%s\nlack %q", f, want)
+		}
+	}
+	if strings.Contains(f, "rank 0:") {
+		t.Fatalf("findings name the steady rank:\n%s", f)
+	}
+	html, err := os.ReadFile(filepath.Join(out, findOutput(t, out, ".html")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`<ul id="findings">`, "rank 1: allocated grows 8.0 MiB per batch", `id="leak-1"`, leakSite, "outside allocator"} {
+		if !bytes.Contains(html, []byte(want)) {
+			t.Fatalf("the report lacks %q", want)
+		}
+	}
+	var tbl bytes.Buffer
+	if err := res.Summary.Diff.WriteTable(&tbl, 5); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"outside allocator", "grows per batch", "truncated"} {
+		if !strings.Contains(tbl.String(), want) {
+			t.Fatalf("the diff table lacks %q:\n%s", want, tbl.String())
+		}
+	}
+}
+
+func findOutput(t *testing.T, dir, suffix string) string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), suffix) {
+			return e.Name()
+		}
+	}
+	t.Fatalf("no %s output in %s", suffix, dir)
+	return ""
+}
