@@ -76,6 +76,10 @@ type RankAnalysis struct {
 	// Outside is device memory in use beyond the allocator's reserved bytes, from
 	// the NVML samples in the window (nil without samples).
 	Outside *OutsideAllocator `json:"outside_allocator,omitempty"`
+	// Categories is the memory by category (parameters, gradients, optimizer
+	// state, activations, temporaries, unknown) at the peak and at most, and the
+	// modules holding the most at the peak; nil without a trace.
+	Categories *Categories `json:"categories,omitempty"`
 }
 
 // SnapshotRef is a snapshot's size and SHA-256.
@@ -202,6 +206,9 @@ func (r *rankData) analysis(w window) *RankAnalysis {
 	}
 	a.Sites, a.OtherSites = splitSites(sites, AnalysisSites)
 	a.PeakPhase = peakPhase(r.trace, peakIdx)
+	if len(r.trace) > 0 {
+		a.Categories = r.categories(w, peakIdx, endA-netA)
+	}
 	if r.meta != nil {
 		a.Outside = outsideAllocator(a, r.meta.Samples, r.meta.Batches, w)
 	}
@@ -486,6 +493,11 @@ func (a *RankAnalysis) check() error {
 	if o := a.Outside; o != nil && (o.Samples < 0 || o.AtPeakBytes < 0 || o.MaxBytes < 0 ||
 		(o.ProcessAtPeakBytes != nil && *o.ProcessAtPeakBytes < 0) || (o.ProcessMaxBytes != nil && *o.ProcessMaxBytes < 0)) {
 		return errors.New("memory outside the allocator with negative figures")
+	}
+	if c := a.Categories; c != nil {
+		if err := c.check(); err != nil {
+			return err
+		}
 	}
 	if l := a.Leak; l != nil {
 		if l.Batches < 0 || len(l.Sites) > leakSites {

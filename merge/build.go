@@ -170,7 +170,7 @@ func rankSummary(lr *loadedRank) RankSummary {
 		PeakAllocatedPhase: a.PeakPhase, PeakReservedBytes: a.PeakReservedBytes, PeakReservedTimeUS: at(a.PeakReservedUS),
 		EndAllocatedBytes: a.EndAllocatedBytes, EndReservedBytes: a.EndReservedBytes, AllocatedBeforeRecording: a.BeforeRecording,
 		TopSites: a.Sites[:min(topSites, len(a.Sites))], OOMs: make([]OOM, len(a.OOMs)), Note: a.Note,
-		Truncated: a.Truncated, Leak: a.Leak, OutsideAllocator: a.Outside}
+		Truncated: a.Truncated, Leak: a.Leak, OutsideAllocator: a.Outside, Categories: a.Categories}
 	for i, o := range a.OOMs {
 		o.TimeUS += sh
 		s.OOMs[i] = o

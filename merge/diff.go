@@ -20,6 +20,22 @@ type RankDiff struct {
 	// BeforeRecordingSite. The deltas add up to PeakDeltaBytes when both sides
 	// name all their sites.
 	Sites []SiteDiff `json:"sites"`
+	// Categories compares what each peak held by category (parameters,
+	// gradients, ...), the largest difference first, each with the module whose
+	// bytes of that category differ most; empty when a side has no categories.
+	Categories []CategoryDiff `json:"categories,omitempty"`
+}
+
+// CategoryDiff is one category's bytes at each side's peak.
+type CategoryDiff struct {
+	Category   string `json:"category"`
+	BaseBytes  int64  `json:"base_bytes"`
+	OtherBytes int64  `json:"other_bytes"`
+	DeltaBytes int64  `json:"delta_bytes"`
+	// Module is the module whose bytes of this category differ most (among the
+	// modules each side names), with its difference.
+	Module           string `json:"module,omitempty"`
+	ModuleDeltaBytes int64  `json:"module_delta_bytes,omitempty"`
 }
 
 // DiffSide is one side of a diff: which rank, and its peak.
@@ -108,7 +124,70 @@ func Diff(base, other DiffInput) *RankDiff {
 		}
 		return d.Sites[i].Site < d.Sites[j].Site
 	})
+	d.Categories = diffCategories(base.A.Categories, other.A.Categories)
 	return d
+}
+
+// diffCategories compares two sides' categories at their peaks.
+func diffCategories(b, o *Categories) []CategoryDiff {
+	if b == nil || o == nil {
+		return nil
+	}
+	mods := map[string]map[string]int64{} // category -> module -> other less base
+	for _, m := range b.Modules {
+		if mods[m.Category] == nil {
+			mods[m.Category] = map[string]int64{}
+		}
+		mods[m.Category][m.Module] -= m.Bytes
+	}
+	for _, m := range o.Modules {
+		if mods[m.Category] == nil {
+			mods[m.Category] = map[string]int64{}
+		}
+		mods[m.Category][m.Module] += m.Bytes
+	}
+	var out []CategoryDiff
+	for _, c := range categoryNames {
+		x := CategoryDiff{Category: c, BaseBytes: b.AtPeak[c], OtherBytes: o.AtPeak[c]}
+		x.DeltaBytes = x.OtherBytes - x.BaseBytes
+		if x.BaseBytes == 0 && x.OtherBytes == 0 {
+			continue
+		}
+		for m, dl := range mods[c] {
+			if dl != 0 && (absInt(dl) > absInt(x.ModuleDeltaBytes) || (absInt(dl) == absInt(x.ModuleDeltaBytes) && m < x.Module)) {
+				x.Module, x.ModuleDeltaBytes = m, dl
+			}
+		}
+		out = append(out, x)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return absInt(out[i].DeltaBytes) > absInt(out[j].DeltaBytes) })
+	return out
+}
+
+// CategoryHeadline says in one line which category differs most between the two
+// peaks, and in which module ("rank 3 holds 96.0 MiB more activations, most in
+// forward (model.py:10)"); "" when the sides have no categories or none differs.
+func (d *RankDiff) CategoryHeadline() string {
+	if len(d.Categories) == 0 || d.Categories[0].DeltaBytes == 0 {
+		return ""
+	}
+	c := d.Categories[0]
+	more, n := "more", c.DeltaBytes
+	if n < 0 {
+		more, n = "less", -n
+	}
+	s := fmt.Sprintf("%s holds %s %s %s than %s", d.Other.Label, human(n), more, strings.ReplaceAll(c.Category, "_", " "), d.Base.Label)
+	if c.Module != "" && (c.ModuleDeltaBytes > 0) == (c.DeltaBytes > 0) {
+		s += fmt.Sprintf(", %s of it in %s", human(absI64(c.ModuleDeltaBytes)), c.Module)
+	}
+	return s
+}
+
+func absI64(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
 }
 
 func diffSide(in DiffInput) DiffSide {
@@ -198,6 +277,21 @@ func (d *RankDiff) WriteTable(w io.Writer, top int) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(d.Categories) > 0 {
+		fmt.Fprintf(w, "\nwhat each peak held, by category:\n")
+		tw = tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "%s\t%s\tdifference\t  category\n", d.Base.Label, d.Other.Label)
+		for _, c := range d.Categories {
+			mod := ""
+			if c.Module != "" {
+				mod = fmt.Sprintf("  (most in %s: %s)", c.Module, signed(c.ModuleDeltaBytes))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t  %s%s\n", human(c.BaseBytes), human(c.OtherBytes), signed(c.DeltaBytes), strings.ReplaceAll(c.Category, "_", " "), mod)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(w, "\nsites alive at each peak, largest difference first:\n")
 	tw = tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)

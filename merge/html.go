@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // maxLines is the most ranks the report draws as individual lines; above it, the
@@ -77,6 +78,16 @@ type htmlView struct {
 	// Findings are the summary's findings; Leaks the leaking ranks' sites
 	Findings []string
 	Leaks    []htmlLeak
+	// Cats are the shown ranks' categories at their peaks; CatNames the columns
+	Cats     []htmlCats
+	CatNames []string
+}
+
+type htmlCats struct {
+	Rank    int
+	Values  []int64
+	Modules []ModuleBytes
+	Watched bool
 }
 
 type htmlLeak struct {
@@ -141,6 +152,9 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 		v.Diff = &htmlDiff{D: s.Diff, Top: s.Diff.Sites[:n], More: s.Diff.Sites[n:]}
 	}
 	v.Findings = s.Findings()
+	for _, n := range categoryNames {
+		v.CatNames = append(v.CatNames, strings.ReplaceAll(n, "_", " "))
+	}
 	for _, r := range s.Ranks {
 		if r.Leak != nil && len(r.Leak.Sites) > 0 && len(v.Leaks) < 8 {
 			v.Leaks = append(v.Leaks, htmlLeak{Rank: r.Rank, L: r.Leak})
@@ -156,6 +170,13 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 		}
 		if !shown(r.Rank) {
 			continue
+		}
+		if c := r.Categories; c != nil {
+			hc := htmlCats{Rank: r.Rank, Modules: c.Modules[:min(8, len(c.Modules))], Watched: c.Watched > 0}
+			for _, n := range categoryNames {
+				hc.Values = append(hc.Values, c.AtPeak[n])
+			}
+			v.Cats = append(v.Cats, hc)
 		}
 		v.Sites = append(v.Sites, htmlSites{Rank: r.Rank, Title: fmt.Sprintf("rank %d at its peak of %s", r.Rank, human(r.PeakAllocatedBytes)),
 			Sites: r.TopSites, Early: r.AllocatedBeforeRecording, Open: row.Outlier || len(s.Ranks) == 1})
@@ -326,4 +347,5 @@ func human(n int64) string {
 var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"human": human, "signed": signed, "batch": batchText, "dash": orDash,
 	"only": func(d *RankDiff, s SiteDiff) string { return onlyText(d, s) },
+	"cat":  func(c string) string { return strings.ReplaceAll(c, "_", " ") },
 }).Parse(reportHTML))

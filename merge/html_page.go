@@ -43,13 +43,18 @@ details{margin:4px 0}summary{cursor:pointer}
 <tr><td class="l">peak allocated</td><td>{{human .D.Base.PeakAllocatedBytes}}</td><td>{{human .D.Other.PeakAllocatedBytes}}</td><td>{{signed .D.PeakDeltaBytes}}</td></tr>
 <tr><td class="l">at batch</td><td>{{batch .D.Base.PeakBatch}}</td><td>{{batch .D.Other.PeakBatch}}</td><td></td></tr>
 <tr><td class="l">in phase</td><td>{{dash .D.Base.PeakPhase}}</td><td>{{dash .D.Other.PeakPhase}}</td><td></td></tr>
-</tbody></table>
+{{range .D.Categories}}<tr class="cat"><td class="l">{{cat .Category}}{{if .Module}} <i>(most in {{.Module}}: {{signed .ModuleDeltaBytes}})</i>{{end}}</td><td>{{human .BaseBytes}}</td><td>{{human .OtherBytes}}</td><td class="{{if gt .DeltaBytes 0}}up{{else if lt .DeltaBytes 0}}down{{end}}">{{signed .DeltaBytes}}</td></tr>
+{{end}}</tbody></table>
 <table id="diff-sites"><thead><tr><th class="l">site alive at the peak</th><th>{{.D.Base.Label}}</th><th>{{.D.Other.Label}}</th><th>difference</th><th class="l"></th></tr></thead><tbody>
 {{$d := .D}}{{range .Top}}<tr><td class="l">{{.Site}}</td><td>{{human .BaseBytes}}</td><td>{{human .OtherBytes}}</td><td class="{{if gt .DeltaBytes 0}}up{{else if lt .DeltaBytes 0}}down{{end}}">{{signed .DeltaBytes}}</td><td class="l">{{only $d .}}</td></tr>
 {{end}}</tbody></table>
 {{if .More}}<details><summary>{{len .More}} more sites</summary><table><tbody>
 {{range .More}}<tr><td class="l">{{.Site}}</td><td>{{human .BaseBytes}}</td><td>{{human .OtherBytes}}</td><td>{{signed .DeltaBytes}}</td><td class="l">{{only $d .}}</td></tr>
 {{end}}</tbody></table></details>{{end}}{{end}}
+{{if .Cats}}<h2>What each peak held</h2>
+<table id="categories"><thead><tr><th>rank</th>{{range .CatNames}}<th>{{.}}</th>{{end}}<th class="l">modules holding the most</th></tr></thead><tbody>
+{{range .Cats}}<tr><td>{{.Rank}}</td>{{range .Values}}<td>{{human .}}</td>{{end}}<td class="l">{{range $i, $m := .Modules}}{{if $i}}; {{end}}{{$m.Module}} ({{$m.Category}}, {{human $m.Bytes}}){{end}}{{if not .Watched}} <i>(no memsnap_hook.watch: parameters, gradients and optimizer state count as unknown)</i>{{end}}</td></tr>
+{{end}}</tbody></table>{{end}}
 <h2>Peaks</h2>
 {{define "peakhead"}}<thead><tr><th>rank</th><th>peak allocated</th><th>at</th><th>batch</th><th>phase</th><th>vs median</th><th>peak reserved</th><th>allocated at end</th><th title="NVML device used less the allocator's reserved bytes, at the reserved peak">outside allocator</th><th>OOMs</th></tr></thead>{{end}}
 {{define "peakrows"}}{{range .}}<tr{{if .Outlier}} class="outlier"{{end}}><td>{{.Rank}}</td><td>{{.Peak}}</td><td>{{.PeakAt}}</td><td>{{.Batch}}</td><td>{{.Phase}}</td><td>{{.VsMedian}}</td><td>{{.Reserved}}</td><td>{{.End}}</td><td>{{.Outside}}</td><td>{{.OOM}}</td></tr>

@@ -300,6 +300,17 @@ func humanDuration(us int64) string {
 // how much device memory lies outside the allocator.
 func (s *Summary) Findings() []string {
 	var out []string
+	// what the outlier's peak (or a lone rank's) held
+	for _, r := range s.Ranks {
+		if r.Categories != nil && (len(s.Ranks) == 1 || (s.Spread != nil && r.Rank == s.Spread.OutlierRank)) {
+			out = append(out, fmt.Sprintf("rank %d at its peak of %s: %s", r.Rank, HumanBytes(r.PeakAllocatedBytes), r.Categories.Line()))
+		}
+	}
+	if s.Diff != nil {
+		if h := s.Diff.CategoryHeadline(); h != "" {
+			out = append(out, h)
+		}
+	}
 	var outside []RankSummary
 	truncated, leaking := 0, 0
 	for _, r := range s.Ranks {

@@ -24,11 +24,22 @@ const mib = 1 << 20
 type synthJob struct {
 	batches int
 	leak    int64
+	// watch: the hook was told the model (fc1 and fc2, 128 MiB of weights each,
+	// the gradient is fc2's) and its optimizer (64 MiB of state each, allocated
+	// before recording at 800 MiB into the segment)
+	watch bool
+	// bigAct: an activation of this many bytes more in every batch, made by
+	// another module's forward
+	bigAct int64
+	// gradFlip: the gradient's block alternates between two addresses, and (with
+	// watch) the hook saw the one the snapshot does not hold (seenGrad)
+	gradFlip, seenGrad bool
 }
 
 var (
 	actFrame  = &snapshot.Frame{Name: "forward", Filename: "/job/model.py", Line: 10, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
 	gradFrame = &snapshot.Frame{Name: "backward", Filename: "/job/train.py", Line: 20, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
+	bigFrame  = &snapshot.Frame{Name: "forward", Filename: "/job/big.py", Line: 5, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
 	leakFrame = &snapshot.Frame{Name: "remember", Filename: "/job/train.py", Line: 33, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
 )
 
@@ -49,7 +60,12 @@ func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
 	var blocks []*snapshot.Block
 	blocks = append(blocks, &snapshot.Block{Address: base, Size: 256 * mib, State: snapshot.BlockActiveAllocated,
 		Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
-	gradAt := func(b int) int64 { return base + 256*mib + int64(b%2)*32*mib }
+	gradAt := func(b int) int64 { // the allocator reuses the block
+		if j.gradFlip {
+			return base + 256*mib + int64(b%2)*32*mib
+		}
+		return base + 256*mib
+	}
 	for b := 0; b < j.batches; b++ {
 		s := t0 + int64(b)*1000
 		meta.Batches = append(meta.Batches, BatchMark{Batch: int64(b), StartUS: s, EndUS: s + 900})
@@ -60,6 +76,10 @@ func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
 		act := int64(base + 512*mib)
 		ev(snapshot.ActionAlloc, act, 64*mib, s+100, actFrame)
 		ev(snapshot.ActionAlloc, gradAt(b), 32*mib, s+200, gradFrame)
+		if j.bigAct > 0 {
+			ev(snapshot.ActionAlloc, base+700*mib, j.bigAct, s+150, bigFrame)
+			ev(snapshot.ActionFreeCompleted, base+700*mib, j.bigAct, s+350, bigFrame)
+		}
 		ev(snapshot.ActionFreeRequested, act, 64*mib, s+300, actFrame)
 		ev(snapshot.ActionFreeCompleted, act, 64*mib, s+301, actFrame)
 		if j.leak > 0 {
@@ -71,10 +91,29 @@ func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
 	}
 	blocks = append(blocks, &snapshot.Block{Address: gradAt(j.batches - 1), Size: 32 * mib, State: snapshot.BlockActiveAllocated,
 		Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
+	var extra []snapshot.Item
+	if j.watch {
+		blocks = append(blocks, &snapshot.Block{Address: base + 800*mib, Size: 128 * mib, State: snapshot.BlockActiveAllocated,
+			Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
+		tensor := func(addr, size int64, kind, module string) snapshot.Value {
+			return &snapshot.List{Items: []snapshot.Value{addr, size, kind, module}}
+		}
+		list := &snapshot.List{Items: []snapshot.Value{
+			tensor(base, 128*mib, "parameter", "fc1"), tensor(base+128*mib, 128*mib, "parameter", "fc2"),
+			tensor(gradAt(j.batches-1), 32*mib, "gradient", "fc2"),
+			tensor(base+800*mib, 64*mib, "optimizer_state", "fc1"), tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),
+			tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),                 // a storage named twice counts once
+			tensor(-5, 10, "parameter", "bad"), tensor(base, 1, "weights?", "bad"), // malformed: skipped
+		}}
+		if j.seenGrad {
+			list.Items = append(list.Items, tensor(gradAt(j.batches), 32*mib-100, "gradient", "fc2"))
+		}
+		extra = []snapshot.Item{{Key: TensorsKey, Value: &snapshot.Dict{Items: []snapshot.Item{{Key: "version", Value: int64(1)}, {Key: "tensors", Value: list}}}}}
+	}
 	seg := &snapshot.Segment{Device: 0, Address: base, TotalSize: 1 << 30, Blocks: blocks,
 		Has: snapshot.SegDevice | snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegBlocks}
 	s := &snapshot.Snapshot{Segments: []*snapshot.Segment{seg}, DeviceTraces: [][]*snapshot.TraceEntry{tr},
-		Has: snapshot.SnapSegments | snapshot.SnapDeviceTraces}
+		Has: snapshot.SnapSegments | snapshot.SnapDeviceTraces, Extra: extra}
 	return s, meta
 }
 
@@ -285,4 +324,159 @@ func findOutput(t *testing.T, dir, suffix string) string {
 	}
 	t.Fatalf("no %s output in %s", suffix, dir)
 	return ""
+}
+
+func TestCategoriesAtThePeak(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	want := map[string]int64{CatParameters: 256 * mib, CatGradients: 32 * mib, CatOptimizerState: 128 * mib,
+		CatActivations: 64 * mib, CatTemporaries: 0, CatUnknown: 0}
+	s, meta := synthJob{batches: 6, watch: true}.build(t0)
+	// decoded from its pickle, as the agent reads it
+	b, err := snapshot.EncodeBytes(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Analyze(context.Background(), b, meta, AnalyzeOptions{Rank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := a.Categories
+	if c == nil || c.Watched != 5 {
+		t.Fatalf("categories %+v, want 5 watched tensors", c)
+	}
+	// the peak is in batch 0, whose gradient block is freed in batch 1: it is a
+	// gradient because the last batch's gradient, watched, has the same slot
+	if fmt.Sprint(c.AtPeak) != fmt.Sprint(want) {
+		t.Fatalf("at the peak %v, want %v", c.AtPeak, want)
+	}
+	var sum int64
+	for _, v := range c.AtPeak {
+		sum += v
+	}
+	if sum != a.PeakAllocatedBytes {
+		t.Fatalf("the categories add up to %d, the peak is %d", sum, a.PeakAllocatedBytes)
+	}
+	for k, v := range want {
+		if c.Max[k] != v {
+			t.Fatalf("most %s: %d, want %d", k, c.Max[k], v)
+		}
+	}
+	mods := map[string]int64{}
+	for _, m := range c.Modules {
+		mods[m.Module+"/"+m.Category] = m.Bytes
+	}
+	wantMods := map[string]int64{"fc1/parameters": 128 * mib, "fc2/parameters": 128 * mib, "fc1/optimizer_state": 64 * mib,
+		"fc2/optimizer_state": 64 * mib, "fc2/gradients": 32 * mib, "forward (/job/model.py:10)/activations": 64 * mib}
+	if fmt.Sprint(mods) != fmt.Sprint(wantMods) {
+		t.Fatalf("modules %v, want %v", mods, wantMods)
+	}
+
+	// not told: the weights are unknown, the gradient a temporary of the backward pass
+	a = (synthJob{batches: 6}).analyse(t, t0)
+	want = map[string]int64{CatParameters: 0, CatGradients: 0, CatOptimizerState: 0, CatActivations: 64 * mib, CatTemporaries: 32 * mib, CatUnknown: 256 * mib}
+	if c := a.Categories; c == nil || c.Watched != 0 || fmt.Sprint(c.AtPeak) != fmt.Sprint(want) {
+		t.Fatalf("unwatched categories %+v, want at the peak %v", c, want)
+	}
+}
+
+// TestCategoriesAddUpOnRealSnapshots: on every recorded snapshot the categories
+// at the peak add up to the peak, and none is larger at the peak than at most.
+func TestCategoriesAddUpOnRealSnapshots(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(filepath.Dir(ddp4Dir(t)), "*", "*.pickle"))
+	if len(files) < 4 {
+		t.Fatalf("%d snapshots", len(files))
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := Analyze(context.Background(), b, nil, AnalyzeOptions{Rank: 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Categories == nil {
+			t.Fatalf("%s: no categories", f)
+		}
+		var sum int64
+		for k, v := range a.Categories.AtPeak {
+			sum += v
+			if v > a.Categories.Max[k] {
+				t.Fatalf("%s: %s is %d at the peak but at most %d", f, k, v, a.Categories.Max[k])
+			}
+		}
+		if sum != a.PeakAllocatedBytes {
+			t.Fatalf("%s: the categories %v add up to %d, the peak is %d", f, a.Categories.AtPeak, sum, a.PeakAllocatedBytes)
+		}
+	}
+}
+
+// TestCategoryDiff: a rank whose forward makes a 96 MiB activation more is said to
+// hold 96 MiB more activations, in that module: in the diff, its table, the
+// findings and the report.
+func TestCategoryDiff(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	dir := t.TempDir()
+	for r, j := range []synthJob{{batches: 4, watch: true}, {batches: 4, watch: true, bigAct: 96 * mib}, {batches: 4, watch: true}} {
+		s, meta := j.build(t0)
+		meta.Rank, meta.WorldSize = r, 3
+		b, err := snapshot.EncodeBytes(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprintf("rank%d.0.memory_snapshot.pickle", r)
+		mb, _ := json.Marshal(meta)
+		write(t, filepath.Join(dir, name), b)
+		write(t, filepath.Join(dir, MetaName(name)), mb)
+	}
+	res, out := runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{dir}), Title: "categories"})
+	d := res.Summary.Diff
+	if d == nil || d.Other.Rank != 1 || len(d.Categories) == 0 {
+		t.Fatalf("diff %+v", d)
+	}
+	c := d.Categories[0]
+	if c.Category != CatActivations || c.DeltaBytes != 96*mib || c.Module != "forward (/job/big.py:5)" || c.ModuleDeltaBytes != 96*mib {
+		t.Fatalf("the first category of the diff: %+v", c)
+	}
+	for _, x := range d.Categories[1:] {
+		if x.DeltaBytes != 0 {
+			t.Fatalf("another category differs: %+v", x)
+		}
+	}
+	want := "rank 1 holds 96.0 MiB more activations than rank 0, 96.0 MiB of it in forward (/job/big.py:5)"
+	if h := d.CategoryHeadline(); h != want {
+		t.Fatalf("headline %q, want %q", h, want)
+	}
+	f := strings.Join(res.Summary.Findings(), "\n")
+	if !strings.Contains(f, want) || !strings.Contains(f, "rank 1 at its peak of 576.0 MiB: parameters 256.0 MiB, gradients 32.0 MiB, optimizer state 128.0 MiB, activations 160.0 MiB") {
+		t.Fatalf("findings:\n%s", f)
+	}
+	var tbl bytes.Buffer
+	d.WriteTable(&tbl, 5)
+	if !strings.Contains(tbl.String(), "activations  (most in forward (/job/big.py:5): +96.0 MiB)") {
+		t.Fatalf("the diff table:\n%s", tbl.String())
+	}
+	html, _ := os.ReadFile(filepath.Join(out, "merged.html"))
+	for _, w := range []string{`<table id="categories">`, "<th>optimizer state</th>", "fc1 (parameters, 128.0 MiB)", `<tr class="cat"><td class="l">activations <i>(most in forward (/job/big.py:5): &#43;96.0 MiB)</i>`} {
+		if !bytes.Contains(html, []byte(w)) {
+			t.Fatalf("the report lacks %q:\n%s", w, html[max(0, bytes.Index(html, []byte("class=\"cat\""))-100):][:600])
+		}
+	}
+}
+
+// TestGradientsSeenInTheWindow: a gradient block freed before the snapshot, at an
+// address the surviving one does not have, is a gradient when the hook saw
+// autograd make a gradient there; without that, a temporary of the backward pass.
+func TestGradientsSeenInTheWindow(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	for _, c := range []struct {
+		seen       bool
+		grads, tmp int64
+	}{{true, 32 * mib, 0}, {false, 0, 32 * mib}} {
+		a := (synthJob{batches: 6, watch: true, gradFlip: true, seenGrad: c.seen}).analyse(t, t0)
+		at := a.Categories.AtPeak
+		if at[CatGradients] != c.grads || at[CatTemporaries] != c.tmp || at[CatParameters] != 256*mib {
+			t.Fatalf("seen %v: at the peak %v", c.seen, at)
+		}
+	}
 }

@@ -77,6 +77,9 @@ type RankSummary struct {
 	// OutsideAllocator is device memory in use beyond the allocator's reserved
 	// bytes (why nvidia-smi shows more), from the NVML samples.
 	OutsideAllocator *OutsideAllocator `json:"outside_allocator,omitempty"`
+	// Categories is the memory by category at the peak and at most, and the
+	// modules holding the most at the peak.
+	Categories *Categories `json:"categories,omitempty"`
 }
 
 // pickDevice chooses the device trace of a rank's snapshot: the one with the most

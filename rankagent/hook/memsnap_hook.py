@@ -62,6 +62,8 @@ MAX_CAUSE = 512    # bytes of a stopping cause (UTF-8)
 CODE_START_PASSED = "start_passed"
 CODE_RECORD_FAILED = "record_failed"
 CODE_DUMP_FAILED = "dump_failed"
+TENSORS_KEY = "memsnap_tensors"  # the snapshot's key for the watched tensors
+MAX_MODULE = 512                 # bytes of a module's name kept
 
 
 def _now_us():
@@ -211,6 +213,9 @@ class Hook:
         self._stopped = False     # a stopping event was handled (at most once)
         self._oom_at = None       # time.monotonic() of the last OOM dump
         self.stop_wait = STOP_WAIT
+        self._watched = None      # (model, [optimizers]), each a weak reference (see watch)
+        self._grad_hooks = []     # handles of the gradient hooks of the window being recorded
+        self._grads = {}          # storage address -> [address, bytes, "gradient", module] seen in the window
         self._thread = None
         if connect:
             self._thread = threading.Thread(target=self._run, name="memsnap-hook", daemon=True)
@@ -222,6 +227,8 @@ class Hook:
     def batch_start(self, batch):
         """Call at the start of batch ``batch`` (0-based)."""
         self._batch = batch
+        if self._grad_hooks and self._recording is None:
+            self._unhook_grads()  # a cancelled window's, removed on the training thread
         if self._always is not None and not self._always_on:
             self._start_always()
         w = self._window
@@ -240,6 +247,7 @@ class Hook:
                                 "message": "could not start recording: %r" % (e,)})
                     return
                 self._recording, self._marks = w, []
+                self._hook_grads()
                 self._send({"type": "recording", "window": w["id"], "batch": batch, "t_us": now})
             elif batch > w["start"]:
                 self._window = None
@@ -259,7 +267,8 @@ class Hook:
             self._recording, self._window = None, None
             stall = time.perf_counter()  # the training thread waits from here
             try:
-                snap = self._torch.snapshot()
+                snap = self._snapshot()
+                self._unhook_grads()
             except Exception as e:
                 snap = None
                 self._send({"type": "error", "window": w["id"], "code": CODE_DUMP_FAILED,
@@ -277,6 +286,117 @@ class Hook:
                 with self._lock:
                     self._outbox.append(("dump", w, "window", snap, marks))
                 self._wake.set()
+
+    def watch(self, model=None, *optimizers):
+        """Tell the hook the trainer's model and optimizers. Every snapshot then
+        carries the address range of each parameter, gradient and optimizer-state
+        tensor (with its module's name, from ``named_parameters``), and memsnap's
+        analysis says what the memory is: parameters, gradients, optimizer state,
+        activations or temporaries. Gradients made during a window are seen as
+        autograd makes them (torch 2.1's post-accumulate-grad hooks), so a
+        trainer that frees them before the window ends is still understood. Only
+        weak references are kept; call again when they change."""
+        def ref(o):
+            if o is None:
+                return None
+            try:
+                return weakref.ref(o)
+            except TypeError:
+                return lambda: o
+        self._watched = (ref(model), [ref(o) for o in optimizers if o is not None])
+        return self
+
+    def _watched_objects(self):
+        w = self._watched
+        if w is None:
+            return None, []
+        model = w[0]() if w[0] is not None else None
+        return model, [o for o in (r() for r in w[1]) if o is not None]
+
+    def _named_params(self, model, opts):
+        """(module name, parameter) of the model, then of the optimizers' groups."""
+        seen = set()
+        if model is not None:
+            for name, p in model.named_parameters():
+                seen.add(id(p))
+                yield (name.rpartition(".")[0] or "(model)"), p
+        for o in opts:
+            for g in getattr(o, "param_groups", ()):
+                for p in g.get("params", ()):
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        yield "(optimizer)", p
+
+    def _hook_grads(self):
+        """While a window records, note every gradient autograd accumulates."""
+        self._grads = {}
+        model, opts = self._watched_objects()
+        if model is None and not opts:
+            return
+        try:
+            for mod, p in self._named_params(model, opts):
+                reg = getattr(p, "register_post_accumulate_grad_hook", None)
+                if reg is None:
+                    break  # torch before 2.1: the gradients alive at the snapshot only
+                self._grad_hooks.append(reg(lambda t, mod=mod: self._note_grad(t, mod)))
+        except Exception as e:  # never break training
+            self.errors.append("gradient hooks: %r" % (e,))
+
+    def _note_grad(self, p, mod):
+        if self._recording is None:
+            return  # a cancelled window: its hooks go at the next batch
+        r = _tensor_range(getattr(p, "grad", None))
+        if r is not None and r[0] not in self._grads and len(self._grads) < MAX_TENSORS:
+            self._grads[r[0]] = [r[0], r[1], "gradient", mod]
+
+    def _unhook_grads(self):
+        hooks, self._grad_hooks = self._grad_hooks, []
+        for h in hooks:
+            try:
+                h.remove()
+            except Exception:
+                pass
+
+    def _snapshot(self):
+        """torch's snapshot, with the watched tensors under TENSORS_KEY."""
+        snap = self._torch.snapshot()
+        try:
+            t = self._tensors()
+            if t is not None and isinstance(snap, dict):
+                snap[TENSORS_KEY] = t
+        except Exception as e:  # the snapshot stands without them
+            self.errors.append("watched tensors: %r" % (e,))
+        return snap
+
+    def _tensors(self):
+        """The watched tensors now: [[address, bytes, kind, module], ...], each
+        storage once, and the gradients seen during the window."""
+        model, opts = self._watched_objects()
+        if model is None and not opts:
+            return None
+        out, seen, names = [], set(), {}
+
+        def add(t, kind, mod):
+            r = _tensor_range(t)
+            if r is None or r[0] in seen or len(out) >= MAX_TENSORS:
+                return
+            seen.add(r[0])
+            out.append([r[0], r[1], kind, mod[:MAX_MODULE]])
+
+        for mod, p in self._named_params(model, opts):
+            names[id(p)] = mod
+            add(p, "parameter", mod)
+            add(getattr(p, "grad", None), "gradient", mod)
+        for o in opts:
+            for p, st in list(getattr(o, "state", {}).items()):
+                if isinstance(st, dict):
+                    for v in st.values():
+                        add(v, "optimizer_state", names.get(id(p), "(optimizer)"))
+        for addr, g in list(self._grads.items()):
+            if addr not in seen and len(out) < MAX_TENSORS:
+                seen.add(addr)
+                out.append(g)
+        return {"version": 1, "tensors": out}
 
     def recording(self):
         """The window being recorded now, as {"id", "start", "stop"}, or None."""
@@ -320,7 +440,7 @@ class Hook:
 
     def _on_oom(self, device, alloc, device_alloc, device_free):
         try:
-            snap = self._torch.snapshot()
+            snap = self._snapshot()
             # written now: the process may not live long after an OOM
             self._dump(None, "oom", snap, [])
             self._oom_at = time.monotonic()
@@ -363,7 +483,7 @@ class Hook:
                 start = max(start, marks[-1]["end_us"])
             marks.append({"batch": b, "start_us": min(start, now), "end_us": now})
         try:
-            snap = self._torch.snapshot()
+            snap = self._snapshot()
             if rec is not None:
                 # the window ends here: a trainer that trains on (its previous SIGTERM
                 # handler did not exit) does not dump it a second time
@@ -630,7 +750,7 @@ class Hook:
                 self.errors.append("agent sent a malformed dump")
                 return
             try:
-                snap = self._torch.snapshot()
+                snap = self._snapshot()
                 self._dump({"id": wid}, "postmortem", snap, [])
             except Exception as e:
                 self.errors.append("post-mortem dump: %r" % (e,))
@@ -673,6 +793,23 @@ _stop_hooks = weakref.WeakSet()   # the connected hooks to tell
 _stop_prev = {}                   # "excepthook", "sigterm": the handlers chained to
 # "busy": stopping events being handled; "deferred": a SIGTERM that came meanwhile
 _stop_state = {"busy": 0}
+
+
+MAX_TENSORS = 1 << 20
+
+
+def _tensor_range(t):
+    """(address, bytes) of a CUDA tensor's storage, or None."""
+    if t is None or not getattr(t, "is_cuda", False):
+        return None
+    try:
+        st = t.untyped_storage()
+        addr, n = int(st.data_ptr()), int(st.nbytes())
+    except AttributeError:  # torch before 2.0
+        addr, n = int(t.data_ptr()), int(t.numel() * t.element_size())
+    if addr <= 0 or n <= 0:
+        return None
+    return addr, n
 
 
 def _clip(s, n=MAX_CAUSE):
@@ -805,6 +942,13 @@ def get_hook():
     return _default
 
 
+def watch(model=None, *optimizers):
+    """Tell memsnap the trainer's model and optimizers (see Hook.watch): snapshots
+    then say which memory is parameters, gradients, optimizer state and
+    activations, per module."""
+    return get_hook().watch(model, *optimizers)
+
+
 def batch_start(batch):
     get_hook().batch_start(batch)
 
@@ -856,6 +1000,7 @@ class _ComposerLike:
         self._hook = hook
         self._standalone = None
         self._cur = 0
+        self._watching = None
 
     def _get_hook(self):
         if self._hook is None:
@@ -880,7 +1025,13 @@ class _ComposerLike:
 
     def on_batch_start(self, batch, state=None):
         self._cur = batch
-        self._get_hook().batch_start(batch)
+        h = self._get_hook()
+        model = getattr(state, "model", None)
+        if model is not None and self._watching is not model:
+            self._watching = model
+            opts = getattr(state, "optimizers", None) or []
+            h.watch(model, *(opts if isinstance(opts, (list, tuple)) else [opts]))
+        h.batch_start(batch)
 
     def on_batch_end(self, state=None, logger=None):
         h = self._get_hook()
@@ -943,9 +1094,14 @@ def composer_callback(**kwargs):
 class _LightningLike:
     def __init__(self, hook=None):
         self._hook, self._n = hook, 0
+        self._watching = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
-        (self._hook or get_hook()).batch_start(self._n)
+        h = self._hook or get_hook()
+        if pl_module is not None and self._watching is not pl_module:
+            self._watching = pl_module
+            h.watch(pl_module, *(getattr(trainer, "optimizers", None) or []))
+        h.batch_start(self._n)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
         (self._hook or get_hook()).batch_end(self._n)
@@ -963,10 +1119,16 @@ def lightning_callback(hook=None):
 class _HFLike:
     def __init__(self, hook=None):
         self._hook, self._b = hook, 0
+        self._watching = None
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._b = int(getattr(state, "global_step", self._b))
-        (self._hook or get_hook()).batch_start(self._b)
+        h = self._hook or get_hook()
+        model, opt = kwargs.get("model"), kwargs.get("optimizer")
+        if model is not None and self._watching is not model:
+            self._watching = model
+            h.watch(model, *([opt] if opt is not None else []))
+        h.batch_start(self._b)
 
     def on_step_end(self, args, state, control, **kwargs):
         (self._hook or get_hook()).batch_end(self._b)

@@ -92,6 +92,167 @@ def wait(cond, timeout=5.0):
     return False
 
 
+class FakeStorage:
+    def __init__(self, ptr, n):
+        self.ptr, self.n = ptr, n
+
+    def data_ptr(self):
+        return self.ptr
+
+    def nbytes(self):
+        return self.n
+
+
+class FakeTensor:
+    """A CUDA tensor of n bytes at ptr (a view shares its base's storage)."""
+
+    def __init__(self, ptr, n, cuda=True, base=None):
+        self.storage = base.storage if base is not None else FakeStorage(ptr, n)
+        self.is_cuda = cuda
+        self.grad = None
+        self.hooks = {}
+
+    def untyped_storage(self):
+        return self.storage
+
+    def register_post_accumulate_grad_hook(self, fn):
+        key = object()
+        self.hooks[key] = fn
+        t = self
+
+        class Handle:
+            def remove(self):
+                t.hooks.pop(key, None)
+        return Handle()
+
+    def backward_made(self, grad):
+        """What autograd does: set .grad, then call the hooks."""
+        self.grad = grad
+        for fn in list(self.hooks.values()):
+            fn(self)
+
+
+class FakeModel:
+    def __init__(self, params):
+        self.params = params
+
+    def named_parameters(self):
+        return iter(self.params)
+
+
+class FakeOptimizer:
+    def __init__(self, params, state):
+        self.param_groups = [{"params": params}]
+        self.state = state
+
+
+MiB = 1 << 20
+
+
+class WatchTest(unittest.TestCase):
+    def setUp(self):
+        torch.calls.clear()
+
+    def test_snapshot_carries_the_watched_tensors(self):
+        w1, b1 = FakeTensor(0x10000000, 4 * MiB), FakeTensor(0x10400000, 4096)
+        w2, scale = FakeTensor(0x20000000, 8 * MiB), FakeTensor(0x30000000, 512)
+        view = FakeTensor(0, 0, base=w2)           # shares w2's storage: counted once
+        cpu = FakeTensor(0x40000000, 1 << 30, cuda=False)
+        model = FakeModel([("enc.fc1.weight", w1), ("enc.fc1.bias", b1), ("dec.weight", w2), ("scale", scale), ("dec.tied", view)])
+        extra = FakeTensor(0x50000000, 2 * MiB)    # in the optimizer only
+        m1, v1 = FakeTensor(0x60000000, 4 * MiB), FakeTensor(0x60400000, 4 * MiB)
+        opt = FakeOptimizer([w1, b1, w2, scale, extra], {w1: {"exp_avg": m1, "exp_avg_sq": v1, "step": cpu}, extra: {"momentum_buffer": FakeTensor(0x70000000, 2 * MiB)}})
+        w1.grad = FakeTensor(0x80000000, 4 * MiB)  # alive at the snapshot
+        agent = FakeAgent({"id": 2, "start": 1, "stop": 3})
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            hook.watch(model, opt)
+            self.assertTrue(wait(lambda: hook._window is not None), "the window never arrived")
+            hook.batch_start(0)
+            hook.batch_end(0)
+            self.assertEqual(w2.hooks, {}, "gradient hooks before the window")
+            hook.batch_start(1)
+            self.assertEqual(len(w2.hooks), 1, "no gradient hook while the window records")
+            # a gradient made in the window and freed before its end (zero_grad(set_to_none))
+            w2.backward_made(FakeTensor(0x90000000, 8 * MiB))
+            w2.grad = None
+            hook.batch_end(1)
+            hook.batch_start(2)
+            hook.batch_end(2)
+            self.assertEqual(w2.hooks, {}, "gradient hooks left after the window")
+            self.assertTrue(wait(lambda: agent.of("snapshot")), "no snapshot message")
+            with open(os.path.join(agent.spool, agent.of("snapshot")[0]["file"]), "rb") as f:
+                snap = pickle.load(f)
+            t = snap[memsnap_hook.TENSORS_KEY]
+            self.assertEqual(t["version"], 1)
+            got = sorted(map(tuple, t["tensors"]))
+            want = sorted([
+                (0x10000000, 4 * MiB, "parameter", "enc.fc1"), (0x10400000, 4096, "parameter", "enc.fc1"),
+                (0x20000000, 8 * MiB, "parameter", "dec"), (0x30000000, 512, "parameter", "(model)"),
+                (0x50000000, 2 * MiB, "parameter", "(optimizer)"),
+                (0x80000000, 4 * MiB, "gradient", "enc.fc1"), (0x90000000, 8 * MiB, "gradient", "dec"),
+                (0x60000000, 4 * MiB, "optimizer_state", "enc.fc1"), (0x60400000, 4 * MiB, "optimizer_state", "enc.fc1"),
+                (0x70000000, 2 * MiB, "optimizer_state", "(optimizer)"),
+            ])
+            self.assertEqual(got, want)
+            self.assertEqual(hook.errors, [])
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_unwatched_snapshot_is_torchs_own(self):
+        agent = FakeAgent({"id": 3, "start": 0, "stop": 1})
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            self.assertTrue(wait(lambda: hook._window is not None))
+            hook.batch_start(0)
+            hook.batch_end(0)
+            self.assertTrue(wait(lambda: agent.of("snapshot")))
+            with open(os.path.join(agent.spool, agent.of("snapshot")[0]["file"]), "rb") as f:
+                self.assertNotIn(memsnap_hook.TENSORS_KEY, pickle.load(f))
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_a_broken_model_does_not_break_the_snapshot(self):
+        class Broken:
+            def named_parameters(self):
+                raise RuntimeError("no parameters today")
+        agent = FakeAgent({"id": 4, "start": 0, "stop": 1})
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            broken = Broken()  # the hook keeps only a weak reference
+            hook.watch(broken)
+            self.assertTrue(wait(lambda: hook._window is not None))
+            hook.batch_start(0)
+            hook.batch_end(0)
+            self.assertTrue(wait(lambda: agent.of("snapshot")), "the snapshot was lost")
+            self.assertTrue(any("no parameters today" in e for e in hook.errors), hook.errors)
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_callbacks_watch_on_their_own(self):
+        model = FakeModel([("w", FakeTensor(0x1000, 4096))])
+        opt = FakeOptimizer([], {})
+        hook = memsnap_hook.Hook(connect=False)
+        lc = memsnap_hook.lightning_callback(hook)
+
+        class Trainer:
+            optimizers = [opt]
+        lc.on_train_batch_start(Trainer(), model, None, 0)
+        self.assertIs(hook._watched_objects()[0], model)
+        self.assertEqual(hook._watched_objects()[1], [opt])
+        hook2 = memsnap_hook.Hook(connect=False)
+        hf = memsnap_hook.hf_callback(hook2)
+
+        class State:
+            global_step = 0
+        hf.on_step_begin(None, State(), None, model=model, optimizer=opt)
+        self.assertIs(hook2._watched_objects()[0], model)
+        self.assertEqual(hook2._tensors()["tensors"], [[0x1000, 4096, "parameter", "(model)"]])
+
+
 class HookTest(unittest.TestCase):
     def setUp(self):
         torch.calls.clear()

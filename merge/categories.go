@@ -1,0 +1,465 @@
+package merge
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/memsnap/memsnap/merge/snapshot"
+)
+
+// What the memory is: the hook, told the trainer's model and optimizers
+// (memsnap_hook.watch), stores the address range of every parameter, gradient and
+// optimizer-state tensor alive at the snapshot, with its module's name, in the
+// snapshot under TensorsKey. The analysis assigns each block alive at a moment to
+// the category of the watched tensors inside it, when the block is the one that
+// still holds them at the snapshot (it was never freed after); the rest by the
+// phase of its allocation's stack (forward: activations; backward or optimizer:
+// temporaries); and what nothing says to "unknown" (allocated before recording,
+// or with no Python stack). Two more rules name blocks freed before the snapshot:
+// a block at the address of a gradient the hook saw autograd make during the
+// window, of its size, is that gradient; and a block with the address, size and
+// allocation site of a surviving block that holds watched tensors held them too
+// (the caching allocator gives a tensor made every step the same block).
+
+// TensorsKey is the snapshot's key under which the hook stores the watched
+// tensors: {"version": 1, "tensors": [[address, bytes, kind, module], ...]}.
+const TensorsKey = "memsnap_tensors"
+
+// Memory categories.
+const (
+	CatParameters     = "parameters"
+	CatGradients      = "gradients"
+	CatOptimizerState = "optimizer_state"
+	CatActivations    = "activations"
+	CatTemporaries    = "temporaries"
+	CatUnknown        = "unknown"
+)
+
+// categoryNames are the categories in the order they are shown.
+var categoryNames = [...]string{CatParameters, CatGradients, CatOptimizerState, CatActivations, CatTemporaries, CatUnknown}
+
+const (
+	cParams = iota
+	cGrads
+	cOptim
+	cActs
+	cTemps
+	cUnknown
+	nCats
+)
+
+// Bounds of what is read from a snapshot's watched tensors and what an analysis
+// keeps.
+const (
+	maxWatched      = 1 << 20 // tensors
+	maxModuleName   = 512
+	analysisModules = 20 // modules named at the peak
+)
+
+// Categories is a rank's memory by category: at its allocated peak, and the most
+// each category held at any moment of the window; and the modules that held the
+// most at the peak.
+type Categories struct {
+	// Watched is how many tensors the hook was told of (0: the trainer never
+	// called watch, and only the stacks' phases say anything).
+	Watched int              `json:"watched_tensors"`
+	AtPeak  map[string]int64 `json:"at_peak"`
+	Max     map[string]int64 `json:"max"`
+	Modules []ModuleBytes    `json:"modules"` // at the peak, most bytes first
+}
+
+// ModuleBytes is what one module held in one category.
+type ModuleBytes struct {
+	Module   string `json:"module"`
+	Category string `json:"category"`
+	Bytes    int64  `json:"bytes"`
+}
+
+// watched is one tensor the hook stored.
+type watched struct {
+	addr, size int64
+	cat        int
+	module     string
+}
+
+// watchedTensors reads the hook's tensors from a snapshot's extra keys; nil when
+// there are none. Malformed entries are skipped (they come from the trainer's
+// process, but a snapshot is untrusted bytes).
+func watchedTensors(s *snapshot.Snapshot) []watched {
+	var v snapshot.Value
+	for _, it := range s.Extra {
+		if k, ok := it.Key.(string); ok && k == TensorsKey {
+			v = it.Value
+		}
+	}
+	d, ok := v.(*snapshot.Dict)
+	if !ok {
+		return nil
+	}
+	var list *snapshot.List
+	for _, it := range d.Items {
+		if k, ok := it.Key.(string); ok && k == "tensors" {
+			list, _ = it.Value.(*snapshot.List)
+		}
+	}
+	if list == nil {
+		return nil
+	}
+	var out []watched
+	for _, x := range list.Items {
+		if len(out) == maxWatched {
+			break
+		}
+		var f []snapshot.Value
+		switch t := x.(type) {
+		case *snapshot.List:
+			f = t.Items
+		case snapshot.Tuple:
+			f = t
+		}
+		if len(f) < 4 {
+			continue
+		}
+		addr, ok1 := f[0].(int64)
+		size, ok2 := f[1].(int64)
+		kind, ok3 := f[2].(string)
+		mod, ok4 := f[3].(string)
+		if !ok1 || !ok2 || !ok3 || !ok4 || addr <= 0 || size <= 0 || addr > addr+size {
+			continue
+		}
+		c := -1
+		switch kind {
+		case "parameter":
+			c = cParams
+		case "gradient":
+			c = cGrads
+		case "optimizer_state":
+			c = cOptim
+		}
+		if c < 0 {
+			continue
+		}
+		if len(mod) > maxModuleName {
+			mod = mod[:maxModuleName]
+		}
+		out = append(out, watched{addr, size, c, mod})
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].addr < out[j].addr })
+	// one storage named twice (tensors sharing it): the first name counts
+	dedup := out[:0]
+	for i, x := range out {
+		if i > 0 && x.addr == out[i-1].addr {
+			continue
+		}
+		dedup = append(dedup, x)
+	}
+	return dedup
+}
+
+// slot is where the allocator put a block: its address and size, and the
+// innermost frame of its allocation (frames are shared by identity).
+type slot struct {
+	addr, size int64
+	frame      *snapshot.Frame
+}
+
+func slotOf(e *snapshot.TraceEntry) slot {
+	s := slot{addr: e.Addr, size: e.Size}
+	if len(e.Frames) > 0 {
+		s.frame = e.Frames[0]
+	}
+	return s
+}
+
+// part is a share of a block: bytes of one category, held by one module.
+type part struct {
+	cat    int
+	module string
+	bytes  int64
+}
+
+// inBlock returns the watched tensors' bytes inside [addr, addr+size), by
+// category and module, and the bytes left over.
+func inBlock(ws []watched, addr, size int64) ([]part, int64) {
+	i := sort.Search(len(ws), func(i int) bool { return ws[i].addr >= addr })
+	var parts []part
+	left := size
+	for ; i < len(ws) && ws[i].addr < addr+size && left > 0; i++ {
+		n := min(ws[i].size, addr+size-ws[i].addr, left)
+		parts = append(parts, part{ws[i].cat, ws[i].module, n})
+		left -= n
+	}
+	// one tensor at the block's start: the allocator's rounding is its too
+	if len(parts) == 1 && ws[i-1].addr == addr && left > 0 && left <= roundingSlack(size-left) {
+		parts[0].bytes += left
+		left = 0
+	}
+	return parts, left
+}
+
+// roundingSlack is how much larger than a tensor the block holding it may be
+// (the caching allocator rounds sizes up and may not split a block's tail).
+func roundingSlack(n int64) int64 {
+	return max(512, min(n/8, 2<<20))
+}
+
+// phaseCat is the category of a recorded block that holds no watched tensor, by
+// its allocation's stack, and the module its forward frame names.
+func phaseCat(frames []*snapshot.Frame) (int, string) {
+	switch stackPhase(frames) {
+	case PhaseForward:
+		return cActs, forwardModule(frames)
+	case PhaseBackward, PhaseOptimizer:
+		return cTemps, ""
+	}
+	return cUnknown, ""
+}
+
+// forwardModule names the module whose forward allocated a block: the innermost
+// forward frame outside torch itself (the user's module), else the innermost one.
+func forwardModule(frames []*snapshot.Frame) string {
+	var first *snapshot.Frame
+	for _, f := range frames {
+		if f == nil || f.Name != "forward" {
+			continue
+		}
+		if first == nil {
+			first = f
+		}
+		if !strings.Contains(f.Filename, "torch/") {
+			return frameName(f)
+		}
+	}
+	if first != nil {
+		return frameName(first)
+	}
+	return ""
+}
+
+func frameName(f *snapshot.Frame) string {
+	return fmt.Sprintf("%s (%s:%d)", f.Name, f.Filename, f.Line)
+}
+
+// categories replays the trace: the bytes of each category after every event,
+// their values at the event peakIdx (-1: before the first event) and their most
+// inside w, and the modules at the peak.
+func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Categories {
+	ws := watchedTensors(r.snap)
+	tr := r.trace
+	// which allocations still hold their block at the snapshot (never freed after)
+	survives := make([]bool, len(tr))
+	freed := map[int64]bool{}
+	for i := len(tr) - 1; i >= 0; i-- {
+		e := tr[i]
+		switch e.Action {
+		case snapshot.ActionFreeCompleted:
+			freed[e.Addr] = true
+		case snapshot.ActionAlloc:
+			survives[i] = !freed[e.Addr]
+			delete(freed, e.Addr)
+		}
+	}
+	// blocks alive at the snapshot that no recorded allocation made: they were
+	// there before recording began, with whatever watched tensors they hold.
+	// A surviving block holding watched tensors also names its slot: an earlier
+	// block of the same address, size and allocation site (the caching allocator
+	// hands a tensor made every step, such as a gradient, the same block each
+	// time) held the same tensors then.
+	made := map[int64]bool{}
+	slots := map[slot][]part{}
+	grads := map[int64]watched{}
+	for _, x := range ws {
+		if x.cat == cGrads {
+			grads[x.addr] = x
+		}
+	}
+	for i, e := range tr {
+		if e.Action == snapshot.ActionAlloc && survives[i] {
+			made[e.Addr] = true
+			if parts, _ := inBlock(ws, e.Addr, e.Size); len(parts) > 0 {
+				slots[slotOf(e)] = parts
+			}
+		}
+	}
+	var sums [nCats]int64
+	var early []part
+	var earlyBytes int64
+	for _, g := range r.segs {
+		for _, b := range g.Blocks {
+			if b.State != snapshot.BlockActiveAllocated || made[b.Address] {
+				continue
+			}
+			parts, _ := inBlock(ws, b.Address, b.Size)
+			for _, p := range parts {
+				sums[p.cat] += p.bytes
+				earlyBytes += p.bytes
+			}
+			early = append(early, parts...)
+		}
+	}
+	// the rest of what was allocated before recording is unknown
+	sums[cUnknown] += max(startAllocated-earlyBytes, 0)
+
+	type live struct {
+		size  int64
+		parts []part
+	}
+	alive := map[int64]live{}
+	c := &Categories{Watched: len(ws), AtPeak: map[string]int64{}, Max: map[string]int64{}}
+	var maxes [nCats]int64
+	var atPeak [nCats]int64
+	var peakAlive map[int64]live
+	snap := func(i int) {
+		if i == peakIdx {
+			atPeak = sums
+			peakAlive = make(map[int64]live, len(alive))
+			for k, v := range alive {
+				peakAlive[k] = v
+			}
+		}
+	}
+	inside := func(t int64) bool { return !w.before(t) && !w.after(t) }
+	if peakIdx < 0 {
+		snap(-1)
+	}
+	first := true
+	for i, e := range tr {
+		if first && inside(e.TimeUS) {
+			first = false
+			for k := range maxes {
+				maxes[k] = max(maxes[k], sums[k])
+			}
+		}
+		switch e.Action {
+		case snapshot.ActionAlloc:
+			if l, ok := alive[e.Addr]; ok { // allocated twice: the later wins
+				for _, p := range l.parts {
+					sums[p.cat] -= p.bytes
+				}
+			}
+			var parts []part
+			left := e.Size
+			if survives[i] {
+				parts, left = inBlock(ws, e.Addr, e.Size)
+			} else if sp, ok := slots[slotOf(e)]; ok {
+				parts = sp
+				for _, p := range sp {
+					left -= p.bytes
+				}
+			} else if g, ok := grads[e.Addr]; ok && e.Size >= g.size && e.Size <= g.size+roundingSlack(g.size) {
+				// a gradient the hook saw autograd make during the window
+				parts, left = []part{{cGrads, g.module, e.Size}}, 0
+			}
+			if left > 0 {
+				cat, mod := phaseCat(e.Frames)
+				parts = append(parts, part{cat, mod, left})
+			}
+			for _, p := range parts {
+				sums[p.cat] += p.bytes
+			}
+			alive[e.Addr] = live{e.Size, parts}
+		case snapshot.ActionFreeCompleted:
+			if l, ok := alive[e.Addr]; ok {
+				for _, p := range l.parts {
+					sums[p.cat] -= p.bytes
+				}
+				delete(alive, e.Addr)
+			} else {
+				// a block from before recording leaves: nothing watched (those
+				// are alive at the snapshot), so it was counted unknown
+				sums[cUnknown] = max(sums[cUnknown]-e.Size, 0)
+			}
+		}
+		if inside(e.TimeUS) {
+			for k := range maxes {
+				maxes[k] = max(maxes[k], sums[k])
+			}
+		}
+		snap(i)
+	}
+	for k, n := range categoryNames {
+		c.AtPeak[n], c.Max[n] = atPeak[k], maxes[k]
+	}
+	// modules at the peak: the watched tensors' modules and the forward frames
+	mods := map[[2]string]int64{}
+	add := func(p part) {
+		if p.module != "" {
+			mods[[2]string{p.module, categoryNames[p.cat]}] += p.bytes
+		}
+	}
+	for _, p := range early {
+		add(p)
+	}
+	for _, l := range peakAlive {
+		for _, p := range l.parts {
+			add(p)
+		}
+	}
+	c.Modules = []ModuleBytes{}
+	for k, n := range mods {
+		c.Modules = append(c.Modules, ModuleBytes{Module: k[0], Category: k[1], Bytes: n})
+	}
+	sort.Slice(c.Modules, func(i, j int) bool {
+		a, b := c.Modules[i], c.Modules[j]
+		if a.Bytes != b.Bytes {
+			return a.Bytes > b.Bytes
+		}
+		if a.Module != b.Module {
+			return a.Module < b.Module
+		}
+		return a.Category < b.Category
+	})
+	if len(c.Modules) > analysisModules {
+		c.Modules = c.Modules[:analysisModules]
+	}
+	return c
+}
+
+// check refuses categories an analysis file should not hold.
+func (c *Categories) check() error {
+	if c.Watched < 0 || len(c.Modules) > analysisModules || len(c.AtPeak) > len(categoryNames) || len(c.Max) > len(categoryNames) {
+		return fmt.Errorf("categories: %d watched, %d modules", c.Watched, len(c.Modules))
+	}
+	for _, m := range []map[string]int64{c.AtPeak, c.Max} {
+		for k, v := range m {
+			if !knownCategory(k) || v < 0 {
+				return fmt.Errorf("categories: %q = %d", k, v)
+			}
+		}
+	}
+	for _, m := range c.Modules {
+		if len(m.Module) > maxModuleName || !knownCategory(m.Category) || m.Bytes < 0 {
+			return fmt.Errorf("categories: module %.40q", m.Module)
+		}
+	}
+	return nil
+}
+
+func knownCategory(k string) bool {
+	for _, n := range categoryNames {
+		if n == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Line says the categories at the peak in one line ("parameters 256.0 MiB,
+// gradients 32.0 MiB, ..."), the empty ones left out.
+func (c *Categories) Line() string {
+	var parts []string
+	for _, n := range categoryNames {
+		if v := c.AtPeak[n]; v > 0 {
+			parts = append(parts, strings.ReplaceAll(n, "_", " ")+" "+HumanBytes(v))
+		}
+	}
+	if len(parts) == 0 {
+		return "nothing allocated"
+	}
+	s := strings.Join(parts, ", ")
+	if c.Watched == 0 {
+		s += " (the trainer did not call memsnap_hook.watch: parameters, gradients and optimizer state are not told apart)"
+	}
+	return s
+}
