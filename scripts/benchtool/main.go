@@ -65,8 +65,8 @@ func gen(args []string) error {
 	marks := fs.Int("marks", 0, "batch marks per rank, written in a sidecar (0: no sidecar)")
 	plantRank := fs.Int("plant-rank", -1, "the rank that holds a planted buffer")
 	plantBytes := fs.Int64("plant-bytes", 96<<20, "the planted buffer's size")
-	skew := fs.Int64("skew", 4096, "bytes added to rank r's every allocation, times r")
-	balance := fs.Bool("balance", false, "add a segment holding what the repeated trace leaves allocated, so the curve starts where the recorded one does")
+	skew := fs.Int64("skew", 4096, "rank r holds r*skew*256 bytes more, in a block of its own")
+	balance := fs.Bool("balance", false, "add a segment holding what the repeated trace leaves allocated beyond the recorded one (none: repetitions free what they allocate)")
 	fs.Parse(args)
 	if fs.NArg() != 1 {
 		return fmt.Errorf("gen needs one base snapshot")
@@ -149,11 +149,21 @@ func balanced(base, grown *snapshot.Snapshot) *snapshot.Snapshot {
 		return grown
 	}
 	const addr = 0x7e0000000000
+	// a valid segment: as large as the block it holds (2 MiB pages), its blocks
+	// tiling it, the rest one inactive block
+	total := (max(extraR, extraA) + 2<<20 - 1) &^ (2<<20 - 1)
+	has := snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState
+	var blocks []*snapshot.Block
+	if extraA > 0 {
+		blocks = append(blocks, &snapshot.Block{Address: addr, Size: extraA, State: snapshot.BlockActiveAllocated, Has: has})
+	}
+	if total > extraA {
+		blocks = append(blocks, &snapshot.Block{Address: addr + extraA, Size: total - extraA, State: "inactive", Has: has})
+	}
 	out := *grown
-	out.Segments = append(append([]*snapshot.Segment(nil), grown.Segments...), &snapshot.Segment{Address: addr, TotalSize: extraR, AllocatedSize: extraA,
-		SegmentType: "large", Blocks: []*snapshot.Block{{Address: addr, Size: extraA, State: snapshot.BlockActiveAllocated,
-			Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState}},
-		Has: snapshot.SegDevice | snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegAllocatedSize | snapshot.SegStream | snapshot.SegSegmentType | snapshot.SegBlocks})
+	out.Segments = append(append([]*snapshot.Segment(nil), grown.Segments...), &snapshot.Segment{Address: addr, TotalSize: total, AllocatedSize: extraA,
+		ActiveSize: extraA, SegmentType: "large", Blocks: blocks,
+		Has: snapshot.SegDevice | snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegAllocatedSize | snapshot.SegActiveSize | snapshot.SegStream | snapshot.SegSegmentType | snapshot.SegBlocks})
 	return &out
 }
 
