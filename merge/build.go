@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/memsnap/memsnap/merge/snapshot"
 	"hash"
 	"os"
 	"path/filepath"
@@ -242,11 +243,17 @@ func (b *builder) addDetail(r *rankData) error {
 	trace := r.trace
 	if e.w.cut() {
 		trace = nil
+		var tail []*snapshot.TraceEntry
 		for _, ev := range r.trace {
-			if !e.w.before(ev.TimeUS) && !e.w.after(ev.TimeUS) {
+			switch {
+			case e.w.after(ev.TimeUS):
+				tail = append(tail, ev)
+			case !e.w.before(ev.TimeUS):
 				trace = append(trace, ev)
 			}
 		}
+		// the segments as the cut's end left them, so a viewer replays the cut
+		r.segs = snapshot.SegmentsBefore(r.segs, tail)
 	}
 	for _, ev := range trace {
 		b.in.frameList(ev.Frames)

@@ -480,3 +480,21 @@ func TestGradientsSeenInTheWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestMergedPicklesReplay: every rank of a merged pickle replays against its
+// segments, as memory_viz replays it (whole windows, and a cut one).
+func TestMergedPicklesReplay(t *testing.T) {
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4Marked(t, false)})
+	for _, cfg := range []Config{{Inputs: ins}, {Inputs: ins, Batches: &BatchRange{Start: 6, Stop: 7}}} {
+		_, out := runMerge(t, cfg)
+		s, err := snapshot.ReadFile(filepath.Join(out, "merged.memory_snapshot.pickle"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for d := range s.DeviceTraces {
+			if err := s.CheckReplay(d); err != nil {
+				t.Errorf("cut %v: rank %d: %v", cfg.Batches, d, err)
+			}
+		}
+	}
+}

@@ -104,3 +104,133 @@ func (s *Snapshot) CheckReplay(dev int) error {
 	}
 	return nil
 }
+
+// SegmentsBefore returns device dev's segments as they were before the trace
+// events tail (the events after a cut's end, in order), undoing them from segs
+// (the segments at the trace's end): an allocation undone leaves its block
+// inactive, a free undone makes its block active again (carved out of the
+// inactive block holding it), a segment_alloc undone removes its segment and a
+// segment_free undone brings it back. segs is not changed; segments the tail does
+// not touch are returned as they are. Expandable segments' mapping is not undone.
+func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
+	if len(tail) == 0 {
+		return segs
+	}
+	out := make([]*Segment, len(segs))
+	copy(out, segs)
+	owned := map[*Segment]bool{} // copies this call may change
+	find := func(addr int64) int {
+		for i, g := range out {
+			if g.Address <= addr && addr < g.Address+g.TotalSize {
+				return i
+			}
+		}
+		return -1
+	}
+	own := func(i int) *Segment {
+		g := out[i]
+		if !owned[g] {
+			c := *g
+			c.Blocks = make([]*Block, len(g.Blocks))
+			at := g.Address
+			for j, b := range g.Blocks {
+				nb := *b
+				if nb.Has&BlockAddress == 0 { // older torch: a block's address is its place
+					nb.Address, nb.Has = at, nb.Has|BlockAddress
+				}
+				at += nb.Size
+				c.Blocks[j] = &nb
+			}
+			out[i], g = &c, &c
+			owned[g] = true
+		}
+		return g
+	}
+	for i := len(tail) - 1; i >= 0; i-- {
+		e := tail[i]
+		switch e.Action {
+		case ActionAlloc:
+			k := find(e.Addr)
+			if k < 0 {
+				continue
+			}
+			g := own(k)
+			for _, b := range g.Blocks {
+				if b.Address == e.Addr && b.State == BlockActiveAllocated {
+					b.State, b.Frames, b.RequestedSize = "inactive", nil, 0
+					b.Has &^= BlockFrames | BlockRequestedSize
+					g.AllocatedSize -= b.Size
+					g.ActiveSize -= b.Size
+					break
+				}
+			}
+		case ActionFreeCompleted:
+			k := find(e.Addr)
+			if k < 0 {
+				continue
+			}
+			g := own(k)
+			coalesce(g)
+			for j, b := range g.Blocks {
+				if b.State == BlockActiveAllocated || b.Address > e.Addr || e.Addr >= b.Address+b.Size {
+					continue
+				}
+				n := min((e.Size+511)&^511, b.Address+b.Size-e.Addr)
+				has := b.Has | BlockAddress | BlockSize | BlockState
+				var parts []*Block
+				if e.Addr > b.Address {
+					parts = append(parts, &Block{Address: b.Address, Size: e.Addr - b.Address, State: "inactive", Has: has &^ (BlockFrames | BlockRequestedSize)})
+				}
+				parts = append(parts, &Block{Address: e.Addr, Size: n, RequestedSize: e.Size, State: BlockActiveAllocated, Frames: e.Frames,
+					Has: has | BlockRequestedSize | BlockFrames})
+				if end := b.Address + b.Size; e.Addr+n < end {
+					parts = append(parts, &Block{Address: e.Addr + n, Size: end - e.Addr - n, State: "inactive", Has: has &^ (BlockFrames | BlockRequestedSize)})
+				}
+				g.Blocks = append(g.Blocks[:j], append(parts, g.Blocks[j+1:]...)...)
+				g.AllocatedSize += n
+				g.ActiveSize += n
+				break
+			}
+		case ActionSegmentAlloc:
+			if k := find(e.Addr); k >= 0 && out[k].Address == e.Addr && !out[k].IsExpandable {
+				out = append(out[:k], out[k+1:]...)
+			}
+		case ActionSegmentFree:
+			if find(e.Addr) >= 0 {
+				continue
+			}
+			typ := "large"
+			if e.Size < 1<<20 {
+				typ = "small"
+			}
+			has := BlockAddress | BlockSize | BlockState
+			g := &Segment{Device: segDevice(segs), Address: e.Addr, TotalSize: e.Size, Stream: e.Stream, SegmentType: typ,
+				Blocks: []*Block{{Address: e.Addr, Size: e.Size, State: "inactive", Has: has}},
+				Has:    SegDevice | SegAddress | SegTotalSize | SegAllocatedSize | SegActiveSize | SegStream | SegSegmentType | SegBlocks}
+			owned[g] = true
+			out = append(out, g)
+			sort.Slice(out, func(a, b int) bool { return out[a].Address < out[b].Address })
+		}
+	}
+	return out
+}
+
+func segDevice(segs []*Segment) int64 {
+	if len(segs) > 0 {
+		return segs[0].Device
+	}
+	return 0
+}
+
+// coalesce merges a segment's adjacent free blocks, as the allocator does.
+func coalesce(g *Segment) {
+	out := g.Blocks[:0]
+	for _, b := range g.Blocks {
+		if n := len(out); n > 0 && b.State == "inactive" && out[n-1].State == "inactive" && out[n-1].Address+out[n-1].Size == b.Address {
+			out[n-1].Size += b.Size
+			continue
+		}
+		out = append(out, b)
+	}
+	g.Blocks = out
+}
