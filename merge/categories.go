@@ -204,37 +204,124 @@ func roundingSlack(n int64) int64 {
 	return max(512, min(n/8, 2<<20))
 }
 
-// phaseCat is the category of a recorded block that holds no watched tensor, by
-// its allocation's stack, and the module its forward frame names.
-func phaseCat(frames []*snapshot.Frame) (int, string) {
-	switch stackPhase(frames) {
-	case PhaseForward:
-		return cActs, forwardModule(frames)
-	case PhaseBackward, PhaseOptimizer:
-		return cTemps, ""
+// phaseCache remembers the category of the stacks seen last: consecutive
+// allocations mostly share their stack (the same frames, by identity).
+type phaseCache struct {
+	recent [8]struct {
+		frames []*snapshot.Frame
+		cat    int
+		mod    string
 	}
-	return cUnknown, ""
+	next  int
+	kinds map[*snapshot.Frame]uint8
+	names map[*snapshot.Frame]string
 }
 
-// forwardModule names the module whose forward allocated a block: the innermost
-// forward frame outside torch itself (the user's module), else the innermost one.
-func forwardModule(frames []*snapshot.Frame) string {
-	var first *snapshot.Frame
+// Kinds of a frame, for phaseCache.
+const (
+	fkOptimizer = 1 << iota
+	fkBackward
+	fkPython
+	fkForward // a forward frame of the user's code
+	fkTorchForward
+	fkKnown
+)
+
+func (c *phaseCache) kind(f *snapshot.Frame) uint8 {
+	if k, ok := c.kinds[f]; ok {
+		return k
+	}
+	k := uint8(fkKnown)
+	switch {
+	case isOptimizerFrame(f):
+		k |= fkOptimizer
+	case isBackwardFrame(f):
+		k |= fkBackward
+	}
+	if strings.HasSuffix(f.Filename, ".py") {
+		k |= fkPython
+	}
+	if f.Name == "forward" {
+		if strings.Contains(f.Filename, "torch/") {
+			k |= fkTorchForward
+		} else {
+			k |= fkForward
+		}
+	}
+	if c.kinds == nil {
+		c.kinds = map[*snapshot.Frame]uint8{}
+	}
+	c.kinds[f] = k
+	return k
+}
+
+// classify is the category of a recorded block that holds no watched tensor, by
+// its allocation's stack (see stackPhase), and for activations the module whose
+// forward made it: the innermost forward frame outside torch itself (the user's
+// module), else the innermost one. Each frame is classified once.
+func (c *phaseCache) classify(frames []*snapshot.Frame) (int, string) {
+	python := false
+	var fwd, torchFwd *snapshot.Frame
 	for _, f := range frames {
-		if f == nil || f.Name != "forward" {
+		if f == nil {
 			continue
 		}
-		if first == nil {
-			first = f
+		k := c.kind(f)
+		switch {
+		case k&fkOptimizer != 0, k&fkBackward != 0:
+			return cTemps, ""
 		}
-		if !strings.Contains(f.Filename, "torch/") {
-			return frameName(f)
+		python = python || k&fkPython != 0
+		if k&fkForward != 0 && fwd == nil {
+			fwd = f
+		}
+		if k&fkTorchForward != 0 && torchFwd == nil {
+			torchFwd = f
 		}
 	}
-	if first != nil {
-		return frameName(first)
+	if !python {
+		return cUnknown, ""
 	}
-	return ""
+	if fwd == nil {
+		fwd = torchFwd
+	}
+	if fwd == nil {
+		return cActs, ""
+	}
+	name, ok := c.names[fwd]
+	if !ok {
+		name = frameName(fwd)
+		if c.names == nil {
+			c.names = map[*snapshot.Frame]string{}
+		}
+		c.names[fwd] = name
+	}
+	return cActs, name
+}
+
+func (c *phaseCache) cat(frames []*snapshot.Frame) (int, string) {
+	for i := range c.recent {
+		r := &c.recent[i]
+		if r.frames != nil && len(r.frames) == len(frames) && sameFrames(r.frames, frames) {
+			return r.cat, r.mod
+		}
+	}
+	cat, mod := c.classify(frames)
+	if len(frames) > 0 {
+		r := &c.recent[c.next]
+		r.frames, r.cat, r.mod = frames, cat, mod
+		c.next = (c.next + 1) % len(c.recent)
+	}
+	return cat, mod
+}
+
+func sameFrames(a, b []*snapshot.Frame) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func frameName(f *snapshot.Frame) string {
@@ -306,6 +393,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 		parts []part
 	}
 	alive := map[int64]live{}
+	var phases phaseCache
 	c := &Categories{Watched: len(ws), AtPeak: map[string]int64{}, Max: map[string]int64{}}
 	var maxes [nCats]int64
 	var atPeak [nCats]int64
@@ -352,7 +440,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 				parts, left = []part{{cGrads, g.module, e.Size}}, 0
 			}
 			if left > 0 {
-				cat, mod := phaseCat(e.Frames)
+				cat, mod := phases.cat(e.Frames)
 				parts = append(parts, part{cat, mod, left})
 			}
 			for _, p := range parts {

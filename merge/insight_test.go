@@ -498,3 +498,32 @@ func TestMergedPicklesReplay(t *testing.T) {
 		}
 	}
 }
+
+// TestPhaseCacheAgreesWithStackPhase: the cached classification of every recorded
+// allocation's stack is the one stackPhase gives.
+func TestPhaseCacheAgreesWithStackPhase(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join(filepath.Dir(ddp4Dir(t)), "*", "*.pickle"))
+	var c phaseCache
+	n := 0
+	for _, f := range files {
+		s, err := snapshot.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tr := range s.DeviceTraces {
+			for _, e := range tr {
+				if e.Action != snapshot.ActionAlloc {
+					continue
+				}
+				want := map[string]int{PhaseForward: cActs, PhaseBackward: cTemps, PhaseOptimizer: cTemps, "": cUnknown}[stackPhase(e.Frames)]
+				if got, _ := c.cat(e.Frames); got != want {
+					t.Fatalf("%s: %s allocation classified %d, stackPhase says %d", f, siteName(e.Frames), got, want)
+				}
+				n++
+			}
+		}
+	}
+	if n < 1000 {
+		t.Fatalf("only %d allocations", n)
+	}
+}
