@@ -177,7 +177,7 @@ func (w window) cut() bool           { return w.from != nil || w.to != nil }
 // analysis computes the rank's analysis over the events inside w.
 func (r *rankData) analysis(w window) *RankAnalysis {
 	a := &RankAnalysis{Version: AnalysisVersion, Rank: r.rank, Device: r.device, Note: r.note, Sites: []Site{}, OOMs: []OOM{}}
-	endA, endR := r.snap.AllocatedAtEnd(r.device), r.snap.ReservedAtEnd(r.device)
+	endA, endR := r.snap.AllocatedOrPendingAtEnd(r.device), r.snap.ReservedAtEnd(r.device)
 	var netA, netR int64
 	for _, e := range r.trace {
 		dA, dR := deltas(e)
@@ -282,8 +282,8 @@ func (r *rankData) sitesAt(idx int) ([]Site, int64) {
 			if l, ok := alive[e.Addr]; ok { // an address allocated twice: the later wins
 				tracked -= l.size
 			}
-			alive[e.Addr] = live{e.Size, e.Frames}
-			tracked += e.Size
+			alive[e.Addr] = live{max(e.Size, 0), e.Frames}
+			tracked += max(e.Size, 0)
 		case snapshot.ActionFreeCompleted:
 			if l, ok := alive[e.Addr]; ok {
 				delete(alive, e.Addr)
@@ -456,6 +456,12 @@ func ParseAnalysis(b []byte) (*RankAnalysis, error) {
 	return &a, nil
 }
 
+// maxPlausibleBytes bounds any byte figure of an analysis (64 PiB): sums of a
+// few thousand of them cannot overflow.
+const maxPlausibleBytes = 1 << 56
+
+func plausibleBytes(n int64) bool { return n >= -maxPlausibleBytes && n <= maxPlausibleBytes }
+
 func (a *RankAnalysis) check() error {
 	switch {
 	case a.Version != AnalysisVersion:
@@ -487,7 +493,7 @@ func (a *RankAnalysis) check() error {
 			return fmt.Errorf("batch %d ends before it starts", f.Batch)
 		}
 	}
-	if t := a.Truncated; t != nil && (t.Events < 0 || t.MaxEntries < 0 || t.MissingUS < 0 || t.UnknownFrees < 0 || t.SuggestMaxEntries < 0) {
+	if t := a.Truncated; t != nil && (t.Events < 0 || t.MaxEntries < 0 || t.MissingUS < 0 || t.UnknownFrees < 0 || t.UnknownFreeBytes < 0 || t.SuggestMaxEntries < 0) {
 		return errors.New("a truncation with negative figures")
 	}
 	if o := a.Outside; o != nil && (o.Samples < 0 || o.AtPeakBytes < 0 || o.MaxBytes < 0 ||
@@ -500,12 +506,12 @@ func (a *RankAnalysis) check() error {
 		}
 	}
 	if l := a.Leak; l != nil {
-		if l.Batches < 0 || len(l.Sites) > leakSites {
-			return fmt.Errorf("a leak over %d batches naming %d sites", l.Batches, len(l.Sites))
+		if l.Batches < 0 || len(l.Sites) > leakSites || l.PerBatchBytes < 0 || !plausibleBytes(l.GrowthBytes) || !plausibleBytes(l.PerBatchBytes) {
+			return fmt.Errorf("a leak over %d batches naming %d sites, %d bytes a batch", l.Batches, len(l.Sites), l.PerBatchBytes)
 		}
 		for _, s := range l.Sites {
-			if len(s.Site) > maxSiteName || s.Blocks < 0 || s.Batches < 0 {
-				return errors.New("a leak site's name is too long or its counts negative")
+			if len(s.Site) > maxSiteName || s.Blocks < 0 || s.Batches < 0 || s.Bytes < 0 || !plausibleBytes(s.Bytes) || s.PerBatchBytes < 0 || !plausibleBytes(s.PerBatchBytes) {
+				return errors.New("a leak site's name is too long or its figures out of range")
 			}
 		}
 	}

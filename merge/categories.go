@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -55,6 +56,7 @@ const (
 	maxWatched      = 1 << 20 // tensors
 	maxModuleName   = 512
 	analysisModules = 20 // modules named at the peak
+	maxParts        = 64 // shares of one block kept apart (by module)
 )
 
 // Categories is a rank's memory by category: at its allocated peak, and the most
@@ -140,9 +142,7 @@ func watchedTensors(s *snapshot.Snapshot) []watched {
 		if c < 0 {
 			continue
 		}
-		if len(mod) > maxModuleName {
-			mod = mod[:maxModuleName]
-		}
+		mod = cutName(mod)
 		out = append(out, watched{addr, size, c, mod})
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].addr < out[j].addr })
@@ -189,6 +189,18 @@ func inBlock(ws []watched, addr, size int64) ([]part, int64) {
 		n := min(ws[i].size, addr+size-ws[i].addr, left)
 		parts = append(parts, part{ws[i].cat, ws[i].module, n})
 		left -= n
+	}
+	if len(parts) > maxParts { // a block holding very many tensors: the rest by category
+		var rest [nCats]int64
+		for _, p := range parts[maxParts-nCats:] {
+			rest[p.cat] += p.bytes
+		}
+		parts = parts[:maxParts-nCats]
+		for c, n := range rest {
+			if n > 0 {
+				parts = append(parts, part{c, "(other modules)", n})
+			}
+		}
 	}
 	// one tensor at the block's start: the allocator's rounding is its too
 	if len(parts) == 1 && ws[i-1].addr == addr && left > 0 && left <= roundingSlack(size-left) {
@@ -290,7 +302,7 @@ func (c *phaseCache) classify(frames []*snapshot.Frame) (int, string) {
 	}
 	name, ok := c.names[fwd]
 	if !ok {
-		name = frameName(fwd)
+		name = cutName(frameName(fwd))
 		if c.names == nil {
 			c.names = map[*snapshot.Frame]string{}
 		}
@@ -322,6 +334,20 @@ func sameFrames(a, b []*snapshot.Frame) bool {
 		}
 	}
 	return true
+}
+
+// cutName makes a module's name valid UTF-8 of at most maxModuleName bytes, cut
+// at a character's start, as an analysis file holds it.
+func cutName(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= maxModuleName {
+		return s
+	}
+	n := maxModuleName
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func frameName(f *snapshot.Frame) string {
@@ -374,7 +400,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 	var earlyBytes int64
 	for _, g := range r.segs {
 		for _, b := range g.Blocks {
-			if b.State != snapshot.BlockActiveAllocated || made[b.Address] {
+			if (b.State != snapshot.BlockActiveAllocated && b.State != snapshot.BlockActivePendingFree) || made[b.Address] {
 				continue
 			}
 			parts, _ := inBlock(ws, b.Address, b.Size)
@@ -408,9 +434,6 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 		}
 	}
 	inside := func(t int64) bool { return !w.before(t) && !w.after(t) }
-	if peakIdx < 0 {
-		snap(-1)
-	}
 	first := true
 	for i, e := range tr {
 		if first && inside(e.TimeUS) {
@@ -418,7 +441,11 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 			for k := range maxes {
 				maxes[k] = max(maxes[k], sums[k])
 			}
+			if peakIdx < 0 { // the peak is the state the window starts in
+				snap(-1)
+			}
 		}
+		size := max(e.Size, 0) // as deltas counts it
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			if l, ok := alive[e.Addr]; ok { // allocated twice: the later wins
@@ -427,17 +454,20 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 				}
 			}
 			var parts []part
-			left := e.Size
+			left := size
 			if survives[i] {
-				parts, left = inBlock(ws, e.Addr, e.Size)
+				parts, left = inBlock(ws, e.Addr, size)
 			} else if sp, ok := slots[slotOf(e)]; ok {
 				parts = sp
 				for _, p := range sp {
 					left -= p.bytes
 				}
-			} else if g, ok := grads[e.Addr]; ok && e.Size >= g.size && e.Size <= g.size+roundingSlack(g.size) {
-				// a gradient the hook saw autograd make during the window
-				parts, left = []part{{cGrads, g.module, e.Size}}, 0
+			} else if g, ok := grads[e.Addr]; ok && size >= g.size && size <= g.size+roundingSlack(g.size) {
+				// a gradient the hook saw autograd make during the window, unless
+				// the block was made by a forward pass (an activation reusing it)
+				if cat, _ := phases.cat(e.Frames); cat != cActs {
+					parts, left = []part{{cGrads, g.module, size}}, 0
+				}
 			}
 			if left > 0 {
 				cat, mod := phases.cat(e.Frames)
@@ -446,7 +476,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 			for _, p := range parts {
 				sums[p.cat] += p.bytes
 			}
-			alive[e.Addr] = live{e.Size, parts}
+			alive[e.Addr] = live{size, parts}
 		case snapshot.ActionFreeCompleted:
 			if l, ok := alive[e.Addr]; ok {
 				for _, p := range l.parts {
@@ -456,7 +486,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 			} else {
 				// a block from before recording leaves: nothing watched (those
 				// are alive at the snapshot), so it was counted unknown
-				sums[cUnknown] = max(sums[cUnknown]-e.Size, 0)
+				sums[cUnknown] = max(sums[cUnknown]-size, 0)
 			}
 		}
 		if inside(e.TimeUS) {
@@ -466,8 +496,11 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 		}
 		snap(i)
 	}
+	if peakIdx < 0 && peakAlive == nil { // no event inside the window
+		snap(-1)
+	}
 	for k, n := range categoryNames {
-		c.AtPeak[n], c.Max[n] = atPeak[k], maxes[k]
+		c.AtPeak[n], c.Max[n] = atPeak[k], max(maxes[k], atPeak[k])
 	}
 	// modules at the peak: the watched tensors' modules and the forward frames
 	mods := map[[2]string]int64{}
@@ -511,13 +544,13 @@ func (c *Categories) check() error {
 	}
 	for _, m := range []map[string]int64{c.AtPeak, c.Max} {
 		for k, v := range m {
-			if !knownCategory(k) || v < 0 {
+			if !knownCategory(k) || v < 0 || v > maxPlausibleBytes {
 				return fmt.Errorf("categories: %q = %d", k, v)
 			}
 		}
 	}
 	for _, m := range c.Modules {
-		if len(m.Module) > maxModuleName || !knownCategory(m.Category) || m.Bytes < 0 {
+		if len(m.Module) > maxModuleName || !knownCategory(m.Category) || m.Bytes < 0 || m.Bytes > maxPlausibleBytes {
 			return fmt.Errorf("categories: module %.40q", m.Module)
 		}
 	}

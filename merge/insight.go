@@ -86,10 +86,10 @@ func (r *rankData) truncation() *Truncation {
 	want := float64(len(r.trace)) * 2 // no marks to scale by: twice what was kept
 	if m := r.meta.Batches; len(m) > 0 {
 		start, end := m[0].StartUS, m[len(m)-1].EndUS
-		if first > start {
+		if first > start && first-start > 0 { // no overflow from absurd marks
 			t.MissingUS = first - start
 		}
-		if span > 0 && end > start {
+		if span > 0 && end > start && end-start > 0 {
 			want = float64(len(r.trace)) * float64(end-start) / span
 		}
 	}
@@ -120,6 +120,9 @@ func (r *rankData) leak(figs []BatchFigure, w window) *Leak {
 	if n < 3 {
 		return nil
 	}
+	// in time order, whatever order the marks came in
+	figs = append([]BatchFigure(nil), figs...)
+	sort.SliceStable(figs, func(i, j int) bool { return figs[i].StartUS < figs[j].StartUS })
 	grew := 0
 	for i := 1; i < n; i++ {
 		if figs[i].StartAllocatedBytes > figs[i-1].StartAllocatedBytes {

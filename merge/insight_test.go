@@ -527,3 +527,67 @@ func TestPhaseCacheAgreesWithStackPhase(t *testing.T) {
 		t.Fatalf("only %d allocations", n)
 	}
 }
+
+// TestCategoriesAddUpOnOddInput: the categories at the peak add up to the peak for
+// a cut window whose peak is its start, a block whose free is pending at the
+// snapshot, and a corrupt negative size; an activation reusing a gradient's
+// address stays an activation.
+func TestCategoriesAddUpOnOddInput(t *testing.T) {
+	has := snapshot.EntryAction | snapshot.EntryAddr | snapshot.EntrySize | snapshot.EntryTimeUS | snapshot.EntryFrames
+	ev := func(action string, addr, size, ts int64, fr *snapshot.Frame) *snapshot.TraceEntry {
+		return &snapshot.TraceEntry{Action: action, Addr: addr, Size: size, TimeUS: ts, Frames: []*snapshot.Frame{fr}, Has: has}
+	}
+	blk := func(addr, size int64, state string) *snapshot.Block {
+		return &snapshot.Block{Address: addr, Size: size, State: state, Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState}
+	}
+	snap := func(tr []*snapshot.TraceEntry, blocks ...*snapshot.Block) *snapshot.Snapshot {
+		var total int64
+		for _, b := range blocks {
+			total += b.Size
+		}
+		seg := &snapshot.Segment{Address: 1 << 30, TotalSize: total, Blocks: blocks, Has: snapshot.SegDevice | snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegBlocks}
+		return &snapshot.Snapshot{Segments: []*snapshot.Segment{seg}, DeviceTraces: [][]*snapshot.TraceEntry{tr}, Has: snapshot.SnapSegments | snapshot.SnapDeviceTraces}
+	}
+	const a0 = 1 << 30
+	check := func(name string, s *snapshot.Snapshot, from *int64) *RankAnalysis {
+		t.Helper()
+		a, err := AnalyzeSnapshot(context.Background(), s, nil, AnalyzeOptions{Rank: 0, From: from})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum int64
+		for _, v := range a.Categories.AtPeak {
+			sum += v
+		}
+		if sum != a.PeakAllocatedBytes {
+			t.Fatalf("%s: the categories %v add up to %d, the peak is %d", name, a.Categories.AtPeak, sum, a.PeakAllocatedBytes)
+		}
+		return a
+	}
+	// the peak is where a cut window starts
+	tr := []*snapshot.TraceEntry{ev("alloc", a0, 100*mib, 10, actFrame), ev("alloc", a0+100*mib, 50*mib, 20, actFrame),
+		ev("free_completed", a0, 100*mib, 30, actFrame), ev("free_completed", a0+100*mib, 50*mib, 40, actFrame)}
+	from := int64(25)
+	if a := check("cut", snap(tr, blk(a0, 150*mib, "inactive")), &from); a.PeakAllocatedBytes != 150*mib {
+		t.Fatalf("cut: peak %d", a.PeakAllocatedBytes)
+	}
+	// a block whose free is pending at the snapshot is still allocated
+	tr = []*snapshot.TraceEntry{ev("alloc", a0+100*mib, 10*mib, 10, actFrame), ev("free_requested", a0+100*mib, 10*mib, 20, actFrame)}
+	if a := check("pending", snap(tr, blk(a0, 100*mib, "active_allocated"), blk(a0+100*mib, 10*mib, "active_pending_free")), nil); a.PeakAllocatedBytes != 110*mib {
+		t.Fatalf("pending: peak %d", a.PeakAllocatedBytes)
+	}
+	// a negative size counts as nothing
+	tr = []*snapshot.TraceEntry{ev("alloc", a0, 50*mib, 10, actFrame), ev("alloc", a0+50*mib, -5*mib, 20, actFrame)}
+	check("negative", snap(tr, blk(a0, 50*mib, "active_allocated"), blk(a0+50*mib, 10*mib, "inactive")), nil)
+
+	// a gradient seen at an address, then an activation of its size there
+	tr = []*snapshot.TraceEntry{ev("alloc", a0, 32*mib, 10, gradFrame), ev("free_completed", a0, 32*mib, 20, gradFrame),
+		ev("alloc", a0, 32*mib, 30, actFrame), ev("free_completed", a0, 32*mib, 40, actFrame)}
+	s := snap(tr, blk(a0, 32*mib, "inactive"))
+	s.Extra = []snapshot.Item{{Key: TensorsKey, Value: &snapshot.Dict{Items: []snapshot.Item{{Key: "tensors", Value: &snapshot.List{Items: []snapshot.Value{
+		&snapshot.List{Items: []snapshot.Value{int64(a0), int64(32 * mib), "gradient", "fc"}}}}}}}}}
+	a := check("reused", s, nil)
+	if a.Categories.Max[CatGradients] != 32*mib || a.Categories.Max[CatActivations] != 32*mib {
+		t.Fatalf("reused: most %v", a.Categories.Max)
+	}
+}

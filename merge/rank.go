@@ -109,15 +109,16 @@ func pickDevice(s *snapshot.Snapshot) (int, string) {
 
 // deltas returns how an event changes the allocated and the reserved bytes.
 func deltas(e *snapshot.TraceEntry) (allocated, reserved int64) {
+	size := max(e.Size, 0) // a negative size is corrupt: it counts as nothing
 	switch e.Action {
 	case snapshot.ActionAlloc:
-		return e.Size, 0
+		return size, 0
 	case snapshot.ActionFreeCompleted:
-		return -e.Size, 0
+		return -size, 0
 	case snapshot.ActionSegmentAlloc, snapshot.ActionSegmentMap:
-		return 0, e.Size
+		return 0, size
 	case snapshot.ActionSegmentFree, snapshot.ActionSegmentUnmap:
-		return 0, -e.Size
+		return 0, -size
 	}
 	return 0, 0
 }

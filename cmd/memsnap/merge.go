@@ -143,7 +143,7 @@ func printMergeResult(w io.Writer, where string, r *merge.Result) {
 	printSpread(w, s)
 	if d := s.Diff; d != nil && len(d.Sites) > 0 {
 		top := d.Sites[0]
-		fmt.Fprintf(w, "%s against %s: %s at its peak; most of it: %s (%s)\n", d.Other.Label, d.Base.Label, signedBytes(d.PeakDeltaBytes), top.Site, signedBytes(top.DeltaBytes))
+		fmt.Fprintf(w, "%s against %s: %s at its peak; most of it: %s (%s)\n", d.Other.Label, d.Base.Label, signedBytes(d.PeakDeltaBytes), printable(top.Site), signedBytes(top.DeltaBytes))
 	}
 	kinds := make([]string, 0, len(r.Outputs))
 	for k := range r.Outputs {
@@ -163,7 +163,7 @@ func printSpread(w io.Writer, s *merge.Summary) {
 			s.Spread.OutlierRank, humanBytes(s.Spread.OutlierPeakBytes))
 	}
 	for _, f := range s.Findings() {
-		fmt.Fprintln(w, f)
+		fmt.Fprintln(w, printableN(f, 4096)) // names come from the ranks' files
 	}
 }
 

@@ -283,7 +283,10 @@ func (r windowRow) line() string {
 // printable makes text from the store safe for one cell of a terminal table:
 // tabs, newlines and other control characters (a terminal's escapes among
 // them) become spaces or escapes, and it is cut at 300 bytes.
-func printable(s string) string {
+func printable(s string) string { return printableN(s, 300) }
+
+// printableN is printable, cut at n bytes.
+func printableN(s string, n int) string {
 	s = strings.Map(func(r rune) rune {
 		switch {
 		case r == '\t' || r == '\n' || r == '\r':
@@ -293,7 +296,7 @@ func printable(s string) string {
 		}
 		return r
 	}, s)
-	return runlog.Cut(s, 300)
+	return runlog.Cut(s, n)
 }
 
 func (r windowRow) world() int {

@@ -62,7 +62,7 @@ func cycles(base *snapshot.Snapshot, src []*snapshot.TraceEntry) []*snapshot.Tra
 		segs = append(segs, span{g.Address, g.Address + g.TotalSize})
 		at := g.Address
 		for _, b := range g.Blocks {
-			if b.State == snapshot.BlockActiveAllocated || b.State == "active_pending_free" {
+			if b.State == snapshot.BlockActiveAllocated || b.State == snapshot.BlockActivePendingFree {
 				alive = append(alive, span{at, at + b.Size})
 			}
 			at += b.Size

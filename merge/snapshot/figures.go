@@ -40,6 +40,27 @@ func (s *Snapshot) AllocatedAtEnd(dev int) int64 {
 	return n
 }
 
+// BlockActivePendingFree is the state of a block whose free was requested but
+// has not completed (the allocator waits for its streams): still allocated.
+const BlockActivePendingFree = "active_pending_free"
+
+// AllocatedOrPendingAtEnd is AllocatedAtEnd with the blocks whose free is pending,
+// as the trace counts them (a block leaves the allocated bytes at free_completed).
+func (s *Snapshot) AllocatedOrPendingAtEnd(dev int) int64 {
+	var n int64
+	for _, g := range s.Segments {
+		if int(g.Device) != dev {
+			continue
+		}
+		for _, b := range g.Blocks {
+			if b.State == BlockActiveAllocated || b.State == BlockActivePendingFree {
+				n += b.Size
+			}
+		}
+	}
+	return n
+}
+
 // ReservedAtEnd returns the total size of device dev's segments at snapshot time.
 func (s *Snapshot) ReservedAtEnd(dev int) int64 {
 	var n int64

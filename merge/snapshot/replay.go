@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"fmt"
+	"math"
 	"sort"
 )
 
@@ -29,7 +30,7 @@ func (s *Snapshot) CheckReplay(dev int) error {
 			if b.Address != at && b.Has&BlockAddress != 0 {
 				return fmt.Errorf("segment %d (%#x): a block at %#x, where %#x was expected (blocks must tile the segment)", i, g.Address, b.Address, at)
 			}
-			if b.State == BlockActiveAllocated || b.State == "active_pending_free" {
+			if b.State == BlockActiveAllocated || b.State == BlockActivePendingFree {
 				active[at] = b.Size
 			}
 			at += b.Size
@@ -108,22 +109,32 @@ func (s *Snapshot) CheckReplay(dev int) error {
 // SegmentsBefore returns device dev's segments as they were before the trace
 // events tail (the events after a cut's end, in order), undoing them from segs
 // (the segments at the trace's end): an allocation undone leaves its block
-// inactive, a free undone makes its block active again (carved out of the
-// inactive block holding it), a segment_alloc undone removes its segment and a
+// inactive, a free undone makes its block active again (carved out of the free
+// space holding it), a segment_alloc undone removes its segment and a
 // segment_free undone brings it back. segs is not changed; segments the tail does
-// not touch are returned as they are. Expandable segments' mapping is not undone.
+// not touch are returned as they are. Events that do not fit (a size out of
+// range, a free inside a block in use, a segment over another) are left undone,
+// as is expandable segments' mapping; a tail too large to undo in reasonable
+// time (more than maxUndoWork block steps) leaves the end's segments.
 func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
 	if len(tail) == 0 {
 		return segs
 	}
+	blocks := 0
+	for _, g := range segs {
+		blocks += len(g.Blocks)
+	}
+	if int64(len(tail))*int64(blocks+len(segs)+1) > maxUndoWork {
+		return segs
+	}
 	out := make([]*Segment, len(segs))
 	copy(out, segs)
+	sort.SliceStable(out, func(a, b int) bool { return out[a].Address < out[b].Address })
 	owned := map[*Segment]bool{} // copies this call may change
 	find := func(addr int64) int {
-		for i, g := range out {
-			if g.Address <= addr && addr < g.Address+g.TotalSize {
-				return i
-			}
+		i := sort.Search(len(out), func(i int) bool { return out[i].Address+out[i].TotalSize > addr })
+		if i < len(out) && out[i].Address <= addr {
+			return i
 		}
 		return -1
 	}
@@ -148,6 +159,9 @@ func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
 	}
 	for i := len(tail) - 1; i >= 0; i-- {
 		e := tail[i]
+		if e.Size <= 0 || e.Size > maxUndoSize || e.Addr < 0 || e.Addr > math.MaxInt64-maxUndoSize {
+			continue
+		}
 		switch e.Action {
 		case ActionAlloc:
 			k := find(e.Addr)
@@ -157,7 +171,7 @@ func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
 			g := own(k)
 			for _, b := range g.Blocks {
 				if b.Address == e.Addr && b.State == BlockActiveAllocated {
-					b.State, b.Frames, b.RequestedSize = "inactive", nil, 0
+					b.State, b.Frames, b.RequestedSize = blockInactive, nil, 0
 					b.Has &^= BlockFrames | BlockRequestedSize
 					g.AllocatedSize -= b.Size
 					g.ActiveSize -= b.Size
@@ -169,34 +183,15 @@ func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
 			if k < 0 {
 				continue
 			}
-			g := own(k)
-			coalesce(g)
-			for j, b := range g.Blocks {
-				if b.State == BlockActiveAllocated || b.Address > e.Addr || e.Addr >= b.Address+b.Size {
-					continue
-				}
-				n := min((e.Size+511)&^511, b.Address+b.Size-e.Addr)
-				has := b.Has | BlockAddress | BlockSize | BlockState
-				var parts []*Block
-				if e.Addr > b.Address {
-					parts = append(parts, &Block{Address: b.Address, Size: e.Addr - b.Address, State: "inactive", Has: has &^ (BlockFrames | BlockRequestedSize)})
-				}
-				parts = append(parts, &Block{Address: e.Addr, Size: n, RequestedSize: e.Size, State: BlockActiveAllocated, Frames: e.Frames,
-					Has: has | BlockRequestedSize | BlockFrames})
-				if end := b.Address + b.Size; e.Addr+n < end {
-					parts = append(parts, &Block{Address: e.Addr + n, Size: end - e.Addr - n, State: "inactive", Has: has &^ (BlockFrames | BlockRequestedSize)})
-				}
-				g.Blocks = append(g.Blocks[:j], append(parts, g.Blocks[j+1:]...)...)
-				g.AllocatedSize += n
-				g.ActiveSize += n
-				break
-			}
+			carve(own(k), e)
 		case ActionSegmentAlloc:
 			if k := find(e.Addr); k >= 0 && out[k].Address == e.Addr && !out[k].IsExpandable {
 				out = append(out[:k], out[k+1:]...)
 			}
 		case ActionSegmentFree:
-			if find(e.Addr) >= 0 {
+			// it must not overlap a segment that exists before it
+			j := sort.Search(len(out), func(i int) bool { return out[i].Address+out[i].TotalSize > e.Addr })
+			if j < len(out) && out[j].Address < e.Addr+e.Size {
 				continue
 			}
 			typ := "large"
@@ -205,14 +200,55 @@ func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
 			}
 			has := BlockAddress | BlockSize | BlockState
 			g := &Segment{Device: segDevice(segs), Address: e.Addr, TotalSize: e.Size, Stream: e.Stream, SegmentType: typ,
-				Blocks: []*Block{{Address: e.Addr, Size: e.Size, State: "inactive", Has: has}},
+				Blocks: []*Block{{Address: e.Addr, Size: e.Size, State: blockInactive, Has: has}},
 				Has:    SegDevice | SegAddress | SegTotalSize | SegAllocatedSize | SegActiveSize | SegStream | SegSegmentType | SegBlocks}
 			owned[g] = true
-			out = append(out, g)
-			sort.Slice(out, func(a, b int) bool { return out[a].Address < out[b].Address })
+			out = append(out, nil)
+			copy(out[j+1:], out[j:])
+			out[j] = g
 		}
 	}
 	return out
+}
+
+// Bounds of SegmentsBefore.
+const (
+	maxUndoWork = 400_000_000
+	maxUndoSize = 1 << 50
+)
+
+const blockInactive = "inactive"
+
+// carve makes the block a free undone names active again: out of the inactive
+// block holding its address, merged with the free blocks after it as far as the
+// block reaches (the allocator merges free neighbours), rounded up to 512 bytes.
+func carve(g *Segment, e *TraceEntry) {
+	j := sort.Search(len(g.Blocks), func(i int) bool { return g.Blocks[i].Address+g.Blocks[i].Size > e.Addr })
+	if j == len(g.Blocks) || g.Blocks[j].Address > e.Addr || g.Blocks[j].State != blockInactive {
+		return // not free space: the free does not fit
+	}
+	b := g.Blocks[j]
+	want := e.Addr + (e.Size+511)&^511
+	k := j + 1
+	end := b.Address + b.Size
+	for end < want && k < len(g.Blocks) && g.Blocks[k].State == blockInactive && g.Blocks[k].Address == end {
+		end += g.Blocks[k].Size
+		k++
+	}
+	n := min(want, end) - e.Addr
+	free := b.Has&^(BlockFrames|BlockRequestedSize) | BlockAddress | BlockSize | BlockState
+	var parts []*Block
+	if e.Addr > b.Address {
+		parts = append(parts, &Block{Address: b.Address, Size: e.Addr - b.Address, State: blockInactive, Has: free})
+	}
+	parts = append(parts, &Block{Address: e.Addr, Size: n, RequestedSize: e.Size, State: BlockActiveAllocated, Frames: e.Frames,
+		Has: free | BlockRequestedSize | BlockFrames})
+	if e.Addr+n < end {
+		parts = append(parts, &Block{Address: e.Addr + n, Size: end - e.Addr - n, State: blockInactive, Has: free})
+	}
+	g.Blocks = append(g.Blocks[:j], append(parts, g.Blocks[k:]...)...)
+	g.AllocatedSize += n
+	g.ActiveSize += n
 }
 
 func segDevice(segs []*Segment) int64 {
@@ -220,17 +256,4 @@ func segDevice(segs []*Segment) int64 {
 		return segs[0].Device
 	}
 	return 0
-}
-
-// coalesce merges a segment's adjacent free blocks, as the allocator does.
-func coalesce(g *Segment) {
-	out := g.Blocks[:0]
-	for _, b := range g.Blocks {
-		if n := len(out); n > 0 && b.State == "inactive" && out[n-1].State == "inactive" && out[n-1].Address+out[n-1].Size == b.Address {
-			out[n-1].Size += b.Size
-			continue
-		}
-		out = append(out, b)
-	}
-	g.Blocks = out
 }

@@ -296,14 +296,7 @@ class Hook:
         autograd makes them (torch 2.1's post-accumulate-grad hooks), so a
         trainer that frees them before the window ends is still understood. Only
         weak references are kept; call again when they change."""
-        def ref(o):
-            if o is None:
-                return None
-            try:
-                return weakref.ref(o)
-            except TypeError:
-                return lambda: o
-        self._watched = (ref(model), [ref(o) for o in optimizers if o is not None])
+        self._watched = (_ref(model) if model is not None else None, [_ref(o) for o in optimizers if o is not None])
         return self
 
     def _watched_objects(self):
@@ -319,7 +312,7 @@ class Hook:
         if model is not None:
             for name, p in model.named_parameters():
                 seen.add(id(p))
-                yield (name.rpartition(".")[0] or "(model)"), p
+                yield _cut_name(name.rpartition(".")[0] or "(model)"), p
         for o in opts:
             for g in getattr(o, "param_groups", ()):
                 for p in g.get("params", ()):
@@ -335,19 +328,29 @@ class Hook:
             return
         try:
             for mod, p in self._named_params(model, opts):
+                if not getattr(p, "requires_grad", True):
+                    continue  # a frozen parameter has no gradient (and refuses the hook)
                 reg = getattr(p, "register_post_accumulate_grad_hook", None)
                 if reg is None:
                     break  # torch before 2.1: the gradients alive at the snapshot only
-                self._grad_hooks.append(reg(lambda t, mod=mod: self._note_grad(t, mod)))
+                try:
+                    self._grad_hooks.append(reg(lambda t, mod=mod: self._note_grad(t, mod)))
+                except Exception as e:  # this parameter only
+                    if len(self.errors) < 100:
+                        self.errors.append("gradient hook: %r" % (e,))
         except Exception as e:  # never break training
             self.errors.append("gradient hooks: %r" % (e,))
 
     def _note_grad(self, p, mod):
-        if self._recording is None:
-            return  # a cancelled window: its hooks go at the next batch
-        r = _tensor_range(getattr(p, "grad", None))
-        if r is not None and r[0] not in self._grads and len(self._grads) < MAX_TENSORS:
-            self._grads[r[0]] = [r[0], r[1], "gradient", mod]
+        """Runs inside autograd's backward: it must never raise."""
+        try:
+            if self._recording is None:
+                return  # a cancelled window: its hooks go at the next batch
+            r = _tensor_range(getattr(p, "grad", None))
+            if r is not None and r[0] not in self._grads and len(self._grads) < MAX_TENSORS:
+                self._grads[r[0]] = [r[0], r[1], "gradient", mod]
+        except Exception:
+            pass
 
     def _unhook_grads(self):
         hooks, self._grad_hooks = self._grad_hooks, []
@@ -381,14 +384,20 @@ class Hook:
             if r is None or r[0] in seen or len(out) >= MAX_TENSORS:
                 return
             seen.add(r[0])
-            out.append([r[0], r[1], kind, mod[:MAX_MODULE]])
+            out.append([r[0], r[1], kind, mod])
 
         for mod, p in self._named_params(model, opts):
+            mod = _cut_name(mod)
             names[id(p)] = mod
             add(p, "parameter", mod)
             add(getattr(p, "grad", None), "gradient", mod)
         for o in opts:
-            for p, st in list(getattr(o, "state", {}).items()):
+            try:
+                states = list(getattr(o, "state", {}).items())
+            except Exception as e:  # this optimizer only
+                self.errors.append("optimizer state: %r" % (e,))
+                continue
+            for p, st in states:
                 if isinstance(st, dict):
                     for v in st.values():
                         add(v, "optimizer_state", names.get(id(p), "(optimizer)"))
@@ -799,17 +808,42 @@ MAX_TENSORS = 1 << 20
 
 
 def _tensor_range(t):
-    """(address, bytes) of a CUDA tensor's storage, or None."""
-    if t is None or not getattr(t, "is_cuda", False):
-        return None
+    """(address, bytes) of a CUDA tensor's storage, or None (also for anything that
+    is not one, or raises)."""
     try:
-        st = t.untyped_storage()
-        addr, n = int(st.data_ptr()), int(st.nbytes())
-    except AttributeError:  # torch before 2.0
-        addr, n = int(t.data_ptr()), int(t.numel() * t.element_size())
+        if t is None or not getattr(t, "is_cuda", False):
+            return None
+        try:
+            st = t.untyped_storage()
+            addr, n = int(st.data_ptr()), int(st.nbytes())
+        except AttributeError:  # torch before 2.0
+            addr, n = int(t.data_ptr()), int(t.numel() * t.element_size())
+    except Exception:
+        return None
     if addr <= 0 or n <= 0:
         return None
     return addr, n
+
+
+def _cut_name(s):
+    """A module's name as stored: at most MAX_MODULE bytes of UTF-8."""
+    s = str(s)
+    b = s.encode("utf-8", "replace")
+    if len(b) <= MAX_MODULE:
+        return s
+    return b[:MAX_MODULE].decode("utf-8", "ignore")
+
+
+def _ref(o):
+    """A weak reference to o (a strong one when o takes none)."""
+    try:
+        return weakref.ref(o)
+    except TypeError:
+        return lambda: o
+
+
+def _same(ref, o):
+    return ref is not None and ref() is o
 
 
 def _clip(s, n=MAX_CAUSE):
@@ -1027,8 +1061,8 @@ class _ComposerLike:
         self._cur = batch
         h = self._get_hook()
         model = getattr(state, "model", None)
-        if model is not None and self._watching is not model:
-            self._watching = model
+        if model is not None and not _same(self._watching, model):
+            self._watching = _ref(model)
             opts = getattr(state, "optimizers", None) or []
             h.watch(model, *(opts if isinstance(opts, (list, tuple)) else [opts]))
         h.batch_start(batch)
@@ -1098,8 +1132,8 @@ class _LightningLike:
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
         h = self._hook or get_hook()
-        if pl_module is not None and self._watching is not pl_module:
-            self._watching = pl_module
+        if pl_module is not None and not _same(self._watching, pl_module):
+            self._watching = _ref(pl_module)
             h.watch(pl_module, *(getattr(trainer, "optimizers", None) or []))
         h.batch_start(self._n)
 
@@ -1125,8 +1159,8 @@ class _HFLike:
         self._b = int(getattr(state, "global_step", self._b))
         h = self._hook or get_hook()
         model, opt = kwargs.get("model"), kwargs.get("optimizer")
-        if model is not None and self._watching is not model:
-            self._watching = model
+        if model is not None and not _same(self._watching, model):
+            self._watching = _ref(model)
             h.watch(model, *([opt] if opt is not None else []))
         h.batch_start(self._b)
 

@@ -232,6 +232,37 @@ class WatchTest(unittest.TestCase):
             hook.close()
             agent.close()
 
+    def test_hostile_tensors_never_reach_training(self):
+        class Raising(FakeTensor):
+            @property
+            def is_cuda(self):
+                raise RuntimeError("no device")
+
+            @is_cuda.setter
+            def is_cuda(self, v):
+                pass
+        frozen = FakeTensor(0x1000, 4096)
+        frozen.requires_grad = False
+
+        def refuse(fn):
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        frozen.register_post_accumulate_grad_hook = refuse
+        live = FakeTensor(0x2000, 4096)
+        long_name = "\u00e9" * 400 + ".weight"   # 800 bytes of UTF-8 before the dot
+        model = FakeModel([("frozen", frozen), (long_name, live)])
+        hook = memsnap_hook.Hook(connect=False)
+        hook.watch(model)
+        hook._recording = {"id": 1, "start": 0, "stop": 1}
+        hook._hook_grads()
+        self.assertEqual(len(live.hooks), 1, "a frozen parameter stopped the others' gradient hooks")
+        live.backward_made(Raising(0x3000, 64))   # the hook swallows it; backward goes on
+        t = hook._tensors()["tensors"]
+        mods = {x[3] for x in t}
+        self.assertEqual(len(mods), 2)
+        for m in mods:
+            self.assertLessEqual(len(m.encode("utf-8")), memsnap_hook.MAX_MODULE)
+        hook._unhook_grads()
+
     def test_callbacks_watch_on_their_own(self):
         model = FakeModel([("w", FakeTensor(0x1000, 4096))])
         opt = FakeOptimizer([], {})
