@@ -264,14 +264,7 @@ func findingsMerge(t *testing.T) (*Result, string) {
 		if r == 1 {
 			meta.MaxEntries = len(s.DeviceTraces[0])
 		}
-		b, err := snapshot.EncodeBytes(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		name := fmt.Sprintf("rank%d.0.memory_snapshot.pickle", r)
-		mb, _ := json.Marshal(meta)
-		write(t, filepath.Join(dir, name), b)
-		write(t, filepath.Join(dir, MetaName(name)), mb)
+		writeRank(t, dir, r, s, meta)
 	}
 	return runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{dir}), Title: "findings"})
 }
@@ -420,14 +413,7 @@ func TestCategoryDiff(t *testing.T) {
 	for r, j := range []synthJob{{batches: 4, watch: true}, {batches: 4, watch: true, bigAct: 96 * mib}, {batches: 4, watch: true}} {
 		s, meta := j.build(t0)
 		meta.Rank, meta.WorldSize = r, 3
-		b, err := snapshot.EncodeBytes(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		name := fmt.Sprintf("rank%d.0.memory_snapshot.pickle", r)
-		mb, _ := json.Marshal(meta)
-		write(t, filepath.Join(dir, name), b)
-		write(t, filepath.Join(dir, MetaName(name)), mb)
+		writeRank(t, dir, r, s, meta)
 	}
 	res, out := runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{dir}), Title: "categories"})
 	d := res.Summary.Diff
@@ -590,4 +576,17 @@ func TestCategoriesAddUpOnOddInput(t *testing.T) {
 	if a.Categories.Max[CatGradients] != 32*mib || a.Categories.Max[CatActivations] != 32*mib {
 		t.Fatalf("reused: most %v", a.Categories.Max)
 	}
+}
+
+// writeRank stores rank r's snapshot and sidecar in dir as an agent names them.
+func writeRank(t *testing.T, dir string, r int, s *snapshot.Snapshot, meta *RankMeta) {
+	t.Helper()
+	b, err := snapshot.EncodeBytes(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("rank%d.0.memory_snapshot.pickle", r)
+	mb, _ := json.Marshal(meta)
+	write(t, filepath.Join(dir, name), b)
+	write(t, filepath.Join(dir, MetaName(name)), mb)
 }

@@ -25,20 +25,7 @@ type Figures struct {
 
 // AllocatedAtEnd returns the bytes in active_allocated blocks of device dev's
 // segments at snapshot time.
-func (s *Snapshot) AllocatedAtEnd(dev int) int64 {
-	var n int64
-	for _, g := range s.Segments {
-		if int(g.Device) != dev {
-			continue
-		}
-		for _, b := range g.Blocks {
-			if b.State == BlockActiveAllocated {
-				n += b.Size
-			}
-		}
-	}
-	return n
-}
+func (s *Snapshot) AllocatedAtEnd(dev int) int64 { return s.blockBytes(dev, false) }
 
 // BlockActivePendingFree is the state of a block whose free was requested but
 // has not completed (the allocator waits for its streams): still allocated.
@@ -46,14 +33,16 @@ const BlockActivePendingFree = "active_pending_free"
 
 // AllocatedOrPendingAtEnd is AllocatedAtEnd with the blocks whose free is pending,
 // as the trace counts them (a block leaves the allocated bytes at free_completed).
-func (s *Snapshot) AllocatedOrPendingAtEnd(dev int) int64 {
+func (s *Snapshot) AllocatedOrPendingAtEnd(dev int) int64 { return s.blockBytes(dev, true) }
+
+func (s *Snapshot) blockBytes(dev int, pending bool) int64 {
 	var n int64
 	for _, g := range s.Segments {
 		if int(g.Device) != dev {
 			continue
 		}
 		for _, b := range g.Blocks {
-			if b.State == BlockActiveAllocated || b.State == BlockActivePendingFree {
+			if b.State == BlockActiveAllocated || (pending && b.State == BlockActivePendingFree) {
 				n += b.Size
 			}
 		}
