@@ -360,10 +360,11 @@ func frameName(f *snapshot.Frame) string {
 func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Categories {
 	ws := watchedTensors(r.snap)
 	tr := r.trace
-	// which allocations still hold their block at the snapshot (never freed after)
+	// which allocations still hold their block at the snapshot (never freed after);
+	// only watched tensors need it
 	survives := make([]bool, len(tr))
 	freed := map[int64]bool{}
-	for i := len(tr) - 1; i >= 0; i-- {
+	for i := len(tr) - 1; i >= 0 && len(ws) > 0; i-- {
 		e := tr[i]
 		switch e.Action {
 		case snapshot.ActionFreeCompleted:
@@ -388,7 +389,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 		}
 	}
 	for i, e := range tr {
-		if e.Action == snapshot.ActionAlloc && survives[i] {
+		if len(ws) > 0 && e.Action == snapshot.ActionAlloc && survives[i] {
 			made[e.Addr] = true
 			if parts, _ := inBlock(ws, e.Addr, e.Size); len(parts) > 0 {
 				slots[slotOf(e)] = parts
@@ -399,6 +400,9 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 	var early []part
 	var earlyBytes int64
 	for _, g := range r.segs {
+		if len(ws) == 0 {
+			break
+		}
 		for _, b := range g.Blocks {
 			if (b.State != snapshot.BlockActiveAllocated && b.State != snapshot.BlockActivePendingFree) || made[b.Address] {
 				continue
@@ -416,7 +420,17 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 
 	type live struct {
 		size  int64
-		parts []part
+		parts []part // several shares (nil: one, in one)
+		one   part
+	}
+	sub := func(l live) {
+		if l.parts == nil {
+			sums[l.one.cat] -= l.one.bytes
+			return
+		}
+		for _, p := range l.parts {
+			sums[p.cat] -= p.bytes
+		}
 	}
 	alive := map[int64]live{}
 	var phases phaseCache
@@ -449,9 +463,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			if l, ok := alive[e.Addr]; ok { // allocated twice: the later wins
-				for _, p := range l.parts {
-					sums[p.cat] -= p.bytes
-				}
+				sub(l)
 			}
 			var parts []part
 			left := size
@@ -469,19 +481,23 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 					parts, left = []part{{cGrads, g.module, size}}, 0
 				}
 			}
+			if len(parts) == 0 { // the common case: one share, kept inline
+				cat, mod := phases.cat(e.Frames)
+				sums[cat] += left
+				alive[e.Addr] = live{size: size, one: part{cat, mod, left}}
+				break
+			}
 			if left > 0 {
 				cat, mod := phases.cat(e.Frames)
-				parts = append(parts, part{cat, mod, left})
+				parts = append(parts[:len(parts):len(parts)], part{cat, mod, left})
 			}
 			for _, p := range parts {
 				sums[p.cat] += p.bytes
 			}
-			alive[e.Addr] = live{size, parts}
+			alive[e.Addr] = live{size: size, parts: parts}
 		case snapshot.ActionFreeCompleted:
 			if l, ok := alive[e.Addr]; ok {
-				for _, p := range l.parts {
-					sums[p.cat] -= p.bytes
-				}
+				sub(l)
 				delete(alive, e.Addr)
 			} else {
 				// a block from before recording leaves: nothing watched (those
@@ -513,6 +529,9 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 		add(p)
 	}
 	for _, l := range peakAlive {
+		if l.parts == nil {
+			add(l.one)
+		}
 		for _, p := range l.parts {
 			add(p)
 		}
