@@ -70,6 +70,7 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 				res = resultFromManifest(out.Outputs[merge.OutManifest], nil, l.st)
 				res.Window, res.Kind, res.Start, res.Stop = w.id, w.kind, w.start, w.stop
 				res.Outputs = outputURLs(l.st, out.Outputs)
+				res.Findings = out.Summary.ManifestFindings()
 				for _, r := range out.Summary.RanksMerged {
 					res.Ranks = append(res.Ranks, int32(r))
 				}
@@ -330,6 +331,7 @@ func resultFromManifest(key string, m *merge.Manifest, st store.Store) *pb.Windo
 		res.Start, res.Stop, res.Window = m.Window.Start, m.Window.Stop, m.Window.ID
 	}
 	res.Kind = kindOf(m.Kind)
+	res.Findings = m.Findings
 	return res
 }
 

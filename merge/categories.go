@@ -338,12 +338,14 @@ func sameFrames(a, b []*snapshot.Frame) bool {
 
 // cutName makes a module's name valid UTF-8 of at most maxModuleName bytes, cut
 // at a character's start, as an analysis file holds it.
-func cutName(s string) string {
+func cutName(s string) string { return cutBytes(s, maxModuleName) }
+
+// cutBytes makes s valid UTF-8 of at most n bytes, cut at a character's start.
+func cutBytes(s string, n int) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
-	if len(s) <= maxModuleName {
+	if len(s) <= n {
 		return s
 	}
-	n := maxModuleName
 	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}

@@ -354,3 +354,27 @@ func (s *Summary) Findings() []string {
 	}
 	return out
 }
+
+// Answer is what a window's merge found, a line each: how far the peaks spread
+// and which rank is the outlier, then the findings.
+func (s *Summary) Answer() []string {
+	var out []string
+	if sp := s.Spread; sp != nil && len(s.Ranks) > 1 {
+		out = append(out, fmt.Sprintf("peak allocated: median %s, max %s (%.3fx the median); outlier: rank %d (%s)",
+			HumanBytes(sp.MedianPeakAllocatedBytes), HumanBytes(sp.MaxPeakAllocatedBytes), sp.MaxOverMedian, sp.OutlierRank, HumanBytes(sp.OutlierPeakBytes)))
+	}
+	return append(out, s.Findings()...)
+}
+
+// ManifestFindings is Answer within a manifest's bounds (MaxManifestFindings lines
+// of at most MaxFindingBytes), as the manifest and a window's result carry it.
+func (s *Summary) ManifestFindings() []string {
+	var out []string
+	for _, f := range s.Answer() {
+		if len(out) == MaxManifestFindings {
+			break
+		}
+		out = append(out, cutBytes(f, MaxFindingBytes))
+	}
+	return out
+}

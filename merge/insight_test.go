@@ -590,3 +590,31 @@ func writeRank(t *testing.T, dir string, r int, s *snapshot.Snapshot, meta *Rank
 	write(t, filepath.Join(dir, name), b)
 	write(t, filepath.Join(dir, MetaName(name)), mb)
 }
+
+// TestManifestCarriesTheAnswer: a merge's manifest holds the answer (the spread,
+// then the findings), and a manifest with too many or malformed findings is
+// refused.
+func TestManifestCarriesTheAnswer(t *testing.T) {
+	res, out := findingsMerge(t)
+	b, err := os.ReadFile(filepath.Join(out, "merged.manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ParseManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := res.Summary.Answer()
+	if len(m.Findings) < 3 || fmt.Sprint(m.Findings) != fmt.Sprint(want) || !strings.HasPrefix(m.Findings[0], "peak allocated: median ") {
+		t.Fatalf("manifest findings %q, the summary's answer %q", m.Findings, want)
+	}
+	var raw map[string]any
+	json.Unmarshal(b, &raw)
+	for _, bad := range [][]string{make([]string, MaxManifestFindings+1), {strings.Repeat("x", MaxFindingBytes+1)}} {
+		raw["findings"] = bad
+		nb, _ := json.Marshal(raw)
+		if _, err := ParseManifest(nb); err == nil {
+			t.Fatalf("a manifest with findings %.60q was accepted", bad)
+		}
+	}
+}

@@ -99,7 +99,17 @@ type Manifest struct {
 	// Pickles are the merged pickles and the ranks each holds (names relative to
 	// the manifest, as Outputs names them).
 	Pickles []PicklePart `json:"pickles,omitempty"`
+	// Findings say, a line each, what the merge found: how the peaks spread and
+	// the summary's findings (see Summary.Answer), so a reader of the manifest
+	// alone has the answer.
+	Findings []string `json:"findings,omitempty"`
 }
+
+// Bounds of a manifest's findings.
+const (
+	MaxManifestFindings = 32
+	MaxFindingBytes     = 1024
+)
 
 // ParseManifest parses a manifest, refusing malformed ones: every output (and the
 // claim) must be a plain name in the manifest's folder with a size and a SHA-256,
@@ -144,6 +154,17 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		if !(Object{Name: p.Name, SHA256: strings.Repeat("0", 64)}).valid() || p.FirstRank < 0 || p.LastRank < p.FirstRank || !inWorld(p.LastRank) || p.Bytes < 0 {
 			return nil, fmt.Errorf("merge: manifest: pickle %q is malformed", p.Name)
 		}
+	}
+	if len(m.Findings) > MaxManifestFindings {
+		return nil, fmt.Errorf("merge: manifest: %d findings (at most %d)", len(m.Findings), MaxManifestFindings)
+	}
+	for _, f := range m.Findings {
+		if len(f) > MaxFindingBytes { // (JSON makes it valid UTF-8)
+			return nil, fmt.Errorf("merge: manifest: a finding of %d bytes (at most %d)", len(f), MaxFindingBytes)
+		}
+	}
+	if len(m.Findings) == 0 {
+		m.Findings = nil
 	}
 	if len(m.MissingReasons) == 0 {
 		m.MissingReasons = nil
@@ -352,6 +373,7 @@ func manifestOf(cfg *Config, cobj Object, refs []InputRef, sum *Summary) Manifes
 		man.OutlierRank = &o
 	}
 	man.Batches = commonBatches(sum.Ranks)
+	man.Findings = sum.ManifestFindings()
 	return man
 }
 

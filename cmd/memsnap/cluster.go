@@ -303,6 +303,9 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	for _, r := range sortedMissing(res.Missing) {
 		fmt.Fprintf(stdout, "  rank %d missing: %s\n", r, res.Missing[int32(r)])
 	}
+	for _, f := range res.Findings {
+		fmt.Fprintln(stdout, printableN(f, 4096)) // from the store's manifest
+	}
 	fmt.Fprintf(stdout, "manifest: %s\n", res.Manifest)
 	for _, o := range res.Outputs {
 		fmt.Fprintf(stdout, "  %s\n", o)
@@ -348,7 +351,8 @@ func resultJSON(r *pb.WindowResult, window uint64) any {
 		Ranks    []int32           `json:"ranks"`
 		Missing  map[string]string `json:"missing"`
 		Error    string            `json:"error,omitempty"`
-	}{window, outcomeName(r.State), r.Start, r.Stop, r.Manifest, r.Outputs, ranks, missing, r.Error}
+		Findings []string          `json:"findings,omitempty"`
+	}{window, outcomeName(r.State), r.Start, r.Stop, r.Manifest, r.Outputs, ranks, missing, r.Error, r.Findings}
 }
 
 // waitFor polls cond until it holds or timeout passes.

@@ -118,12 +118,17 @@ func TestClusterCommands(t *testing.T) {
 		Manifest string   `json:"manifest"`
 		Outputs  []string `json:"outputs"`
 		Ranks    []int    `json:"ranks"`
+		Findings []string `json:"findings"`
 	}
 	if err := json.Unmarshal(sout.Bytes(), &res); err != nil {
 		t.Fatalf("%v: %s", err, sout.String())
 	}
 	if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" || res.Stop-res.Start != 2 || len(res.Outputs) != 5 {
 		t.Fatalf("result %+v", res)
+	}
+	// the answer comes with the result: how the peaks spread, what the outlier held
+	if len(res.Findings) < 2 || !strings.HasPrefix(res.Findings[0], "peak allocated: median ") || !strings.Contains(strings.Join(res.Findings, "\n"), " at its peak of ") {
+		t.Fatalf("findings %q", res.Findings)
 	}
 	for _, o := range append(res.Outputs, res.Manifest) {
 		if _, err := os.Stat(o); err != nil {

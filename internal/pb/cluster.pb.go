@@ -1407,6 +1407,7 @@ type WindowResult struct {
 	Stop          int64                  `protobuf:"varint,9,opt,name=stop,proto3" json:"stop,omitempty"`
 	Window        uint64                 `protobuf:"varint,10,opt,name=window,proto3" json:"window,omitempty"`
 	Kind          WindowKind             `protobuf:"varint,11,opt,name=kind,proto3,enum=memsnap.v1.WindowKind" json:"kind,omitempty"`
+	Findings      []string               `protobuf:"bytes,12,rep,name=findings,proto3" json:"findings,omitempty"` // what the merge found, a line each (the manifest's findings)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1516,6 +1517,13 @@ func (x *WindowResult) GetKind() WindowKind {
 		return x.Kind
 	}
 	return WindowKind_WINDOW_KIND_UNSPECIFIED
+}
+
+func (x *WindowResult) GetFindings() []string {
+	if x != nil {
+		return x.Findings
+	}
+	return nil
 }
 
 // ClockProbe and ClockReply measure a member's clock against the leader's: the
@@ -1787,7 +1795,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x05cause\x18\x06 \x01(\tR\x05cause\x12\x13\n" +
 	"\x05at_us\x18\a \x01(\x03R\x04atUs\x12\x1d\n" +
 	"\n" +
-	"expires_us\x18\b \x01(\x03R\texpiresUs\"\x9c\x03\n" +
+	"expires_us\x18\b \x01(\x03R\texpiresUs\"\xb8\x03\n" +
 	"\fWindowResult\x12)\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x13.memsnap.v1.OutcomeR\x05state\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\tR\bmanifest\x12\x14\n" +
@@ -1800,7 +1808,8 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x04stop\x18\t \x01(\x03R\x04stop\x12\x16\n" +
 	"\x06window\x18\n" +
 	" \x01(\x04R\x06window\x12*\n" +
-	"\x04kind\x18\v \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind\x1a:\n" +
+	"\x04kind\x18\v \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind\x12\x1a\n" +
+	"\bfindings\x18\f \x03(\tR\bfindings\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"!\n" +
