@@ -512,7 +512,15 @@ func (l *leaderRun) tellResult(id uint64, watchers []*pb.Envelope, res *pb.Windo
 	watchers = append(watchers, l.pending[id]...)
 	delete(l.pending, id)
 	l.mu.Unlock()
-	res.Window = id
+	if len(watchers) == 0 {
+		return
+	}
+	if res.Window != id {
+		// a result may be on its way to other watchers already (the outbox
+		// marshals it on another goroutine): change a copy, never it
+		res = proto.Clone(res).(*pb.WindowResult)
+		res.Window = id
+	}
 	for _, w := range watchers {
 		env := l.c.envelope(id)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
