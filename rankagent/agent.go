@@ -265,6 +265,7 @@ type Agent struct {
 	stopping *stopNote         // the trainer is being stopped, since when and why
 	launched bool              // the trainer is this agent's child (RunWithTrainer)
 	gone     bool              // and it has exited
+	torn     bool              // the launcher stopped a trainer that keeps no history
 }
 
 // stopNote is the trainer being stopped: how, when, and whether its snapshot of
@@ -791,6 +792,7 @@ func (a *Agent) TrainerSignalled(sig os.Signal) {
 		// post-mortem, and a job ended by its launcher (scancel, mpirun, a
 		// time limit) is no incident; a window that comes now is missed as usual
 		a.log.Info("the trainer is being stopped; it keeps no allocator history, so no crash post-mortem is asked for", "cause", signalCause(sig))
+		a.torn = true
 	default:
 		a.noteStoppingLocked(signalCause(sig), time.Now())
 	}
@@ -833,7 +835,9 @@ func (a *Agent) TrainerExited(code int) {
 			a.noteStoppingLocked("the trainer "+how, time.Now())
 		}
 		a.missLocked(WindowFailed, why)
-	} else if code != 0 {
+	} else if code != 0 && !(a.torn && a.win == nil && !a.cfg.RecordAlways) {
+		// (a trainer its launcher stopped, with nothing recorded, dying of it is
+		// the teardown TrainerSignalled already let go)
 		a.noteStoppingLocked("the trainer "+how, time.Now())
 	}
 	if s := a.stopping; s != nil && !s.snapshot && a.working == 0 {
@@ -957,6 +961,9 @@ func (a *Agent) handle(m *Message) {
 		}
 		if m.Batch != nil {
 			a.noteBatchLocked(*m.Batch, m.TimeUS)
+		}
+		if a.torn && a.win == nil && !a.cfg.RecordAlways {
+			break // the launcher's teardown of a trainer with nothing recorded (TrainerSignalled)
 		}
 		a.noteStoppingLocked(m.Cause, at)
 	case "snapshot":

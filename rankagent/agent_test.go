@@ -638,6 +638,19 @@ func TestTeardownWithoutHistoryIsNoIncident(t *testing.T) {
 		}
 		h := startAgent(t, cfg)
 		h.agent.TrainerSignalled(syscall.SIGTERM)
+		// its hook says it is being stopped, then it dies of it, as mpirun's and srun's do
+		c, err := net.Dial("unix", h.agent.Socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte(`{"v":1,"type":"hello","pid":1}` + "\n" + `{"type":"stopping","cause":"SIGTERM","t_us":1,"batch":5}` + "\n"))
+		testutil.Eventually(t, 10*time.Second, "the stopping message read", func() bool {
+			h.agent.mu.Lock()
+			defer h.agent.mu.Unlock()
+			return h.agent.batch == 5
+		})
+		c.Close()
+		h.agent.TrainerExited(128 + int(syscall.SIGTERM))
 		testutil.Eventually(t, 10*time.Second, "the agent idle", h.agent.Idle)
 		mu.Lock()
 		got := slices.Contains(states, WindowStopping)

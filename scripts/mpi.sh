@@ -42,17 +42,7 @@ launch job1 "$BASE"
 echo "run name: $run"
 "$MEMSNAP" snapshot --join "127.0.0.1:$BASE" --run "$run" --batches 3 --wait --json --timeout 3m >"$OUT/result1.json" 2>"$OUT/snapshot1.log" || {
   echo "snapshot failed:"; cat "$OUT/snapshot1.log"; tail -30 "$OUT/job1.log"; exit 1; }
-python3 - "$OUT/result1.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print("window %d [%d, %d): %s, ranks %s, missing %s" % (r["window"], r["start"], r["stop"], r["state"], r["ranks"], r["missing"]))
-m = json.load(open(r["manifest"]))
-print("manifest %s:" % r["manifest"])
-print("  window %s, reason %s, ranks merged %s, inputs:" % (m["window"], m.get("reason"), m["ranks_merged"]))
-for i in m["inputs"]:
-    print("    rank %d: %s" % (i["rank"], i["source"]))
-sys.exit(0 if r["state"] == "published" and r["ranks"] == [0, 1, 2, 3] else 1)
-PY
+python3 scripts/show-window.py "$OUT/result1.json" 4
 stop
 run1=$run
 echo "== job 2: another mpirun job into the same store"

@@ -82,17 +82,7 @@ window() { # $1: job id (the run name); $2: a label; prints the manifest
   local res="$OUT/$2.json"
   "$MEMSNAP" snapshot --join "127.0.0.1:$BASE" --run "$1" --batches 3 --wait --json --timeout 3m >"$res" 2>"$OUT/$2.log" || {
     echo "snapshot failed:"; cat "$OUT/$2.log"; tail -30 "$OUT/$2.job.log" 2>/dev/null; exit 1; }
-  python3 - "$res" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print("window %d [%d, %d): %s, ranks %s, missing %s" % (r["window"], r["start"], r["stop"], r["state"], r["ranks"], r["missing"]))
-m = json.load(open(r["manifest"]))
-print("manifest %s:" % r["manifest"])
-print("  window %s, reason %s, ranks merged %s, inputs:" % (m["window"], m.get("reason"), m["ranks_merged"]))
-for i in m["inputs"]:
-    print("    rank %d: %s" % (i["rank"], i["source"]))
-sys.exit(0 if r["state"] == "published" and r["ranks"] == [0, 1, 2, 3] else 1)
-PY
+  python3 scripts/show-window.py "$res" 4
 }
 
 job_id() { # waits for the job named $1 to run; prints its id
