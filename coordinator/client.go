@@ -41,6 +41,10 @@ const rewatchAfter = 10 * time.Second
 // how a window ended (its store is away) before it gives up.
 const unknownTries = 5
 
+// retryReachAfter is how long Snapshot waits before it asks again a leader it
+// could not reach.
+const retryReachAfter = time.Second
+
 // Snapshot asks the cluster for a window of batches batches (0: the leader's
 // default) now, reports every step through progress (which must not block for
 // long), and returns how the window ended. If the leader changes meanwhile, the new
@@ -69,23 +73,45 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 		env.Body = &pb.Envelope_Request{Request: req}
 		return c.send(name, env, true)
 	}
-	if err := ask(); err != nil {
+	// A leader that cannot be reached (it is dying, and gossip has not yet said
+	// so) is asked again until ctx ends: its successor takes the request over.
+	var again <-chan time.Time
+	var unreachable error // the last failure to reach the leader
+	try := func() error {
+		err := ask()
+		switch {
+		case err == nil:
+			unreachable = nil
+			return nil
+		case errors.Is(err, ErrStopped) || errors.Is(err, ErrNoLeader) || ctx.Err() != nil:
+			return err
+		}
+		if unreachable == nil && progress != nil {
+			progress(Update{Window: window, Rank: -1, Reason: fmt.Sprintf("could not reach the leader (%v); asking again", err), Received: time.Now()})
+		}
+		unreachable = err
+		again = time.After(retryReachAfter)
+		return nil
+	}
+	if err := try(); err != nil {
 		return nil, err
 	}
 	check := time.NewTicker(500 * time.Millisecond)
 	defer check.Stop()
 	unknown := 0
 	heard := time.Now() // when the leader last said something about the window
-	var again <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
+			if unreachable != nil {
+				return nil, fmt.Errorf("%w (the leader was last unreachable: %v)", ctx.Err(), unreachable)
+			}
 			return nil, ctx.Err()
 		case <-detach:
 			return nil, ErrDetached
 		case <-again:
 			again = nil
-			if err := ask(); err != nil {
+			if err := try(); err != nil {
 				return nil, err
 			}
 		case <-check.C:
@@ -96,7 +122,7 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 				// nothing heard for a while: ask again (a message may have been
 				// lost, or the job was relaunched under the same member names)
 				heard = time.Now()
-				if err := ask(); err != nil {
+				if err := try(); err != nil {
 					return nil, err
 				}
 			}
@@ -104,7 +130,7 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 				if progress != nil {
 					progress(Update{Window: window, Rank: -1, State: pb.Step_STEP_UNSPECIFIED, Reason: "the leader changed; asking the new one", Received: time.Now()})
 				}
-				if err := ask(); err != nil {
+				if err := try(); err != nil {
 					return nil, err
 				}
 			}

@@ -329,3 +329,34 @@ func hangingCluster(t *testing.T, n, hang int) *testCluster {
 	})
 	return tc
 }
+
+// TestSnapshotAsksPastAnUnreachableLeader: the leader dies without a goodbye just
+// before a member asks for a window, so gossip still names it and the request
+// cannot reach it. The request is asked again until the next leader takes it,
+// not failed with the dial error (seen in CI, where a rewatch hit a dead leader).
+func TestSnapshotAsksPastAnUnreachableLeader(t *testing.T) {
+	tc := startCluster(t, 3)
+	tc.holding()
+	c := tc.client()
+	testutil.Eventually(t, 20*time.Second, "the client to see rank 0 lead", func() bool { l, ok := c.Leader(); return ok && l == 0 })
+	tc.ranks[0].Coord.Shutdown() // no goodbye: it dies
+	tc.stops[0]()
+	if l, ok := c.Leader(); !ok || l != 0 {
+		t.Skipf("gossip already named the next leader (%d): nothing to test", l)
+	}
+	var unreachable atomic.Bool
+	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u Update) {
+		if strings.Contains(u.Reason, "could not reach the leader") {
+			unreachable.Store(true)
+		}
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !unreachable.Load() {
+		t.Fatal("the client never said it could not reach the leader")
+	}
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[1 2]" {
+		t.Fatalf("result %+v", res)
+	}
+}
