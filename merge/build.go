@@ -37,6 +37,9 @@ type builder struct {
 	tracePoints int
 
 	decoded, fromAnalyses []int
+	// deferred: no rank's detail is written in the first pass (a progressive
+	// merge writes every detail after its answer)
+	deferred bool
 }
 
 // rankEntry is what the merge keeps of a rank once its pass is done.

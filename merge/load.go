@@ -114,7 +114,7 @@ func (b *builder) load(ctx context.Context, in Input) loaded {
 		lr.fromFile = true
 		l.ref.Size, l.ref.SHA256 = lr.a.Snapshot.Size, lr.a.Snapshot.SHA256
 	}
-	if lr.a == nil || b.cfg.Detail == DetailAll {
+	if lr.a == nil || (b.cfg.Detail == DetailAll && !b.deferred) {
 		rd, ref, err := decodeInput(ctx, in, lr.a)
 		if err != nil {
 			return loaded{err: err}
@@ -149,7 +149,7 @@ func (b *builder) settle(lr *loadedRank, ref InputRef) error {
 		lr.a = lr.data.analysis(lr.w)
 		lr.a.Snapshot = SnapshotRef{Size: ref.Size, SHA256: ref.SHA256}
 	}
-	if b.cfg.Detail != DetailAll {
+	if b.cfg.Detail != DetailAll || b.deferred {
 		lr.data = nil
 	}
 	return nil

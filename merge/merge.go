@@ -33,6 +33,9 @@ const (
 	// options. OutManifest is written after them: it publishes the merge.
 	OutInputs   = "inputs"
 	OutManifest = "manifest"
+	// OutParts is a progressive merge's note of the names its second step is
+	// about to store (see mergeProgressive); no manifest names it.
+	OutParts = "parts"
 )
 
 // DefaultOutputBase is the default name (a template) of the merged outputs, before
@@ -42,6 +45,7 @@ const DefaultOutputBase = "merged"
 var outSuffix = map[string]string{
 	OutPickle: ".memory_snapshot.pickle", OutTrace: ".trace.json", OutSummary: ".summary.json",
 	OutHTML: ".html", OutPB: ".memsnap.pb", OutInputs: ".inputs.json", OutManifest: ".manifest.json",
+	OutParts: ".parts.json",
 }
 
 // fixedOutputs are the outputs after the pickles, in the order they are stored.
@@ -138,12 +142,21 @@ type Config struct {
 	// DiffRanks are ranks the summary also compares with the median rank, besides
 	// the outlier.
 	DiffRanks []int
+	// Progressive publishes in two steps (see mergeProgressive): first the
+	// answer (the summary, the report, the trace, and a manifest whose Pending
+	// says the pickles and the timeline are coming), then those and the manifest
+	// that names them. OnAnswer, when set, is called once the answer is published.
+	// Not with Overwrite.
+	Progressive bool
+	OnAnswer    func(Answer)
 }
 
 // Result says what a merge wrote.
 type Result struct {
 	Summary *Summary
-	Outputs map[string]string // output kind -> key in Out (with the claim and the manifest)
+	// Manifest is the manifest published.
+	Manifest *Manifest
+	Outputs  map[string]string // output kind -> key in Out (with the claim and the manifest)
 	// Decoded are the ranks whose snapshots were decoded (in full), FromAnalyses
 	// the ranks whose figures came from their analyses; both in rank order, with
 	// repeats when a rank was decoded twice.
@@ -176,6 +189,9 @@ func (c *Config) validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.Progressive && c.Overwrite {
+		return errors.New("merge: a progressive merge does not overwrite")
 	}
 	if c.WorldSize < 0 || c.WorldSize > MaxRanks {
 		return fmt.Errorf("merge: world size %d (at most %d)", c.WorldSize, MaxRanks)
@@ -257,6 +273,9 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Progressive {
+		return mergeProgressive(ctx, cfg, keys)
+	}
 	if err := checkUnpublished(ctx, &cfg, keys); err != nil {
 		return nil, err
 	}
@@ -285,7 +304,8 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := publish(ctx, &cfg, keys, tmp, b.refs, sum, outs); err != nil {
+	man, err := publish(ctx, &cfg, keys, tmp, b.refs, sum, outs)
+	if err != nil {
 		return nil, err
 	}
 	if plain[OutInputs] != keys[OutInputs] {
@@ -293,7 +313,7 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
 		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))
-	res := &Result{Summary: sum, Outputs: map[string]string{OutInputs: keys[OutInputs], OutManifest: keys[OutManifest]},
+	res := &Result{Summary: sum, Manifest: man, Outputs: map[string]string{OutInputs: keys[OutInputs], OutManifest: keys[OutManifest]},
 		Decoded: b.decoded, FromAnalyses: b.fromAnalyses}
 	for _, o := range outs {
 		res.Outputs[o.kind] = o.key

@@ -103,6 +103,10 @@ type Manifest struct {
 	// the summary's findings (see Summary.Answer), so a reader of the manifest
 	// alone has the answer.
 	Findings []string `json:"findings,omitempty"`
+	// Pending names the outputs still being written (pickle, pb) by a merge
+	// published in two steps: the outputs named are whole, and a later manifest
+	// under the same name adds the pending ones.
+	Pending []string `json:"pending,omitempty"`
 }
 
 // Bounds of a manifest's findings.
@@ -162,6 +166,17 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		if len(f) > MaxFindingBytes { // (JSON makes it valid UTF-8)
 			return nil, fmt.Errorf("merge: manifest: a finding of %d bytes (at most %d)", len(f), MaxFindingBytes)
 		}
+	}
+	for _, k := range m.Pending {
+		if k != OutPickle && k != OutPB {
+			return nil, fmt.Errorf("merge: manifest: pending output %q (pickle or pb)", k)
+		}
+	}
+	if len(m.Pending) > 2 {
+		return nil, fmt.Errorf("merge: manifest: %d pending outputs", len(m.Pending))
+	}
+	if len(m.Pending) == 0 {
+		m.Pending = nil
 	}
 	if len(m.Findings) == 0 {
 		m.Findings = nil
@@ -239,22 +254,22 @@ func putOnce(ctx context.Context, cfg *Config, key, file, sum string, kind strin
 }
 
 // publish stores the claim, then every output, then the manifest.
-func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, outs []output) error {
+func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, outs []output) (*Manifest, error) {
 	if cfg.Overwrite {
 		// unpublish first: a reader never sees a manifest over outputs being replaced
 		if err := cfg.Out.Delete(ctx, keys[OutManifest]); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	cobj, err := storeClaim(ctx, cfg, keys, tmp, refs, sum, outs)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	man := manifestOf(cfg, cobj, refs, sum)
 	for _, o := range outs {
 		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
 		if err != nil {
-			return fmt.Errorf("merge: storing %s: %w", o.key, err)
+			return nil, fmt.Errorf("merge: storing %s: %w", o.key, err)
 		}
 		man.Outputs[o.kind] = obj
 		if o.part != nil {
@@ -268,17 +283,17 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 	mb = append(mb, '\n')
 	mpath := filepath.Join(tmp, OutManifest)
 	if err := os.WriteFile(mpath, mb, 0o644); err != nil {
-		return fmt.Errorf("merge: %w", err)
+		return nil, fmt.Errorf("merge: %w", err)
 	}
 	if _, err := putOnce(ctx, cfg, keys[OutManifest], mpath, sha256Hex(mb), OutManifest); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
-			return fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
+			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
 		}
-		return fmt.Errorf("merge: storing %s: %w", keys[OutManifest], err)
+		return nil, fmt.Errorf("merge: storing %s: %w", keys[OutManifest], err)
 	}
 	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
-	return nil
+	return &man, nil
 }
 
 // unpublish removes, after another merge published first, what this one stored
@@ -328,6 +343,8 @@ func removeSuperseded(ctx context.Context, cfg *Config, plain, mine map[string]s
 			cfg.Out.Delete(ctx, k)
 		}
 	}
+	// a progressive attempt's second step names its pickles in its intent
+	removeIntent(ctx, cfg, strings.TrimSuffix(plain[OutInputs], outSuffix[OutInputs])+outSuffix[OutParts], &Manifest{})
 	cfg.Out.Delete(ctx, plain[OutInputs])
 	cfg.Logger.Info("removed what a superseded attempt stored", "attempt", prev.Attempt)
 }

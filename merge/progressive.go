@@ -1,0 +1,418 @@
+package merge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/store"
+)
+
+// Answer is the first step of a progressive merge, once it is published: the
+// manifest names the summary, the report and the trace, and says (Pending) that
+// the merged pickles and the timeline are still being written.
+type Answer struct {
+	Manifest string // the manifest's key
+	M        *Manifest
+	Summary  *Summary
+}
+
+// ErrOtherInputs: a progressive merge found the window's answer published from
+// other snapshots than its own inputs, so it cannot write the answer's pickles.
+var ErrOtherInputs = errors.New("merge: the published answer was merged from other snapshots")
+
+// partsIntent is <base>.parts.json, written by a progressive merge's second step
+// before it stores the merged pickles: the names it is about to store, so a merge
+// that completes the window after it (a leader that died or stalled in between)
+// can remove what it left. Pickles are split by their encoded size, so their
+// names are known only once they are written.
+type partsIntent struct {
+	Version int      `json:"version"`
+	Attempt string   `json:"attempt,omitempty"`
+	Names   []string `json:"names"`
+}
+
+// mergeProgressive publishes a merge in two steps, each with its manifest as its
+// commit point:
+//
+//  1. the answer: the claim, the trace, the summary and the report, then the
+//     manifest (created once, as a plain merge's), whose Pending names the
+//     outputs still to come; OnAnswer is called once it is stored;
+//  2. the detail: each rank decoded again, the merged pickles and the timeline,
+//     then the manifest again, now naming them, with nothing pending.
+//
+// A merge that finds the window's answer published with outputs pending (its
+// leader died or stalled between the steps, or the store failed in the second)
+// writes the second step itself, from the ranks the answer merged, which must be
+// the same snapshots: the answer's outputs are never written again.
+func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (*Result, error) {
+	var answered *Manifest
+	m, err := ReadManifest(ctx, cfg.Out, keys[OutManifest])
+	switch {
+	case err == nil && len(m.Pending) == 0:
+		return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already: %w", keys[OutManifest], cfg.Out, store.ErrExists)
+	case err == nil:
+		answered = m
+		cfg.Ranks = rankSetOf(m.RanksMerged) // the answer's ranks, and no others
+		if cfg.Window == nil {
+			cfg.Window = m.Window
+		}
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
+	}
+	plain := keys
+	if keys, err = attemptKeys(ctx, &cfg, keys); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	tmp, err := cfg.tempDir()
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	b, err := newBuilder(&cfg, tmp)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	b.deferred = true
+	if err := b.firstPass(ctx); err != nil {
+		return nil, err
+	}
+	world, err := b.world()
+	if err != nil {
+		return nil, err
+	}
+	sum := b.summary(world)
+	if answered == nil {
+		if answered, err = b.publishAnswer(ctx, keys, sum); err != nil {
+			return nil, err
+		}
+		if plain[OutInputs] != keys[OutInputs] {
+			removeSuperseded(ctx, &cfg, plain, keys)
+		}
+		cfg.Logger.Info("answer published", "manifest", keys[OutManifest], "ranks", len(sum.Ranks), "elapsed", time.Since(start).Round(time.Millisecond))
+	} else {
+		if err := sameInputs(b.refs, answered.Inputs); err != nil {
+			return nil, fmt.Errorf("%w: %s (%v)", ErrOtherInputs, keys[OutManifest], err)
+		}
+		sum.MissingRanks, sum.MissingReasons = answered.MissingRanks, answered.MissingReasons
+		cfg.Logger.Info("the window's answer is published with outputs pending; writing them", "manifest", keys[OutManifest], "answered_by", answered.Attempt)
+	}
+	if cfg.OnAnswer != nil {
+		cfg.OnAnswer(Answer{Manifest: keys[OutManifest], M: answered, Summary: sum})
+	}
+	final, err := b.publishDetail(ctx, keys, world, answered)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
+		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))
+	dir := path.Dir(keys[OutManifest])
+	res := &Result{Summary: sum, Manifest: final, Outputs: map[string]string{OutInputs: path.Join(dir, final.Claim.Name), OutManifest: keys[OutManifest]},
+		Decoded: b.decoded, FromAnalyses: b.fromAnalyses}
+	for kind, o := range final.Outputs {
+		res.Outputs[kind] = path.Join(dir, o.Name)
+	}
+	return res, nil
+}
+
+// pendingOutputs are what the answer's manifest says is still to come.
+var pendingOutputs = []string{OutPickle, OutPB}
+
+// publishAnswer stores the claim, the trace, the summary and the report, then the
+// manifest that says the pickles and the timeline are coming.
+func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum *Summary) (*Manifest, error) {
+	cfg := b.cfg
+	if err := b.tw.finish(); err != nil {
+		return nil, fmt.Errorf("merge: writing the trace: %w", err)
+	}
+	if err := writeHTML(b.files[OutHTML], cfg.Title, sum, b.ranks); err != nil {
+		return nil, fmt.Errorf("merge: writing the report: %w", err)
+	}
+	// the summary names every output to come; the manifest names the pickles
+	sum.Outputs = map[string]string{}
+	for _, k := range append([]string{OutPickle}, fixedOutputs...) {
+		sum.Outputs[k] = keys[k]
+	}
+	sb, err := json.MarshalIndent(sum, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := b.files[OutSummary].Write(append(sb, '\n')); err != nil {
+		return nil, err
+	}
+	var outs []output
+	for _, k := range []string{OutTrace, OutSummary, OutHTML} {
+		if err := b.files[k].f.Close(); err != nil {
+			return nil, fmt.Errorf("merge: writing %s: %w", k, err)
+		}
+		outs = append(outs, output{kind: k, key: keys[k], file: filepath.Join(b.tmp, k), sum: b.files[k].sum()})
+	}
+	// the claim names every output of both steps (the pickles by their plain
+	// name: parts are named in the second step's intent)
+	named := append([]output{{kind: OutPickle, key: keys[OutPickle]}, {kind: OutPB, key: keys[OutPB]}}, outs...)
+	cobj, err := storeClaim(ctx, cfg, keys, b.tmp, b.refs, sum, named)
+	if err != nil {
+		return nil, err
+	}
+	man := manifestOf(cfg, cobj, b.refs, sum)
+	for _, o := range outs {
+		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
+		if err != nil {
+			return nil, fmt.Errorf("merge: storing %s: %w", o.key, err)
+		}
+		man.Outputs[o.kind] = obj
+		cfg.Logger.Info("stored", "output", o.key, "bytes", obj.Size, "store", cfg.Out.String())
+	}
+	man.Pending = pendingOutputs
+	if err := b.putManifest(ctx, keys[OutManifest], &man, false); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
+			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
+		}
+		return nil, err
+	}
+	return &man, nil
+}
+
+// publishDetail decodes the ranks again, writes the pickles and the timeline,
+// stores them and publishes the manifest that names them. When another merge
+// completed the window first, it removes what it stored and says so
+// (store.ErrExists).
+func (b *builder) publishDetail(ctx context.Context, keys map[string]string, world int, answered *Manifest) (*Manifest, error) {
+	cfg := b.cfg
+	ranks := b.diffRanks()
+	if cfg.Detail == DetailAll {
+		ranks = ranks[:0]
+		for _, e := range b.ranks {
+			ranks = append(ranks, e.sum.Rank)
+		}
+	}
+	if err := b.decodeRanks(ctx, ranks); err != nil {
+		return nil, err
+	}
+	if err := b.pickles.finish(world); err != nil {
+		return nil, err
+	}
+	b.pbw.header(cfg.Align, world, answered.MissingRanks)
+	if err := b.pbw.finish(); err != nil {
+		return nil, fmt.Errorf("merge: writing the timeline: %w", err)
+	}
+	if err := b.files[OutPB].f.Close(); err != nil {
+		return nil, fmt.Errorf("merge: writing %s: %w", OutPB, err)
+	}
+	base := strings.TrimSuffix(keys[OutPickle], outSuffix[OutPickle])
+	outs := b.pickles.outputs(keys[OutPickle], base, cfg.PicklePartName)
+	outs = append(outs, output{kind: OutPB, key: keys[OutPB], file: filepath.Join(b.tmp, OutPB), sum: b.files[OutPB].sum()})
+	intent := partsIntent{Version: 1, Attempt: cfg.Attempt}
+	for _, o := range outs {
+		intent.Names = append(intent.Names, path.Base(o.key))
+	}
+	ib, _ := json.Marshal(intent)
+	if _, err := cfg.Out.Put(ctx, keys[OutParts], strings.NewReader(string(ib)), store.PutOptions{Overwrite: true, ContentType: "application/json"}); err != nil {
+		return nil, fmt.Errorf("merge: storing %s: %w", keys[OutParts], err)
+	}
+	man := *answered
+	man.Outputs = map[string]Object{}
+	for k, o := range answered.Outputs {
+		man.Outputs[k] = o
+	}
+	man.Pickles, man.Pending = nil, nil
+	for _, o := range outs {
+		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
+		if err != nil {
+			return nil, fmt.Errorf("merge: storing %s: %w", o.key, err)
+		}
+		man.Outputs[o.kind] = obj
+		if o.part != nil {
+			p := *o.part
+			p.Name = obj.Name
+			man.Pickles = append(man.Pickles, p)
+		}
+		cfg.Logger.Info("stored", "output", o.key, "bytes", obj.Size, "store", cfg.Out.String())
+	}
+	// the manifest is replaced only while it still waits for these outputs
+	cur, err := ReadManifest(ctx, cfg.Out, keys[OutManifest])
+	if err != nil {
+		return nil, err
+	}
+	if len(cur.Pending) == 0 || cur.Claim != answered.Claim {
+		removeIntent(ctx, cfg, keys[OutParts], cur)
+		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
+	}
+	if err := b.putManifest(ctx, keys[OutManifest], &man, true); err != nil {
+		return nil, err
+	}
+	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
+	// what this merge and any earlier attempt at this step stored and the
+	// manifest does not name
+	removeIntent(ctx, cfg, keys[OutParts], &man)
+	if claimBase := strings.TrimSuffix(man.Claim.Name, outSuffix[OutInputs]); claimBase != path.Base(strings.TrimSuffix(keys[OutInputs], outSuffix[OutInputs])) {
+		dir := path.Dir(keys[OutManifest])
+		removeIntent(ctx, cfg, path.Join(dir, claimBase+outSuffix[OutParts]), &man)
+		if prev, err := readClaim(ctx, cfg.Out, path.Join(dir, man.Claim.Name)); err == nil {
+			for _, k := range pendingOutputs {
+				if n := prev.Outputs[k]; n != "" && !named(&man, n) && !strings.ContainsAny(n, "/\\") {
+					cfg.Out.Delete(ctx, path.Join(dir, n))
+				}
+			}
+		}
+	}
+	return &man, nil
+}
+
+// putManifest stores a manifest: created once (the first step), or replaced (the
+// second, by the merge that checked it still waits).
+func (b *builder) putManifest(ctx context.Context, key string, man *Manifest, replace bool) error {
+	mb, _ := json.MarshalIndent(man, "", "  ")
+	mb = append(mb, '\n')
+	mpath := filepath.Join(b.tmp, OutManifest)
+	if err := os.WriteFile(mpath, mb, 0o644); err != nil {
+		return fmt.Errorf("merge: %w", err)
+	}
+	if replace {
+		if _, err := store.PutFile(ctx, b.cfg.Out, key, mpath, store.PutOptions{Overwrite: true, ContentType: contentType(OutManifest)}); err != nil {
+			return fmt.Errorf("merge: storing %s: %w", key, err)
+		}
+		return nil
+	}
+	if _, err := putOnce(ctx, b.cfg, key, mpath, sha256Hex(mb), OutManifest); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return err
+		}
+		return fmt.Errorf("merge: storing %s: %w", key, err)
+	}
+	return nil
+}
+
+// named reports whether the manifest names an output (or the claim) called name.
+func named(m *Manifest, name string) bool {
+	if m.Claim.Name == name {
+		return true
+	}
+	for _, o := range m.Outputs {
+		if o.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// removeIntent removes what a second step's intent names and the manifest m does
+// not, then the intent itself (best effort: what stays behind is never named by a
+// manifest).
+func removeIntent(ctx context.Context, cfg *Config, key string, m *Manifest) {
+	rc, _, err := cfg.Out.Get(ctx, key)
+	if err != nil {
+		return
+	}
+	var in partsIntent
+	err = json.NewDecoder(rc).Decode(&in)
+	rc.Close()
+	if err == nil && len(in.Names) <= MaxRanks+1 {
+		dir := path.Dir(key)
+		for _, n := range in.Names {
+			if n != "" && n != "." && n != ".." && !strings.ContainsAny(n, "/\\") && !named(m, n) && n != path.Base(key) {
+				cfg.Out.Delete(ctx, path.Join(dir, n))
+			}
+		}
+	}
+	cfg.Out.Delete(ctx, key)
+}
+
+// sameInputs checks that a merge read the snapshots an answer was merged from.
+func sameInputs(got, want []InputRef) error {
+	key := func(r InputRef) string {
+		return fmt.Sprintf("%d %s %s %s", r.Rank, r.Source, r.SHA256, r.MetaSHA256)
+	}
+	g, w := make([]string, len(got)), make([]string, len(want))
+	for i, r := range got {
+		g[i] = key(r)
+	}
+	for i, r := range want {
+		w[i] = key(r)
+	}
+	sort.Strings(g)
+	sort.Strings(w)
+	if strings.Join(g, "\n") != strings.Join(w, "\n") {
+		return fmt.Errorf("%d inputs read, %d in the answer, not the same", len(got), len(want))
+	}
+	return nil
+}
+
+// rankSetOf is the set of the given ranks.
+func rankSetOf(ranks []int) *RankSet {
+	s := &RankSet{}
+	rs := append([]int(nil), ranks...)
+	sort.Ints(rs)
+	for _, r := range rs {
+		if n := len(s.spans); n > 0 && s.spans[n-1][1] >= r-1 {
+			s.spans[n-1][1] = max(s.spans[n-1][1], r)
+			continue
+		}
+		s.spans = append(s.spans, [2]int{r, r})
+	}
+	return s
+}
+
+// decodeRanks decodes the given ranks again (Workers ahead, in parallel) and
+// writes each one's full trace into the pickles and the timeline, in rank order.
+func (b *builder) decodeRanks(ctx context.Context, ranks []int) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	type decoded struct {
+		rd  *rankData
+		err error
+	}
+	results := make([]chan decoded, len(ranks))
+	for i := range results {
+		results[i] = make(chan decoded, 1)
+	}
+	sem := make(chan struct{}, b.cfg.Workers)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i, r := range ranks {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rd, err := b.decodeAgain(ctx, r)
+				results[i] <- decoded{rd, err}
+			}()
+		}
+	}()
+	for i, r := range ranks {
+		var d decoded
+		select {
+		case d = <-results[i]:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		<-sem
+		if d.err != nil {
+			in := b.inputs[b.inputOf[r]]
+			return &InputError{Rank: in.Rank, Source: in.Source, Err: d.err}
+		}
+		b.decoded = append(b.decoded, r)
+		if err := b.addDetail(d.rd); err != nil {
+			return err
+		}
+	}
+	return nil
+}

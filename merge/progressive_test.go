@@ -1,0 +1,192 @@
+package merge
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/naming"
+)
+
+// progressiveWrites are a progressive merge's Puts, in order.
+var progressiveWrites = []string{"claim", "trace", "summary", "html", "answer manifest", "parts", "pickle", "pb", "manifest"}
+
+// checkPublished checks the folder's manifest: every output it names is there,
+// whole, nothing is pending, and the folder holds nothing else.
+func checkPublished(t *testing.T, dir string) *Manifest {
+	t.Helper()
+	mb, err := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ParseManifest(mb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Pending) != 0 || len(m.Outputs) != 5 || len(m.Pickles) != 1 {
+		t.Fatalf("manifest %s", mb)
+	}
+	want := []string{"merged.manifest.json", m.Claim.Name}
+	for kind, o := range m.Outputs {
+		sum, size, err := hashFile(filepath.Join(dir, o.Name))
+		if err != nil || sum != o.SHA256 || size != o.Size {
+			t.Fatalf("%s: %s has %s (%d bytes), the manifest says %s (%d)", kind, o.Name, sum, size, o.SHA256, o.Size)
+		}
+		want = append(want, o.Name)
+	}
+	var got []string
+	for k := range readAll(t, dir) {
+		got = append(got, k)
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("the folder holds %v; the manifest names %v", got, want)
+	}
+	return m
+}
+
+// TestProgressiveMerge: the answer (summary, report, trace) is published first,
+// with a manifest that says the pickles and the timeline are coming; then they
+// are, byte for byte those of a merge in one step, under a manifest that names
+// them, and nothing else is left in the folder.
+func TestProgressiveMerge(t *testing.T) {
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})
+	one, oneDir := runMerge(t, Config{Inputs: ins, Title: "t"})
+	dir := t.TempDir()
+	d, _ := store.OpenDir(dir, true)
+	var answers []Answer
+	res, err := Merge(testutil.Context(t, time.Minute), Config{Inputs: ins, Title: "t", Out: d, Logger: testutil.Logger(t), Progressive: true,
+		OnAnswer: func(a Answer) {
+			answers = append(answers, a)
+			// at this moment the answer is in the store, whole, and the pickles are not
+			mb, err := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := ParseManifest(mb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(m.Pending, []string{OutPickle, OutPB}) || len(m.Outputs) != 3 || m.Outputs[OutSummary].Name == "" || m.Outputs[OutHTML].Name == "" || m.Outputs[OutTrace].Name == "" {
+				t.Fatalf("the answer's manifest: %s", mb)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "merged.memory_snapshot.pickle")); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the pickle is stored before the answer: %v", err)
+			}
+			if len(m.Findings) == 0 || m.OutlierRank == nil || *m.OutlierRank != 3 || len(m.RanksMerged) != 4 {
+				t.Fatalf("the answer's manifest lacks the answer: %s", mb)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(answers) != 1 || answers[0].Summary.Spread == nil || answers[0].Summary.Spread.OutlierRank != 3 {
+		t.Fatalf("answers %+v", answers)
+	}
+	m := checkPublished(t, dir)
+	if res.Manifest == nil || res.Manifest.Outputs[OutPickle] != m.Outputs[OutPickle] || res.Outputs[OutPickle] != "merged.memory_snapshot.pickle" {
+		t.Fatalf("result %+v", res)
+	}
+	for _, k := range []string{"merged.memory_snapshot.pickle", "merged.memsnap.pb", "merged.trace.json", "merged.html"} {
+		a, _ := os.ReadFile(filepath.Join(oneDir, k))
+		b, _ := os.ReadFile(filepath.Join(dir, k))
+		if len(a) == 0 || !bytes.Equal(a, b) {
+			t.Fatalf("%s differs from a merge in one step (%d and %d bytes)", k, len(a), len(b))
+		}
+	}
+	if one.Summary.Spread.OutlierRank != res.Summary.Spread.OutlierRank {
+		t.Fatal("another outlier")
+	}
+	// published: a rerun is refused
+	if _, err := Merge(context.Background(), Config{Inputs: ins, Out: d, Progressive: true}); !errors.Is(err, store.ErrExists) {
+		t.Fatalf("merging a published name again: %v", err)
+	}
+}
+
+// TestProgressiveMergeIsCompleted: a merge that stops after each write in turn
+// (its leader died, or the store failed) is completed by the next one, under
+// another attempt or the same: the answer stays as it was published, the window
+// ends published with every output whole, and nothing either left behind stays.
+func TestProgressiveMergeIsCompleted(t *testing.T) {
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})
+	for n := 1; n < len(progressiveWrites); n++ {
+		for _, again := range []string{"t1", "t2"} {
+			t.Run(fmt.Sprintf("after the %s, %s", progressiveWrites[n-1], again), func(t *testing.T) {
+				dir := t.TempDir()
+				d, _ := store.OpenDir(dir, true)
+				fs := &failingStore{Store: struct{ store.Store }{d}, n: int64(n)}
+				ctx := testutil.Context(t, time.Minute)
+				cfg := Config{Inputs: ins, Title: "t", Out: fs, Logger: testutil.Logger(t), Progressive: true, Supersede: true, Attempt: "t1"}
+				answered := false
+				cfg.OnAnswer = func(Answer) { answered = true }
+				if _, err := Merge(ctx, cfg); !errors.Is(err, context.Canceled) {
+					t.Fatalf("the interrupted merge: %v", err)
+				}
+				if answered != (n >= 5) {
+					t.Fatalf("answered %v after %d writes", answered, n)
+				}
+				var before *Manifest
+				if mb, err := os.ReadFile(filepath.Join(dir, "merged.manifest.json")); err == nil {
+					before, _ = ParseManifest(mb)
+				}
+				cfg.Out, cfg.Attempt = d, again
+				var answer *Manifest
+				cfg.OnAnswer = func(a Answer) { answer = a.M }
+				res, err := Merge(ctx, cfg)
+				if err != nil {
+					t.Fatalf("the merge after: %v", err)
+				}
+				m := checkPublished(t, dir)
+				if answer == nil || len(answer.Pending) != 2 {
+					t.Fatalf("the answer told: %+v", answer)
+				}
+				if before != nil {
+					// the answer was published: it stays, and the rest is added
+					for _, k := range []string{OutSummary, OutHTML, OutTrace} {
+						if m.Outputs[k] != before.Outputs[k] {
+							t.Fatalf("%s changed from %+v to %+v", k, before.Outputs[k], m.Outputs[k])
+						}
+					}
+					if m.Claim != before.Claim || m.Attempt != "t1" {
+						t.Fatalf("the claim changed: %+v, attempt %s", m.Claim, m.Attempt)
+					}
+				}
+				if len(res.Summary.Ranks) != 4 || res.Outputs[OutPickle] != m.Outputs[OutPickle].Name {
+					t.Fatalf("result %+v", res.Outputs)
+				}
+			})
+		}
+	}
+}
+
+// TestProgressiveMergeRefusesOtherInputs: an answer published from four ranks is
+// not completed from other snapshots.
+func TestProgressiveMergeRefusesOtherInputs(t *testing.T) {
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})
+	dir := t.TempDir()
+	d, _ := store.OpenDir(dir, true)
+	ctx := testutil.Context(t, time.Minute)
+	fs := &failingStore{Store: struct{ store.Store }{d}, n: 5}
+	cfg := Config{Inputs: ins, Out: fs, Logger: testutil.Logger(t), Progressive: true, Supersede: true, Attempt: "t1"}
+	if _, err := Merge(ctx, cfg); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the interrupted merge: %v", err)
+	}
+	cfg.Out, cfg.Attempt, cfg.Inputs = d, "t2", ins[:3]
+	if _, err := Merge(ctx, cfg); !errors.Is(err, ErrOtherInputs) {
+		t.Fatalf("completing from other inputs: %v", err)
+	}
+	mb, _ := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
+	if m, err := ParseManifest(mb); err != nil || len(m.Pending) != 2 {
+		t.Fatalf("the answer's manifest changed: %s %v", mb, err)
+	}
+}
