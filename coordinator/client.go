@@ -19,6 +19,10 @@ type Update struct {
 	Leader   int
 	Deadline time.Time // STEP_PLANNED: when the leader gives up on the window
 	Received time.Time
+	// Answer is the window's answer, published while its merged pickles and
+	// timeline are still being written (Answer.Pending), for a caller that waits
+	// for all of it.
+	Answer *pb.WindowResult
 }
 
 // StepName is a step as people read it ("recording", "planned").
@@ -47,10 +51,27 @@ const retryReachAfter = time.Second
 
 // Snapshot asks the cluster for a window of batches batches (0: the leader's
 // default) now, reports every step through progress (which must not block for
-// long), and returns how the window ended. If the leader changes meanwhile, the new
-// leader is asked about the same window. Closing detach makes it return at once
-// with ErrDetached (the window goes on).
+// long), and returns how the window ended, once all of it is published. If the
+// leader changes meanwhile, the new leader is asked about the same window. Closing
+// detach makes it return at once with ErrDetached (the window goes on).
 func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func(Update), detach <-chan struct{}) (*pb.WindowResult, error) {
+	return c.Request(ctx, batches, RequestOptions{Progress: progress, Detach: detach})
+}
+
+// RequestOptions are how Request waits.
+type RequestOptions struct {
+	Progress func(Update)
+	Detach   <-chan struct{}
+	// AnswerFirst returns as soon as the window's answer is published: the
+	// result says Pending while its merged pickles and timeline are still being
+	// written. Without it, the answer is reported through Progress (Update.Answer)
+	// and the result comes once everything is published.
+	AnswerFirst bool
+}
+
+// Request is Snapshot with options.
+func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOptions) (*pb.WindowResult, error) {
+	progress, detach := opts.Progress, opts.Detach
 	if batches < 0 || batches > MaxWindowBatches {
 		return nil, fmt.Errorf("%w: a window of %d batches (1 to %d)", ErrRefused, batches, MaxWindowBatches)
 	}
@@ -168,6 +189,14 @@ func (c *Coordinator) Snapshot(ctx context.Context, batches int64, progress func
 				}
 				if r.Window == 0 {
 					r.Window = window
+				}
+				if r.Pending && r.State == pb.Outcome_OUTCOME_PUBLISHED && r.Error == "" && !opts.AnswerFirst {
+					// the answer: the rest of the window is still being written
+					if progress != nil {
+						progress(Update{Window: r.Window, Rank: -1, State: pb.Step_STEP_PUBLISHING, Leader: int(env.SenderRank),
+							Reason: "the answer is published; writing the merged pickles and the timeline", Received: time.Now(), Answer: r})
+					}
+					continue
 				}
 				return r, nil
 			}

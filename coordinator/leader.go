@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -521,6 +522,20 @@ func (l *leaderRun) tellResult(id uint64, watchers []*pb.Envelope, res *pb.Windo
 		res = proto.Clone(res).(*pb.WindowResult)
 		res.Window = id
 	}
+	for _, w := range watchers {
+		env := l.c.envelope(id)
+		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
+		l.c.reply(w, env, true)
+	}
+}
+
+// tellAnswer tells the members waiting for window id that its answer is
+// published (res.Pending: the pickles are still being written); they stay
+// waiting for its result.
+func (l *leaderRun) tellAnswer(id uint64, watchers []*pb.Envelope, res *pb.WindowResult) {
+	l.mu.Lock()
+	watchers = append(slices.Clip(watchers), l.pending[id]...)
+	l.mu.Unlock()
 	for _, w := range watchers {
 		env := l.c.envelope(id)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}

@@ -22,7 +22,7 @@ import (
 // its bound; an error the store will give again (refused credentials, a bad name)
 // or a rank's input that cannot be read as it is are not.
 func retryable(err error) bool {
-	if err == nil || store.Permanent(err) || errors.Is(err, runlog.ErrMalformed) {
+	if err == nil || store.Permanent(err) || errors.Is(err, runlog.ErrMalformed) || errors.Is(err, merge.ErrOtherInputs) {
 		return false
 	}
 	if errors.Is(err, store.ErrUnreachable) || errors.Is(err, store.ErrNoBucket) || errors.Is(err, io.ErrUnexpectedEOF) ||
@@ -65,15 +65,19 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 				l.tell(w, -1, pb.Step_STEP_PUBLISHING, -1, fmt.Sprintf("merging %d ranks", len(inputs)))
 				told = true
 			}
+			cfg := l.mergeConfig(w, inputs)
+			cfg.OnAnswer = func(a merge.Answer) {
+				ans := resultFromManifest(a.Manifest, a.M, l.st)
+				ans.Window, ans.Kind, ans.Start, ans.Stop, ans.Pending = w.id, w.kind, w.start, w.stop, true
+				ans.Missing = missingOf(w)
+				log.Info("window answered", "manifest", ans.Manifest, "ranks", len(ans.Ranks), "missing", len(ans.Missing), "attempt", attempt)
+				l.tellAnswer(w.id, w.watchers, ans)
+				l.tell(w, -1, pb.Step_STEP_PUBLISHING, -1, "the answer is published; writing the merged pickles and the timeline")
+			}
 			var out *merge.Result
-			if out, err = merge.Merge(ctx, l.mergeConfig(w, inputs)); err == nil {
-				res = resultFromManifest(out.Outputs[merge.OutManifest], nil, l.st)
+			if out, err = merge.Merge(ctx, cfg); err == nil {
+				res = resultFromManifest(out.Outputs[merge.OutManifest], out.Manifest, l.st)
 				res.Window, res.Kind, res.Start, res.Stop = w.id, w.kind, w.start, w.stop
-				res.Outputs = outputURLs(l.st, out.Outputs)
-				res.Findings = out.Summary.ManifestFindings()
-				for _, r := range out.Summary.RanksMerged {
-					res.Ranks = append(res.Ranks, int32(r))
-				}
 				res.Missing = missingOf(w)
 				log.Info("window published", "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String(), "attempt", attempt)
 				break
@@ -82,21 +86,34 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 		if ctx.Err() != nil {
 			return &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Error: "the leader stopped"}
 		}
-		// whoever published it, the manifest in the store is the truth
-		if m, merr := merge.ReadManifest(ctx, l.st, key); merr == nil {
+		// whoever published it, the manifest in the store is the truth; an
+		// answer with outputs pending is finished by merging again, unless
+		// that cannot succeed: then the answer is what the window published
+		m, merr := merge.ReadManifest(ctx, l.st, key)
+		if merr == nil && len(m.Pending) == 0 {
 			log.Info("the window was published by another leader", "manifest", key)
+			merge.Tidy(ctx, l.st, key, m)
 			res = resultFromManifest(key, m, l.st)
 			res.Window, res.Kind = w.id, w.kind
 			break
 		}
+		// another attempt's answer, published first, is completed by merging again
+		retry := retryable(err) || (merr == nil && errors.Is(err, store.ErrExists))
+		if merr == nil && !retry {
+			log.Error("the window's answer is published, and its merged pickles and timeline cannot be written", "manifest", key, "err", err)
+			res = resultFromManifest(key, m, l.st)
+			res.Window, res.Kind, res.Pending = w.id, w.kind, true
+			res.Error = "the answer is published; the merged pickles and the timeline were not written: " + err.Error()
+			break
+		}
 		var ie *merge.InputError
-		if errors.As(err, &ie) && !retryable(err) && inputs[ie.Rank].Source == ie.Source {
+		if errors.As(err, &ie) && !retry && inputs[ie.Rank].Source == ie.Source {
 			log.Warn("a rank's snapshot cannot be merged; merging without it", "left_out", ie.Rank, "err", err)
 			w.ranks[ie.Rank].result = nil
 			w.ranks[ie.Rank].missing = "its snapshot cannot be merged: " + err.Error()
 			continue
 		}
-		if !retryable(err) {
+		if !retry {
 			res.Error = err.Error()
 			res.Missing = missingOf(w)
 			log.Error("the merge failed", "err", err)
@@ -172,7 +189,7 @@ func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config
 		}
 	}
 	run := l.c.cfg.Identity.RunName
-	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(w.id, w.stop), WorldSize: w.world,
+	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(w.id, w.stop), WorldSize: w.world, Progressive: true,
 		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, w.id, w.start, w.stop-1),
 		Window: &merge.WindowInfo{ID: w.id, Start: w.start, Stop: w.stop}, MissingReasons: reasons, Logger: l.log.With("window", w.id),
 		Reason: w.reason, Kind: kindName(w.kind), FromAnalyses: true, Supersede: true, Attempt: "t" + strconv.FormatUint(l.term, 10)}
@@ -351,13 +368,14 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 		log.Debug("an unfinished window of another leader whose ranks this member cannot reach; left to it until its deadline", "deadline", p.Deadline)
 		return
 	}
-	if m, err := merge.ReadManifest(ctx, l.st, p.Manifest); err == nil {
+	if m, err := merge.ReadManifest(ctx, l.st, p.Manifest); err == nil && len(m.Pending) == 0 {
 		log.Info("the window was published; recording its outcome", "manifest", p.Manifest)
+		merge.Tidy(ctx, l.st, p.Manifest, m)
 		res := resultFromManifest(p.Manifest, m, l.st)
 		res.Window = p.ID
 		l.conclude(ctx, w, res, false)
 		return
-	} else if !errors.Is(err, store.ErrNotFound) {
+	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
 		log.Warn("cannot read the window's manifest; trying again later", "err", err)
 		return
 	}

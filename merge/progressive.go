@@ -58,6 +58,7 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 	m, err := ReadManifest(ctx, cfg.Out, keys[OutManifest])
 	switch {
 	case err == nil && len(m.Pending) == 0:
+		Tidy(ctx, cfg.Out, keys[OutManifest], m)
 		return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already: %w", keys[OutManifest], cfg.Out, store.ErrExists)
 	case err == nil:
 		answered = m
@@ -246,7 +247,7 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 		return nil, err
 	}
 	if len(cur.Pending) == 0 || cur.Claim != answered.Claim {
-		removeIntent(ctx, cfg, keys[OutParts], cur)
+		removeIntent(ctx, cfg.Out, keys[OutParts], cur)
 		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
 	}
 	if err := b.putManifest(ctx, keys[OutManifest], &man, true); err != nil {
@@ -255,10 +256,10 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
 	// what this merge and any earlier attempt at this step stored and the
 	// manifest does not name
-	removeIntent(ctx, cfg, keys[OutParts], &man)
+	removeIntent(ctx, cfg.Out, keys[OutParts], &man)
 	if claimBase := strings.TrimSuffix(man.Claim.Name, outSuffix[OutInputs]); claimBase != path.Base(strings.TrimSuffix(keys[OutInputs], outSuffix[OutInputs])) {
 		dir := path.Dir(keys[OutManifest])
-		removeIntent(ctx, cfg, path.Join(dir, claimBase+outSuffix[OutParts]), &man)
+		removeIntent(ctx, cfg.Out, path.Join(dir, claimBase+outSuffix[OutParts]), &man)
 		if prev, err := readClaim(ctx, cfg.Out, path.Join(dir, man.Claim.Name)); err == nil {
 			for _, k := range pendingOutputs {
 				if n := prev.Outputs[k]; n != "" && !named(&man, n) && !strings.ContainsAny(n, "/\\") {
@@ -310,8 +311,8 @@ func named(m *Manifest, name string) bool {
 // removeIntent removes what a second step's intent names and the manifest m does
 // not, then the intent itself (best effort: what stays behind is never named by a
 // manifest).
-func removeIntent(ctx context.Context, cfg *Config, key string, m *Manifest) {
-	rc, _, err := cfg.Out.Get(ctx, key)
+func removeIntent(ctx context.Context, st store.Store, key string, m *Manifest) {
+	rc, _, err := st.Get(ctx, key)
 	if err != nil {
 		return
 	}
@@ -322,11 +323,22 @@ func removeIntent(ctx context.Context, cfg *Config, key string, m *Manifest) {
 		dir := path.Dir(key)
 		for _, n := range in.Names {
 			if n != "" && n != "." && n != ".." && !strings.ContainsAny(n, "/\\") && !named(m, n) && n != path.Base(key) {
-				cfg.Out.Delete(ctx, path.Join(dir, n))
+				st.Delete(ctx, path.Join(dir, n))
 			}
 		}
 	}
-	cfg.Out.Delete(ctx, key)
+	st.Delete(ctx, key)
+}
+
+// Tidy removes, once a progressive merge's manifest names everything, the note
+// of names its second step left if it stopped right after publishing (its
+// next step): a reader never needs it.
+func Tidy(ctx context.Context, st store.Store, manifestKey string, m *Manifest) {
+	pbName := m.Outputs[OutPB].Name
+	if len(m.Pending) != 0 || !strings.HasSuffix(pbName, outSuffix[OutPB]) {
+		return
+	}
+	removeIntent(ctx, st, path.Join(path.Dir(manifestKey), strings.TrimSuffix(pbName, outSuffix[OutPB])+outSuffix[OutParts]), m)
 }
 
 // sameInputs checks that a merge read the snapshots an answer was merged from.

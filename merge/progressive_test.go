@@ -107,10 +107,14 @@ func TestProgressiveMerge(t *testing.T) {
 	if one.Summary.Spread.OutlierRank != res.Summary.Spread.OutlierRank {
 		t.Fatal("another outlier")
 	}
-	// published: a rerun is refused
+	// published: a rerun is refused, and tidies the note of names a merge
+	// that stopped right after publishing would leave
+	os.WriteFile(filepath.Join(dir, "merged.parts.json"), []byte(`{"version":1,"names":["merged.memory_snapshot.pickle","merged.memsnap.pb","../x","merged.stray.pickle"]}`), 0o644)
+	os.WriteFile(filepath.Join(dir, "merged.stray.pickle"), []byte("x"), 0o644)
 	if _, err := Merge(context.Background(), Config{Inputs: ins, Out: d, Progressive: true}); !errors.Is(err, store.ErrExists) {
 		t.Fatalf("merging a published name again: %v", err)
 	}
+	checkPublished(t, dir)
 }
 
 // TestProgressiveMergeIsCompleted: a merge that stops after each write in turn

@@ -1395,19 +1395,23 @@ func (x *SnapshotRequest) GetExpiresUs() int64 {
 
 // WindowResult is how a window ended, sent to the member that asked for it.
 type WindowResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	State         Outcome                `protobuf:"varint,1,opt,name=state,proto3,enum=memsnap.v1.Outcome" json:"state,omitempty"`
-	Manifest      string                 `protobuf:"bytes,2,opt,name=manifest,proto3" json:"manifest,omitempty"`                                                                          // where the manifest is: s3://bucket/key, or a path in a folder store
-	Store         string                 `protobuf:"bytes,3,opt,name=store,proto3" json:"store,omitempty"`                                                                                // the store, for messages
-	Outputs       []string               `protobuf:"bytes,4,rep,name=outputs,proto3" json:"outputs,omitempty"`                                                                            // where the merged outputs are, HTML report first
-	Ranks         []int32                `protobuf:"varint,5,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`                                                                        // the ranks merged
-	Missing       map[int32]string       `protobuf:"bytes,6,rep,name=missing,proto3" json:"missing,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // ranks missing, and why
-	Error         string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
-	Start         int64                  `protobuf:"varint,8,opt,name=start,proto3" json:"start,omitempty"`
-	Stop          int64                  `protobuf:"varint,9,opt,name=stop,proto3" json:"stop,omitempty"`
-	Window        uint64                 `protobuf:"varint,10,opt,name=window,proto3" json:"window,omitempty"`
-	Kind          WindowKind             `protobuf:"varint,11,opt,name=kind,proto3,enum=memsnap.v1.WindowKind" json:"kind,omitempty"`
-	Findings      []string               `protobuf:"bytes,12,rep,name=findings,proto3" json:"findings,omitempty"` // what the merge found, a line each (the manifest's findings)
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	State    Outcome                `protobuf:"varint,1,opt,name=state,proto3,enum=memsnap.v1.Outcome" json:"state,omitempty"`
+	Manifest string                 `protobuf:"bytes,2,opt,name=manifest,proto3" json:"manifest,omitempty"`                                                                          // where the manifest is: s3://bucket/key, or a path in a folder store
+	Store    string                 `protobuf:"bytes,3,opt,name=store,proto3" json:"store,omitempty"`                                                                                // the store, for messages
+	Outputs  []string               `protobuf:"bytes,4,rep,name=outputs,proto3" json:"outputs,omitempty"`                                                                            // where the merged outputs are, HTML report first
+	Ranks    []int32                `protobuf:"varint,5,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`                                                                        // the ranks merged
+	Missing  map[int32]string       `protobuf:"bytes,6,rep,name=missing,proto3" json:"missing,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // ranks missing, and why
+	Error    string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	Start    int64                  `protobuf:"varint,8,opt,name=start,proto3" json:"start,omitempty"`
+	Stop     int64                  `protobuf:"varint,9,opt,name=stop,proto3" json:"stop,omitempty"`
+	Window   uint64                 `protobuf:"varint,10,opt,name=window,proto3" json:"window,omitempty"`
+	Kind     WindowKind             `protobuf:"varint,11,opt,name=kind,proto3,enum=memsnap.v1.WindowKind" json:"kind,omitempty"`
+	Findings []string               `protobuf:"bytes,12,rep,name=findings,proto3" json:"findings,omitempty"` // what the merge found, a line each (the manifest's findings)
+	// pending: the answer (summary, report, trace) is published and the merged
+	// pickles and the timeline are still being written; a later result of the same
+	// window says how they ended
+	Pending       bool `protobuf:"varint,13,opt,name=pending,proto3" json:"pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1524,6 +1528,13 @@ func (x *WindowResult) GetFindings() []string {
 		return x.Findings
 	}
 	return nil
+}
+
+func (x *WindowResult) GetPending() bool {
+	if x != nil {
+		return x.Pending
+	}
+	return false
 }
 
 // ClockProbe and ClockReply measure a member's clock against the leader's: the
@@ -1795,7 +1806,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x05cause\x18\x06 \x01(\tR\x05cause\x12\x13\n" +
 	"\x05at_us\x18\a \x01(\x03R\x04atUs\x12\x1d\n" +
 	"\n" +
-	"expires_us\x18\b \x01(\x03R\texpiresUs\"\xb8\x03\n" +
+	"expires_us\x18\b \x01(\x03R\texpiresUs\"\xd2\x03\n" +
 	"\fWindowResult\x12)\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x13.memsnap.v1.OutcomeR\x05state\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\tR\bmanifest\x12\x14\n" +
@@ -1809,7 +1820,8 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x06window\x18\n" +
 	" \x01(\x04R\x06window\x12*\n" +
 	"\x04kind\x18\v \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind\x12\x1a\n" +
-	"\bfindings\x18\f \x03(\tR\bfindings\x1a:\n" +
+	"\bfindings\x18\f \x03(\tR\bfindings\x12\x18\n" +
+	"\apending\x18\r \x01(\bR\apending\x1a:\n" +
 	"\fMissingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"!\n" +
