@@ -60,10 +60,10 @@ func (s *tripStore) Put(ctx context.Context, key string, r io.Reader, opts store
 }
 
 // publicationWrites are a window's writes by its leader, in order: the plan, the
-// answer (claim, trace, summary, report, and its manifest), the detail (the note
-// of its names, the pickle, the timeline, and the manifest that names them), and
-// the outcome in the run's log.
-var publicationWrites = []string{"plan", "claim", "trace", "summary", "html", "answer", "parts", "pickle", "pb", "manifest", "outcome"}
+// answer (claim, trace, summary, report, and its manifest), the detail (the
+// pickle, the timeline, and the manifest that names them), and the outcome in the
+// run's log.
+var publicationWrites = []string{"plan", "claim", "trace", "summary", "html", "answer", "pickle", "pb", "manifest", "outcome"}
 
 // TestLeaderDiesDuringPublication: the leader stops (dies, or stalls and later
 // wakes) after each write of a window's publication in turn. The next leader
@@ -76,7 +76,7 @@ func TestLeaderDiesDuringPublication(t *testing.T) {
 		back := what == "claim" || what == "answer" || what == "manifest"
 		t.Run("dies after the "+what, func(t *testing.T) { leaderStopsDuringPublication(t, int32(k+1), false, back) })
 	}
-	for _, k := range []int{2, 6, 8, 10} {
+	for _, k := range []int{2, 6, 7, 9} {
 		t.Run("stalls after the "+publicationWrites[k-1], func(t *testing.T) { leaderStopsDuringPublication(t, int32(k), true, true) })
 	}
 }

@@ -92,7 +92,6 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 		m, merr := merge.ReadManifest(ctx, l.st, key)
 		if merr == nil && len(m.Pending) == 0 {
 			log.Info("the window was published by another leader", "manifest", key)
-			merge.Tidy(ctx, l.st, key, m)
 			res = resultFromManifest(key, m, l.st)
 			res.Window, res.Kind = w.id, w.kind
 			break
@@ -370,7 +369,6 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	}
 	if m, err := merge.ReadManifest(ctx, l.st, p.Manifest); err == nil && len(m.Pending) == 0 {
 		log.Info("the window was published; recording its outcome", "manifest", p.Manifest)
-		merge.Tidy(ctx, l.st, p.Manifest, m)
 		res := resultFromManifest(p.Manifest, m, l.st)
 		res.Window = p.ID
 		l.conclude(ctx, w, res, false)

@@ -42,6 +42,7 @@ type simFigures struct {
 	planAcks                   []time.Duration // the same from the plan
 	allAcked                   []time.Duration // per window
 	published                  []time.Duration // trigger to the client's published result
+	answered                   []time.Duration // trigger to the leader's answer (summary, report, diff) published
 	merge                      []time.Duration // last rank's upload to publication
 	collectHeap, mergeHeap     []uint64        // peak heap growth over the window's start
 	packets, conns, cpu        []float64       // per window: packets and streams on the network, CPU time (s)
@@ -267,6 +268,9 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
 		pub.At = tEnd
 	}
 	f.published = append(f.published, tEnd.Sub(t0))
+	if ans, ok := sc.log.First("window answered", id, t0); ok {
+		f.answered = append(f.answered, ans.At.Sub(t0))
+	}
 	f.merge = append(f.merge, pub.At.Sub(collected))
 	f.collectHeap = append(f.collectHeap, sub(hs.peak(t0, collected), base))
 	f.mergeHeap = append(f.mergeHeap, sub(hs.peak(collected, tEnd), base))
@@ -425,6 +429,8 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"trigger -> all acked, median", q(func(f *simFigures) []time.Duration { return f.allAcked }, 0.5), msf},
 		{"trigger -> all acked, worst", q(func(f *simFigures) []time.Duration { return f.allAcked }, 1), msf},
 		{"re-plans (ranks past the start)", func(f *simFigures) float64 { return float64(f.replans) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		{"trigger -> first answer, median", q(func(f *simFigures) []time.Duration { return f.answered }, 0.5), msf},
+		{"trigger -> first answer, worst", q(func(f *simFigures) []time.Duration { return f.answered }, 1), msf},
 		{"trigger -> published, median", q(func(f *simFigures) []time.Duration { return f.published }, 0.5), msf},
 		{"trigger -> published, worst", q(func(f *simFigures) []time.Duration { return f.published }, 1), msf},
 		{"last upload -> published, median", q(func(f *simFigures) []time.Duration { return f.merge }, 0.5), msf},
@@ -480,6 +486,12 @@ func printFigures(w *os.File, fs []*simFigures) {
 		}
 		if len(ws) > 0 {
 			fmt.Fprintf(w, "%d members, warnings logged (count, message):\n  %s\n", f.members, strings.Join(ws, "\n  "))
+		}
+	}
+	for _, f := range fs {
+		if len(f.answered) > 0 {
+			worst := quantile(f.answered, 1)
+			fmt.Fprintf(w, "target: trigger -> first answer under 2 s at %d members: worst %v -> %s\n", f.members, worst.Round(time.Millisecond), verdict(worst < 2*time.Second))
 		}
 	}
 	last := fs[len(fs)-1]

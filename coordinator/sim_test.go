@@ -685,7 +685,7 @@ func (h *simHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h *simHandler) WithGroup(string) slog.Handler { return h }
 
-var simSteps = map[string]bool{"window planned": true, "window progress": true, "window published": true, "leading": true,
+var simSteps = map[string]bool{"window planned": true, "window progress": true, "window published": true, "window answered": true, "leading": true,
 	"finishing the window a previous leader left": true, "the merge failed": true}
 
 func (h *simHandler) Handle(ctx context.Context, r slog.Record) error {

@@ -33,9 +33,6 @@ const (
 	// options. OutManifest is written after them: it publishes the merge.
 	OutInputs   = "inputs"
 	OutManifest = "manifest"
-	// OutParts is a progressive merge's note of the names its second step is
-	// about to store (see mergeProgressive); no manifest names it.
-	OutParts = "parts"
 )
 
 // DefaultOutputBase is the default name (a template) of the merged outputs, before
@@ -45,7 +42,6 @@ const DefaultOutputBase = "merged"
 var outSuffix = map[string]string{
 	OutPickle: ".memory_snapshot.pickle", OutTrace: ".trace.json", OutSummary: ".summary.json",
 	OutHTML: ".html", OutPB: ".memsnap.pb", OutInputs: ".inputs.json", OutManifest: ".manifest.json",
-	OutParts: ".parts.json",
 }
 
 // fixedOutputs are the outputs after the pickles, in the order they are stored.

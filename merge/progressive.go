@@ -29,17 +29,6 @@ type Answer struct {
 // other snapshots than its own inputs, so it cannot write the answer's pickles.
 var ErrOtherInputs = errors.New("merge: the published answer was merged from other snapshots")
 
-// partsIntent is <base>.parts.json, written by a progressive merge's second step
-// before it stores the merged pickles: the names it is about to store, so a merge
-// that completes the window after it (a leader that died or stalled in between)
-// can remove what it left. Pickles are split by their encoded size, so their
-// names are known only once they are written.
-type partsIntent struct {
-	Version int      `json:"version"`
-	Attempt string   `json:"attempt,omitempty"`
-	Names   []string `json:"names"`
-}
-
 // mergeProgressive publishes a merge in two steps, each with its manifest as its
 // commit point:
 //
@@ -49,16 +38,20 @@ type partsIntent struct {
 //  2. the detail: each rank decoded again, the merged pickles and the timeline,
 //     then the manifest again, now naming them, with nothing pending.
 //
-// A merge that finds the window's answer published with outputs pending (its
+// The second step's names follow the answer's claim, whoever writes them: a
+// merge that finds the window's answer published with outputs pending (its
 // leader died or stalled between the steps, or the store failed in the second)
 // writes the second step itself, from the ranks the answer merged, which must be
-// the same snapshots: the answer's outputs are never written again.
+// the same snapshots. Its outputs depend only on them and the claim's options, so
+// every merge that writes the second step writes the same bytes under the same
+// names, and the same final manifest: two of them at once (a leader woken from a
+// stall and its successor) cannot mix sets or leave anything behind. The
+// answer's outputs are never written again.
 func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (*Result, error) {
 	var answered *Manifest
 	m, err := ReadManifest(ctx, cfg.Out, keys[OutManifest])
 	switch {
 	case err == nil && len(m.Pending) == 0:
-		Tidy(ctx, cfg.Out, keys[OutManifest], m)
 		return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already: %w", keys[OutManifest], cfg.Out, store.ErrExists)
 	case err == nil:
 		answered = m
@@ -186,9 +179,9 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 }
 
 // publishDetail decodes the ranks again, writes the pickles and the timeline,
-// stores them and publishes the manifest that names them. When another merge
-// completed the window first, it removes what it stored and says so
-// (store.ErrExists).
+// stores them under the answer's names and publishes the manifest that names
+// them. When another merge completed the window first (with the same bytes), it
+// says so (store.ErrExists).
 func (b *builder) publishDetail(ctx context.Context, keys map[string]string, world int, answered *Manifest) (*Manifest, error) {
 	cfg := b.cfg
 	ranks := b.diffRanks()
@@ -211,17 +204,10 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	if err := b.files[OutPB].f.Close(); err != nil {
 		return nil, fmt.Errorf("merge: writing %s: %w", OutPB, err)
 	}
-	base := strings.TrimSuffix(keys[OutPickle], outSuffix[OutPickle])
-	outs := b.pickles.outputs(keys[OutPickle], base, cfg.PicklePartName)
-	outs = append(outs, output{kind: OutPB, key: keys[OutPB], file: filepath.Join(b.tmp, OutPB), sum: b.files[OutPB].sum()})
-	intent := partsIntent{Version: 1, Attempt: cfg.Attempt}
-	for _, o := range outs {
-		intent.Names = append(intent.Names, path.Base(o.key))
-	}
-	ib, _ := json.Marshal(intent)
-	if _, err := cfg.Out.Put(ctx, keys[OutParts], strings.NewReader(string(ib)), store.PutOptions{Overwrite: true, ContentType: "application/json"}); err != nil {
-		return nil, fmt.Errorf("merge: storing %s: %w", keys[OutParts], err)
-	}
+	// the answer's names: base is where its claim lies, <base>.inputs.json
+	base := path.Join(path.Dir(keys[OutManifest]), strings.TrimSuffix(answered.Claim.Name, outSuffix[OutInputs]))
+	outs := b.pickles.outputs(base+outSuffix[OutPickle], base, cfg.PicklePartName)
+	outs = append(outs, output{kind: OutPB, key: base + outSuffix[OutPB], file: filepath.Join(b.tmp, OutPB), sum: b.files[OutPB].sum()})
 	man := *answered
 	man.Outputs = map[string]Object{}
 	for k, o := range answered.Outputs {
@@ -230,6 +216,9 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	man.Pickles, man.Pending = nil, nil
 	for _, o := range outs {
 		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
+		if errors.Is(err, store.ErrExists) {
+			return nil, fmt.Errorf("%w: %s holds other bytes than this merge wrote (a leader with other options completed the window?): %v", ErrOtherInputs, o.key, err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("merge: storing %s: %w", o.key, err)
 		}
@@ -241,33 +230,19 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 		}
 		cfg.Logger.Info("stored", "output", o.key, "bytes", obj.Size, "store", cfg.Out.String())
 	}
-	// the manifest is replaced only while it still waits for these outputs
+	// the manifest is replaced while it still waits for these outputs (a merge
+	// completing it at the same time writes the same bytes)
 	cur, err := ReadManifest(ctx, cfg.Out, keys[OutManifest])
 	if err != nil {
 		return nil, err
 	}
 	if len(cur.Pending) == 0 || cur.Claim != answered.Claim {
-		removeIntent(ctx, cfg.Out, keys[OutParts], cur)
 		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
 	}
 	if err := b.putManifest(ctx, keys[OutManifest], &man, true); err != nil {
 		return nil, err
 	}
 	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
-	// what this merge and any earlier attempt at this step stored and the
-	// manifest does not name
-	removeIntent(ctx, cfg.Out, keys[OutParts], &man)
-	if claimBase := strings.TrimSuffix(man.Claim.Name, outSuffix[OutInputs]); claimBase != path.Base(strings.TrimSuffix(keys[OutInputs], outSuffix[OutInputs])) {
-		dir := path.Dir(keys[OutManifest])
-		removeIntent(ctx, cfg.Out, path.Join(dir, claimBase+outSuffix[OutParts]), &man)
-		if prev, err := readClaim(ctx, cfg.Out, path.Join(dir, man.Claim.Name)); err == nil {
-			for _, k := range pendingOutputs {
-				if n := prev.Outputs[k]; n != "" && !named(&man, n) && !strings.ContainsAny(n, "/\\") {
-					cfg.Out.Delete(ctx, path.Join(dir, n))
-				}
-			}
-		}
-	}
 	return &man, nil
 }
 
@@ -293,52 +268,6 @@ func (b *builder) putManifest(ctx context.Context, key string, man *Manifest, re
 		return fmt.Errorf("merge: storing %s: %w", key, err)
 	}
 	return nil
-}
-
-// named reports whether the manifest names an output (or the claim) called name.
-func named(m *Manifest, name string) bool {
-	if m.Claim.Name == name {
-		return true
-	}
-	for _, o := range m.Outputs {
-		if o.Name == name {
-			return true
-		}
-	}
-	return false
-}
-
-// removeIntent removes what a second step's intent names and the manifest m does
-// not, then the intent itself (best effort: what stays behind is never named by a
-// manifest).
-func removeIntent(ctx context.Context, st store.Store, key string, m *Manifest) {
-	rc, _, err := st.Get(ctx, key)
-	if err != nil {
-		return
-	}
-	var in partsIntent
-	err = json.NewDecoder(rc).Decode(&in)
-	rc.Close()
-	if err == nil && len(in.Names) <= MaxRanks+1 {
-		dir := path.Dir(key)
-		for _, n := range in.Names {
-			if n != "" && n != "." && n != ".." && !strings.ContainsAny(n, "/\\") && !named(m, n) && n != path.Base(key) {
-				st.Delete(ctx, path.Join(dir, n))
-			}
-		}
-	}
-	st.Delete(ctx, key)
-}
-
-// Tidy removes, once a progressive merge's manifest names everything, the note
-// of names its second step left if it stopped right after publishing (its
-// next step): a reader never needs it.
-func Tidy(ctx context.Context, st store.Store, manifestKey string, m *Manifest) {
-	pbName := m.Outputs[OutPB].Name
-	if len(m.Pending) != 0 || !strings.HasSuffix(pbName, outSuffix[OutPB]) {
-		return
-	}
-	removeIntent(ctx, st, path.Join(path.Dir(manifestKey), strings.TrimSuffix(pbName, outSuffix[OutPB])+outSuffix[OutParts]), m)
 }
 
 // sameInputs checks that a merge read the snapshots an answer was merged from.

@@ -343,8 +343,6 @@ func removeSuperseded(ctx context.Context, cfg *Config, plain, mine map[string]s
 			cfg.Out.Delete(ctx, k)
 		}
 	}
-	// a progressive attempt's second step names its pickles in its intent
-	removeIntent(ctx, cfg.Out, strings.TrimSuffix(plain[OutInputs], outSuffix[OutInputs])+outSuffix[OutParts], &Manifest{})
 	cfg.Out.Delete(ctx, plain[OutInputs])
 	cfg.Logger.Info("removed what a superseded attempt stored", "attempt", prev.Attempt)
 }

@@ -26,7 +26,7 @@ func init() {
 	register(&command{
 		name:    "snapshot",
 		summary: "ask a running cluster for a window now; show every rank's progress; print where the merged outputs are",
-		usage:   "[--join ADDR] [--run NAME] [--batches N] [--wait] [--json]",
+		usage:   "[--join ADDR] [--run NAME] [--batches N] [--wait | --wait-all] [--json]",
 		run:     runSnapshot,
 	})
 	register(&command{
@@ -171,7 +171,8 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&mf.join, "agent", "", "an agent's gossip address (same as --join)")
 	run := fs.String("run", "", "the run's name (default: $MEMSNAP_RUN_NAME or the launcher's job id)")
 	batches := fs.Int64("batches", 0, "batches in the window (default: the leader's --interval)")
-	wait := fs.Bool("wait", false, "wait until the window is merged and published (default: return once it is planned)")
+	wait := fs.Bool("wait", false, "wait until the window's answer is published: the summary, the report and the findings (default: return once it is planned)")
+	waitAll := fs.Bool("wait-all", false, "wait until the merged pickles and the timeline are published too")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long (the leader's own bound on the window is printed when it is planned)")
 	joinTimeout := fs.Duration("join-timeout", 15*time.Second, "give up joining the cluster after this long, saying why")
@@ -189,6 +190,9 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if name == "" {
 		return errors.New("no run name: pass --run (the agents' --run-name)")
+	}
+	if *waitAll {
+		*wait = true
 	}
 	if *timeout <= 0 || *joinTimeout <= 0 {
 		return fmt.Errorf("--timeout %v, --join-timeout %v: both must be more than zero", *timeout, *joinTimeout)
@@ -250,12 +254,18 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	p := newProgressPrinter(stderr, *asJSON)
 	planned := make(chan struct{})
 	var once sync.Once
-	res, err := c.Snapshot(ctx, *batches, func(u coordinator.Update) {
+	res, err := c.Request(ctx, *batches, coordinator.RequestOptions{Progress: func(u coordinator.Update) {
 		p.update(u)
 		if u.State == pb.Step_STEP_PLANNED && !*wait {
 			once.Do(func() { close(planned) })
 		}
-	}, planned)
+		if u.Answer != nil && !*asJSON {
+			// --wait-all: the answer now, the rest once published
+			p.mu.Lock()
+			printAnswer(stdout, u.Answer, u.Window)
+			p.mu.Unlock()
+		}
+	}, Detach: planned, AnswerFirst: !*waitAll})
 	if err != nil && !errors.Is(err, coordinator.ErrDetached) {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("gave up after --timeout %v: %w", *timeout, err)
@@ -288,6 +298,14 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		return fmt.Errorf("window %d failed: %s", p.window, res.Error)
 	}
+	printAnswer(stdout, res, p.window)
+	return nil
+}
+
+// printAnswer prints a published window's result: what it is, the findings,
+// the manifest and the outputs, and, when its merged pickles and timeline are
+// still being written (res.Pending), that they are coming.
+func printAnswer(w io.Writer, res *pb.WindowResult, window uint64) {
 	what := "window"
 	switch res.Kind {
 	case pb.WindowKind_WINDOW_KIND_OOM:
@@ -295,22 +313,31 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	case pb.WindowKind_WINDOW_KIND_CRASH:
 		what = "crash post-mortem"
 	}
-	fmt.Fprintf(stdout, "%s %d (batches %d-%d) published: %d ranks merged", what, p.window, res.Start, res.Stop-1, len(res.Ranks))
-	if len(res.Missing) > 0 {
-		fmt.Fprintf(stdout, ", %d missing", len(res.Missing))
+	verb := "published"
+	if res.Pending {
+		verb = "answered"
 	}
-	fmt.Fprintln(stdout)
+	fmt.Fprintf(w, "%s %d (batches %d-%d) %s: %d ranks merged", what, window, res.Start, res.Stop-1, verb, len(res.Ranks))
+	if len(res.Missing) > 0 {
+		fmt.Fprintf(w, ", %d missing", len(res.Missing))
+	}
+	fmt.Fprintln(w)
 	for _, r := range sortedMissing(res.Missing) {
-		fmt.Fprintf(stdout, "  rank %d missing: %s\n", r, res.Missing[int32(r)])
+		fmt.Fprintf(w, "  rank %d missing: %s\n", r, res.Missing[int32(r)])
 	}
 	for _, f := range res.Findings {
-		fmt.Fprintln(stdout, printableN(f, 4096)) // from the store's manifest
+		fmt.Fprintln(w, printableN(f, 4096)) // from the store's manifest
 	}
-	fmt.Fprintf(stdout, "manifest: %s\n", res.Manifest)
+	fmt.Fprintf(w, "manifest: %s\n", res.Manifest)
 	for _, o := range res.Outputs {
-		fmt.Fprintf(stdout, "  %s\n", o)
+		fmt.Fprintf(w, "  %s\n", o)
 	}
-	return nil
+	switch {
+	case res.Pending && res.Error != "":
+		fmt.Fprintf(w, "%s\n", printableN(res.Error, 4096))
+	case res.Pending:
+		fmt.Fprintln(w, "the merged pickles and the timeline are being written: the manifest names them once published (memsnap ls; --wait-all waits for them)")
+	}
 }
 
 func sortedMissing(m map[int32]string) []int {
@@ -352,7 +379,9 @@ func resultJSON(r *pb.WindowResult, window uint64) any {
 		Missing  map[string]string `json:"missing"`
 		Error    string            `json:"error,omitempty"`
 		Findings []string          `json:"findings,omitempty"`
-	}{window, outcomeName(r.State), r.Start, r.Stop, r.Manifest, r.Outputs, ranks, missing, r.Error, r.Findings}
+		// Pending: the answer is published; the merged pickles and the timeline are being written
+		Pending bool `json:"pending,omitempty"`
+	}{window, outcomeName(r.State), r.Start, r.Stop, r.Manifest, r.Outputs, ranks, missing, r.Error, r.Findings, r.Pending}
 }
 
 // waitFor polls cond until it holds or timeout passes.

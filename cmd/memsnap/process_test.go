@@ -16,6 +16,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -103,14 +104,7 @@ func TestClusterCommands(t *testing.T) {
 	cancel()
 	<-wdone
 
-	snap := memsnapCmd(t, "snapshot", "--join", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--run", run, "--batches", "2", "--wait", "--json", "--timeout", "2m")
-	snap.Env = append(snap.Env, coordinator.KeyEnv+"="+key)
-	var sout, serr bytes.Buffer
-	snap.Stdout, snap.Stderr = &sout, &serr
-	if err := snap.Run(); err != nil {
-		t.Fatalf("snapshot: %v\n%s\n%s\nagent 0:\n%s", err, sout.String(), serr.String(), logs[0])
-	}
-	var res struct {
+	type result struct {
 		Window   uint64   `json:"window"`
 		State    string   `json:"state"`
 		Start    int64    `json:"start"`
@@ -119,11 +113,36 @@ func TestClusterCommands(t *testing.T) {
 		Outputs  []string `json:"outputs"`
 		Ranks    []int    `json:"ranks"`
 		Findings []string `json:"findings"`
+		Pending  bool     `json:"pending"`
 	}
-	if err := json.Unmarshal(sout.Bytes(), &res); err != nil {
-		t.Fatalf("%v: %s", err, sout.String())
+	snapshot := func(wait string) result {
+		snap := memsnapCmd(t, "snapshot", "--join", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--run", run, "--batches", "2", wait, "--json", "--timeout", "2m")
+		snap.Env = append(snap.Env, coordinator.KeyEnv+"="+key)
+		var sout, serr bytes.Buffer
+		snap.Stdout, snap.Stderr = &sout, &serr
+		if err := snap.Run(); err != nil {
+			t.Fatalf("snapshot: %v\n%s\n%s\nagent 0:\n%s", err, sout.String(), serr.String(), logs[0])
+		}
+		var res result
+		if err := json.Unmarshal(sout.Bytes(), &res); err != nil {
+			t.Fatalf("%v: %s", err, sout.String())
+		}
+		return res
 	}
-	if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" || res.Stop-res.Start != 2 || len(res.Outputs) != 5 {
+	// --wait: the answer, as soon as it is published (the summary, the report,
+	// the trace), while the merged pickles and the timeline are written
+	first := snapshot("--wait")
+	if first.State != "published" || fmt.Sprint(first.Ranks) != "[0 1]" || first.Stop-first.Start != 2 || !first.Pending || len(first.Outputs) != 3 || len(first.Findings) < 2 {
+		t.Fatalf("the answer %+v", first)
+	}
+	testutil.Eventually(t, time.Minute, "the first window's manifest to name every output", func() bool {
+		b, err := os.ReadFile(first.Manifest)
+		m, perr := merge.ParseManifest(b)
+		return err == nil && perr == nil && len(m.Pending) == 0 && len(m.Outputs) == 5
+	})
+	// --wait-all: all of it
+	res := snapshot("--wait-all")
+	if res.State != "published" || fmt.Sprint(res.Ranks) != "[0 1]" || res.Stop-res.Start != 2 || len(res.Outputs) != 5 || res.Pending || res.Window <= first.Window {
 		t.Fatalf("result %+v", res)
 	}
 	// the answer comes with the result: how the peaks spread, what the outlier held

@@ -198,7 +198,7 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 				// the manifest is the truth, when it is this window's
 				if m, err := merge.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
 					row.pub = &merge.Published{Key: row.manifest, Manifest: m}
-					row.state = runlog.Published
+					row.state = publishedState(m)
 				}
 			}
 			rows = append(rows, row)
@@ -213,7 +213,7 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 		row := windowRow{kind: "merge", state: runlog.Published, pub: &p, when: o.ModTime, manifest: o.Key}
 		if p.Err != nil {
 			row.state = "unreadable: " + p.Err.Error()
-		} else if p.Manifest.Window != nil {
+		} else if row.state = publishedState(p.Manifest); p.Manifest.Window != nil {
 			row.id = p.Manifest.Window.ID
 			if p.Manifest.Kind != "" {
 				row.kind = p.Manifest.Kind
@@ -231,6 +231,15 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 		return rows[i].when.Before(rows[j].when)
 	})
 	return rows, nil
+}
+
+// publishedState is a manifest's state for ls: published, or answered while the
+// merged pickles and the timeline are still being written.
+func publishedState(m *merge.Manifest) string {
+	if len(m.Pending) > 0 {
+		return "answered (" + strings.Join(m.Pending, ", ") + " pending)"
+	}
+	return runlog.Published
 }
 
 func (r windowRow) line() string {
