@@ -107,6 +107,8 @@ var brokenManifests = []string{
 	`{"version":1,"missing_reasons":{"x":"gone"}}`,
 	`{"version":1,"missing_reasons":{"01":"gone"}}`,
 	`{"version":1,"missing_ranks":[4294967296]}`,
+	`{"version":1,"pending":["html"]}`,
+	`{"version":1,"pending":["pickle","pb","pickle"]}`,
 	`{"version":1`,
 	`[]`,
 	`null`,
@@ -124,6 +126,8 @@ func FuzzParseManifest(f *testing.F) {
 		`"window":{"id":1,"start":0,"stop":2},"world_size":2,"ranks_merged":[0],"missing_ranks":[1],"missing_reasons":{"1":"no snapshot"},` +
 		`"clock_offsets_us":{"0":-5},"align":"wall","batches":[0,1],"outlier_rank":0,"reason":"oom"}`))
 	f.Add([]byte(`{"version":1,"batches":[],"missing_reasons":{}}`))
+	f.Add([]byte(`{"version":1,"pending":["pickle","pb"],"claim":{"name":"m.inputs.json","size":10,"sha256":"` + strings.Repeat("ab", 32) + `"}}`))
+	f.Add([]byte(`{"version":1,"pending":[]}`))
 	for _, s := range brokenManifests {
 		f.Add([]byte(s))
 	}
@@ -194,6 +198,11 @@ func checkManifest(t *testing.T, m *Manifest) {
 			t.Fatalf("accepted a missing reason for %q", k)
 		}
 		rank(r)
+	}
+	for _, k := range m.Pending {
+		if k != OutPickle && k != OutPB || len(m.Pending) > 2 {
+			t.Fatalf("accepted pending outputs %q", m.Pending)
+		}
 	}
 }
 

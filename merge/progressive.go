@@ -53,6 +53,8 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 	switch {
 	case err == nil && len(m.Pending) == 0:
 		return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already: %w", keys[OutManifest], cfg.Out, store.ErrExists)
+	case err == nil && !strings.HasSuffix(m.Claim.Name, outSuffix[OutInputs]):
+		return nil, fmt.Errorf("%w: %s waits for outputs but names no claim (%q) to name them after", ErrOtherInputs, keys[OutManifest], m.Claim.Name)
 	case err == nil:
 		answered = m
 		cfg.Ranks = rankSetOf(m.RanksMerged) // the answer's ranks, and no others

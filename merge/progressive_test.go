@@ -195,3 +195,19 @@ func TestProgressiveMergeRefusesOtherInputs(t *testing.T) {
 		t.Fatalf("the answer's manifest changed: %s %v", mb, err)
 	}
 }
+
+// TestProgressiveMergeRefusesAPendingManifestWithoutClaim: a manifest that waits
+// for outputs but names no claim (nothing a merge writes) is not completed: the
+// second step's names would come from nowhere.
+func TestProgressiveMergeRefusesAPendingManifestWithoutClaim(t *testing.T) {
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})
+	dir := t.TempDir()
+	d, _ := store.OpenDir(dir, true)
+	os.WriteFile(filepath.Join(dir, "merged.manifest.json"), []byte(`{"version":1,"pending":["pickle","pb"],"outputs":{}}`), 0o644)
+	if _, err := Merge(context.Background(), Config{Inputs: ins, Out: d, Progressive: true}); !errors.Is(err, ErrOtherInputs) {
+		t.Fatalf("completing a pending manifest with no claim: %v", err)
+	}
+	if left := readAll(t, dir); len(left) != 1 {
+		t.Fatalf("the folder now holds %d objects", len(left))
+	}
+}

@@ -29,7 +29,7 @@ MASTER_ADDR=127.0.0.1 MASTER_PORT=29541 python3 -m torch.distributed.run --no-py
 job=$!
 trap 'kill $job 2>/dev/null || true; rm -rf "$work"' EXIT
 # a window that starts after the warm-up (the optimizer's state exists from step 1)
-"$MEMSNAP" snapshot --join 127.0.0.1:7946 --run "$run" --batches 4 --wait --json --timeout 5m >"$OUT/result.json" 2>"$OUT/snapshot.log" || {
+"$MEMSNAP" snapshot --join 127.0.0.1:7946 --run "$run" --batches 4 --wait-all --json --timeout 5m >"$OUT/result.json" 2>"$OUT/snapshot.log" || {
   echo "snapshot failed:"; tail -20 "$OUT/snapshot.log"; tail -40 "$OUT/torchrun.log"; exit 1; }
 kill -TERM $job; wait $job || true
 python3 - "$OUT/result.json" "$NPROC" "$OUT" <<'PY'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real multi-rank job on a GPU machine, with the cluster: torchrun starts one
 # `memsnap agent` per rank (each launching a DDP trainer with the hook), the agents
-# form an encrypted memberlist cluster on loopback, `memsnap snapshot --wait --json`
+# form an encrypted memberlist cluster on loopback, `memsnap snapshot --wait-all --json`
 # asks for one on-demand window, and the checks say whether every rank recorded the
 # same batches, whether each rank's NVML samples show more device memory in use than
 # PyTorch's allocator reserved (the CUDA context's and NCCL's memory), and whether the
@@ -27,8 +27,8 @@ MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 python3 -m torch.distributed.run --no-py
   -- python3 scripts/gpu/train_ddp.py 100000 0.02 >"$OUT/torchrun.log" 2>&1 &
 job=$!
 trap 'kill $job 2>/dev/null || true; rm -rf "$work"' EXIT
-echo "== memsnap snapshot --wait --json (3 batches)"
-"$MEMSNAP" snapshot --join 127.0.0.1:7946 --run "$run" --batches 3 --wait --json --timeout 8m >"$OUT/result.json" 2>"$OUT/snapshot.log" || {
+echo "== memsnap snapshot --wait-all --json (3 batches)"
+"$MEMSNAP" snapshot --join 127.0.0.1:7946 --run "$run" --batches 3 --wait-all --json --timeout 8m >"$OUT/result.json" 2>"$OUT/snapshot.log" || {
   echo "snapshot failed:"; tail -20 "$OUT/snapshot.log"; tail -40 "$OUT/torchrun.log"; exit 1; }
 kill -TERM $job; wait $job || true
 python3 - "$OUT/result.json" "$NPROC" "$store/$run/torch_memory_traces" <<'PY'

@@ -36,7 +36,7 @@ launch() { # $1: log name, $2: batches to train; the rest: environment for the t
 echo "== launch 1: $NPROC ranks on $NGPU GPU(s), backend $BACKEND; rank $FAIL_RANK fails 10 batches into the window"
 launch torchrun1.log 100000 MEMSNAP_FAIL_RANK="$FAIL_RANK" MEMSNAP_FAIL_AFTER=10
 t0=$(date +%s.%N)
-"$MEMSNAP" snapshot --join 127.0.0.1:7946 --run "$run" --batches 150 --wait --json --timeout 8m >"$OUT/result1.json" 2>"$OUT/snapshot1.log" || true
+"$MEMSNAP" snapshot --join 127.0.0.1:7946 --run "$run" --batches 150 --wait-all --json --timeout 8m >"$OUT/result1.json" 2>"$OUT/snapshot1.log" || true
 echo "window 1 ended after $(python3 -c "import time; print('%.1f s' % (time.time() - $t0))"): $(cat "$OUT/result1.json")"
 wait $job || echo "torchrun exited $?"
 echo "== the store after launch 1"
@@ -44,7 +44,7 @@ echo "== the store after launch 1"
 
 echo "== launch 2: the same run name, no failure; the trainers end after 600 batches"
 launch torchrun2.log 600
-"$MEMSNAP" snapshot --join 127.0.0.1:7946 --run "$run" --batches 3 --wait --json --timeout 8m >"$OUT/result2.json" 2>"$OUT/snapshot2.log" || {
+"$MEMSNAP" snapshot --join 127.0.0.1:7946 --run "$run" --batches 3 --wait-all --json --timeout 8m >"$OUT/result2.json" 2>"$OUT/snapshot2.log" || {
   echo "snapshot failed:"; tail -20 "$OUT/snapshot2.log"; tail -40 "$OUT/torchrun2.log"; exit 1; }
 wait $job || echo "torchrun exited $?"
 echo "== the store after launch 2"

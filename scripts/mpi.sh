@@ -40,7 +40,7 @@ BASE=$((20000 + RANDOM % 20000))
 echo "== job 1: mpirun -np 4 memsnap agent -- <replay trainer>"
 launch job1 "$BASE"
 echo "run name: $run"
-"$MEMSNAP" snapshot --join "127.0.0.1:$BASE" --run "$run" --batches 3 --wait --json --timeout 3m >"$OUT/result1.json" 2>"$OUT/snapshot1.log" || {
+"$MEMSNAP" snapshot --join "127.0.0.1:$BASE" --run "$run" --batches 3 --wait-all --json --timeout 3m >"$OUT/result1.json" 2>"$OUT/snapshot1.log" || {
   echo "snapshot failed:"; cat "$OUT/snapshot1.log"; tail -30 "$OUT/job1.log"; exit 1; }
 python3 scripts/show-window.py "$OUT/result1.json" 4
 stop

@@ -1,4 +1,4 @@
-"""Print a `memsnap snapshot --wait --json` result and its manifest; exit 1 unless
+"""Print a `memsnap snapshot --wait-all --json` result and its manifest; exit 1 unless
 the window was published with every rank of the world.
 usage: python3 scripts/show-window.py RESULT.json WORLD_SIZE"""
 import json

@@ -80,7 +80,7 @@ agent_cmd="$MEMSNAP agent --store $store --folder $D/w{run_name}-{rank} --no-sch
 
 window() { # $1: job id (the run name); $2: a label; prints the manifest
   local res="$OUT/$2.json"
-  "$MEMSNAP" snapshot --join "127.0.0.1:$BASE" --run "$1" --batches 3 --wait --json --timeout 3m >"$res" 2>"$OUT/$2.log" || {
+  "$MEMSNAP" snapshot --join "127.0.0.1:$BASE" --run "$1" --batches 3 --wait-all --json --timeout 3m >"$res" 2>"$OUT/$2.log" || {
     echo "snapshot failed:"; cat "$OUT/$2.log"; tail -30 "$OUT/$2.job.log" 2>/dev/null; exit 1; }
   python3 scripts/show-window.py "$res" 4
 }
