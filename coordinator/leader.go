@@ -398,6 +398,9 @@ func (l *leaderRun) resultOfOutcome(ctx context.Context, o *runlog.Outcome) *pb.
 		if m, err := merge.ReadManifest(ctx, l.st, o.Manifest); err == nil {
 			res := resultFromManifest(o.Manifest, m, l.st)
 			res.Window = o.ID
+			if res.Pending {
+				res.Error = o.Error // why the rest was not written
+			}
 			return res
 		}
 	}

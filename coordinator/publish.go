@@ -47,10 +47,23 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 	key, _ := l.manifestKey(w.id, w.stop)
 	give := time.Now().Add(l.c.cfg.PublishTimeout)
 	wait := 500 * time.Millisecond
-	told := false
+	told, answered := false, false
 	for attempt := 1; ; attempt++ {
-		inputs, err := l.inputs(ctx, w)
-		if err == nil && len(inputs) == 0 {
+		// an answer published with outputs pending (by this leader's earlier
+		// try, or a leader that died or stalled) is completed from the
+		// snapshots it names, whatever this leader collected
+		var inputs map[int]merge.Input
+		var err error
+		completing := false
+		if m, merr := merge.ReadManifest(ctx, l.st, key); merr == nil && len(m.Pending) > 0 {
+			completing, inputs = true, map[int]merge.Input{}
+			for _, in := range merge.AnswerInputs(l.st, m) {
+				inputs[in.Rank] = in
+			}
+		} else {
+			inputs, err = l.inputs(ctx, w)
+		}
+		if err == nil && len(inputs) == 0 && !completing {
 			res.Error = "no rank stored a snapshot of the window"
 			if w.postmortem() {
 				res.Error = "no rank had a snapshot to give: every trainer was stopped with no allocator history recorded (--record-always keeps one for post-mortems)"
@@ -67,9 +80,12 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 			}
 			cfg := l.mergeConfig(w, inputs)
 			cfg.OnAnswer = func(a merge.Answer) {
+				if answered {
+					return // the members waiting heard it from an earlier try
+				}
+				answered = true
 				ans := resultFromManifest(a.Manifest, a.M, l.st)
 				ans.Window, ans.Kind, ans.Start, ans.Stop, ans.Pending = w.id, w.kind, w.start, w.stop, true
-				ans.Missing = missingOf(w)
 				log.Info("window answered", "manifest", ans.Manifest, "ranks", len(ans.Ranks), "missing", len(ans.Missing), "attempt", attempt)
 				l.tellAnswer(w.id, w.watchers, ans)
 				l.tell(w, -1, pb.Step_STEP_PUBLISHING, -1, "the answer is published; writing the merged pickles and the timeline")
@@ -78,7 +94,6 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 			if out, err = merge.Merge(ctx, cfg); err == nil {
 				res = resultFromManifest(out.Outputs[merge.OutManifest], out.Manifest, l.st)
 				res.Window, res.Kind, res.Start, res.Stop = w.id, w.kind, w.start, w.stop
-				res.Missing = missingOf(w)
 				log.Info("window published", "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String(), "attempt", attempt)
 				break
 			}
@@ -96,8 +111,13 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 			res.Window, res.Kind = w.id, w.kind
 			break
 		}
-		// another attempt's answer, published first, is completed by merging again
-		retry := retryable(err) || (merr == nil && errors.Is(err, store.ErrExists))
+		// another attempt's claim or answer, stored first, is completed (or
+		// superseded) by merging again
+		retry := retryable(err) || errors.Is(err, store.ErrExists)
+		if merr == nil && !completing && time.Now().Before(give) {
+			log.Info("the window's answer is published with outputs pending; completing it", "manifest", key)
+			continue
+		}
 		if merr == nil && !retry {
 			log.Error("the window's answer is published, and its merged pickles and timeline cannot be written", "manifest", key, "err", err)
 			res = resultFromManifest(key, m, l.st)
@@ -329,6 +349,7 @@ func resultFromManifest(key string, m *merge.Manifest, st store.Store) *pb.Windo
 	if m == nil {
 		return res
 	}
+	res.Pending = len(m.Pending) > 0
 	p := merge.Published{Key: key, Manifest: m}
 	keys := map[string]string{}
 	for kind := range m.Outputs {
@@ -373,7 +394,12 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 		res.Window = p.ID
 		l.conclude(ctx, w, res, false)
 		return
-	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
+	} else if err == nil {
+		// its answer is out: the snapshots it names are all the rest needs
+		log.Info("finishing a window whose answer an earlier leader published", "manifest", p.Manifest, "pending", m.Pending, "planned_by", p.Leader, "term", p.Term)
+		l.finish(ctx, w)
+		return
+	} else if !errors.Is(err, store.ErrNotFound) {
 		log.Warn("cannot read the window's manifest; trying again later", "err", err)
 		return
 	}

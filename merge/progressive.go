@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -134,9 +137,10 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 	if err := writeHTML(b.files[OutHTML], cfg.Title, sum, b.ranks); err != nil {
 		return nil, fmt.Errorf("merge: writing the report: %w", err)
 	}
-	// the summary names every output to come; the manifest names the pickles
+	// the summary names the outputs whose names are known now; the manifest
+	// names the pickles (split by size, their names are known once written)
 	sum.Outputs = map[string]string{}
-	for _, k := range append([]string{OutPickle}, fixedOutputs...) {
+	for _, k := range fixedOutputs {
 		sum.Outputs[k] = keys[k]
 	}
 	sb, err := json.MarshalIndent(sum, "", "  ")
@@ -193,7 +197,8 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 			ranks = append(ranks, e.sum.Rank)
 		}
 	}
-	if err := b.decodeRanks(ctx, ranks); err != nil {
+	lacking, err := b.decodeRanks(ctx, ranks)
+	if err != nil {
 		return nil, err
 	}
 	if err := b.pickles.finish(world); err != nil {
@@ -215,7 +220,7 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	for k, o := range answered.Outputs {
 		man.Outputs[k] = o
 	}
-	man.Pickles, man.Pending = nil, nil
+	man.Pickles, man.Pending, man.DetailMissing = nil, nil, lacking
 	for _, o := range outs {
 		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
 		if errors.Is(err, store.ErrExists) {
@@ -309,11 +314,15 @@ func rankSetOf(ranks []int) *RankSet {
 
 // decodeRanks decodes the given ranks again (Workers ahead, in parallel) and
 // writes each one's full trace into the pickles and the timeline, in rank order.
-func (b *builder) decodeRanks(ctx context.Context, ranks []int) error {
+// A rank whose snapshot cannot be decoded as its analysis describes it (the
+// answer is published already, from the analyses) is left out of them with the
+// reason, returned by rank; a store that fails to read one is an error.
+func (b *builder) decodeRanks(ctx context.Context, ranks []int) (map[string]string, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	var lacking map[string]string
 	type decoded struct {
 		rd  *rankData
 		err error
@@ -345,17 +354,59 @@ func (b *builder) decodeRanks(ctx context.Context, ranks []int) error {
 		select {
 		case d = <-results[i]:
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		<-sem
 		if d.err != nil {
 			in := b.inputs[b.inputOf[r]]
-			return &InputError{Rank: in.Rank, Source: in.Source, Err: d.err}
+			if ctx.Err() != nil || transientRead(d.err) {
+				return nil, &InputError{Rank: in.Rank, Source: in.Source, Err: d.err}
+			}
+			b.cfg.Logger.Warn("a rank's snapshot cannot be decoded; the pickles and the timeline leave it out", "of_rank", r, "source", in.Source, "err", d.err)
+			if lacking == nil {
+				lacking = map[string]string{}
+			}
+			lacking[strconv.Itoa(r)] = cutReason(d.err.Error())
+			continue
 		}
 		b.decoded = append(b.decoded, r)
 		if err := b.addDetail(d.rd); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return lacking, nil
+}
+
+// transientRead reports whether reading an input failed in a way that may go
+// away by itself (the store is unreachable, a connection broke), as opposed to
+// an input that is not what it should be.
+func transientRead(err error) bool {
+	if errors.Is(err, store.ErrUnreachable) || errors.Is(err, store.ErrNoBucket) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+// cutReason bounds a reason kept in a manifest.
+func cutReason(s string) string {
+	if len(s) > MaxFindingBytes {
+		s = strings.ToValidUTF8(s[:MaxFindingBytes], "")
+	}
+	return s
+}
+
+// AnswerInputs are the inputs a published answer was merged from, read from st
+// by the names its manifest records (each snapshot's key, with its sidecar and
+// its analysis beside it): what a merge that completes the answer reads.
+func AnswerInputs(st store.Store, m *Manifest) []Input {
+	var ins []Input
+	for _, ref := range m.Inputs {
+		if ref.Rank < 0 || isPB(ref.Source) {
+			continue // (a cluster's answer is merged from snapshots)
+		}
+		ins = append(ins, StoreInput(st, ref.Source, MetaName(ref.Source), ref.Rank).WithAnalysis(StoreAnalysis(st, AnalysisName(ref.Source))))
+	}
+	return ins
 }

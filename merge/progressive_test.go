@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,5 +210,39 @@ func TestProgressiveMergeRefusesAPendingManifestWithoutClaim(t *testing.T) {
 	}
 	if left := readAll(t, dir); len(left) != 1 {
 		t.Fatalf("the folder now holds %d objects", len(left))
+	}
+}
+
+// TestProgressiveMergeLeavesOutAnUndecodableRank: a rank whose snapshot no
+// longer reads as it did for the answer (changed in the store, or not decodable)
+// is left out of the pickles and the timeline with the reason; the window is
+// still published, every other rank's detail in it.
+func TestProgressiveMergeLeavesOutAnUndecodableRank(t *testing.T) {
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})
+	var reads atomic.Int32
+	load := ins[2].load
+	ins[2].load = func(ctx context.Context) ([]byte, error) {
+		b, err := load(ctx)
+		if reads.Add(1) > 1 {
+			b = append(b, 0) // the answer read it whole; after, it changed
+		}
+		return b, err
+	}
+	dir := t.TempDir()
+	d, _ := store.OpenDir(dir, true)
+	res, err := Merge(testutil.Context(t, time.Minute), Config{Inputs: ins, Out: d, Logger: testutil.Logger(t), Progressive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
+	m, err := ParseManifest(mb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Pending) != 0 || len(m.DetailMissing) != 1 || m.DetailMissing["2"] == "" || len(m.Pickles) != 1 || m.Pickles[0].Ranks != "0-1,3" {
+		t.Fatalf("manifest %s", mb)
+	}
+	if len(res.Summary.Ranks) != 4 || len(m.RanksMerged) != 4 {
+		t.Fatalf("the answer lost a rank: %v", m.RanksMerged)
 	}
 }

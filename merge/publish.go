@@ -107,6 +107,10 @@ type Manifest struct {
 	// published in two steps: the outputs named are whole, and a later manifest
 	// under the same name adds the pending ones.
 	Pending []string `json:"pending,omitempty"`
+	// DetailMissing are merged ranks whose full traces the pickles and the
+	// timeline lack (a merge published in two steps could not decode their
+	// snapshots after its answer), and why: their figures are in the summary.
+	DetailMissing map[string]string `json:"detail_missing,omitempty"`
 }
 
 // Bounds of a manifest's findings.
@@ -153,6 +157,14 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) {
 			return nil, fmt.Errorf("merge: manifest: a reason for rank %q", k)
 		}
+	}
+	for k, why := range m.DetailMissing {
+		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) || len(why) > MaxFindingBytes {
+			return nil, fmt.Errorf("merge: manifest: a rank lacking detail, %q", k)
+		}
+	}
+	if len(m.DetailMissing) == 0 {
+		m.DetailMissing = nil
 	}
 	for _, p := range m.Pickles {
 		if !(Object{Name: p.Name, SHA256: strings.Repeat("0", 64)}).valid() || p.FirstRank < 0 || p.LastRank < p.FirstRank || !inWorld(p.LastRank) || p.Bytes < 0 {

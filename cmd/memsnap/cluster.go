@@ -253,17 +253,19 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	p := newProgressPrinter(stderr, *asJSON)
 	planned := make(chan struct{})
-	var once sync.Once
+	var once, answerOnce sync.Once
 	res, err := c.Request(ctx, *batches, coordinator.RequestOptions{Progress: func(u coordinator.Update) {
 		p.update(u)
 		if u.State == pb.Step_STEP_PLANNED && !*wait {
 			once.Do(func() { close(planned) })
 		}
 		if u.Answer != nil && !*asJSON {
-			// --wait-all: the answer now, the rest once published
-			p.mu.Lock()
-			printAnswer(stdout, u.Answer, u.Window)
-			p.mu.Unlock()
+			// --wait-all: the answer now (once), the rest once published
+			answerOnce.Do(func() {
+				p.mu.Lock()
+				printAnswer(stdout, u.Answer, u.Window)
+				p.mu.Unlock()
+			})
 		}
 	}, Detach: planned, AnswerFirst: !*waitAll})
 	if err != nil && !errors.Is(err, coordinator.ErrDetached) {
@@ -280,11 +282,14 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if res.Window != 0 {
 		p.window = res.Window
 	}
+	// --wait-all asked for the pickles too: a window whose answer alone was
+	// published (the rest could not be written) did not give them
+	incomplete := *waitAll && res.State == pb.Outcome_OUTCOME_PUBLISHED && res.Pending
 	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(resultJSON(res, p.window)); err != nil {
 			return err
 		}
-		if res.State != pb.Outcome_OUTCOME_PUBLISHED {
+		if res.State != pb.Outcome_OUTCOME_PUBLISHED || incomplete {
 			return exitError{1}
 		}
 		return nil
@@ -299,6 +304,9 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return fmt.Errorf("window %d failed: %s", p.window, res.Error)
 	}
 	printAnswer(stdout, res, p.window)
+	if incomplete {
+		return exitError{1}
+	}
 	return nil
 }
 

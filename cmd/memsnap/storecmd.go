@@ -199,6 +199,10 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 				if m, err := merge.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
 					row.pub = &merge.Published{Key: row.manifest, Manifest: m}
 					row.state = publishedState(m)
+					if len(m.Pending) > 0 && row.outcome != nil {
+						// the window ended with its answer alone
+						row.state = "answered (" + strings.Join(m.Pending, ", ") + " not written)"
+					}
 				}
 			}
 			rows = append(rows, row)
