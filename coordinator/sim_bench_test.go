@@ -43,6 +43,7 @@ type simFigures struct {
 	allAcked                   []time.Duration // per window
 	published                  []time.Duration // trigger to the client's published result
 	answered                   []time.Duration // trigger to the leader's answer (summary, report, diff) published
+	answerMerge                []time.Duration // last rank's upload to the answer published
 	merge                      []time.Duration // last rank's upload to publication
 	collectHeap, mergeHeap     []uint64        // peak heap growth over the window's start
 	packets, conns, cpu        []float64       // per window: packets and streams on the network, CPU time (s)
@@ -270,6 +271,7 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
 	f.published = append(f.published, tEnd.Sub(t0))
 	if ans, ok := sc.log.First("window answered", id, t0); ok {
 		f.answered = append(f.answered, ans.At.Sub(t0))
+		f.answerMerge = append(f.answerMerge, ans.At.Sub(collected))
 	}
 	f.merge = append(f.merge, pub.At.Sub(collected))
 	f.collectHeap = append(f.collectHeap, sub(hs.peak(t0, collected), base))
@@ -433,6 +435,7 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"trigger -> first answer, worst", q(func(f *simFigures) []time.Duration { return f.answered }, 1), msf},
 		{"trigger -> published, median", q(func(f *simFigures) []time.Duration { return f.published }, 0.5), msf},
 		{"trigger -> published, worst", q(func(f *simFigures) []time.Duration { return f.published }, 1), msf},
+		{"last upload -> first answer, median", q(func(f *simFigures) []time.Duration { return f.answerMerge }, 0.5), msf},
 		{"last upload -> published, median", q(func(f *simFigures) []time.Duration { return f.merge }, 0.5), msf},
 		{"live heap growth, every report in, worst", hq(func(f *simFigures) []uint64 { return f.collectLive }, 1), mib},
 		{"heap growth collecting, worst", hq(func(f *simFigures) []uint64 { return f.collectHeap }, 1), mib},
