@@ -131,8 +131,11 @@ func TestClusterCommands(t *testing.T) {
 	}
 	// --wait: the answer, as soon as it is published (the summary, the report,
 	// the trace), while the merged pickles and the timeline are written
+	// (the leader's messages may overtake each other: a final result that
+	// arrives first is returned as it is)
 	first := snapshot("--wait")
-	if first.State != "published" || fmt.Sprint(first.Ranks) != "[0 1]" || first.Stop-first.Start != 2 || !first.Pending || len(first.Outputs) != 3 || len(first.Findings) < 2 {
+	if first.State != "published" || fmt.Sprint(first.Ranks) != "[0 1]" || first.Stop-first.Start != 2 || len(first.Findings) < 2 ||
+		(first.Pending && len(first.Outputs) != 3) || (!first.Pending && len(first.Outputs) != 5) {
 		t.Fatalf("the answer %+v", first)
 	}
 	testutil.Eventually(t, time.Minute, "the first window's manifest to name every output", func() bool {
