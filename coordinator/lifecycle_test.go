@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -255,3 +256,70 @@ func extraFiles(t *testing.T, folder string) []string {
 
 var _ = merge.OutManifest
 var _ = fmt.Sprint
+
+// TestAnswerBeforeThePickles: the members waiting hear a window's answer while
+// its leader is still writing the merged pickles (held here by a store that stops
+// after storing the pickle), and the full result once the manifest names them.
+func TestAnswerBeforeThePickles(t *testing.T) {
+	pickle := int32(slices.Index(publicationWrites, "pickle") + 1)
+	trip := &trip{n: pickle, tripped: make(chan struct{}), release: make(chan struct{})}
+	tc := startCluster(t, 3, func(c *Config, a *rankagent.Config) {
+		if c.Client || c.Identity.Rank != 0 {
+			return
+		}
+		open := c.OpenStore
+		c.OpenStore = func(ctx context.Context) (store.Store, error) {
+			st, err := open(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return &tripStore{Store: st, trip: trip}, nil
+		}
+	})
+	tc.holding()
+	c := tc.client()
+	answers := make(chan *pb.WindowResult, 4)
+	done := make(chan *pb.WindowResult, 1)
+	go func() {
+		res, err := c.Request(testutil.Context(t, 2*time.Minute), 3, RequestOptions{Progress: func(u Update) {
+			if u.Answer != nil {
+				answers <- u.Answer
+			}
+		}})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	var ans *pb.WindowResult
+	select {
+	case ans = <-answers:
+	case res := <-done:
+		t.Fatalf("the result came before the answer: %+v", res)
+	case <-time.After(time.Minute):
+		t.Fatal("no answer")
+	}
+	<-trip.tripped // the leader holds in its second step
+	if !ans.Pending || ans.State != pb.Outcome_OUTCOME_PUBLISHED || len(ans.Outputs) != 3 || len(ans.Findings) == 0 || len(ans.Ranks) != 3 {
+		t.Fatalf("the answer %+v", ans)
+	}
+	folder := filepath.Join(tc.dir, tc.run, "torch_memory_traces", fmt.Sprintf("window%d", ans.Window))
+	m := readManifest(t, filepath.Join(folder, "merged.manifest.json"))
+	if len(m.Pending) != 2 || m.Outputs[merge.OutSummary].Name == "" || m.Outputs[merge.OutPickle].Name != "" {
+		t.Fatalf("the manifest while the pickles are written: %+v", m)
+	}
+	select {
+	case res := <-done:
+		t.Fatalf("the result came while the leader still writes the pickles: %+v", res)
+	default:
+	}
+	close(trip.release)
+	res := <-done
+	if res == nil || res.Pending || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Outputs) != 5 || res.Window != ans.Window {
+		t.Fatalf("the result %+v", res)
+	}
+	checkOnePublication(t, folder)
+	if extra := extraFiles(t, folder); extra != nil {
+		t.Fatalf("files no manifest names: %v", extra)
+	}
+}
