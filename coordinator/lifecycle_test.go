@@ -60,6 +60,18 @@ func (s *tripStore) Put(ctx context.Context, key string, r io.Reader, opts store
 	}
 }
 
+// wrap makes every store the member opens a tripStore of this trip.
+func (tr *trip) wrap(c *Config) {
+	open := c.OpenStore
+	c.OpenStore = func(ctx context.Context) (store.Store, error) {
+		st, err := open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &tripStore{Store: st, trip: tr}, nil
+	}
+}
+
 // publicationWrites are a window's writes by its leader, in order: the plan, the
 // answer (claim, trace, summary, report, and its manifest), the detail (the
 // pickle, the timeline, and the manifest that names them), and the outcome in the
@@ -93,14 +105,7 @@ func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
 			c.Memberlist.Transport = newCutTransport(t, p, min(c.Identity.Rank, 1))
 		}
 		if c.Identity.Rank == 0 {
-			open := c.OpenStore
-			c.OpenStore = func(ctx context.Context) (store.Store, error) {
-				st, err := open(ctx)
-				if err != nil {
-					return nil, err
-				}
-				return &tripStore{Store: st, trip: trip}, nil
-			}
+			trip.wrap(c)
 		}
 	})
 	tc.holding()
@@ -264,16 +269,8 @@ func TestAnswerBeforeThePickles(t *testing.T) {
 	pickle := int32(slices.Index(publicationWrites, "pickle") + 1)
 	trip := &trip{n: pickle, tripped: make(chan struct{}), release: make(chan struct{})}
 	tc := startCluster(t, 3, func(c *Config, a *rankagent.Config) {
-		if c.Client || c.Identity.Rank != 0 {
-			return
-		}
-		open := c.OpenStore
-		c.OpenStore = func(ctx context.Context) (store.Store, error) {
-			st, err := open(ctx)
-			if err != nil {
-				return nil, err
-			}
-			return &tripStore{Store: st, trip: trip}, nil
+		if !c.Client && c.Identity.Rank == 0 {
+			trip.wrap(c)
 		}
 	})
 	tc.holding()

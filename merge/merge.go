@@ -280,19 +280,11 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	start := time.Now()
-	tmp, err := cfg.tempDir()
+	b, done, err := startMerge(ctx, &cfg, false)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
-	b, err := newBuilder(&cfg, tmp)
-	if err != nil {
-		return nil, err
-	}
-	defer b.close()
-	if err := b.firstPass(ctx); err != nil {
-		return nil, err
-	}
+	defer done()
 	if err := b.detailPass(ctx); err != nil {
 		return nil, err
 	}
@@ -300,7 +292,7 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	man, err := publish(ctx, &cfg, keys, tmp, b.refs, sum, outs)
+	man, err := publish(ctx, &cfg, keys, b.tmp, b.refs, sum, outs)
 	if err != nil {
 		return nil, err
 	}
@@ -362,6 +354,27 @@ func attemptKeys(ctx context.Context, cfg *Config, keys map[string]string) (map[
 	cfg.Logger.Info("another attempt claimed the window's names and did not publish; publishing under this attempt's names", "attempt", cfg.Attempt,
 		"claimed_by", prev.Attempt, "names", base+"."+cfg.Attempt+".*")
 	return out, nil
+}
+
+// startMerge makes the folder the outputs are written in and the builder that
+// writes them, and runs the first pass (deferred: writing no rank's detail);
+// done removes both.
+func startMerge(ctx context.Context, cfg *Config, deferred bool) (b *builder, done func(), err error) {
+	tmp, err := cfg.tempDir()
+	if err != nil {
+		return nil, nil, err
+	}
+	if b, err = newBuilder(cfg, tmp); err != nil {
+		os.RemoveAll(tmp)
+		return nil, nil, err
+	}
+	done = func() { b.close(); os.RemoveAll(tmp) }
+	b.deferred = deferred
+	if err := b.firstPass(ctx); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return b, done, nil
 }
 
 // tempDir makes the folder the outputs are written in: inside a folder store, so

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path"
 	"path/filepath"
 	"sort"
@@ -72,20 +71,11 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 		return nil, err
 	}
 	start := time.Now()
-	tmp, err := cfg.tempDir()
+	b, done, err := startMerge(ctx, &cfg, true)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
-	b, err := newBuilder(&cfg, tmp)
-	if err != nil {
-		return nil, err
-	}
-	defer b.close()
-	b.deferred = true
-	if err := b.firstPass(ctx); err != nil {
-		return nil, err
-	}
+	defer done()
 	world, err := b.world()
 	if err != nil {
 		return nil, err
@@ -165,16 +155,11 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 		return nil, err
 	}
 	man := manifestOf(cfg, cobj, b.refs, sum)
-	for _, o := range outs {
-		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
-		if err != nil {
-			return nil, fmt.Errorf("merge: storing %s: %w", o.key, err)
-		}
-		man.Outputs[o.kind] = obj
-		cfg.Logger.Info("stored", "output", o.key, "bytes", obj.Size, "store", cfg.Out.String())
+	if err := storeOutputs(ctx, cfg, &man, outs); err != nil {
+		return nil, err
 	}
 	man.Pending = pendingOutputs
-	if err := b.putManifest(ctx, keys[OutManifest], &man, false); err != nil {
+	if err := putManifest(ctx, cfg, b.tmp, keys[OutManifest], &man, false); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
 			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
@@ -221,21 +206,10 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 		man.Outputs[k] = o
 	}
 	man.Pickles, man.Pending, man.DetailMissing = nil, nil, lacking
-	for _, o := range outs {
-		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
-		if errors.Is(err, store.ErrExists) {
-			return nil, fmt.Errorf("%w: %s holds other bytes than this merge wrote (a leader with other options completed the window?): %v", ErrOtherInputs, o.key, err)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("merge: storing %s: %w", o.key, err)
-		}
-		man.Outputs[o.kind] = obj
-		if o.part != nil {
-			p := *o.part
-			p.Name = obj.Name
-			man.Pickles = append(man.Pickles, p)
-		}
-		cfg.Logger.Info("stored", "output", o.key, "bytes", obj.Size, "store", cfg.Out.String())
+	if err := storeOutputs(ctx, cfg, &man, outs); errors.Is(err, store.ErrExists) {
+		return nil, fmt.Errorf("%w: other bytes than this merge wrote are stored under the answer's names (a leader with other options completed the window?): %v", ErrOtherInputs, err)
+	} else if err != nil {
+		return nil, err
 	}
 	// the manifest is replaced while it still waits for these outputs (a merge
 	// completing it at the same time writes the same bytes)
@@ -246,35 +220,11 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	if len(cur.Pending) == 0 || cur.Claim != answered.Claim {
 		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
 	}
-	if err := b.putManifest(ctx, keys[OutManifest], &man, true); err != nil {
+	if err := putManifest(ctx, cfg, b.tmp, keys[OutManifest], &man, true); err != nil {
 		return nil, err
 	}
 	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
 	return &man, nil
-}
-
-// putManifest stores a manifest: created once (the first step), or replaced (the
-// second, by the merge that checked it still waits).
-func (b *builder) putManifest(ctx context.Context, key string, man *Manifest, replace bool) error {
-	mb, _ := json.MarshalIndent(man, "", "  ")
-	mb = append(mb, '\n')
-	mpath := filepath.Join(b.tmp, OutManifest)
-	if err := os.WriteFile(mpath, mb, 0o644); err != nil {
-		return fmt.Errorf("merge: %w", err)
-	}
-	if replace {
-		if _, err := store.PutFile(ctx, b.cfg.Out, key, mpath, store.PutOptions{Overwrite: true, ContentType: contentType(OutManifest)}); err != nil {
-			return fmt.Errorf("merge: storing %s: %w", key, err)
-		}
-		return nil
-	}
-	if _, err := putOnce(ctx, b.cfg, key, mpath, sha256Hex(mb), OutManifest); err != nil {
-		if errors.Is(err, store.ErrExists) {
-			return err
-		}
-		return fmt.Errorf("merge: storing %s: %w", key, err)
-	}
-	return nil
 }
 
 // sameInputs checks that a merge read the snapshots an answer was merged from.

@@ -21,9 +21,8 @@ import (
 // progressiveWrites are a progressive merge's Puts, in order.
 var progressiveWrites = []string{"claim", "trace", "summary", "html", "answer manifest", "pickle", "pb", "manifest"}
 
-// checkPublished checks the folder's manifest: every output it names is there,
-// whole, nothing is pending, and the folder holds nothing else.
-func checkPublished(t *testing.T, dir string) *Manifest {
+// readManifestIn reads and parses the manifest in dir, merged.manifest.json.
+func readManifestIn(t *testing.T, dir string) (*Manifest, []byte) {
 	t.Helper()
 	mb, err := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
 	if err != nil {
@@ -33,6 +32,14 @@ func checkPublished(t *testing.T, dir string) *Manifest {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m, mb
+}
+
+// checkPublished checks the folder's manifest: every output it names is there,
+// whole, nothing is pending, and the folder holds nothing else.
+func checkPublished(t *testing.T, dir string) *Manifest {
+	t.Helper()
+	m, mb := readManifestIn(t, dir)
 	if len(m.Pending) != 0 || len(m.Outputs) != 5 || len(m.Pickles) != 1 {
 		t.Fatalf("manifest %s", mb)
 	}
@@ -70,14 +77,7 @@ func TestProgressiveMerge(t *testing.T) {
 		OnAnswer: func(a Answer) {
 			answers = append(answers, a)
 			// at this moment the answer is in the store, whole, and the pickles are not
-			mb, err := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			m, err := ParseManifest(mb)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m, mb := readManifestIn(t, dir)
 			if !slices.Equal(m.Pending, []string{OutPickle, OutPB}) || len(m.Outputs) != 3 || m.Outputs[OutSummary].Name == "" || m.Outputs[OutHTML].Name == "" || m.Outputs[OutTrace].Name == "" {
 				t.Fatalf("the answer's manifest: %s", mb)
 			}
@@ -234,11 +234,7 @@ func TestProgressiveMergeLeavesOutAnUndecodableRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mb, _ := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
-	m, err := ParseManifest(mb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, mb := readManifestIn(t, dir)
 	if len(m.Pending) != 0 || len(m.DetailMissing) != 1 || m.DetailMissing["2"] == "" || len(m.Pickles) != 1 || m.Pickles[0].Ranks != "0-1,3" {
 		t.Fatalf("manifest %s", mb)
 	}

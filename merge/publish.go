@@ -278,10 +278,27 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 		return nil, err
 	}
 	man := manifestOf(cfg, cobj, refs, sum)
+	if err := storeOutputs(ctx, cfg, &man, outs); err != nil {
+		return nil, err
+	}
+	if err := putManifest(ctx, cfg, tmp, keys[OutManifest], &man, false); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
+			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
+		}
+		return nil, err
+	}
+	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
+	return &man, nil
+}
+
+// storeOutputs stores each output (unless the store holds it already, the same)
+// and names it in the manifest, a merged pickle in its list of pickles too.
+func storeOutputs(ctx context.Context, cfg *Config, man *Manifest, outs []output) error {
 	for _, o := range outs {
 		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
 		if err != nil {
-			return nil, fmt.Errorf("merge: storing %s: %w", o.key, err)
+			return fmt.Errorf("merge: storing %s: %w", o.key, err)
 		}
 		man.Outputs[o.kind] = obj
 		if o.part != nil {
@@ -291,21 +308,29 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 		}
 		cfg.Logger.Info("stored", "output", o.key, "bytes", obj.Size, "store", cfg.Out.String())
 	}
+	return nil
+}
+
+// putManifest stores a manifest: created once (an error wrapping store.ErrExists
+// when another is there), or, with replace, replacing the one there (the second
+// step of a progressive merge, which checked it still waits).
+func putManifest(ctx context.Context, cfg *Config, tmp, key string, man *Manifest, replace bool) error {
 	mb, _ := json.MarshalIndent(man, "", "  ")
 	mb = append(mb, '\n')
 	mpath := filepath.Join(tmp, OutManifest)
 	if err := os.WriteFile(mpath, mb, 0o644); err != nil {
-		return nil, fmt.Errorf("merge: %w", err)
+		return fmt.Errorf("merge: %w", err)
 	}
-	if _, err := putOnce(ctx, cfg, keys[OutManifest], mpath, sha256Hex(mb), OutManifest); err != nil {
-		if errors.Is(err, store.ErrExists) {
-			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
-			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
-		}
-		return nil, fmt.Errorf("merge: storing %s: %w", keys[OutManifest], err)
+	var err error
+	if replace {
+		_, err = store.PutFile(ctx, cfg.Out, key, mpath, store.PutOptions{Overwrite: true, ContentType: contentType(OutManifest)})
+	} else {
+		_, err = putOnce(ctx, cfg, key, mpath, sha256Hex(mb), OutManifest)
 	}
-	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
-	return &man, nil
+	if err != nil {
+		return fmt.Errorf("merge: storing %s: %w", key, err)
+	}
+	return nil
 }
 
 // unpublish removes, after another merge published first, what this one stored

@@ -93,14 +93,7 @@ func TestInterruptedMergeIsFinishedByARerun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the rerun: %v", err)
 	}
-	mb, err := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := ParseManifest(mb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, mb := readManifestIn(t, dir)
 	if len(m.Outputs) != 5 || len(m.Inputs) != 4 || len(m.RanksMerged) != 4 || m.OutlierRank == nil || *m.OutlierRank != 3 {
 		t.Fatalf("manifest %s", mb)
 	}
