@@ -87,8 +87,7 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 				ans := resultFromManifest(a.Manifest, a.M, l.st)
 				ans.Window, ans.Kind, ans.Start, ans.Stop, ans.Pending = w.id, w.kind, w.start, w.stop, true
 				log.Info("window answered", "manifest", ans.Manifest, "ranks", len(ans.Ranks), "missing", len(ans.Missing), "attempt", attempt)
-				l.tellAnswer(w.id, w.watchers, ans)
-				l.tell(w, -1, pb.Step_STEP_PUBLISHING, -1, "the answer is published; writing the merged pickles and the timeline")
+				l.tellAnswer(w.id, w.watchers, ans) // (a member waiting says the step itself)
 			}
 			var out *merge.Result
 			if out, err = merge.Merge(ctx, cfg); err == nil {
