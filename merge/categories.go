@@ -2,6 +2,7 @@ package merge
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -19,12 +20,19 @@ import (
 // temporaries); and what nothing says to "unknown" (allocated before recording,
 // or with no Python stack). Two more rules name blocks freed before the snapshot:
 // a block at the address of a gradient the hook saw autograd make during the
-// window, of its size, is that gradient; and a block with the address, size and
+// window, of its size, allocated in the batch the hook saw it made in, is that
+// gradient (the caching allocator hands the same addresses to other blocks of that
+// size in other batches: AdamW's temporaries, the next step's gradients); and a
+// block with the address, size and
 // allocation site of a surviving block that holds watched tensors held them too
 // (the caching allocator gives a tensor made every step the same block).
 
 // TensorsKey is the snapshot's key under which the hook stores the watched
-// tensors: {"version": 1, "tensors": [[address, bytes, kind, module], ...]}.
+// tensors: {"version": 2, "tensors": [[address, bytes, kind, module], ...],
+// "gradients_made": [[address, bytes, module, batch], ...]}: the tensors alive at
+// the snapshot, and every gradient autograd made during the window with the batch
+// it was made in. Version 1 had no gradients_made; the gradients it saw made were
+// in tensors, with no batch.
 const TensorsKey = "memsnap_tensors"
 
 // Memory categories.
@@ -85,10 +93,68 @@ type watched struct {
 	module     string
 }
 
-// watchedTensors reads the hook's tensors from a snapshot's extra keys; nil when
-// there are none. Malformed entries are skipped (they come from the trainer's
-// process, but a snapshot is untrusted bytes).
-func watchedTensors(s *snapshot.Snapshot) []watched {
+// gradNote is a gradient the hook saw autograd make during the window.
+type gradNote struct {
+	addr, size int64
+	module     string
+	batch      int64 // the batch it was made in; -1: not known (version 1)
+}
+
+// noteKey finds the gradients made at an address in a batch (-1: any batch).
+type noteKey struct{ addr, batch int64 }
+
+// maxNotesAt bounds the gradient sizes kept for one address in one batch.
+const maxNotesAt = 8
+
+// indexNotes indexes the gradient notes by address and batch; with no batch
+// marks to place allocations in batches, by address alone.
+func indexNotes(notes []gradNote, byBatch bool) map[noteKey][]gradNote {
+	idx := map[noteKey][]gradNote{}
+	for _, g := range notes {
+		k := noteKey{g.addr, -1}
+		if byBatch {
+			k.batch = g.batch
+		}
+		l := idx[k]
+		if len(l) >= maxNotesAt || slices.ContainsFunc(l, func(o gradNote) bool { return o.size == g.size }) {
+			continue
+		}
+		idx[k] = append(l, g)
+	}
+	return idx
+}
+
+// batchSpans are a rank's batch marks in time order, for placing an event in its
+// batch; marks out of order, overlapping or absurd leave none.
+type batchSpans []BatchMark
+
+func spansOf(meta *RankMeta) batchSpans {
+	if meta == nil || len(meta.Batches) == 0 {
+		return nil
+	}
+	m := meta.Batches
+	for i, b := range m {
+		if b.EndUS < b.StartUS || (i > 0 && b.StartUS < m[i-1].EndUS) {
+			return nil
+		}
+	}
+	return batchSpans(m)
+}
+
+// batchAt is the batch whose marks hold t, or -1.
+func (s batchSpans) batchAt(t int64) int64 {
+	i := sort.Search(len(s), func(i int) bool { return s[i].EndUS >= t })
+	if i < len(s) && s[i].StartUS <= t {
+		return s[i].Batch
+	}
+	return -1
+}
+
+// watchedTensors reads the hook's tensors from a snapshot's extra keys (nil when
+// there are none) and the gradients it saw made, by address. Malformed entries are
+// skipped (they come from the trainer's process, but a snapshot is untrusted
+// bytes).
+func watchedTensors(s *snapshot.Snapshot) ([]watched, []gradNote) {
 	var v snapshot.Value
 	for _, it := range s.Extra {
 		if k, ok := it.Key.(string); ok && k == TensorsKey {
@@ -97,29 +163,70 @@ func watchedTensors(s *snapshot.Snapshot) []watched {
 	}
 	d, ok := v.(*snapshot.Dict)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	var list *snapshot.List
+	var list, made *snapshot.List
 	for _, it := range d.Items {
-		if k, ok := it.Key.(string); ok && k == "tensors" {
+		switch k, _ := it.Key.(string); k {
+		case "tensors":
 			list, _ = it.Value.(*snapshot.List)
+		case "gradients_made":
+			made, _ = it.Value.(*snapshot.List)
 		}
 	}
 	if list == nil {
-		return nil
+		return nil, nil
 	}
+	out := readWatched(list)
+	var notes []gradNote
+	if made == nil { // version 1: the gradients in tensors, made in some batch
+		for _, x := range out {
+			if x.cat == cGrads {
+				notes = append(notes, gradNote{x.addr, x.size, x.module, -1})
+			}
+		}
+	} else {
+		for _, x := range made.Items {
+			f := fields(x)
+			if len(notes) == maxWatched {
+				break
+			}
+			if len(f) < 4 {
+				continue
+			}
+			addr, ok1 := f[0].(int64)
+			size, ok2 := f[1].(int64)
+			mod, ok3 := f[2].(string)
+			batch, ok4 := f[3].(int64)
+			if !ok1 || !ok2 || !ok3 || !ok4 || addr <= 0 || size <= 0 || addr > addr+size || batch < 0 {
+				continue
+			}
+			notes = append(notes, gradNote{addr, size, cutName(mod), batch})
+		}
+	}
+	return out, notes
+}
+
+// fields are the items of a list or tuple (nil for anything else).
+func fields(x snapshot.Value) []snapshot.Value {
+	switch t := x.(type) {
+	case *snapshot.List:
+		return t.Items
+	case snapshot.Tuple:
+		return t
+	}
+	return nil
+}
+
+// readWatched reads the tensors alive at the snapshot, sorted by address, each
+// storage once.
+func readWatched(list *snapshot.List) []watched {
 	var out []watched
 	for _, x := range list.Items {
 		if len(out) == maxWatched {
 			break
 		}
-		var f []snapshot.Value
-		switch t := x.(type) {
-		case *snapshot.List:
-			f = t.Items
-		case snapshot.Tuple:
-			f = t
-		}
+		f := fields(x)
 		if len(f) < 4 {
 			continue
 		}
@@ -360,8 +467,28 @@ func frameName(f *snapshot.Frame) string {
 // their values at the event peakIdx (-1: before the first event) and their most
 // inside w, and the modules at the peak.
 func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Categories {
-	ws := watchedTensors(r.snap)
+	ws, notes := watchedTensors(r.snap)
 	tr := r.trace
+	// the gradients the hook saw made, each matched to blocks allocated at its
+	// address in its batch (in the rank's clock; without usable marks, in any)
+	spans := spansOf(r.meta)
+	idx := indexNotes(notes, spans != nil)
+	gradAt := func(e *snapshot.TraceEntry, size int64) (string, bool) {
+		k := noteKey{e.Addr, -1}
+		if spans != nil {
+			if k.batch = spans.batchAt(e.TimeUS); k.batch < 0 {
+				k.batch = -2 // between batches: made by none
+			}
+		}
+		for _, ks := range [...]noteKey{k, {e.Addr, -1}} { // version 1's notes have no batch
+			for _, g := range idx[ks] {
+				if size >= g.size && size <= g.size+roundingSlack(g.size) {
+					return g.module, true
+				}
+			}
+		}
+		return "", false
+	}
 	// which allocations still hold their block at the snapshot (never freed after);
 	// only watched tensors need it
 	survives := make([]bool, len(tr))
@@ -384,12 +511,6 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 	// time) held the same tensors then.
 	made := map[int64]bool{}
 	slots := map[slot][]part{}
-	grads := map[int64]watched{}
-	for _, x := range ws {
-		if x.cat == cGrads {
-			grads[x.addr] = x
-		}
-	}
 	for i, e := range tr {
 		if len(ws) > 0 && e.Action == snapshot.ActionAlloc && survives[i] {
 			made[e.Addr] = true
@@ -476,11 +597,11 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 				for _, p := range sp {
 					left -= p.bytes
 				}
-			} else if g, ok := grads[e.Addr]; ok && size >= g.size && size <= g.size+roundingSlack(g.size) {
+			} else if mod, ok := gradAt(e, size); ok {
 				// a gradient the hook saw autograd make during the window, unless
 				// the block was made by a forward pass (an activation reusing it)
 				if cat, _ := phases.cat(e.Frames); cat != cActs {
-					parts, left = []part{{cGrads, g.module, size}}, 0
+					parts, left = []part{{cGrads, mod, size}}, 0
 				}
 			}
 			if len(parts) == 0 { // the common case: one share, kept inline

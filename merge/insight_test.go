@@ -34,6 +34,14 @@ type synthJob struct {
 	// gradFlip: the gradient's block alternates between two addresses, and (with
 	// watch) the hook saw the one the snapshot does not hold (seenGrad)
 	gradFlip, seenGrad bool
+	// madeNotes: the hook tells every gradient made with its batch (version 2);
+	// optTemp: in every batch after the first, the optimizer's step makes a
+	// temporary of the gradient's size at the address the last batch's gradient
+	// had (AdamW's foreach temporaries do, in a real trainer)
+	madeNotes, optTemp bool
+	// gradFreed: the last batch frees its gradient before the snapshot (Hugging
+	// Face's Trainer zeroes them before its step-end callback)
+	gradFreed bool
 }
 
 var (
@@ -41,6 +49,7 @@ var (
 	gradFrame = &snapshot.Frame{Name: "backward", Filename: "/job/train.py", Line: 20, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
 	bigFrame  = &snapshot.Frame{Name: "forward", Filename: "/job/big.py", Line: 5, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
 	leakFrame = &snapshot.Frame{Name: "remember", Filename: "/job/train.py", Line: 33, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
+	optFrame  = &snapshot.Frame{Name: "_multi_tensor_adamw", Filename: "/venv/torch/optim/adamw.py", Line: 40, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
 )
 
 const leakSite = "remember (/job/train.py:33)"
@@ -80,6 +89,10 @@ func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
 			ev(snapshot.ActionAlloc, base+700*mib, j.bigAct, s+150, bigFrame)
 			ev(snapshot.ActionFreeCompleted, base+700*mib, j.bigAct, s+350, bigFrame)
 		}
+		if j.optTemp && b > 0 {
+			ev(snapshot.ActionAlloc, gradAt(b-1), 32*mib, s+250, optFrame)
+			ev(snapshot.ActionFreeCompleted, gradAt(b-1), 32*mib, s+260, optFrame)
+		}
 		ev(snapshot.ActionFreeRequested, act, 64*mib, s+300, actFrame)
 		ev(snapshot.ActionFreeCompleted, act, 64*mib, s+301, actFrame)
 		if j.leak > 0 {
@@ -89,8 +102,14 @@ func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
 				Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
 		}
 	}
-	blocks = append(blocks, &snapshot.Block{Address: gradAt(j.batches - 1), Size: 32 * mib, State: snapshot.BlockActiveAllocated,
-		Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
+	if j.gradFreed {
+		last := t0 + int64(j.batches-1)*1000
+		ev(snapshot.ActionFreeRequested, gradAt(j.batches-1), 32*mib, last+850, gradFrame)
+		ev(snapshot.ActionFreeCompleted, gradAt(j.batches-1), 32*mib, last+851, gradFrame)
+	} else {
+		blocks = append(blocks, &snapshot.Block{Address: gradAt(j.batches - 1), Size: 32 * mib, State: snapshot.BlockActiveAllocated,
+			Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
+	}
 	var extra []snapshot.Item
 	if j.watch {
 		blocks = append(blocks, &snapshot.Block{Address: base + 800*mib, Size: 128 * mib, State: snapshot.BlockActiveAllocated,
@@ -100,15 +119,26 @@ func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
 		}
 		list := &snapshot.List{Items: []snapshot.Value{
 			tensor(base, 128*mib, "parameter", "fc1"), tensor(base+128*mib, 128*mib, "parameter", "fc2"),
-			tensor(gradAt(j.batches-1), 32*mib, "gradient", "fc2"),
 			tensor(base+800*mib, 64*mib, "optimizer_state", "fc1"), tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),
 			tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),                 // a storage named twice counts once
 			tensor(-5, 10, "parameter", "bad"), tensor(base, 1, "weights?", "bad"), // malformed: skipped
 		}}
+		if !j.gradFreed {
+			list.Items = append(list.Items, tensor(gradAt(j.batches-1), 32*mib, "gradient", "fc2"))
+		}
 		if j.seenGrad {
 			list.Items = append(list.Items, tensor(gradAt(j.batches), 32*mib-100, "gradient", "fc2"))
 		}
-		extra = []snapshot.Item{{Key: TensorsKey, Value: &snapshot.Dict{Items: []snapshot.Item{{Key: "version", Value: int64(1)}, {Key: "tensors", Value: list}}}}}
+		items := []snapshot.Item{{Key: "version", Value: int64(1)}, {Key: "tensors", Value: list}}
+		if j.madeNotes {
+			made := &snapshot.List{}
+			for b := 0; b < j.batches; b++ {
+				made.Items = append(made.Items, &snapshot.List{Items: []snapshot.Value{gradAt(b), int64(32 * mib), "fc2", int64(b)}})
+			}
+			made.Items = append(made.Items, &snapshot.List{Items: []snapshot.Value{int64(-1), int64(1), "bad", int64(0)}}) // malformed: skipped
+			items = append(items, snapshot.Item{Key: "gradients_made", Value: made})
+		}
+		extra = []snapshot.Item{{Key: TensorsKey, Value: &snapshot.Dict{Items: items}}}
 	}
 	seg := &snapshot.Segment{Device: 0, Address: base, TotalSize: 1 << 30, Blocks: blocks,
 		Has: snapshot.SegDevice | snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegBlocks}
@@ -464,6 +494,37 @@ func TestGradientsSeenInTheWindow(t *testing.T) {
 		if at[CatGradients] != c.grads || at[CatTemporaries] != c.tmp || at[CatParameters] != 256*mib {
 			t.Fatalf("seen %v: at the peak %v", c.seen, at)
 		}
+	}
+}
+
+// TestGradientAddressReusedInTheNextBatch: the allocator hands last batch's
+// gradient address to a temporary of the same size in the optimizer's step (the
+// gradients alternate between two addresses). Told with the batch each gradient
+// was made in, only this batch's gradient is a gradient at the peak; told without
+// (the hook's version 1), both addresses look like gradients.
+func TestGradientAddressReusedInTheNextBatch(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	a := (synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true}).analyse(t, t0)
+	at := a.Categories.AtPeak
+	if at[CatGradients] != 32*mib || at[CatTemporaries] != 32*mib || at[CatActivations] != 64*mib || at[CatParameters] != 256*mib {
+		t.Fatalf("at the peak %v, want 32 MiB of gradients and 32 MiB of the optimizer's temporaries", at)
+	}
+	// version 1: the gradient seen at the other address counts the temporary too
+	a = (synthJob{batches: 6, watch: true, gradFlip: true, seenGrad: true, optTemp: true}).analyse(t, t0)
+	if at := a.Categories.AtPeak; at[CatGradients] != 64*mib {
+		t.Fatalf("version 1 at the peak %v", at)
+	}
+	// every gradient freed before the snapshot: the notes alone say what they were
+	a = (synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true, gradFreed: true}).analyse(t, t0)
+	if at := a.Categories.AtPeak; at[CatGradients] != 32*mib || at[CatTemporaries] != 32*mib {
+		t.Fatalf("gradients freed before the snapshot: at the peak %v", at)
+	}
+	// without marks to place the blocks in batches, the notes name every block at
+	// their addresses
+	s, meta := (synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true}).build(t0)
+	meta.Batches = nil
+	if at := analyse(t, s, meta).Categories.AtPeak; at[CatGradients] != 64*mib {
+		t.Fatalf("no marks: at the peak %v", at)
 	}
 }
 

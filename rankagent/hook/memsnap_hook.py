@@ -347,8 +347,11 @@ class Hook:
             if self._recording is None:
                 return  # a cancelled window: its hooks go at the next batch
             r = _tensor_range(getattr(p, "grad", None))
-            if r is not None and r[0] not in self._grads and len(self._grads) < MAX_TENSORS:
-                self._grads[r[0]] = [r[0], r[1], "gradient", mod]
+            if r is None:
+                return
+            key = (r[0], r[1], self._batch)  # the allocator hands one address to many blocks
+            if key not in self._grads and len(self._grads) < MAX_TENSORS:
+                self._grads[key] = [r[0], r[1], mod, self._batch]
         except Exception:
             pass
 
@@ -372,8 +375,11 @@ class Hook:
         return snap
 
     def _tensors(self):
-        """The watched tensors now: [[address, bytes, kind, module], ...], each
-        storage once, and the gradients seen during the window."""
+        """The watched tensors now, [[address, bytes, kind, module], ...] with
+        each storage once, and the gradients autograd made during the window,
+        [[address, bytes, module, batch], ...]: the caching allocator hands a
+        gradient's address to other blocks in other batches, so each is told
+        with the batch it was made in."""
         model, opts = self._watched_objects()
         if model is None and not opts:
             return None
@@ -401,11 +407,7 @@ class Hook:
                 if isinstance(st, dict):
                     for v in st.values():
                         add(v, "optimizer_state", names.get(id(p), "(optimizer)"))
-        for addr, g in list(self._grads.items()):
-            if addr not in seen and len(out) < MAX_TENSORS:
-                seen.add(addr)
-                out.append(g)
-        return {"version": 1, "tensors": out}
+        return {"version": 2, "tensors": out, "gradients_made": list(self._grads.values())}
 
     def recording(self):
         """The window being recorded now, as {"id", "start", "stop"}, or None."""

@@ -175,22 +175,27 @@ class WatchTest(unittest.TestCase):
             self.assertEqual(len(w2.hooks), 1, "no gradient hook while the window records")
             # a gradient made in the window and freed before its end (zero_grad(set_to_none))
             w2.backward_made(FakeTensor(0x90000000, 8 * MiB))
+            w2.backward_made(FakeTensor(0x90000000, 8 * MiB))  # accumulated again: told once
             w2.grad = None
             hook.batch_end(1)
             hook.batch_start(2)
+            # the next batch's gradient of another size at the same address: told too
+            w2.backward_made(FakeTensor(0x90000000, 4096))
+            w2.grad = None
             hook.batch_end(2)
             self.assertEqual(w2.hooks, {}, "gradient hooks left after the window")
             self.assertTrue(wait(lambda: agent.of("snapshot")), "no snapshot message")
             with open(os.path.join(agent.spool, agent.of("snapshot")[0]["file"]), "rb") as f:
                 snap = pickle.load(f)
             t = snap[memsnap_hook.TENSORS_KEY]
-            self.assertEqual(t["version"], 1)
+            self.assertEqual(t["version"], 2)
+            self.assertEqual(sorted(map(tuple, t["gradients_made"])), [(0x90000000, 4096, "dec", 2), (0x90000000, 8 * MiB, "dec", 1)])
             got = sorted(map(tuple, t["tensors"]))
             want = sorted([
                 (0x10000000, 4 * MiB, "parameter", "enc.fc1"), (0x10400000, 4096, "parameter", "enc.fc1"),
                 (0x20000000, 8 * MiB, "parameter", "dec"), (0x30000000, 512, "parameter", "(model)"),
                 (0x50000000, 2 * MiB, "parameter", "(optimizer)"),
-                (0x80000000, 4 * MiB, "gradient", "enc.fc1"), (0x90000000, 8 * MiB, "gradient", "dec"),
+                (0x80000000, 4 * MiB, "gradient", "enc.fc1"),
                 (0x60000000, 4 * MiB, "optimizer_state", "enc.fc1"), (0x60400000, 4 * MiB, "optimizer_state", "enc.fc1"),
                 (0x70000000, 2 * MiB, "optimizer_state", "(optimizer)"),
             ])
