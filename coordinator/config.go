@@ -89,6 +89,11 @@ type Config struct {
 	StatusTimeout time.Duration
 	// JoinGrace is how long the leader waits, before planning a window, for ranks
 	// that are not members yet; the window goes on without those still absent.
+	// A leader finishing a window an earlier one left waits as long for a rank
+	// gone from the cluster, counted from when it was last heard from (memberlist
+	// takes its shortest suspicion timeout to declare a silent member dead, and a
+	// restarted agent takes its name back within it), so the dead leader's own
+	// rank, at 1,024 members, is not waited for at all.
 	JoinGrace time.Duration
 	// AckTimeout bounds the wait for the ranks' acks of a plan.
 	AckTimeout time.Duration
@@ -163,7 +168,7 @@ func DefaultConfig(id rankagent.Identity) Config {
 		OnOOM:           true,
 		LeadMargin:      500 * time.Millisecond,
 		StatusTimeout:   3 * time.Second,
-		JoinGrace:       10 * time.Second,
+		JoinGrace:       5 * time.Second,
 		AckTimeout:      10 * time.Second,
 		CollectTimeout:  2 * time.Minute,
 		ClockInterval:   30 * time.Second,
@@ -200,7 +205,6 @@ func DefaultLocalConfig(id rankagent.Identity) Config {
 	c.Schedule.Enabled = false
 	c.LeadMargin = 200 * time.Millisecond
 	c.StatusTimeout = 2 * time.Second
-	c.JoinGrace = 5 * time.Second
 	c.AckTimeout = 5 * time.Second
 	c.CollectTimeout = 30 * time.Second
 	c.ClockInterval = 2 * time.Second

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"sort"
@@ -78,7 +79,8 @@ type Coordinator struct {
 	ml         *memberlist.Memberlist
 	addr       string // the gossip address, host:port
 	members    map[string]*member
-	seenAddrs  map[string]string // every rank member ever seen: name -> address, to rejoin after a split
+	seenAddrs  map[string]string     // every rank member ever seen: name -> address, to rejoin after a split
+	gone       map[string]goneMember // members memberlist took away, until they are back
 	leaderName string
 	lead       *leaderRun // this member's leader loop, while it leads
 	lastWindow uint64     // the newest window id seen
@@ -130,7 +132,7 @@ func New(cfg Config, rec Recorder) (*Coordinator, error) {
 	if !cfg.Client && rec == nil {
 		return nil, errors.New("coordinator: a rank needs its recorder")
 	}
-	c := &Coordinator{cfg: cfg, rec: rec, inbox: make(chan []byte, 4096), members: map[string]*member{}, seenAddrs: map[string]string{},
+	c := &Coordinator{cfg: cfg, rec: rec, inbox: make(chan []byte, 4096), members: map[string]*member{}, seenAddrs: map[string]string{}, gone: map[string]goneMember{},
 		waiting: map[uint64]*waiter{}, changed: make(chan struct{}, 1), termBump: make(chan struct{}, 1),
 		leaderSig: make(chan struct{}, 1), down: make(chan struct{})}
 	if cfg.Client {
@@ -422,7 +424,11 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 		// nothing changed but whether this member may lead
 	} else if gone {
 		delete(c.members, n.Name)
+		if len(c.gone) < maxSeenAddrs {
+			c.gone[n.Name] = goneMember{at: time.Now(), members: len(c.members) + 1}
+		}
 	} else if meta, err := decodeMeta(n.Meta); err == nil && meta.Run == c.cfg.Identity.RunName {
+		delete(c.gone, n.Name)
 		nn := *n
 		c.members[n.Name] = &member{node: &nn, meta: meta}
 		c.lastWindow = max(c.lastWindow, meta.LastWindow)
@@ -444,8 +450,52 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 	}
 }
 
-// maxSeenAddrs bounds the addresses remembered for rejoining.
+// maxSeenAddrs bounds the addresses remembered for rejoining (and the members
+// remembered as gone).
 const maxSeenAddrs = 1 << 16
+
+// goneMember is when memberlist took a member away.
+type goneMember struct {
+	at      time.Time
+	members int // the cluster's size then, which memberlist's suspicion scales with
+}
+
+// lastHeard is when a member gone from the cluster was last heard from, as far
+// as failure detection tells: one declared dead had not answered for at least
+// memberlist's shortest suspicion timeout before (a live agent, or one restarted
+// under its name, refutes a suspicion within it). memberlist does not tell its
+// events delegate a death from an announced leave (the node's State it passes is
+// not set), so a member that left is taken to have gone as quietly: its grace is
+// shorter by the suspicion timeout (4 s are left of production's 10 s at 1,024
+// members). A member never seen to go was heard from now, for all we know.
+func (c *Coordinator) lastHeard(name string, now time.Time) time.Time {
+	c.mu.Lock()
+	g, ok := c.gone[name]
+	c.mu.Unlock()
+	if !ok {
+		return now
+	}
+	return g.lastHeard(c.cfg.Memberlist, now)
+}
+
+func (g goneMember) lastHeard(ml *memberlist.Config, now time.Time) time.Time {
+	t := g.at
+	if ml != nil {
+		t = t.Add(-suspicionTimeout(ml.SuspicionMult, g.members, ml.ProbeInterval))
+	}
+	if t.After(now) {
+		return now
+	}
+	return t
+}
+
+// suspicionTimeout is memberlist's shortest suspicion timeout for a cluster of n
+// (its suspicionTimeout: the multiplier times log10 of the size, at least 1,
+// probe intervals).
+func suspicionTimeout(mult, n int, interval time.Duration) time.Duration {
+	scale := math.Max(1, math.Log10(math.Max(1, float64(n))))
+	return time.Duration(mult) * time.Duration(scale*1000) * interval / 1000
+}
 
 // noteTerm records a term seen in a message; it reports whether it was newer.
 func (c *Coordinator) noteTerm(t uint64) bool {

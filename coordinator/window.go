@@ -495,10 +495,13 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 			}
 		case <-tick.C:
 			l.resend(w, ackDeadline)
-			if time.Since(lastPoll) >= c.cfg.StatusTimeout {
+			// ranks are asked every StatusTimeout; a silence's end (a rank gone
+			// from the cluster, whose grace ends) is seen at the next tick
+			poll := time.Since(lastPoll) >= c.cfg.StatusTimeout
+			if poll {
 				lastPoll = time.Now()
-				l.checkAlive(ctx, w)
 			}
+			l.checkAlive(ctx, w, poll)
 		}
 	}
 	return out
@@ -667,15 +670,18 @@ func (l *leaderRun) onRequestDuring(w *win, env *pb.Envelope) bool {
 	return false
 }
 
-// checkAlive asks the outstanding ranks where they stand: a result that never
-// arrived is taken from the answer, a batch that advanced is a sign of life, and a
-// rank silent for CollectTimeout is missing.
-func (l *leaderRun) checkAlive(ctx context.Context, w *win) {
+// checkAlive asks the outstanding ranks where they stand (with poll): a result
+// that never arrived is taken from the answer, a batch that advanced is a sign of
+// life; and a rank silent for CollectTimeout is missing.
+func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
 	out := w.outstanding()
 	if len(out) == 0 {
 		return
 	}
-	sts := l.c.status(ctx, out)
+	var sts map[int]status
+	if poll {
+		sts = l.c.status(ctx, out)
+	}
 	now := time.Now()
 	for _, r := range out {
 		s := w.ranks[r]
