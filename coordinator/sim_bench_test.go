@@ -28,6 +28,7 @@ var (
 	simLatency   = flag.Duration("sim.store-latency", 0, "BenchmarkScale: latency added to every store request (0: the folder store as it is)")
 	simLoopback  = flag.Bool("sim.loopback", false, "BenchmarkScale: members on memberlist's UDP/TCP transport over 127.0.0.1 instead of the in-memory network (packets are then not counted)")
 	simCompress  = flag.Bool("sim.compress", false, "BenchmarkScale: memberlist's compression of gossip (memberlist's default; off in the simulation, see simTune)")
+	simProd      = flag.Bool("sim.production", false, "BenchmarkScale: every member on production's timers (DefaultConfig: probes, suspicion, gossip, push-pull, clock refresh) at every size, not simTune's slower detection above 256 members (for a machine with cores enough)")
 )
 
 // simFigures is what BenchmarkScale measures for one size.
@@ -37,6 +38,7 @@ type simFigures struct {
 	idleCores                  float64 // CPU in use while no window records, in cores
 	idleHeap                   uint64  // heap in use then
 	idlePackets                float64 // packets a second then
+	idleRSS                    uint64  // the process's resident memory then, less before the cluster started
 	toPlan                     []time.Duration
 	acks                       []time.Duration // every rank's, trigger to the leader taking its ack, over every window
 	planAcks                   []time.Duration // the same from the plan
@@ -98,6 +100,36 @@ func intList(s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// productionTimers puts a simulated member on production's timers (DefaultConfig's:
+// failure detection, gossip, the leader's waits), whatever simTune chose for the
+// cluster's size.
+func productionTimers(c *Config) {
+	d := DefaultConfig(c.Identity)
+	ml, p := c.Memberlist, d.Memberlist
+	ml.ProbeInterval, ml.ProbeTimeout, ml.SuspicionMult = p.ProbeInterval, p.ProbeTimeout, p.SuspicionMult
+	ml.IndirectChecks, ml.RetransmitMult, ml.AwarenessMaxMultiplier = p.IndirectChecks, p.RetransmitMult, p.AwarenessMaxMultiplier
+	ml.GossipInterval, ml.GossipNodes, ml.GossipToTheDeadTime = p.GossipInterval, p.GossipNodes, p.GossipToTheDeadTime
+	ml.PushPullInterval, ml.TCPTimeout, ml.HandoffQueueDepth = p.PushPullInterval, p.TCPTimeout, p.HandoffQueueDepth
+	// and the coordinator's own timers (the local preset's are shorter)
+	c.LeadMargin, c.StatusTimeout, c.JoinGrace, c.AckTimeout = d.LeadMargin, d.StatusTimeout, d.JoinGrace, d.AckTimeout
+	c.CollectTimeout, c.ClockInterval, c.PostmortemDeadline = d.CollectTimeout, d.ClockInterval, d.PostmortemDeadline
+	c.MaxWindowWait, c.PublishTimeout, c.SweepInterval, c.RejoinInterval = d.MaxWindowWait, d.PublishTimeout, d.SweepInterval, d.RejoinInterval
+}
+
+// processRSS is this process's resident memory in bytes (0 where /proc has none).
+func processRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseUint(f[1], 10, 64)
+	return pages * uint64(os.Getpagesize())
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -164,8 +196,15 @@ func heapInuse() uint64 {
 
 // simBench measures one size.
 func simBench(b *testing.B, n, events int) *simFigures {
+	runtime.GC()
+	rss0 := processRSS()
 	sc := startSim(b, simConfig{Members: n, Step: *simBatch, Events: events, StoreLatency: *simLatency, Loopback: *simLoopback,
-		Tune: func(_ int, c *Config) { c.Memberlist.EnableCompression = *simCompress }})
+		Tune: func(_ int, c *Config) {
+			if *simProd {
+				productionTimers(c)
+			}
+			c.Memberlist.EnableCompression = *simCompress
+		}})
 	f := &simFigures{members: n, events: sc.ranks[0].snap.events, snapBytes: len(sc.ranks[0].snap.data), formed: sc.Formed}
 	b.Logf("%d members formed a cluster in %v", n, sc.Formed.Round(time.Millisecond))
 	sc.wait(time.Minute, "every trainer to run", func() bool {
@@ -177,6 +216,7 @@ func simBench(b *testing.B, n, events int) *simFigures {
 		return true
 	})
 	f.idleHeap = heapInuse()
+	f.idleRSS = sub(processRSS(), rss0)
 	c0, p0, t0 := processCPU(), sc.net.sent.Load(), time.Now()
 	time.Sleep(*simIdle) // the idle cluster's own load, measured over a fixed span
 	f.idleCores = float64(processCPU()-c0) / float64(time.Since(t0))
@@ -424,6 +464,9 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"idle load of the whole simulation", func(f *simFigures) float64 { return f.idleCores }, func(v float64) string { return fmt.Sprintf("%.2f cores", v) }},
 		{"idle packets a second, whole simulation", func(f *simFigures) float64 { return f.idlePackets }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
 		{"idle heap of the whole simulation", func(f *simFigures) float64 { return float64(f.idleHeap) }, mib},
+		{"one idle agent: CPU (whole / members)", func(f *simFigures) float64 { return 1000 * f.idleCores / float64(f.members) }, func(v float64) string { return fmt.Sprintf("%.2f ms/s", v) }},
+		{"one idle agent: packets sent a second", func(f *simFigures) float64 { return f.idlePackets / float64(f.members) }, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
+		{"one idle agent: RSS (growth / members)", func(f *simFigures) float64 { return float64(f.idleRSS) / float64(f.members) }, func(v float64) string { return fmt.Sprintf("%.0f KiB", v/1024) }},
 		{"trigger -> plan sent (median)", q(func(f *simFigures) []time.Duration { return f.toPlan }, 0.5), msf},
 		{"trigger -> rank acked, p50", q(acks, 0.5), msf},
 		{"trigger -> rank acked, p99", q(acks, 0.99), msf},
@@ -448,6 +491,9 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"streams opened per window, median", med(func(f *simFigures) []float64 { return f.conns }), func(v float64) string { return fmt.Sprintf("%.0f", v) }},
 		{"CPU time per window, median", med(func(f *simFigures) []float64 { return f.cpu }), func(v float64) string { return fmt.Sprintf("%.1f s", v) }},
 		{"packets dropped at full queues", func(f *simFigures) float64 { return float64(f.dropped) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+	}
+	if *simProd {
+		fmt.Fprintln(w, "\ntimers: production's (DefaultConfig) at every size")
 	}
 	if *simLoopback {
 		// memberlist's own transport: its packets and streams are not counted
@@ -500,6 +546,9 @@ func printFigures(w *os.File, fs []*simFigures) {
 	last := fs[len(fs)-1]
 	p99 := quantile(last.acks, 0.99)
 	fmt.Fprintf(w, "target: every agent acks within 1 s of the trigger (p99) at %d members: %v -> %s\n", last.members, p99.Round(time.Millisecond), verdict(p99 <= time.Second))
+	if *simProd {
+		fmt.Fprintf(w, "target: acks p99 under 100 ms on production timers at %d members: %v -> %s\n", last.members, p99.Round(time.Millisecond), verdict(p99 < 100*time.Millisecond))
+	}
 	if len(last.recover) > 0 {
 		worst := quantile(last.recover, 1)
 		take := quantile(last.takeover, 1)

@@ -12,6 +12,12 @@
 #   IDLE       how long the idle cluster's load is measured (default 10s)
 #   LATENCY    latency added to every store request (default 0: the folder store)
 #   COMPRESS   memberlist's gossip compression (default false; memberlist's own default is true)
+#   PRODUCTION 1: every member on production's timers (DefaultConfig) at every size; on
+#              2 cores the simulation slows failure detection above 256 members
+#              (coordinator/sim_test.go's simTune), a machine with 16 cores need not
+#   BIN        a coordinator test binary built beforehand (go test -c ./coordinator),
+#              for a machine without Go: the GPU machine's 16 cores, e.g.
+#              BIN=.devrun/coord.test PRODUCTION=1 scripts/bench-scale.sh
 #   LOOPBACK   1: members on memberlist's own UDP/TCP transport over 127.0.0.1 instead
 #              of the in-memory network (packets are then not counted), e.g.
 #              LOOPBACK=1 SIZES=8,64 EVENTS=100000,100000 scripts/bench-scale.sh
@@ -23,11 +29,18 @@ cd "$(dirname "$0")/.."
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 SIZES="${SIZES:-64,256,1024}"; EVENTS="${EVENTS:-100000,20000,5000}"; REPEATS="${REPEATS:-5}"; FAILOVERS="${FAILOVERS:-3}"
 STEP="${STEP:-250ms}"; IDLE="${IDLE:-10s}"; LATENCY="${LATENCY:-0}"; COMPRESS="${COMPRESS:-false}"; LOOPBACK="${LOOPBACK:-0}"
+PRODUCTION="${PRODUCTION:-0}"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-go test -c -o "$tmp/coordinator.test" ./coordinator
+if [ -n "${BIN:-}" ]; then
+  case $BIN in *.gz) gunzip -c "$BIN" >"$tmp/coordinator.test" ;; *) cp "$BIN" "$tmp/coordinator.test" ;; esac
+  chmod +x "$tmp/coordinator.test"
+else
+  go test -c -o "$tmp/coordinator.test" ./coordinator
+fi
+echo "== $(nproc) cores; sizes $SIZES, events $EVENTS, $REPEATS windows and $FAILOVERS failovers each, production timers: $([ "$PRODUCTION" = 1 ] && echo yes || echo 'no (simTune)')"
 cd coordinator
 # the test binary runs in its package's folder, as go test runs it; its own
 # temporary folders (the store) go under $TMPDIR
 "$tmp/coordinator.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 0 \
   -sim.sizes "$SIZES" -sim.events "$EVENTS" -sim.repeats "$REPEATS" -sim.failovers "$FAILOVERS" \
-  -sim.step "$STEP" -sim.idle "$IDLE" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)"
+  -sim.step "$STEP" -sim.idle "$IDLE" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.production="$([ "$PRODUCTION" = 1 ] && echo true || echo false)" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)"
