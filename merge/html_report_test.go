@@ -153,3 +153,52 @@ func TestHTMLReport1024RanksPicker(t *testing.T) {
 		t.Fatalf("the picked curve covers %d pixels", n)
 	}
 }
+
+// TestHTMLCategoriesAndLeakInChromium: the report, as headless Chromium draws it,
+// shows each rank's memory by category (parameters, gradients, optimizer state,
+// activations, with the modules holding the most) and the leaking rank with the
+// site whose blocks outlive their batch, per batch. The screenshot is kept where
+// MEMSNAP_KEEP_SCREENSHOT says and its path logged.
+func TestHTMLCategoriesAndLeakInChromium(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	dir := t.TempDir()
+	for r, j := range []synthJob{{batches: 6, watch: true}, {batches: 6, watch: true, leak: 8 * mib}, {batches: 6, watch: true}} {
+		s, meta := j.build(t0)
+		meta.Rank, meta.WorldSize = r, 3
+		writeRank(t, dir, r, s, meta)
+	}
+	res, out := runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{dir}), Title: "categories and a leak"})
+	if l := res.Summary.Ranks[1].Leak; l == nil || l.PerBatchBytes != 8*mib {
+		t.Fatalf("rank 1's leak in the summary: %+v", l)
+	}
+	shot := os.Getenv("MEMSNAP_KEEP_SCREENSHOT")
+	if shot == "" {
+		shot = filepath.Join(t.TempDir(), "categories.png")
+		t.Setenv("MEMSNAP_KEEP_SCREENSHOT", shot)
+	}
+	dom, img := browse(t, filepath.Join(out, "merged.html"))
+	t.Logf("screenshot of the report: %s (%dx%d)", shot, img.Bounds().Dx(), img.Bounds().Dy())
+	cats := regexp.MustCompile(`(?s)<table id="categories">.*?</table>`).FindString(dom)
+	if cats == "" {
+		t.Fatal("the report has no table of categories")
+	}
+	for _, w := range []string{"<th>parameters</th>", "<th>gradients</th>", "<th>optimizer state</th>", "<th>activations</th>", "256.0 MiB", "128.0 MiB", "fc1 (parameters, 128.0 MiB)"} {
+		if !strings.Contains(cats, w) {
+			t.Fatalf("the categories table lacks %q:\n%s", w, cats)
+		}
+	}
+	if n := strings.Count(cats, "<tr"); n < 4 { // a heading and a row per rank
+		t.Fatalf("the categories table has %d rows:\n%s", n, cats)
+	}
+	leak := regexp.MustCompile(`(?s)<table class="leak" id="leak-1">.*?</table>`).FindString(dom)
+	if leak == "" || !strings.Contains(leak, html.EscapeString(leakSite)) || !strings.Contains(leak, "8.0 MiB") {
+		t.Fatalf("the report does not name rank 1's leak at %s, 8 MiB a batch:\n%s", leakSite, leak)
+	}
+	if strings.Contains(dom, `id="leak-0"`) || strings.Contains(dom, `id="leak-2"`) {
+		t.Fatal("a steady rank is shown leaking")
+	}
+	// and it is drawn: the page's text covers the screenshot
+	if dark := countColor(img, "#1b1f24", 40); dark < 2000 {
+		t.Fatalf("little text was rendered (%d dark pixels)", dark)
+	}
+}
