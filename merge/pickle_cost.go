@@ -1,6 +1,8 @@
 package merge
 
 import (
+	"slices"
+
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -18,6 +20,17 @@ type pickleCost struct {
 	newObjs map[any]struct{}
 	settled bool // the part has its allocator settings
 	pendSet bool
+
+	// Shortcuts that give the same bound with fewer map lookups, valid within one
+	// rank call: the frames list counted last, when it held no nil frame (every
+	// frame of it is then counted as written, so an equal list costs a reference
+	// per frame, as the encoder writes it), and the strings counted last (each is
+	// then counted as written). Consecutive entries mostly repeat both.
+	lastFr []*snapshot.Frame
+	recent [8]string
+	nRecent,
+	nextR int
+	slow bool // no shortcuts (tests check the shortcuts change nothing)
 }
 
 const (
@@ -41,6 +54,7 @@ func newPickleCost() *pickleCost {
 // commit.
 func (c *pickleCost) rank(r *rankData, trace []*snapshot.TraceEntry) (tr, tail int64) {
 	c.newStrs, c.newFr, c.newObjs, c.pendSet = map[string]struct{}{}, map[*snapshot.Frame]struct{}{}, map[any]struct{}{}, false
+	c.lastFr, c.nRecent, c.nextR = nil, 0, 0
 	n := emptyTraceCost + listCost(len(trace))
 	for _, e := range trace {
 		n += c.entry(e)
@@ -79,6 +93,16 @@ func (c *pickleCost) commit() {
 func listCost(n int) int64 { return 1 + batchCost*int64(n/1000+1) }
 
 func (c *pickleCost) str(s string) int64 {
+	for i := 0; i < c.nRecent; i++ {
+		if c.recent[i] == s {
+			return refCost
+		}
+	}
+	if !c.slow {
+		c.recent[c.nextR] = s
+		c.nextR = (c.nextR + 1) % len(c.recent)
+		c.nRecent = max(c.nRecent, c.nextR)
+	}
 	if _, ok := c.strs[s]; ok {
 		return refCost
 	}
@@ -98,8 +122,16 @@ func (c *pickleCost) entry(e *snapshot.TraceEntry) int64 {
 
 func (c *pickleCost) frameList(fs []*snapshot.Frame) int64 {
 	n := listCost(len(fs))
+	if len(fs) > 0 && slices.Equal(fs, c.lastFr) {
+		return n + refCost*int64(len(fs))
+	}
+	whole := true
 	for _, f := range fs {
 		n += c.frame(f)
+		whole = whole && f != nil
+	}
+	if whole && !c.slow {
+		c.lastFr = fs
 	}
 	return n
 }
