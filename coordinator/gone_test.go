@@ -1,9 +1,15 @@
 package coordinator
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
+	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -25,5 +31,33 @@ func TestLastHeard(t *testing.T) {
 		if got := c.g.lastHeard(ml, c.now); !got.Equal(c.want) {
 			t.Errorf("%+v at %v: last heard %v, want %v", c.g, c.now, got, c.want)
 		}
+	}
+}
+
+// TestTickWithoutPollKeepsMembersAlive: between status polls the leader checks
+// only what needs no answer. A member whose last sign is older than
+// CollectTimeout may have advanced since the last poll (the next poll would say
+// so), so a tick without a poll must not call it missing; a rank not a member
+// now, whose grace has run out, is missing at once, poll or not.
+func TestTickWithoutPollKeepsMembersAlive(t *testing.T) {
+	cfg := DefaultLocalConfig(rankagent.Identity{RunName: "tick", Rank: 0, WorldSize: 3})
+	cfg.CollectTimeout = time.Second
+	c := &Coordinator{cfg: cfg, members: map[string]*member{}, gone: map[string]goneMember{}}
+	for _, r := range []int{0, 1} {
+		name := NodeName("tick", r)
+		c.members[name] = &member{node: &memberlist.Node{Name: name}, meta: &pb.NodeMeta{Run: "tick", Rank: int32(r)}}
+	}
+	l := &leaderRun{c: c, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	old := time.Now().Add(-2 * time.Second) // past CollectTimeout
+	w := &win{id: 7, kind: pb.WindowKind_WINDOW_KIND_WINDOW, world: 3, ranks: map[int]*rankState{
+		1: {acked: true, lastSign: old, batch: 4},                                  // a live member, silent since the last poll
+		2: {acked: true, lastSign: old, gone: "not a member now, and no snapshot"}, // gone, its grace over
+	}}
+	l.checkAlive(context.Background(), w, false)
+	if m := w.ranks[1].missing; m != "" {
+		t.Errorf("a member was called missing at a tick without a poll: %q", m)
+	}
+	if m := w.ranks[2].missing; m == "" {
+		t.Errorf("a rank gone from the cluster, its grace over, is still waited for")
 	}
 }

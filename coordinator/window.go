@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -672,19 +674,28 @@ func (l *leaderRun) onRequestDuring(w *win, env *pb.Envelope) bool {
 
 // checkAlive asks the outstanding ranks where they stand (with poll): a result
 // that never arrived is taken from the answer, a batch that advanced is a sign of
-// life; and a rank silent for CollectTimeout is missing.
+// life; and a rank silent for CollectTimeout is missing. Without poll only ranks
+// that are not members can be missing: a member may have advanced since the last
+// poll, and only the next one can say (a rank gone from the cluster, whose grace
+// ends, is seen at once; one that came back is asked first).
 func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
 	out := w.outstanding()
 	if len(out) == 0 {
 		return
 	}
 	var sts map[int]status
+	var nodes map[int]*memberlist.Node
 	if poll {
 		sts = l.c.status(ctx, out)
+	} else {
+		nodes = l.c.rankNodes()
 	}
 	now := time.Now()
 	for _, r := range out {
 		s := w.ranks[r]
+		if !poll && nodes[r] != nil {
+			continue // a member: the next poll says whether it lives
+		}
 		if st, ok := sts[r]; ok {
 			if st.st.Term > l.term {
 				l.c.noteTerm(st.st.Term)
