@@ -423,10 +423,12 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 	if n == nil {
 		// nothing changed but whether this member may lead
 	} else if gone {
-		delete(c.members, n.Name)
-		if len(c.gone) < maxSeenAddrs {
-			c.gone[n.Name] = goneMember{at: time.Now(), members: len(c.members) + 1}
+		// only ranks are waited for: clients come and go (each `memsnap
+		// snapshot` is one) and would fill what is remembered
+		if m := c.members[n.Name]; m != nil && m.meta.Rank >= 0 && len(c.gone) < maxSeenAddrs {
+			c.gone[n.Name] = goneMember{at: time.Now(), members: len(c.members)}
 		}
+		delete(c.members, n.Name)
 	} else if meta, err := decodeMeta(n.Meta); err == nil && meta.Run == c.cfg.Identity.RunName {
 		delete(c.gone, n.Name)
 		nn := *n
@@ -466,8 +468,10 @@ type goneMember struct {
 // under its name, refutes a suspicion within it). memberlist does not tell its
 // events delegate a death from an announced leave (the node's State it passes is
 // not set), so a member that left is taken to have gone as quietly: its grace is
-// shorter by the suspicion timeout (4 s are left of production's 10 s at 1,024
-// members). A member never seen to go was heard from now, for all we know.
+// shorter by the suspicion timeout (at 1,024 members, 6 s: more than production's
+// JoinGrace of 5 s, so none is left: an agent stopped and restarted under its name
+// is not waited for). A member never seen to go was heard from now, for all we
+// know.
 func (c *Coordinator) lastHeard(name string, now time.Time) time.Time {
 	c.mu.Lock()
 	g, ok := c.gone[name]

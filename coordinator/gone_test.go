@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -59,5 +60,30 @@ func TestTickWithoutPollKeepsMembersAlive(t *testing.T) {
 	}
 	if m := w.ranks[2].missing; m == "" {
 		t.Errorf("a rank gone from the cluster, its grace over, is still waited for")
+	}
+}
+
+// TestGoneRemembersRanksOnly: what is remembered of members gone is bounded by
+// the ranks, not by every client that ever came and went (each `memsnap
+// snapshot` is one): 2^16 clients leaving must not stop a rank's death from
+// being remembered (its grace would then count from now again).
+func TestGoneRemembersRanksOnly(t *testing.T) {
+	c := &Coordinator{cfg: DefaultLocalConfig(rankagent.Identity{RunName: "g"}), members: map[string]*member{},
+		gone: map[string]goneMember{}, seenAddrs: map[string]string{}, changed: make(chan struct{}, 1)}
+	for i := range maxSeenAddrs + 1 {
+		n := &memberlist.Node{Name: fmt.Sprintf("g/client-%d", i)}
+		c.members[n.Name] = &member{node: n, meta: &pb.NodeMeta{Run: "g", Rank: -1}}
+		c.memberChanged(n, true)
+	}
+	c.memberChanged(&memberlist.Node{Name: "g/rank9"}, true) // never a member here: nothing to remember
+	rank := &memberlist.Node{Name: NodeName("g", 3)}
+	c.members[rank.Name] = &member{node: rank, meta: &pb.NodeMeta{Run: "g", Rank: 3}}
+	c.memberChanged(rank, true)
+	now := time.Now().Add(time.Second)
+	if got := c.lastHeard(rank.Name, now); !got.Before(now) {
+		t.Fatalf("a rank gone after many clients left: last heard %v, now %v", got, now)
+	}
+	if len(c.gone) != 1 {
+		t.Fatalf("%d members remembered as gone, want the one rank", len(c.gone))
 	}
 }
