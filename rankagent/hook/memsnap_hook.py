@@ -35,6 +35,7 @@ Protocol: newline-delimited JSON, version 1 (see the memsnap README).
 import atexit
 import collections
 import json
+import operator
 import os
 import pickle
 import signal
@@ -215,7 +216,7 @@ class Hook:
         self.stop_wait = STOP_WAIT
         self._watched = None      # (model, [optimizers]), each a weak reference (see watch)
         self._grad_hooks = []     # handles of the gradient hooks of the window being recorded
-        self._grads = {}          # storage address -> [address, bytes, "gradient", module] seen in the window
+        self._grads = {}          # (address, bytes, batch) -> [address, bytes, module, batch] made in the window
         self._thread = None
         if connect:
             self._thread = threading.Thread(target=self._run, name="memsnap-hook", daemon=True)
@@ -349,14 +350,21 @@ class Hook:
             r = _tensor_range(getattr(p, "grad", None))
             if r is None:
                 return
-            key = (r[0], r[1], self._batch)  # the allocator hands one address to many blocks
+            b = self._batch
+            if type(b) is not int:
+                b = int(operator.index(b))  # a numpy or torch integer; anything else is not noted
+            key = (r[0], r[1], b)  # the allocator hands one address to many blocks
             if key not in self._grads and len(self._grads) < MAX_TENSORS:
-                self._grads[key] = [r[0], r[1], mod, self._batch]
+                self._grads[key] = [r[0], r[1], mod, b]
         except Exception:
             pass
 
     def _unhook_grads(self):
+        """The window's end (after its snapshot) or its cancellation: its gradient
+        hooks go, and so do the gradients it saw made (a later OOM or post-mortem
+        dump has no batch marks to place them by)."""
         hooks, self._grad_hooks = self._grad_hooks, []
+        self._grads = {}
         for h in hooks:
             try:
                 h.remove()

@@ -268,6 +268,61 @@ class WatchTest(unittest.TestCase):
             self.assertLessEqual(len(m.encode("utf-8")), memsnap_hook.MAX_MODULE)
         hook._unhook_grads()
 
+    def test_gradient_notes_hold_plain_batches(self):
+        """_note_grad runs inside autograd's backward: a batch that is not a plain
+        int (a numpy or torch integer, an object that is none) never raises, and
+        the snapshot holds only plain ints (the analysis reads nothing else, and
+        a batch object that cannot be pickled would lose the whole snapshot)."""
+        class Index:  # a numpy or 0-d torch integer: hashable only by identity, not equal to its int
+            def __init__(self, n):
+                self.n = n
+
+            def __index__(self):
+                return self.n
+
+            def __reduce__(self):
+                raise TypeError("cannot pickle an Index")
+
+        class Unhashable:
+            __hash__ = None
+
+            def __index__(self):
+                raise TypeError("not an integer")
+
+        w = FakeTensor(0x1000, 4096)
+        model = FakeModel([("fc.weight", w)])  # watch keeps a weak reference
+        hook = memsnap_hook.Hook(connect=False)
+        hook.watch(model)
+        hook._recording = {"id": 1, "start": 0, "stop": 9}
+        hook._hook_grads()
+        for b in (Index(3), Index(3), Unhashable(), 4, True):
+            hook._batch = b
+            w.backward_made(FakeTensor(0x9000, 4096))
+        made = hook._tensors()["gradients_made"]
+        self.assertEqual(sorted(map(tuple, made)), [(0x9000, 4096, "fc", 1), (0x9000, 4096, "fc", 3), (0x9000, 4096, "fc", 4)])
+        for m in made:
+            self.assertIs(type(m[3]), int)
+        pickle.dumps(made)
+        hook._unhook_grads()
+
+    def test_gradient_notes_end_with_their_window(self):
+        """The gradients a window saw made are told in its snapshot only: an OOM or
+        post-mortem dump after it (with no batch marks) must not carry them (the
+        analysis would take every block at those addresses, in any batch, for a
+        gradient), nor keep them in the trainer's memory."""
+        w = FakeTensor(0x1000, 4096)
+        model = FakeModel([("fc.weight", w)])  # watch keeps a weak reference
+        hook = memsnap_hook.Hook(connect=False)
+        hook.watch(model)
+        hook._recording = {"id": 1, "start": 0, "stop": 1}
+        hook._batch = 0
+        hook._hook_grads()
+        w.backward_made(FakeTensor(0x9000, 4096))
+        self.assertEqual(len(hook._tensors()["gradients_made"]), 1)
+        hook._recording = None
+        hook._unhook_grads()  # the window's end, after its snapshot
+        self.assertEqual(hook._tensors()["gradients_made"], [])
+
     def test_callbacks_watch_on_their_own(self):
         model = FakeModel([("w", FakeTensor(0x1000, 4096))])
         opt = FakeOptimizer([], {})
