@@ -9,10 +9,11 @@ import (
 	"testing"
 
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
 // analysisSeeds are analyses as ranks write them: of a real rank with batch marks
-// (and an OOM), and small changes ParseAnalysis must refuse.
+// (and an OOM), and of a synthetic one whose hook told gradients_made.
 func analysisSeeds(t testing.TB) [][]byte {
 	var out [][]byte
 	for _, name := range []string{"ddp4/rank3.5.memory_snapshot.pickle", "single/oom.memory_snapshot.pickle"} {
@@ -26,7 +27,21 @@ func analysisSeeds(t testing.TB) [][]byte {
 		}
 		out = append(out, marshal(t, a))
 	}
-	return out
+	// the hook's version 2: gradients told with the batch each was made in, one
+	// address handed to the optimizer's temporaries the next batch
+	s, meta := (synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true, gradFreed: true}).build(1_700_000_000_000_000)
+	data, err := snapshot.EncodeBytes(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Analyze(context.Background(), data, meta, AnalyzeOptions{Rank: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Categories == nil || a.Categories.AtPeak[CatGradients] == 0 {
+		t.Fatalf("the gradients_made seed has no gradients: %+v", a.Categories)
+	}
+	return append(out, marshal(t, a))
 }
 
 var brokenAnalyses = []string{
