@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -213,6 +214,9 @@ func (r *rankData) analysis(w window) *RankAnalysis {
 		a.Outside = outsideAllocator(a, r.meta.Samples, r.meta.Batches, w)
 	}
 	a.Curve = downsampleCurve(a.Curve, CurvePoints)
+	if cap(a.Curve) > 2*len(a.Curve)+64 { // a short curve of a long trace: keep only its points
+		a.Curve = slices.Clone(a.Curve)
+	}
 	return a
 }
 
@@ -222,6 +226,10 @@ func (r *rankData) analysis(w window) *RankAnalysis {
 // allocated peak (-1: the peak is the state before the first event inside w).
 func (r *rankData) walk(a *RankAnalysis, w window, alloc, res int64, hist *history) int {
 	peakIdx, started := -1, false
+	made := a.Curve == nil && len(r.trace) > 0
+	if made { // a point per event at most, and the first
+		a.Curve = make(Curve, 0, len(r.trace)+1)
+	}
 	for i, e := range r.trace {
 		t := e.TimeUS
 		dA, dR := deltas(e)
@@ -260,6 +268,9 @@ func (r *rankData) walk(a *RankAnalysis, w window, alloc, res int64, hist *histo
 	}
 	if !started {
 		a.StartAllocatedBytes, a.PeakAllocatedBytes, a.PeakReservedBytes = alloc, alloc, res
+		if made {
+			a.Curve = nil
+		}
 	}
 	a.EndAllocatedBytes, a.EndReservedBytes = alloc, res
 	return peakIdx
