@@ -26,6 +26,7 @@ type builder struct {
 	pickles *pickleParts
 	tw      *traceWriter
 	pbw     *pbWriter
+	pbDone  chan struct{} // closed when the rank being written into the timeline is written; nil when none is
 
 	inputs      []Input // the inputs the cut keeps, in rank order
 	ranks       []*rankEntry
@@ -75,6 +76,7 @@ func newBuilder(cfg *Config, tmp string) (*builder, error) {
 }
 
 func (b *builder) close() {
+	b.pbWait()
 	for _, f := range b.files {
 		f.f.Close()
 	}
@@ -268,12 +270,26 @@ func (b *builder) addDetail(r *rankData) error {
 		}
 	}
 	b.in.forget()
+	b.pbWait()
+	done, rc, sum := make(chan struct{}), *r, e.sum
+	b.pbDone = done
+	go func() { // the timeline is written while the pickle is: they share nothing but the interned frames, read only
+		defer close(done)
+		b.pbw.rank(&rc, trace, sum)
+	}()
 	if err := b.pickles.add(r, trace); err != nil {
 		return err
 	}
-	b.pbw.rank(r, trace, e.sum)
-	r.snap, r.trace, r.segs = nil, nil, nil // let the decoded rank go
+	r.snap, r.trace, r.segs = nil, nil, nil // let the decoded rank go (once the timeline has it too)
 	return nil
+}
+
+// pbWait waits for the rank being written into the timeline.
+func (b *builder) pbWait() {
+	if b.pbDone != nil {
+		<-b.pbDone
+		b.pbDone = nil
+	}
 }
 
 // world is the world size: the configured one, else the largest the ranks'
@@ -306,6 +322,7 @@ func (b *builder) finish(keys map[string]string) (*Summary, []output, error) {
 	if err := b.tw.finish(); err != nil {
 		return nil, nil, fmt.Errorf("merge: writing the trace: %w", err)
 	}
+	b.pbWait()
 	b.pbw.header(b.cfg.Align, world, sum.MissingRanks)
 	if err := b.pbw.finish(); err != nil {
 		return nil, nil, fmt.Errorf("merge: writing the timeline: %w", err)

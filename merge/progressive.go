@@ -189,6 +189,7 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	if err := b.pickles.finish(world); err != nil {
 		return nil, err
 	}
+	b.pbWait()
 	b.pbw.header(cfg.Align, world, answered.MissingRanks)
 	if err := b.pbw.finish(); err != nil {
 		return nil, fmt.Errorf("merge: writing the timeline: %w", err)
