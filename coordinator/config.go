@@ -89,12 +89,14 @@ type Config struct {
 	StatusTimeout time.Duration
 	// JoinGrace is how long the leader waits, before planning a window, for ranks
 	// that are not members yet; the window goes on without those still absent.
-	// A leader finishing a window an earlier one left waits as long for a rank
-	// gone from the cluster, counted from when it was last heard from (memberlist
-	// takes its shortest suspicion timeout to declare a silent member dead, and a
-	// restarted agent takes its name back within it), so the dead leader's own
-	// rank, at 1,024 members, is not waited for at all.
 	JoinGrace time.Duration
+	// RejoinGrace is how long a leader finishing a window an earlier one left
+	// waits for a rank gone from the cluster, counted from when it was last heard
+	// from: memberlist takes its shortest suspicion timeout to declare a silent
+	// member dead, and an agent restarted under its name takes it back within
+	// that time, so at 1,024 members the dead leader's own rank, silent for 6 s
+	// by then, is not waited for at all.
+	RejoinGrace time.Duration
 	// AckTimeout bounds the wait for the ranks' acks of a plan.
 	AckTimeout time.Duration
 	// CollectTimeout bounds the wait for the ranks' snapshots after the window
@@ -168,7 +170,8 @@ func DefaultConfig(id rankagent.Identity) Config {
 		OnOOM:           true,
 		LeadMargin:      500 * time.Millisecond,
 		StatusTimeout:   3 * time.Second,
-		JoinGrace:       5 * time.Second,
+		JoinGrace:       10 * time.Second,
+		RejoinGrace:     5 * time.Second,
 		AckTimeout:      10 * time.Second,
 		CollectTimeout:  2 * time.Minute,
 		ClockInterval:   30 * time.Second,
@@ -205,6 +208,7 @@ func DefaultLocalConfig(id rankagent.Identity) Config {
 	c.Schedule.Enabled = false
 	c.LeadMargin = 200 * time.Millisecond
 	c.StatusTimeout = 2 * time.Second
+	c.JoinGrace = 5 * time.Second
 	c.AckTimeout = 5 * time.Second
 	c.CollectTimeout = 30 * time.Second
 	c.ClockInterval = 2 * time.Second
@@ -238,7 +242,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("coordinator: schedule %+v", c.Schedule)
 	case c.Schedule.Every > 0 && c.Schedule.Every < c.WindowBatches:
 		return fmt.Errorf("coordinator: a window every %d batches is shorter than the window (%d)", c.Schedule.Every, c.WindowBatches)
-	case c.LeadMargin < 0 || c.StatusTimeout <= 0 || c.JoinGrace < 0 || c.AckTimeout <= 0 || c.CollectTimeout <= 0 || c.ClockInterval <= 0 ||
+	case c.LeadMargin < 0 || c.StatusTimeout <= 0 || c.JoinGrace < 0 || c.RejoinGrace < 0 || c.AckTimeout <= 0 || c.CollectTimeout <= 0 || c.ClockInterval <= 0 ||
 		c.PostmortemDeadline <= 0 || c.MaxWindowWait <= 0 || c.PublishTimeout <= 0 || c.SweepInterval <= 0 || c.RejoinInterval <= 0:
 		return errors.New("coordinator: timeouts must be positive")
 	case c.MaxBatchSpread <= 0:

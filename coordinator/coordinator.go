@@ -469,8 +469,8 @@ type goneMember struct {
 // events delegate a death from an announced leave (the node's State it passes is
 // not set), so a member that left is taken to have gone as quietly: its grace is
 // shorter by the suspicion timeout (at 1,024 members, 6 s: more than production's
-// JoinGrace of 5 s, so none is left: an agent stopped and restarted under its name
-// is not waited for). A member never seen to go was heard from now, for all we
+// RejoinGrace of 5 s, so none is left: an agent stopped and restarted under its
+// name is not waited for). A member never seen to go was heard from now, for all we
 // know.
 func (c *Coordinator) lastHeard(name string, now time.Time) time.Time {
 	c.mu.Lock()

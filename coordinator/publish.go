@@ -446,11 +446,11 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 			s.missing = "the window ended on the rank without a snapshot (" + stepName(st.st.State) + ")"
 		case !ok && now.Before(p.Deadline):
 			// not a member now, but it may be rejoining (a restarted member's
-			// name is taken for dead a moment): it has JoinGrace from when it was
+			// name is taken for dead a moment): it has RejoinGrace from when it was
 			// last heard from to show up (the leader that died is one such: its
 			// death took failure detection's suspicion timeout to be declared)
 			heard := c.lastHeard(NodeName(c.cfg.Identity.RunName, r), now)
-			s.lastSign, s.acked = heard.Add(min(c.cfg.JoinGrace-c.cfg.CollectTimeout, 0)), true
+			s.lastSign, s.acked = heard.Add(min(c.cfg.RejoinGrace-c.cfg.CollectTimeout, 0)), true
 			s.gone = "not a member now, and no snapshot of it in the run's log"
 			pending = true
 		case !ok:

@@ -113,7 +113,7 @@ func productionTimers(c *Config) {
 	ml.GossipInterval, ml.GossipNodes, ml.GossipToTheDeadTime = p.GossipInterval, p.GossipNodes, p.GossipToTheDeadTime
 	ml.PushPullInterval, ml.TCPTimeout, ml.HandoffQueueDepth = p.PushPullInterval, p.TCPTimeout, p.HandoffQueueDepth
 	// and the coordinator's own timers (the local preset's are shorter)
-	c.LeadMargin, c.StatusTimeout, c.JoinGrace, c.AckTimeout = d.LeadMargin, d.StatusTimeout, d.JoinGrace, d.AckTimeout
+	c.LeadMargin, c.StatusTimeout, c.JoinGrace, c.RejoinGrace, c.AckTimeout = d.LeadMargin, d.StatusTimeout, d.JoinGrace, d.RejoinGrace, d.AckTimeout
 	c.CollectTimeout, c.ClockInterval, c.PostmortemDeadline = d.CollectTimeout, d.ClockInterval, d.PostmortemDeadline
 	c.MaxWindowWait, c.PublishTimeout, c.SweepInterval, c.RejoinInterval = d.MaxWindowWait, d.PublishTimeout, d.SweepInterval, d.RejoinInterval
 }
