@@ -285,32 +285,44 @@ func (p *pbWriter) rank(r *rankData, trace []*snapshot.TraceEntry, s RankSummary
 	b = protowire.AppendString(b, r.source)
 	b = i64(b, 3, -r.shiftUS)
 	b = i64(b, 4, int64(r.device))
-	var ev, fr []byte
-	for _, e := range trace {
-		ev = ev[:0]
+	var fr []byte
+	size := func(num protowire.Number, v int64) int {
+		if v == 0 {
+			return 0
+		}
+		return protowire.SizeTag(num) + protowire.SizeVarint(uint64(v))
+	}
+	for _, e := range trace { // each event's size first, then its fields straight into b
 		code := actionCode(e.Action)
-		ok := code != pb.Action_OTHER
-		ev = i64(ev, 1, int64(code))
-		ev = i64(ev, 2, e.Addr)
-		ev = i64(ev, 3, e.Size)
-		ev = i64(ev, 4, e.Stream)
-		ev = i64(ev, 5, e.TimeUS)
+		devFree := int64(0)
 		if e.Has&snapshot.EntryDeviceFree != 0 {
-			ev = i64(ev, 6, e.DeviceFree)
+			devFree = e.DeviceFree
 		}
+		fr = fr[:0]
+		for _, f := range e.Frames {
+			fr = protowire.AppendVarint(fr, uint64(p.in.frameID(f)))
+		}
+		var other int64
+		if code == pb.Action_OTHER { // after the frames: the strings are numbered as they are met
+			other = int64(p.in.str(e.Action))
+		}
+		n := size(1, int64(code)) + size(2, e.Addr) + size(3, e.Size) + size(4, e.Stream) + size(5, e.TimeUS) + size(6, devFree) + size(8, other)
 		if len(e.Frames) > 0 {
-			fr = fr[:0]
-			for _, f := range e.Frames {
-				fr = protowire.AppendVarint(fr, uint64(p.in.frameID(f)))
-			}
-			ev = protowire.AppendTag(ev, 7, protowire.BytesType)
-			ev = protowire.AppendBytes(ev, fr)
-		}
-		if !ok {
-			ev = i64(ev, 8, int64(p.in.str(e.Action)))
+			n += protowire.SizeTag(7) + protowire.SizeBytes(len(fr))
 		}
 		b = protowire.AppendTag(b, 5, protowire.BytesType)
-		b = protowire.AppendBytes(b, ev)
+		b = protowire.AppendVarint(b, uint64(n))
+		b = i64(b, 1, int64(code))
+		b = i64(b, 2, e.Addr)
+		b = i64(b, 3, e.Size)
+		b = i64(b, 4, e.Stream)
+		b = i64(b, 5, e.TimeUS)
+		b = i64(b, 6, devFree)
+		if len(e.Frames) > 0 {
+			b = protowire.AppendTag(b, 7, protowire.BytesType)
+			b = protowire.AppendBytes(b, fr)
+		}
+		b = i64(b, 8, other)
 	}
 	rest := &pb.RankTimeline{
 		StartAllocatedBytes: s.StartAllocatedBytes, PeakAllocatedBytes: s.PeakAllocatedBytes,
