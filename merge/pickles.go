@@ -11,9 +11,13 @@ import (
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
-// DefaultPickleMaxBytes is the default bound of one merged pickle: memory_viz
-// struggles with files much larger.
-const DefaultPickleMaxBytes = 400 << 20
+// DefaultPickleMaxBytes is the default bound of one merged pickle, from a
+// measurement of PyTorch's MemoryViz.js itself (scripts/bench-viewer.sh): in
+// Chromium's default tab every view of every one of 64 ranks rendered at 87 MiB
+// with a quarter of the tab's 4 GiB heap and at 173 MiB with under half; at 341
+// MiB it took three quarters, 11.7 GB of memory and 20 s a view; under node with
+// an 8 GB heap a 360 MB pickle ran out of memory and 96 MB parts worked.
+const DefaultPickleMaxBytes = 128 << 20
 
 // DefaultPicklePartName is the default template of a part's name, added to the
 // outputs' base name when the merged pickle is split: {first} and {last} are the
