@@ -133,18 +133,56 @@ func diffCategories(b, o *Categories) []CategoryDiff {
 	if b == nil || o == nil {
 		return nil
 	}
-	mods := map[string]map[string]int64{} // category -> module -> other less base
-	for _, m := range b.Modules {
-		if mods[m.Category] == nil {
-			mods[m.Category] = map[string]int64{}
-		}
-		mods[m.Category][m.Module] -= m.Bytes
+	// each side's modules at its peak, by category. A side names its largest
+	// analysisModules only, so a module missing from a full list holds somewhere
+	// between nothing and the least of that list's smallest entry and the side's
+	// whole category: a difference is told only where it is certain, and by the
+	// least it can be (a module pushed out by another's larger share is none)
+	type key struct{ cat, mod string }
+	type sideMods struct {
+		bytes map[key]int64
+		full  bool
+		least int64 // the smallest entry of a full list
+		at    map[string]int64
 	}
-	for _, m := range o.Modules {
-		if mods[m.Category] == nil {
-			mods[m.Category] = map[string]int64{}
+	side := func(c *Categories) sideMods {
+		s := sideMods{bytes: make(map[key]int64, len(c.Modules)), full: len(c.Modules) >= analysisModules, at: c.AtPeak}
+		for i, x := range c.Modules {
+			s.bytes[key{x.Category, x.Module}] += x.Bytes
+			if i == 0 || x.Bytes < s.least {
+				s.least = x.Bytes
+			}
 		}
-		mods[m.Category][m.Module] += m.Bytes
+		return s
+	}
+	bounds := func(s sideMods, k key) (lo, hi int64) {
+		if v, ok := s.bytes[k]; ok || !s.full {
+			return v, v
+		}
+		return 0, max(min(s.least, s.at[k.cat]), 0)
+	}
+	bs, os := side(b), side(o)
+	mods := map[string]map[string]int64{} // category -> module -> other less base
+	note := func(k key) {
+		if mods[k.cat] == nil {
+			mods[k.cat] = map[string]int64{}
+		}
+		bLo, bHi := bounds(bs, k)
+		oLo, oHi := bounds(os, k)
+		switch lo, hi := oLo-bHi, oHi-bLo; {
+		case lo > 0:
+			mods[k.cat][k.mod] = lo
+		case hi < 0:
+			mods[k.cat][k.mod] = hi
+		default: // no difference is certain
+			mods[k.cat][k.mod] = 0
+		}
+	}
+	for k := range bs.bytes {
+		note(k)
+	}
+	for k := range os.bytes {
+		note(k)
 	}
 	var out []CategoryDiff
 	for _, c := range categoryNames {

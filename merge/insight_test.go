@@ -679,3 +679,68 @@ func TestManifestCarriesTheAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestCategoryDiffOfTruncatedModuleLists: two ranks with the same model, one of
+// which holds a large activation more, name their 20 largest modules at the peak;
+// the activation pushes one of the model's modules out of that rank's list. The
+// diff names the activation's module and no difference in the model's (on the
+// H200, "parameters: layers.3.linear1 +16 MiB" came from a list cut this way).
+func TestCategoryDiffOfTruncatedModuleLists(t *testing.T) {
+	model := func() []ModuleBytes {
+		var m []ModuleBytes
+		for i := 0; i < analysisModules; i++ {
+			m = append(m, ModuleBytes{Module: fmt.Sprintf("layers.%02d", i), Category: CatParameters, Bytes: 16 * mib})
+		}
+		return m
+	}
+	at := map[string]int64{CatParameters: 20 * 16 * mib, CatActivations: 0}
+	base := &Categories{Watched: 40, AtPeak: at, Modules: model()}
+	other := &Categories{Watched: 40, AtPeak: map[string]int64{CatParameters: 20 * 16 * mib, CatActivations: 96 * mib},
+		Modules: append([]ModuleBytes{{Module: "leak.py:44", Category: CatActivations, Bytes: 96 * mib}}, model()[:analysisModules-1]...)}
+	ds := diffCategories(base, other)
+	for _, d := range ds {
+		switch d.Category {
+		case CatActivations:
+			if d.DeltaBytes != 96*mib || d.Module != "leak.py:44" || d.ModuleDeltaBytes != 96*mib {
+				t.Fatalf("activations: %+v", d)
+			}
+		case CatParameters:
+			if d.DeltaBytes != 0 || d.Module != "" || d.ModuleDeltaBytes != 0 {
+				t.Fatalf("parameters differ by module although no module does: %+v", d)
+			}
+		}
+	}
+	// a list that is not full names every module: one missing there holds nothing
+	short := &Categories{Watched: 40, AtPeak: at, Modules: model()[:3]}
+	shorter := &Categories{Watched: 40, AtPeak: at, Modules: model()[:2]}
+	for _, d := range diffCategories(short, shorter) {
+		if d.Category == CatParameters && (d.Module != "layers.02" || d.ModuleDeltaBytes != -16*mib) {
+			t.Fatalf("a module gone from a complete list: %+v", d)
+		}
+	}
+}
+
+// TestCategoryDiffBoundsAMissingModule: a module missing from a full list holds
+// up to that list's smallest entry, so a smaller share on the other side is no
+// certain difference, and a larger one differs by at least the excess.
+func TestCategoryDiffBoundsAMissingModule(t *testing.T) {
+	full := func(extra ...ModuleBytes) []ModuleBytes {
+		var m []ModuleBytes
+		for i := 0; i < analysisModules; i++ {
+			m = append(m, ModuleBytes{Module: fmt.Sprintf("layers.%02d", i), Category: CatParameters, Bytes: 16 * mib})
+		}
+		return append(m, extra...)
+	}
+	at := map[string]int64{CatParameters: 20 * 16 * mib, CatActivations: 64 * mib}
+	base := &Categories{AtPeak: at, Modules: full()} // x's activations are not named: at most 16 MiB
+	for _, c := range []struct {
+		x, want int64
+	}{{4 * mib, 0}, {16 * mib, 0}, {40 * mib, 24 * mib}} {
+		other := &Categories{AtPeak: at, Modules: []ModuleBytes{{Module: "x", Category: CatActivations, Bytes: c.x}}}
+		for _, d := range diffCategories(base, other) {
+			if d.Category == CatActivations && d.ModuleDeltaBytes != c.want && !(c.want == 0 && d.Module != "x") {
+				t.Fatalf("x holding %d MiB against a full list: %+v, want a difference of %d MiB", c.x/mib, d, c.want/mib)
+			}
+		}
+	}
+}
