@@ -87,3 +87,30 @@ func TestGoneRemembersRanksOnly(t *testing.T) {
 		t.Fatalf("%d members remembered as gone, want the one rank", len(c.gone))
 	}
 }
+
+// TestResendWaitsForARankGoneAMoment: a rank that refused the plan (it saw
+// another leader) and is not a member at the moment of the re-send (a relaunched
+// job's earlier agents' gossip takes ranks away for a moment) is asked again at
+// a later tick, not dropped from the re-sends: nothing else would ever arm it,
+// and it would be merged as missing (TestFaultRelaunch failed so, once in 30
+// runs under load).
+func TestResendWaitsForARankGoneAMoment(t *testing.T) {
+	cfg := DefaultLocalConfig(rankagent.Identity{RunName: "rs", Rank: 0, WorldSize: 3})
+	c := &Coordinator{cfg: cfg, members: map[string]*member{}, gone: map[string]goneMember{}}
+	name := NodeName("rs", 0)
+	c.members[name] = &member{node: &memberlist.Node{Name: name}, meta: &pb.NodeMeta{Run: "rs", Rank: 0}}
+	l := &leaderRun{c: c, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	w := &win{id: 3, kind: pb.WindowKind_WINDOW_KIND_WINDOW, world: 3, ranks: map[int]*rankState{
+		2: {lastSign: time.Now(), retryAt: time.Now().Add(-time.Millisecond)}, // refused; not a member now
+	}}
+	l.resend(w, time.Now().Add(time.Minute))
+	if s := w.ranks[2]; s.retryAt.IsZero() || s.missing != "" {
+		t.Fatalf("a rank not a member at the re-send is never asked again: %+v", s)
+	}
+	// past the ack deadline it is told apart, as before
+	w.ranks[2].retryAt = time.Now().Add(-time.Millisecond)
+	l.resend(w, time.Now().Add(-time.Second))
+	if w.ranks[2].missing == "" {
+		t.Fatal("a rank that never took the plan by the ack deadline is still waited for")
+	}
+}

@@ -530,10 +530,14 @@ func (l *leaderRun) unstash(w *win, out *collectOut) {
 }
 
 // resend sends the window's command again to the ranks that saw another leader
-// when it first arrived (their membership had not caught up yet).
+// when it first arrived (their membership had not caught up yet). A rank that is
+// not a member at this moment (gossip of a relaunched job's previous agents can
+// take a rank away for a moment) is asked again at a later tick: sendAll would
+// skip it, and nothing would ever ask it again.
 func (l *leaderRun) resend(w *win, ackDeadline time.Time) {
 	now := time.Now()
 	var again []int
+	var nodes map[int]*memberlist.Node
 	for r, s := range w.ranks {
 		if s.retryAt.IsZero() || now.Before(s.retryAt) || s.missing != "" || s.result != nil {
 			continue
@@ -542,6 +546,13 @@ func (l *leaderRun) resend(w *win, ackDeadline time.Time) {
 		if now.After(ackDeadline) {
 			s.missing = "refused the window: it sees another member as leader"
 			l.tell(w, r, pb.Step_STEP_REFUSED, s.batch, s.missing)
+			continue
+		}
+		if nodes == nil {
+			nodes = l.c.rankNodes()
+		}
+		if nodes[r] == nil && int32(r) != l.c.rank() {
+			s.retryAt = now.Add(200 * time.Millisecond)
 			continue
 		}
 		again = append(again, r)
