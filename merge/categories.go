@@ -194,17 +194,24 @@ func watchedTensors(s *snapshot.Snapshot) ([]watched, []gradNote) {
 			if len(f) < 4 {
 				continue
 			}
-			addr, ok1 := f[0].(int64)
-			size, ok2 := f[1].(int64)
-			mod, ok3 := f[2].(string)
-			batch, ok4 := f[3].(int64)
-			if !ok1 || !ok2 || !ok3 || !ok4 || addr <= 0 || size <= 0 || addr > addr+size || batch < 0 {
+			addr, size, ok := addrRange(f)
+			mod, ok1 := f[2].(string)
+			batch, ok2 := f[3].(int64)
+			if !ok || !ok1 || !ok2 || batch < 0 {
 				continue
 			}
 			notes = append(notes, gradNote{addr, size, cutName(mod), batch})
 		}
 	}
 	return out, notes
+}
+
+// addrRange reads an entry's address and size (its first two fields): positive,
+// and not wrapping past the address space's end.
+func addrRange(f []snapshot.Value) (addr, size int64, ok bool) {
+	addr, ok1 := f[0].(int64)
+	size, ok2 := f[1].(int64)
+	return addr, size, ok1 && ok2 && addr > 0 && size > 0 && addr <= addr+size
 }
 
 // fields are the items of a list or tuple (nil for anything else).
@@ -230,11 +237,10 @@ func readWatched(list *snapshot.List) []watched {
 		if len(f) < 4 {
 			continue
 		}
-		addr, ok1 := f[0].(int64)
-		size, ok2 := f[1].(int64)
-		kind, ok3 := f[2].(string)
-		mod, ok4 := f[3].(string)
-		if !ok1 || !ok2 || !ok3 || !ok4 || addr <= 0 || size <= 0 || addr > addr+size {
+		addr, size, ok := addrRange(f)
+		kind, ok1 := f[2].(string)
+		mod, ok2 := f[3].(string)
+		if !ok || !ok1 || !ok2 {
 			continue
 		}
 		c := -1

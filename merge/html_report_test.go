@@ -160,14 +160,7 @@ func TestHTMLReport1024RanksPicker(t *testing.T) {
 // site whose blocks outlive their batch, per batch. The screenshot is kept where
 // MEMSNAP_KEEP_SCREENSHOT says and its path logged.
 func TestHTMLCategoriesAndLeakInChromium(t *testing.T) {
-	const t0 = 1_700_000_000_000_000
-	dir := t.TempDir()
-	for r, j := range []synthJob{{batches: 6, watch: true}, {batches: 6, watch: true, leak: 8 * mib}, {batches: 6, watch: true}} {
-		s, meta := j.build(t0)
-		meta.Rank, meta.WorldSize = r, 3
-		writeRank(t, dir, r, s, meta)
-	}
-	res, out := runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{dir}), Title: "categories and a leak"})
+	res, out := mergeSynth(t, "categories and a leak", synthJob{batches: 6, watch: true}, synthJob{batches: 6, watch: true, leak: 8 * mib}, synthJob{batches: 6, watch: true})
 	if l := res.Summary.Ranks[1].Leak; l == nil || l.PerBatchBytes != 8*mib {
 		t.Fatalf("rank 1's leak in the summary: %+v", l)
 	}

@@ -147,6 +147,20 @@ func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
 	return s, meta
 }
 
+// mergeSynth merges synthetic ranks (rank r is jobs[r]) written as files, as a
+// cluster's store holds them.
+func mergeSynth(t *testing.T, title string, jobs ...synthJob) (*Result, string) {
+	t.Helper()
+	const t0 = 1_700_000_000_000_000
+	dir := t.TempDir()
+	for r, j := range jobs {
+		s, meta := j.build(t0)
+		meta.Rank, meta.WorldSize = r, len(jobs)
+		writeRank(t, dir, r, s, meta)
+	}
+	return runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{dir}), Title: title})
+}
+
 func (j synthJob) analyse(t *testing.T, t0 int64) *RankAnalysis {
 	t.Helper()
 	s, meta := j.build(t0)
@@ -438,14 +452,7 @@ func TestCategoriesAddUpOnRealSnapshots(t *testing.T) {
 // hold 96 MiB more activations, in that module: in the diff, its table, the
 // findings and the report.
 func TestCategoryDiff(t *testing.T) {
-	const t0 = 1_700_000_000_000_000
-	dir := t.TempDir()
-	for r, j := range []synthJob{{batches: 4, watch: true}, {batches: 4, watch: true, bigAct: 96 * mib}, {batches: 4, watch: true}} {
-		s, meta := j.build(t0)
-		meta.Rank, meta.WorldSize = r, 3
-		writeRank(t, dir, r, s, meta)
-	}
-	res, out := runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{dir}), Title: "categories"})
+	res, out := mergeSynth(t, "categories", synthJob{batches: 4, watch: true}, synthJob{batches: 4, watch: true, bigAct: 96 * mib}, synthJob{batches: 4, watch: true})
 	d := res.Summary.Diff
 	if d == nil || d.Other.Rank != 1 || len(d.Categories) == 0 {
 		t.Fatalf("diff %+v", d)
