@@ -114,3 +114,29 @@ func TestResendWaitsForARankGoneAMoment(t *testing.T) {
 		t.Fatal("a rank that never took the plan by the ack deadline is still waited for")
 	}
 }
+
+// TestWindowWaiting: waiting says whether any rank is still outstanding, as
+// outstanding lists them, whichever rank is resolved first.
+func TestWindowWaiting(t *testing.T) {
+	w := &win{ranks: map[int]*rankState{}}
+	for r := 0; r < 50; r++ {
+		w.ranks[r] = &rankState{}
+	}
+	w.ranks[7].missing = "gone"
+	for r := 49; r >= 0; r-- {
+		if got, want := w.waiting(), len(w.outstanding()) > 0; got != want {
+			t.Fatalf("with ranks up to %d in: waiting %v, outstanding %v", r, got, w.outstanding())
+		}
+		if r != 7 {
+			w.ranks[r].result = &pb.RankResult{}
+		}
+		w.hint = r // the hint names a rank that has just come in
+	}
+	if w.waiting() {
+		t.Fatalf("every rank is in or missing, and waiting says one is outstanding")
+	}
+	w.ranks[3].result = nil
+	if !w.waiting() || w.hint != 3 {
+		t.Fatalf("rank 3 is outstanding again: waiting %v, hint %d", w.waiting(), w.hint)
+	}
+}

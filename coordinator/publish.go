@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
@@ -127,7 +128,7 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 		var ie *merge.InputError
 		if errors.As(err, &ie) && !retry && inputs[ie.Rank].Source == ie.Source {
 			log.Warn("a rank's snapshot cannot be merged; merging without it", "left_out", ie.Rank, "err", err)
-			w.ranks[ie.Rank].result = nil
+			w.ranks[ie.Rank].result, w.ranks[ie.Rank].pre = nil, nil
 			w.ranks[ie.Rank].missing = "its snapshot cannot be merged: " + err.Error()
 			continue
 		}
@@ -161,8 +162,12 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 // inputs checks what the ranks stored and returns what can be merged: a rank
 // whose snapshot does not cover exactly the window's batches is missing, with the
 // reason. A store that cannot be read is an error (retried), not a missing rank.
+// The ranks' sidecars are read coverageReaders at a time (at 1,024 ranks, one
+// after another, a store's latency alone would hold the answer for a second), and
+// the merge takes the bytes read rather than reading them again.
 func (l *leaderRun) inputs(ctx context.Context, w *win) (map[int]merge.Input, error) {
 	inputs := map[int]merge.Input{}
+	var check []int
 	for r := 0; r < w.world; r++ {
 		s := w.ranks[r]
 		switch {
@@ -179,19 +184,60 @@ func (l *leaderRun) inputs(ctx context.Context, w *win) (map[int]merge.Input, er
 		case s.result.Start != w.start || s.result.Stop != w.stop:
 			s.missing = fmt.Sprintf("its snapshot covers [%d, %d), the window is [%d, %d)", s.result.Start, s.result.Stop, w.start, w.stop)
 		default:
-			why, err := l.checkCoverage(ctx, s.result, r, w)
-			if err != nil {
-				return nil, err
+			check = append(check, r)
+		}
+	}
+	type checked struct {
+		meta []byte
+		why  string
+		err  error
+	}
+	got := make([]checked, len(check))
+	pre := make([]merge.Input, len(check))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, coverageReaders)
+	for i, r := range check {
+		s := w.ranks[r]
+		if s.pre != nil {
+			// preloaded while the window was collected (preload)
+			select {
+			case in := <-s.pre:
+				s.pre <- in // for a later try
+				if m := in.Meta(); m != nil {
+					pre[i] = in
+					got[i].why = l.coverageOf(m, r, w)
+					continue
+				}
+			case <-ctx.Done():
+				return nil, ctx.Err()
 			}
-			if why != "" {
-				s.missing = why
-			} else {
-				inputs[r] = l.input(s.result, r)
-			}
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			got[i].meta, got[i].why, got[i].err = l.checkCoverage(ctx, s.result, r, w)
+		}()
+	}
+	wg.Wait()
+	for i, r := range check {
+		switch g := got[i]; {
+		case g.err != nil:
+			return nil, g.err
+		case g.why != "":
+			w.ranks[r].missing = g.why
+		case pre[i].Meta() != nil:
+			inputs[r] = pre[i]
+		default:
+			inputs[r] = l.input(w.ranks[r].result, r).WithMeta(g.meta)
 		}
 	}
 	return inputs, nil
 }
+
+// coverageReaders is how many ranks' sidecars the leader reads at once.
+const coverageReaders = 32
 
 // mergeConfig is the merge of w's inputs, published under this leader's attempt.
 func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config {
@@ -288,37 +334,46 @@ func (l *leaderRun) input(res *pb.RankResult, r int) merge.Input {
 }
 
 // checkCoverage reads a rank's sidecar and says why its batch marks are not
-// exactly the window's batches ("" when they are).
-func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank int, w *win) (string, error) {
+// exactly the window's batches ("" when they are, with the sidecar's bytes).
+func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank int, w *win) ([]byte, string, error) {
 	if r.MetaKey == "" {
-		return "its snapshot has no metadata", nil
+		return nil, "its snapshot has no metadata", nil
 	}
 	b, err := store.ReadAll(ctx, l.st, r.MetaKey)
 	if err != nil {
 		if retryable(err) {
-			return "", err
+			return nil, "", err
 		}
-		return "its metadata cannot be read: " + err.Error(), nil
+		return nil, "its metadata cannot be read: " + err.Error(), nil
 	}
 	m, err := merge.ParseRankMeta(b)
 	if err != nil {
-		return err.Error(), nil
+		return nil, err.Error(), nil
 	}
+	if why := l.coverageOf(m, rank, w); why != "" {
+		return nil, why, nil
+	}
+	return b, "", nil
+}
+
+// coverageOf says why a rank's sidecar does not cover exactly the window's
+// batches ("" when it does).
+func (l *leaderRun) coverageOf(m *merge.RankMeta, rank int, w *win) string {
 	if m.Window == nil || m.Window.ID != w.id {
-		return "its metadata names another window", nil
+		return "its metadata names another window"
 	}
 	if m.Rank != rank || (m.RunName != "" && m.RunName != l.c.cfg.Identity.RunName) {
-		return fmt.Sprintf("its metadata is rank %d's of run %q", m.Rank, m.RunName), nil
+		return fmt.Sprintf("its metadata is rank %d's of run %q", m.Rank, m.RunName)
 	}
 	if len(m.Batches) != int(w.stop-w.start) {
-		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), w.stop-w.start), nil
+		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), w.stop-w.start)
 	}
 	for i, bm := range m.Batches {
 		if bm.Batch != w.start+int64(i) {
-			return fmt.Sprintf("it recorded batch %d where batch %d belongs", bm.Batch, w.start+int64(i)), nil
+			return fmt.Sprintf("it recorded batch %d where batch %d belongs", bm.Batch, w.start+int64(i))
 		}
 	}
-	return "", nil
+	return ""
 }
 
 // outputURLs lists a merge's outputs (the HTML report first, then by name),
@@ -466,7 +521,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 			w.deadline = dl.Add(c.cfg.CollectTimeout)
 		}
 		ch, seq := c.expect(16, c.fromRanks())
-		l.collect(ctx, w, ch, false)
+		l.collect(ctx, w, ch, nil, false)
 		c.forget(seq)
 		if ctx.Err() != nil {
 			return

@@ -112,6 +112,11 @@ func (c *Coordinator) sendAddr(to, addr string, env *pb.Envelope, reliable bool)
 	if err != nil {
 		return err
 	}
+	return c.sendBytes(n, b, reliable)
+}
+
+// sendBytes sends a marshalled envelope to n, as send does.
+func (c *Coordinator) sendBytes(n *memberlist.Node, b []byte, reliable bool) error {
 	m := c.memberlist()
 	if m == nil || c.stopped() {
 		return ErrStopped

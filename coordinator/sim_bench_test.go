@@ -28,6 +28,7 @@ var (
 	simLatency   = flag.Duration("sim.store-latency", 0, "BenchmarkScale: latency added to every store request (0: the folder store as it is)")
 	simLoopback  = flag.Bool("sim.loopback", false, "BenchmarkScale: members on memberlist's UDP/TCP transport over 127.0.0.1 instead of the in-memory network (packets are then not counted)")
 	simCompress  = flag.Bool("sim.compress", false, "BenchmarkScale: memberlist's compression of gossip (memberlist's default; off in the simulation, see simTune)")
+	simOwnCores  = flag.Bool("sim.own-cores", true, "BenchmarkScale: each simulated rank's analysis takes its time on a core of its own, as on a real job's host (simConfig.OwnCores); false: every rank analyses its snapshot on the shared cores")
 	simProd      = flag.Bool("sim.production", false, "BenchmarkScale: every member on production's timers (DefaultConfig: probes, suspicion, gossip, push-pull, clock refresh) at every size, not simTune's slower detection above 256 members (for a machine with cores enough)")
 )
 
@@ -35,10 +36,11 @@ var (
 type simFigures struct {
 	members, events, snapBytes int
 	formed                     time.Duration
-	idleCores                  float64 // CPU in use while no window records, in cores
-	idleHeap                   uint64  // heap in use then
-	idlePackets                float64 // packets a second then
-	idleRSS                    uint64  // the process's resident memory then, less before the cluster started
+	analysis                   time.Duration // a rank's analysis on a core of its own (OwnCores), 0 when each rank analyses on the shared cores
+	idleCores                  float64       // CPU in use while no window records, in cores
+	idleHeap                   uint64        // heap in use then
+	idlePackets                float64       // packets a second then
+	idleRSS                    uint64        // the process's resident memory then, less before the cluster started
 	toPlan                     []time.Duration
 	acks                       []time.Duration // every rank's, trigger to the leader taking its ack, over every window
 	planAcks                   []time.Duration // the same from the plan
@@ -47,6 +49,7 @@ type simFigures struct {
 	answered                   []time.Duration // trigger to the leader's answer (summary, report, diff) published
 	answerMerge                []time.Duration // last rank's upload to the answer published
 	merge                      []time.Duration // last rank's upload to publication
+	toEnd, endUpload           []time.Duration // trigger to the first trainer past the window's last batch; from then to the last upload
 	collectHeap, mergeHeap     []uint64        // peak heap growth over the window's start
 	packets, conns, cpu        []float64       // per window: packets and streams on the network, CPU time (s)
 	collectLive                []uint64        // live heap growth once every report is in (after a collection)
@@ -198,7 +201,7 @@ func heapInuse() uint64 {
 func simBench(b *testing.B, n, events int) *simFigures {
 	runtime.GC()
 	rss0 := processRSS()
-	sc := startSim(b, simConfig{Members: n, Step: *simBatch, Events: events, StoreLatency: *simLatency, Loopback: *simLoopback,
+	sc := startSim(b, simConfig{Members: n, Step: *simBatch, Events: events, StoreLatency: *simLatency, Loopback: *simLoopback, OwnCores: *simOwnCores,
 		Tune: func(_ int, c *Config) {
 			if *simProd {
 				productionTimers(c)
@@ -206,6 +209,9 @@ func simBench(b *testing.B, n, events int) *simFigures {
 			c.Memberlist.EnableCompression = *simCompress
 		}})
 	f := &simFigures{members: n, events: sc.ranks[0].snap.events, snapBytes: len(sc.ranks[0].snap.data), formed: sc.Formed}
+	if a := sc.ranks[0].snap.analyses[3]; a != nil {
+		f.analysis = a.took
+	}
 	b.Logf("%d members formed a cluster in %v", n, sc.Formed.Round(time.Millisecond))
 	sc.wait(time.Minute, "every trainer to run", func() bool {
 		for _, r := range sc.ranks {
@@ -309,6 +315,18 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
 		pub.At = tEnd
 	}
 	f.published = append(f.published, tEnd.Sub(t0))
+	var ended time.Time
+	for _, r := range sc.ranks {
+		r.mu.Lock()
+		if at, ok := r.ended[id]; ok && (ended.IsZero() || at.Before(ended)) {
+			ended = at
+		}
+		r.mu.Unlock()
+	}
+	if !ended.IsZero() && !collected.IsZero() {
+		f.toEnd = append(f.toEnd, ended.Sub(t0))
+		f.endUpload = append(f.endUpload, collected.Sub(ended))
+	}
 	if ans, ok := sc.log.First("window answered", id, t0); ok {
 		f.answered = append(f.answered, ans.At.Sub(t0))
 		f.answerMerge = append(f.answerMerge, ans.At.Sub(collected))
@@ -461,6 +479,7 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"snapshot per rank (events)", func(f *simFigures) float64 { return float64(f.events) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
 		{"snapshot per rank (bytes)", func(f *simFigures) float64 { return float64(f.snapBytes) }, func(v float64) string { return fmt.Sprintf("%.0f KiB", v/1024) }},
 		{"cluster formed in (sim set-up)", func(f *simFigures) float64 { return ms(f.formed) }, msf},
+		{"a rank's analysis, on a core of its own", func(f *simFigures) float64 { return ms(f.analysis) }, msf},
 		{"idle load of the whole simulation", func(f *simFigures) float64 { return f.idleCores }, func(v float64) string { return fmt.Sprintf("%.2f cores", v) }},
 		{"idle packets a second, whole simulation", func(f *simFigures) float64 { return f.idlePackets }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
 		{"idle heap of the whole simulation", func(f *simFigures) float64 { return float64(f.idleHeap) }, mib},
@@ -474,6 +493,8 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"trigger -> all acked, median", q(func(f *simFigures) []time.Duration { return f.allAcked }, 0.5), msf},
 		{"trigger -> all acked, worst", q(func(f *simFigures) []time.Duration { return f.allAcked }, 1), msf},
 		{"re-plans (ranks past the start)", func(f *simFigures) float64 { return float64(f.replans) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		{"trigger -> window's last batch done, median", q(func(f *simFigures) []time.Duration { return f.toEnd }, 0.5), msf},
+		{"last batch done -> last upload, median", q(func(f *simFigures) []time.Duration { return f.endUpload }, 0.5), msf},
 		{"trigger -> first answer, median", q(func(f *simFigures) []time.Duration { return f.answered }, 0.5), msf},
 		{"trigger -> first answer, worst", q(func(f *simFigures) []time.Duration { return f.answered }, 1), msf},
 		{"trigger -> published, median", q(func(f *simFigures) []time.Duration { return f.published }, 0.5), msf},

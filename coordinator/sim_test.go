@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -252,6 +253,65 @@ type simSnapshot struct {
 	sha    string
 	events int
 	t0, t1 int64 // the span of its trace (µs)
+
+	mu       sync.Mutex
+	analyses map[int64]*simAnalysis // by window length, under simConfig.OwnCores
+}
+
+// simAnalysis is a snapshot's analysis for windows of one length, computed once
+// (as rank 0's, of a window starting at batch 0), and how long that took.
+type simAnalysis struct {
+	a    *merge.RankAnalysis
+	took time.Duration
+}
+
+// analysis returns the snapshot's analysis for a window of n batches, computing
+// it the first time (every window's batch marks divide the snapshot's span alike).
+func (s *simSnapshot) analysis(ctx context.Context, n int64) (*simAnalysis, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.analyses[n]; a != nil {
+		return a, nil
+	}
+	meta := merge.RankMeta{Version: 1, Batches: s.marks(0, n)}
+	t0 := time.Now()
+	an, err := merge.AnalyzeSnapshot(ctx, s.snap, &meta, merge.AnalyzeOptions{Rank: 0})
+	if err != nil {
+		return nil, err
+	}
+	if s.analyses == nil {
+		s.analyses = map[int64]*simAnalysis{}
+	}
+	a := &simAnalysis{a: an, took: time.Since(t0)}
+	s.analyses[n] = a
+	return a, nil
+}
+
+// marks divides the snapshot's span among the n batches from start.
+func (s *simSnapshot) marks(start, n int64) []merge.BatchMark {
+	var out []merge.BatchMark
+	span := s.t1 - s.t0 + 1
+	for i := int64(0); i < n; i++ {
+		out = append(out, merge.BatchMark{Batch: start + i, StartUS: s.t0 + span*i/n, EndUS: s.t0 + span*(i+1)/n - 1})
+	}
+	return out
+}
+
+// as returns the analysis as rank's, of a window starting at batch start: what
+// AnalyzeSnapshot gives for that rank's metadata (only the rank and the batch
+// numbers differ). It shares everything else with a.
+func (a *simAnalysis) as(rank int, start int64) *merge.RankAnalysis {
+	cp := *a.a
+	cp.Rank = rank
+	cp.Batches = slices.Clone(a.a.Batches)
+	for i := range cp.Batches {
+		cp.Batches[i].Batch += start
+	}
+	if a.a.PeakBatch != nil {
+		b := *a.a.PeakBatch + start
+		cp.PeakBatch = &b
+	}
+	return &cp
 }
 
 // simSnapshots returns four snapshots, one per rank of the recorded 4-rank DDP job;
@@ -319,6 +379,9 @@ type simRank struct {
 	rtt     time.Duration
 	offsetK bool
 	queue   []rankagent.WindowEvent
+	ended   map[uint64]time.Time // when the trainer passed each window's last batch
+
+	ownCores bool // simConfig.OwnCores
 }
 
 var _ Recorder = (*simRank)(nil)
@@ -447,6 +510,10 @@ func (r *simRank) follow(ctx context.Context) {
 	done := r.active && r.state == rankagent.WindowRecording && b >= w.Stop
 	if done {
 		r.state = rankagent.WindowSpooled
+		if r.ended == nil {
+			r.ended = map[uint64]time.Time{}
+		}
+		r.ended[w.ID] = time.Now()
 	}
 	r.mu.Unlock()
 	if !done {
@@ -490,11 +557,7 @@ func (r *simRank) upload(ctx context.Context, w rankagent.Window) *rankagent.Upl
 	meta := merge.RankMeta{Version: 1, RunName: r.id.RunName, Rank: r.id.Rank, LocalRank: r.id.LocalRank, NodeRank: r.id.NodeRank,
 		WorldSize: r.id.WorldSize, LocalWorldSize: r.id.LocalWorldSize, Hostname: fmt.Sprintf("node%04d", r.id.NodeRank),
 		GPU: &merge.GPUInfo{UUID: fmt.Sprintf("GPU-sim-%d", r.id.Rank)}, Window: &merge.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}, Reason: "window"}
-	n := w.Stop - w.Start
-	span := r.snap.t1 - r.snap.t0 + 1
-	for i := int64(0); i < n; i++ {
-		meta.Batches = append(meta.Batches, merge.BatchMark{Batch: w.Start + i, StartUS: r.snap.t0 + span*i/n, EndUS: r.snap.t0 + span*(i+1)/n - 1})
-	}
+	meta.Batches = r.snap.marks(w.Start, w.Stop-w.Start)
 	r.mu.Lock()
 	if r.offsetK {
 		off, rtt := r.offset.Microseconds(), r.rtt.Microseconds()
@@ -507,7 +570,28 @@ func (r *simRank) upload(ctx context.Context, w rankagent.Window) *rankagent.Upl
 		return res
 	}
 	var ab []byte
-	if an, err := merge.AnalyzeSnapshot(ctx, r.snap.snap, &meta, merge.AnalyzeOptions{Rank: r.id.Rank}); err == nil {
+	analyze := func() (*merge.RankAnalysis, error) {
+		return merge.AnalyzeSnapshot(ctx, r.snap.snap, &meta, merge.AnalyzeOptions{Rank: r.id.Rank})
+	}
+	if r.ownCores {
+		// the rank's analysis takes as long as on a core of its own, and none of
+		// the cores every member shares here
+		analyze = func() (*merge.RankAnalysis, error) {
+			a, err := r.snap.analysis(ctx, w.Stop-w.Start)
+			if err != nil {
+				return nil, err
+			}
+			t := time.NewTimer(a.took)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return a.as(r.id.Rank, w.Start), nil
+		}
+	}
+	if an, err := analyze(); err == nil {
 		an.Snapshot = merge.SnapshotRef{Size: res.Size, SHA256: res.SHA256}
 		if ab, err = an.Marshal(); err == nil {
 			res.AnalysisKey = merge.AnalysisName(key)
@@ -757,6 +841,13 @@ type simConfig struct {
 	// Loopback puts every member on memberlist's own UDP and TCP transport on
 	// 127.0.0.1 instead of the in-memory network (which alone counts packets).
 	Loopback bool
+	// OwnCores gives each simulated rank's own work, its snapshot's analysis,
+	// a core of its own, as on a real job's host: the analysis of each snapshot
+	// and window length is computed once, and a rank uploading takes that long
+	// before it stores its copy of it, without using the shared cores. Without
+	// it every rank analyses its snapshot itself, and 1,024 ranks' analyses
+	// compete for this machine's cores just when the window ends.
+	OwnCores bool
 }
 
 // simTune sets a member up for a cluster of n members sharing one machine's
@@ -843,6 +934,13 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		job: &simJob{step: cfg.Step}, st: st, dir: dir, log: newSimLog(cfg.Logs), ctx: ctx, cancel: cancel}
 	tb.Cleanup(sc.stop)
 	snaps := simSnapshots(tb, cfg.Events)
+	if cfg.OwnCores {
+		for _, s := range snaps { // timed now, on a quiet machine
+			if _, err := s.analysis(ctx, 3); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
 	n := cfg.Members
 	if cfg.Loopback {
 		sc.seed = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(tb))
@@ -854,7 +952,7 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 	openStore := func(context.Context) (store.Store, error) { return sst, nil }
 	for r := 0; r < n; r++ {
 		id := rankagent.Identity{RunName: sc.run, Rank: r, LocalRank: r % 8, NodeRank: r / 8, WorldSize: n, LocalWorldSize: min(n, 8), Launcher: "sim"}
-		rk := &simRank{id: id, job: sc.job, st: sst, snap: snaps[r%len(snaps)], wake: make(chan struct{}, 1), holdAt: cfg.HoldAt}
+		rk := &simRank{id: id, job: sc.job, st: sst, snap: snaps[r%len(snaps)], wake: make(chan struct{}, 1), holdAt: cfg.HoldAt, ownCores: cfg.OwnCores}
 		c := DefaultLocalConfig(id)
 		c.SecretKey, c.OpenStore, c.Logger = sc.key, openStore, slog.New(sc.log.handler(r))
 		var tr *simTransport

@@ -112,9 +112,12 @@ func TestAnotherRanksSnapshotIsNotTaken(t *testing.T) {
 		rank int
 		want string
 	}{{"r0.json", 0, ""}, {"r0.json", 1, "rank 0's"}, {"other.json", 1, `run "bert"`}} {
-		why, err := l.checkCoverage(ctx, &pb.RankResult{MetaKey: c.key}, c.rank, w)
+		meta, why, err := l.checkCoverage(ctx, &pb.RankResult{MetaKey: c.key}, c.rank, w)
 		if err != nil || (c.want == "") != (why == "") || !strings.Contains(why, c.want) {
 			t.Errorf("rank %d with %s: %q %v, want %q", c.rank, c.key, why, err, c.want)
+		}
+		if (why == "") != (meta != nil) {
+			t.Errorf("rank %d with %s: the sidecar's %d bytes handed on with %q", c.rank, c.key, len(meta), why)
 		}
 	}
 }

@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -33,6 +35,9 @@ type rankState struct {
 	retryAt  time.Time // when to send the command again (it saw another leader)
 	leftOut  bool      // not in the window's plan: nothing of it is taken
 	gone     string    // why it is missing if it shows no sign of life in time (else the silence is the reason)
+	// pre receives the rank's input with its sidecar and analysis read and parsed
+	// (merge.Preload), started when its result arrived; nil until then
+	pre chan merge.Input
 }
 
 // failure is a rank's trainer failing, as a post-mortem records it.
@@ -49,6 +54,8 @@ type win struct {
 	kind        pb.WindowKind
 	failed      map[int]failure // a post-mortem: the ranks that failed, how and when
 	ranks       map[int]*rankState
+	preSem      chan struct{} // bounds the ranks' preloads (preload)
+	hint        int           // a rank waiting found outstanding
 	watchers    []*pb.Envelope
 	world       int
 	deadline    time.Time
@@ -56,6 +63,23 @@ type win struct {
 }
 
 func (w *win) postmortem() bool { return w.kind != pb.WindowKind_WINDOW_KIND_WINDOW }
+
+// waiting reports whether a rank of w is outstanding, without listing them: the
+// leader's loop asks after every message, and at 1,024 ranks listing and sorting
+// them each time took most of the time the acks waited. The rank found last time
+// is looked at first.
+func (w *win) waiting() bool {
+	if s := w.ranks[w.hint]; s != nil && s.missing == "" && s.result == nil {
+		return true
+	}
+	for r, s := range w.ranks {
+		if s.missing == "" && s.result == nil {
+			w.hint = r
+			return true
+		}
+	}
+	return false
+}
 
 func (w *win) outstanding() []int {
 	var out []int
@@ -166,10 +190,12 @@ func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) (*win, *
 	w.cmd = c.envelope(w.id)
 	w.cmd.Seq, w.cmd.Term = seq, l.term
 	w.cmd.Body = &pb.Envelope_Plan{Plan: &pb.Plan{Start: w.start, Stop: w.stop, Reason: p.reason, WorldSize: int32(world), Ranks: ranks32}}
-	l.sendAll(w, expected)
+	// the acks are collected while the plan still goes out: at 1,024 ranks the
+	// first ranks have acked long before the last is sent to
+	sent := l.sendAsync(w.cmd, expected)
 	c.gossip(w.cmd)
 
-	out := l.collect(ctx, w, ch, !replanned)
+	out := l.collect(ctx, w, ch, sent, !replanned)
 	switch {
 	case ctx.Err() != nil:
 		// the leader stopped: the window stays unfinished in the log, and the next
@@ -359,10 +385,10 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 	w.cmd = c.envelope(w.id)
 	w.cmd.Seq, w.cmd.Term = seq, l.term
 	w.cmd.Body = &pb.Envelope_Dump{Dump: &pb.Dump{Reason: r.Cause, FailedRank: int32(failedRank), Kind: r.Kind}}
-	l.sendAll(w, ranks)
+	sent := l.sendAsync(w.cmd, ranks)
 	// the rank that failed may be gone: its snapshot is in the store already, or
 	// arrives when its agent uploads it
-	l.collect(ctx, w, ch, false)
+	l.collect(ctx, w, ch, sent, false)
 	if ctx.Err() != nil {
 		return
 	}
@@ -377,17 +403,54 @@ func failureTime(us int64) time.Time {
 	return time.UnixMicro(us)
 }
 
-// sendAll sends the window's command to each rank directly (over TCP, a few at a
-// time); a rank it cannot reach is missing.
+// planSenders is how many ranks sendAll sends to at once. Each send opens a
+// stream of its own: over TCP a connection's round trip, and for a rank that
+// cannot be reached memberlist's TCP timeout, for which it holds its sender; 256
+// keep a few such ranks from holding up the plan to the others. The acks come
+// back on streams of their own, which the leader's transport admits up to its
+// stream limit (1,024, defaultStreamLimits).
+const planSenders = 256
+
+// sendAll sends the window's command to each rank directly (over TCP, planSenders
+// at a time) and returns once every send is done; a rank it cannot reach is
+// missing.
 func (l *leaderRun) sendAll(w *win, ranks []int) {
+	for _, f := range l.send(w.cmd, ranks) {
+		l.unreachable(w, f)
+	}
+}
+
+// sendFailure is a rank a command could not be sent to.
+type sendFailure struct {
+	rank int
+	err  error
+}
+
+// unreachable marks the rank of f missing, unless it is in already.
+func (l *leaderRun) unreachable(w *win, f sendFailure) {
+	if s := w.ranks[f.rank]; s != nil && s.missing == "" && s.result == nil {
+		s.missing = "unreachable: " + f.err.Error()
+	}
+}
+
+// send sends cmd to each rank directly (over TCP, planSenders at a time), this
+// member's own rank included, and returns the ranks it could not reach. It
+// touches no window: the leader's loop may collect the acks meanwhile.
+func (l *leaderRun) send(cmd *pb.Envelope, ranks []int) []sendFailure {
 	c := l.c
 	nodes := c.rankNodes()
+	b, err := proto.Marshal(cmd) // once: at 1,024 ranks a plan names them all
+	if err != nil {
+		l.log.Error("a window's command cannot be encoded", "window", cmd.WindowId, "err", err)
+		return nil
+	}
 	var mu sync.Mutex
+	var failed []sendFailure
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
+	sem := make(chan struct{}, planSenders)
 	for _, r := range ranks {
 		if int32(r) == c.rank() {
-			c.handleLocal(w.cmd)
+			c.handleLocal(cmd)
 			continue
 		}
 		n := nodes[r]
@@ -399,16 +462,26 @@ func (l *leaderRun) sendAll(w *win, ranks []int) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if err := c.send(n.Name, w.cmd, true); err != nil {
+			err := c.sendBytes(n, b, true)
+			if err != nil {
 				mu.Lock()
-				if s := w.ranks[r]; s != nil && s.missing == "" && s.result == nil {
-					s.missing = "unreachable: " + err.Error()
-				}
+				failed = append(failed, sendFailure{r, err})
 				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
+	return failed
+}
+
+// sendAsync sends cmd to the ranks as send does, without waiting: the failures
+// arrive on the channel returned, which collect takes.
+func (l *leaderRun) sendAsync(cmd *pb.Envelope, ranks []int) <-chan []sendFailure {
+	ch := make(chan []sendFailure, 1)
+	if !l.c.spawn(func() { ch <- l.send(cmd, ranks) }) {
+		ch <- nil
+	}
+	return ch
 }
 
 // cancelWindow withdraws w from every rank.
@@ -435,7 +508,7 @@ type collectOut struct {
 // CollectTimeout is missing, and so is every rank not in by the window's
 // deadline. With canReplan, it returns as soon as a rank says it is past the
 // window's start, naming those ranks.
-func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope, canReplan bool) collectOut {
+func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope, sent <-chan []sendFailure, canReplan bool) collectOut {
 	c := l.c
 	tick := time.NewTicker(min(c.cfg.StatusTimeout, 500*time.Millisecond))
 	defer tick.Stop()
@@ -444,6 +517,15 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 	deadline := time.NewTimer(time.Until(w.deadline))
 	defer deadline.Stop()
 	var out collectOut
+	defer func() {
+		// the command has gone out to every rank before the window is given up,
+		// planned again or merged: a cancel must not overtake it
+		if sent != nil && ctx.Err() == nil {
+			for _, f := range <-sent {
+				l.unreachable(w, f)
+			}
+		}
+	}()
 	allAcked := func() bool {
 		for _, s := range w.ranks {
 			if s.missing == "" && !s.acked && s.result == nil {
@@ -452,7 +534,7 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 		}
 		return true
 	}
-	for len(w.outstanding()) > 0 && !out.stale {
+	for w.waiting() && !out.stale {
 		if canReplan && len(out.passed) > 0 && (allAcked() || time.Now().After(ackDeadline)) {
 			return out
 		}
@@ -469,10 +551,16 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 				l.tell(w, r, pb.Step_STEP_MISSING, w.ranks[r].batch, why)
 			}
 			return out
+		case fs := <-sent:
+			for _, f := range fs {
+				l.unreachable(w, f)
+			}
+			sent = nil
 		case env := <-acks:
 			if a := env.GetAck(); a != nil && env.WindowId == w.id {
 				l.onAck(w, env, a, &out, ackDeadline)
 			}
+			l.preload(ctx, w, int(env.SenderRank))
 		case env := <-l.msgs:
 			if env.GetRequest() != nil {
 				if l.onRequestDuring(w, env) {
@@ -489,6 +577,7 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 			}
 			if env.WindowId == w.id {
 				l.onRankMessage(w, env, &out)
+				l.preload(ctx, w, int(env.SenderRank))
 			} else if a := env.GetAck(); a != nil && a.Code == pb.AckCode_ACK_STALE_TERM {
 				l.c.noteTerm(a.Term)
 				out.stale = true
@@ -504,9 +593,43 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 				lastPoll = time.Now()
 			}
 			l.checkAlive(ctx, w, poll)
+			for r := range w.ranks {
+				l.preload(ctx, w, r)
+			}
 		}
 	}
 	return out
+}
+
+// preloaders is how many ranks' sidecars and analyses a leader reads at once
+// while it collects.
+const preloaders = 16
+
+// preload starts reading and parsing rank r's sidecar and analysis once its
+// result is in, preloaders at a time, while the other ranks still record and
+// upload: at 1,024 ranks the answer then waits for none of it (merge.Preload).
+// What cannot be read now is read again when the window is merged.
+func (l *leaderRun) preload(ctx context.Context, w *win, r int) {
+	s := w.ranks[r]
+	if s == nil || s.pre != nil || s.result == nil || s.result.Error != "" || s.result.MetaKey == "" || w.postmortem() {
+		return
+	}
+	if w.preSem == nil {
+		w.preSem = make(chan struct{}, preloaders)
+	}
+	ch, in, sem := make(chan merge.Input, 1), l.input(s.result, r), w.preSem
+	s.pre = ch
+	if !l.c.spawn(func() {
+		select {
+		case sem <- struct{}{}:
+			defer func() { <-sem }()
+			in = merge.Preload(ctx, in)
+		case <-ctx.Done():
+		}
+		ch <- in
+	}) {
+		ch <- in
+	}
 }
 
 // unstash handles what arrived for w while a post-mortem interrupted it.

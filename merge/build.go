@@ -20,6 +20,7 @@ const traceBudget = 500_000
 // builder writes the merged outputs into temporary files, one rank at a time.
 type builder struct {
 	cfg     *Config
+	turns   []chan struct{} // the first pass: closed when input i may be decoded (decodeTurn)
 	tmp     string
 	files   map[string]*outFile // the outputs after the pickles
 	in      *interner

@@ -37,9 +37,11 @@ func (c Curve) MarshalJSON() ([]byte, error) {
 // UnmarshalJSON reads the differences back; the three arrays must be as long as
 // each other and at most CurvePoints long, and time must not go backwards.
 func (c *Curve) UnmarshalJSON(b []byte) error {
-	var j curveJSON
-	if err := json.Unmarshal(b, &j); err != nil {
-		return err
+	j, ok := parseCurveJSON(b)
+	if !ok {
+		if err := json.Unmarshal(b, &j); err != nil {
+			return err
+		}
 	}
 	if len(j.T) != len(j.A) || len(j.T) != len(j.R) {
 		return errors.New("merge: a curve's arrays differ in length")
@@ -106,4 +108,135 @@ func scaleDiv(d, n, span uint64) uint64 {
 	}
 	q, _ := bits.Div64(hi, lo, span)
 	return q
+}
+
+// parseCurveJSON reads a curve as MarshalJSON writes it, {"t":[..],"a":[..],"r":[..]}
+// (keys in any order, spaces between tokens), without reflection: a leader reads
+// 1,024 of them for an answer. Anything else (another key, a key twice, a number
+// that is not a JSON integer in int64) is not ok, and encoding/json reads it.
+func parseCurveJSON(b []byte) (curveJSON, bool) {
+	var j curveJSON
+	p := curveParser{b: b}
+	if !p.take('{') {
+		return j, false
+	}
+	var seen [3]bool
+	for k := 0; k < 3; k++ {
+		if k > 0 && !p.take(',') {
+			return j, false
+		}
+		if !p.take('"') || p.i+2 > len(p.b) || p.b[p.i+1] != '"' {
+			return j, false
+		}
+		var dst *[]int64
+		var n int
+		switch p.b[p.i] {
+		case 't':
+			dst, n = &j.T, 0
+		case 'a':
+			dst, n = &j.A, 1
+		case 'r':
+			dst, n = &j.R, 2
+		default:
+			return j, false
+		}
+		if seen[n] {
+			return j, false
+		}
+		seen[n] = true
+		p.i += 2
+		if !p.take(':') {
+			return j, false
+		}
+		v, ok := p.ints()
+		if !ok {
+			return j, false
+		}
+		*dst = v
+	}
+	if !p.take('}') {
+		return j, false
+	}
+	p.space()
+	return j, p.i == len(p.b)
+}
+
+type curveParser struct {
+	b []byte
+	i int
+}
+
+func (p *curveParser) space() {
+	for p.i < len(p.b) && (p.b[p.i] == ' ' || p.b[p.i] == '\n' || p.b[p.i] == '\t' || p.b[p.i] == '\r') {
+		p.i++
+	}
+}
+
+// take skips spaces and then c.
+func (p *curveParser) take(c byte) bool {
+	p.space()
+	if p.i < len(p.b) && p.b[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// ints reads an array of JSON integers that fit in int64 (at most CurvePoints+1
+// of them: a longer curve is refused by the caller anyway, through encoding/json).
+func (p *curveParser) ints() ([]int64, bool) {
+	if !p.take('[') {
+		return nil, false
+	}
+	out := []int64{}
+	if p.take(']') {
+		return out, true
+	}
+	for {
+		p.space()
+		v, ok := p.int()
+		if !ok || len(out) > CurvePoints {
+			return nil, false
+		}
+		out = append(out, v)
+		if p.take(']') {
+			return out, true
+		}
+		if !p.take(',') {
+			return nil, false
+		}
+	}
+}
+
+// int reads a JSON integer: -?(0|[1-9][0-9]*), in int64.
+func (p *curveParser) int() (int64, bool) {
+	neg := p.i < len(p.b) && p.b[p.i] == '-'
+	if neg {
+		p.i++
+	}
+	start := p.i
+	var u uint64
+	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+		if p.i-start >= 19 { // 19 digits always fit in a uint64; more are left to encoding/json
+			return 0, false
+		}
+		u = u*10 + uint64(p.b[p.i]-'0')
+		p.i++
+	}
+	switch n := p.i - start; {
+	case n == 0, n > 1 && p.b[start] == '0':
+		return 0, false
+	case p.i < len(p.b) && (p.b[p.i] == '.' || p.b[p.i] == 'e' || p.b[p.i] == 'E'):
+		return 0, false
+	}
+	if neg {
+		if u > 1<<63 {
+			return 0, false
+		}
+		return -int64(u), true
+	}
+	if u > 1<<63-1 {
+		return 0, false
+	}
+	return int64(u), true
 }

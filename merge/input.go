@@ -33,6 +33,50 @@ type Input struct {
 	meta   func(ctx context.Context) ([]byte, error) // nil, or the sidecar's bytes (nil, nil when absent)
 	// analysis is nil, or reads the rank's analysis (nil, nil when absent)
 	analysis func(ctx context.Context) ([]byte, error)
+	pre      *preloaded // Preload's: what was read and parsed already
+}
+
+// preloaded is an input's sidecar and analysis, read and parsed ahead of its
+// merge (Preload); a field is nil when it was not read or does not parse, and
+// the merge then reads it as usual.
+type preloaded struct {
+	meta    *RankMeta
+	metaSHA string
+	a       *RankAnalysis
+}
+
+// Preload reads in's sidecar and analysis now, and parses them: a merge then takes
+// them from memory, without reading or parsing them again (a leader preloads each
+// rank's while the other ranks still upload). What cannot be read or parsed now
+// is left to the merge, which reads it again and says what is wrong. The merge
+// only reads what it takes, so one preloaded input serves several merges.
+func Preload(ctx context.Context, in Input) Input {
+	p := &preloaded{}
+	if in.meta != nil {
+		if raw, err := in.meta(ctx); err == nil && raw != nil {
+			if m, err := ParseRankMeta(raw); err == nil {
+				p.meta, p.metaSHA = m, sha256Hex(raw)
+				in.meta = func(context.Context) ([]byte, error) { return raw, nil }
+			}
+		}
+	}
+	if in.analysis != nil {
+		if raw, err := in.analysis(ctx); err == nil && raw != nil {
+			if a, err := ParseAnalysis(raw); err == nil {
+				p.a = a
+			}
+		}
+	}
+	in.pre = p
+	return in
+}
+
+// Meta is the sidecar Preload read and parsed, or nil.
+func (in Input) Meta() *RankMeta {
+	if in.pre == nil {
+		return nil
+	}
+	return in.pre.meta
 }
 
 // WithAnalysis returns in with a loader of its rank's analysis (the bytes of the
@@ -40,6 +84,13 @@ type Input struct {
 // no error when there is none). Merge uses it under Config.FromAnalyses.
 func (in Input) WithAnalysis(load func(ctx context.Context) ([]byte, error)) Input {
 	in.analysis = load
+	return in
+}
+
+// WithMeta returns in with its sidecar's bytes read already (by a caller that
+// checked them): the merge takes them instead of reading the sidecar again.
+func (in Input) WithMeta(raw []byte) Input {
+	in.meta = func(context.Context) ([]byte, error) { return raw, nil }
 	return in
 }
 

@@ -3,6 +3,7 @@ package merge
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sort"
 	"sync"
 
@@ -29,18 +30,34 @@ type loaded struct {
 	err   error
 }
 
-// firstPass reads the inputs, Workers ahead in parallel, and merges them in rank
-// order. Every goroutine it starts has ended when it returns.
+// readAhead is how many inputs the first pass reads ahead of the one it merges,
+// at most: reading a rank's metadata and analysis costs little memory (an
+// analysis is a few KiB), and at 1,024 ranks a store's latency, paid a few at a
+// time, is most of a leader's answer. Decoding stays within Workers of the rank
+// merged next (decodeTurn).
+func (c *Config) readAhead() int {
+	return max(c.Workers, min(32, 4*runtime.GOMAXPROCS(0)))
+}
+
+// firstPass reads the inputs, readAhead of them in parallel, and merges them in
+// rank order; a snapshot is decoded only within Workers of the input merged next,
+// so memory holds at most Workers+1 decoded ranks. Every goroutine it starts has
+// ended when it returns.
 func (b *builder) firstPass(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
 	results := make([]chan loaded, len(b.inputs))
+	b.turns = make([]chan struct{}, len(b.inputs))
 	for i := range results {
 		results[i] = make(chan loaded, 1)
+		b.turns[i] = make(chan struct{})
 	}
-	sem := make(chan struct{}, b.cfg.Workers)
+	for i := range min(b.cfg.Workers, len(b.turns)) {
+		close(b.turns[i])
+	}
+	sem := make(chan struct{}, b.cfg.readAhead())
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -51,7 +68,7 @@ func (b *builder) firstPass(ctx context.Context) error {
 				return
 			}
 			wg.Add(1)
-			go func() { defer wg.Done(); results[i] <- b.load(ctx, in) }()
+			go func() { defer wg.Done(); results[i] <- b.load(ctx, i, in) }()
 		}
 	}()
 	for i := range b.inputs {
@@ -62,11 +79,29 @@ func (b *builder) firstPass(ctx context.Context) error {
 			return ctx.Err()
 		}
 		<-sem
+		if j := i + b.cfg.Workers; j < len(b.turns) {
+			close(b.turns[j])
+		}
 		if err := b.take(i, l); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// decodeTurn waits until input i may be decoded: until it is within Workers of
+// the input merged next (the first pass merges in order, so the input merged next
+// always may, and no decode waits on one that waits for it).
+func (b *builder) decodeTurn(ctx context.Context, i int) error {
+	if b.turns == nil {
+		return nil
+	}
+	select {
+	case <-b.turns[i]:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // take merges what one input held.
@@ -97,8 +132,11 @@ func (b *builder) take(i int, l loaded) error {
 
 // load reads one input: its sidecar, its analysis (under FromAnalyses) and, when
 // there is no usable analysis or the rank's detail is written now, its snapshot.
-func (b *builder) load(ctx context.Context, in Input) loaded {
+func (b *builder) load(ctx context.Context, i int, in Input) loaded {
 	if isPB(in.Source) {
+		if err := b.decodeTurn(ctx, i); err != nil {
+			return loaded{err: err}
+		}
 		return b.loadTimeline(ctx, in)
 	}
 	l := loaded{ref: InputRef{Rank: in.Rank, Source: in.Source}}
@@ -115,6 +153,9 @@ func (b *builder) load(ctx context.Context, in Input) loaded {
 		l.ref.Size, l.ref.SHA256 = lr.a.Snapshot.Size, lr.a.Snapshot.SHA256
 	}
 	if lr.a == nil || (b.cfg.Detail == DetailAll && !b.deferred) {
+		if err := b.decodeTurn(ctx, i); err != nil {
+			return loaded{err: err}
+		}
 		rd, ref, err := decodeInput(ctx, in, lr.a)
 		if err != nil {
 			return loaded{err: err}
@@ -178,14 +219,20 @@ func decodeInput(ctx context.Context, in Input, a *RankAnalysis) (*rankData, Sna
 // when there is none or it cannot be used: malformed, another rank's, or computed
 // with other batch marks than the sidecar's.
 func (b *builder) readAnalysis(ctx context.Context, in Input, meta *RankMeta) *RankAnalysis {
-	raw, err := in.analysis(ctx)
-	if err != nil || raw == nil {
-		if err != nil {
-			b.cfg.Logger.Warn("an analysis cannot be read; decoding the snapshot", "source", in.Source, "err", err)
+	var a *RankAnalysis
+	var err error
+	if in.pre != nil && in.pre.a != nil {
+		a = in.pre.a
+	} else {
+		raw, rerr := in.analysis(ctx)
+		if rerr != nil || raw == nil {
+			if rerr != nil {
+				b.cfg.Logger.Warn("an analysis cannot be read; decoding the snapshot", "source", in.Source, "err", rerr)
+			}
+			return nil
 		}
-		return nil
+		a, err = ParseAnalysis(raw)
 	}
-	a, err := ParseAnalysis(raw)
 	switch {
 	case err != nil:
 	case a.Rank != in.Rank:
@@ -219,6 +266,12 @@ func sameMarks(fs []BatchFigure, meta *RankMeta) bool {
 
 // readMeta reads and checks an input's sidecar; nil when it has none.
 func (in Input) readMeta(ctx context.Context) (*RankMeta, string, error) {
+	if in.pre != nil && in.pre.meta != nil {
+		if m := in.pre.meta; m.Rank != in.Rank {
+			return nil, "", fmt.Errorf("merge: %s is rank %d by its name but its metadata says rank %d", in.Source, in.Rank, m.Rank)
+		}
+		return in.pre.meta, in.pre.metaSHA, nil
+	}
 	if in.meta == nil {
 		return nil, "", nil
 	}

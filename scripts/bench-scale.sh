@@ -18,6 +18,14 @@
 #   BIN        a coordinator test binary built beforehand (go test -c ./coordinator),
 #              for a machine without Go: the GPU machine's 16 cores, e.g.
 #              BIN=.devrun/coord.test PRODUCTION=1 scripts/bench-scale.sh
+#   OWNCORES   1 (default): each simulated rank's analysis of its snapshot takes the
+#              time it takes on one core, as on the rank's own host, without using the
+#              cores every member shares here (computed once per snapshot and timed);
+#              0: every rank analyses its own snapshot on the shared cores
+#   SIMTMP     where the simulation's folder store lives (default /dev/shm when it is
+#              writable, else $TMPDIR): 1,024 ranks' uploads would otherwise queue on
+#              one disk's fsyncs, where a real job's go to an object store over the
+#              network; LATENCY adds that network's latency to every request
 #   LOOPBACK   1: members on memberlist's own UDP/TCP transport over 127.0.0.1 instead
 #              of the in-memory network (packets are then not counted), e.g.
 #              LOOPBACK=1 SIZES=8,64 EVENTS=100000,100000 scripts/bench-scale.sh
@@ -29,7 +37,9 @@ cd "$(dirname "$0")/.."
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 SIZES="${SIZES:-64,256,1024}"; EVENTS="${EVENTS:-100000,20000,5000}"; REPEATS="${REPEATS:-5}"; FAILOVERS="${FAILOVERS:-3}"
 STEP="${STEP:-250ms}"; IDLE="${IDLE:-10s}"; LATENCY="${LATENCY:-0}"; COMPRESS="${COMPRESS:-false}"; LOOPBACK="${LOOPBACK:-0}"
-PRODUCTION="${PRODUCTION:-0}"
+PRODUCTION="${PRODUCTION:-0}"; OWNCORES="${OWNCORES:-1}"
+if [ -z "${SIMTMP:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then SIMTMP=/dev/shm; fi
+SIMTMP="${SIMTMP:-${TMPDIR:-/tmp}}"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 if [ -n "${BIN:-}" ]; then
   case $BIN in *.gz) gunzip -c "$BIN" >"$tmp/coordinator.test" ;; *) cp "$BIN" "$tmp/coordinator.test" ;; esac
@@ -37,10 +47,10 @@ if [ -n "${BIN:-}" ]; then
 else
   go test -c -o "$tmp/coordinator.test" ./coordinator
 fi
-echo "== $(nproc) cores; sizes $SIZES, events $EVENTS, $REPEATS windows and $FAILOVERS failovers each, production timers: $([ "$PRODUCTION" = 1 ] && echo yes || echo 'no (simTune)')"
+echo "== $(nproc) cores; sizes $SIZES, events $EVENTS, $REPEATS windows and $FAILOVERS failovers each, production timers: $([ "$PRODUCTION" = 1 ] && echo yes || echo 'no (simTune)'); rank analyses: $([ "$OWNCORES" = 1 ] && echo 'a core each' || echo 'on the shared cores'); store in $SIMTMP"
 cd coordinator
 # the test binary runs in its package's folder, as go test runs it; its own
 # temporary folders (the store) go under $TMPDIR
-"$tmp/coordinator.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 0 \
+TMPDIR="$SIMTMP" "$tmp/coordinator.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 0 \
   -sim.sizes "$SIZES" -sim.events "$EVENTS" -sim.repeats "$REPEATS" -sim.failovers "$FAILOVERS" \
-  -sim.step "$STEP" -sim.idle "$IDLE" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.production="$([ "$PRODUCTION" = 1 ] && echo true || echo false)" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)"
+  -sim.step "$STEP" -sim.idle "$IDLE" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.production="$([ "$PRODUCTION" = 1 ] && echo true || echo false)" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)" -sim.own-cores="$([ "$OWNCORES" = 1 ] && echo true || echo false)"
