@@ -169,7 +169,14 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 					return nil, fmt.Errorf("%w: %s", ErrRefused, b.Ack.Message)
 				}
 			case *pb.Envelope_Progress:
-				if progress != nil {
+				if progress != nil && len(b.Progress.Steps) > 0 {
+					// many ranks' steps, gathered by the leader of a large window
+					now := time.Now()
+					for _, st := range b.Progress.Steps {
+						progress(Update{Window: env.WindowId, Rank: int(st.Rank), State: st.State, Batch: st.Batch,
+							Reason: st.Reason, Leader: int(env.SenderRank), Received: now})
+					}
+				} else if progress != nil {
 					u := Update{Window: env.WindowId, Rank: int(b.Progress.Rank), State: b.Progress.State, Batch: b.Progress.Batch,
 						Reason: b.Progress.Reason, Leader: int(env.SenderRank), Received: time.Now()}
 					if b.Progress.DeadlineUs > 0 {

@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
@@ -267,4 +270,115 @@ func outputEnding(outputs []string, suffix string) string {
 		}
 	}
 	return ""
+}
+
+// TestClusterGathersRankSteps: a leader of a large window (here every window:
+// stepsGathered 1) tells the members waiting its ranks' steps gathered into a few
+// messages; the client sees each rank's every step. (The leader is held after
+// its pickle, so that the client waits while the last gathered steps arrive:
+// they travel on a stream of their own, and nothing orders them before the
+// result.)
+func TestClusterGathersRankSteps(t *testing.T) {
+	pickle := int32(slices.Index(publicationWrites, "pickle") + 1)
+	trip := &trip{n: pickle, tripped: make(chan struct{}), release: make(chan struct{})}
+	tc := startCluster(t, 4, func(c *Config, a *rankagent.Config) {
+		c.stepsGathered = 1
+		if !c.Client && c.Identity.Rank == 0 {
+			trip.wrap(c)
+		}
+	})
+	tc.holding()
+	c := tc.client()
+	var mu sync.Mutex
+	seen := map[int]map[pb.Step]bool{}
+	want := []pb.Step{pb.Step_STEP_ACKED, pb.Step_STEP_ARMED, pb.Step_STEP_RECORDING, pb.Step_STEP_UPLOADED}
+	all := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for r := 0; r < 4; r++ {
+			for _, st := range want {
+				if !seen[r][st] {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	done := make(chan *pb.WindowResult, 1)
+	go func() {
+		res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u Update) {
+			mu.Lock()
+			defer mu.Unlock()
+			if seen[u.Rank] == nil {
+				seen[u.Rank] = map[pb.Step]bool{}
+			}
+			seen[u.Rank][u.State] = true
+		}, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	<-trip.tripped // collected and answered; the pickles are held
+	deadline := time.Now().Add(time.Minute)
+	for !all() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(trip.release)
+	res := <-done
+	if res == nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != 4 {
+		t.Fatalf("result %+v", res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for r := 0; r < 4; r++ {
+		for _, st := range want {
+			if !seen[r][st] {
+				t.Errorf("the client never saw rank %d %s (saw %v)", r, st, seen[r])
+			}
+		}
+	}
+}
+
+// TestStepMessages: gathered steps go out in messages that stay far under
+// maxMessage, whatever their reasons' length, and none is lost or repeated.
+func TestStepMessages(t *testing.T) {
+	for _, tc := range []struct {
+		n, reason int
+		want      []int
+	}{
+		{1, 0, []int{1}},
+		{stepsPerMessage, 0, []int{stepsPerMessage}},
+		{1300, 10, []int{512, 512, 276}},
+		{200, maxString, []int{64, 64, 64, 8}},
+	} {
+		var steps []*pb.RankStep
+		for i := 0; i < tc.n; i++ {
+			steps = append(steps, &pb.RankStep{Rank: int32(i), State: pb.Step_STEP_ACKED, Reason: strings.Repeat("r", tc.reason)})
+		}
+		var got []int
+		next := int32(0)
+		for _, m := range stepMessages(steps) {
+			got = append(got, len(m))
+			for _, s := range m {
+				if s.Rank != next {
+					t.Fatalf("%d steps: rank %d where %d comes", tc.n, s.Rank, next)
+				}
+				next++
+			}
+			env := &pb.Envelope{Sender: "r0", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: m}}}
+			if n := proto.Size(env); n > maxMessage/2 {
+				t.Fatalf("a message of %d bytes", n)
+			}
+			if err := checkEnvelope(env); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%d steps of %d-byte reasons: messages of %v, want %v", tc.n, tc.reason, got, tc.want)
+		}
+	}
+	if stepMessages(nil) != nil {
+		t.Error("messages of no steps")
+	}
 }

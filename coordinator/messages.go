@@ -184,6 +184,20 @@ func checkEnvelope(e *pb.Envelope) error {
 		if b.Progress.DeadlineUs < 0 {
 			return bad("a deadline of %d", b.Progress.DeadlineUs)
 		}
+		if len(b.Progress.Steps) > merge.MaxRanks {
+			return bad("progress of %d steps", len(b.Progress.Steps))
+		}
+		for _, st := range b.Progress.Steps {
+			if err := rank("progress of rank", st.Rank, false); err != nil {
+				return err
+			}
+			if err := enum("progress state", int32(st.State), pb.Step_name); err != nil {
+				return err
+			}
+			if err := long(st.Reason); err != nil {
+				return err
+			}
+		}
 		return long(b.Progress.Reason)
 	case *pb.Envelope_Result:
 		return result(b.Result)

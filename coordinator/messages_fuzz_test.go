@@ -59,6 +59,7 @@ func envelopeSeeds() []*pb.Envelope {
 		env(1, 3, &pb.Ack{Code: pb.AckCode_ACK_PASSED, Message: "batch 9 is past the window's start 5", Batch: 9}),
 		env(2, 3, &pb.Progress{State: pb.Step_STEP_RECORDING, Batch: 6, Rank: 2}),
 		env(-1, 3, &pb.Progress{State: pb.Step_STEP_ARMED, Rank: -1}),
+		env(0, 3, &pb.Progress{Rank: -1, Batch: -1, Steps: []*pb.RankStep{{Rank: 1, State: pb.Step_STEP_ACKED, Batch: 4}, {Rank: 7, State: pb.Step_STEP_MISSING, Batch: -1, Reason: "no sign of life"}}}),
 		env(3, 3, res),
 		env(3, 3, &pb.RankResult{Error: "the store refused it", Partial: "the trainer stopped at batch 6", Start: 5, Stop: 8}),
 		env(0, 3, &pb.Cancel{Reason: "replan"}),
@@ -87,12 +88,15 @@ func brokenEnvelopes(t testing.TB) [][]byte {
 	)
 	for _, e := range []*pb.Envelope{
 		{Sender: "x"}, // no body
-		{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}},                                                                     // no sender
-		{Sender: "x", SenderRank: -2, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}},                                        // sender rank
-		{Sender: "x", Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 5, Stop: 8}}},                                             // no window id
-		{Sender: "x", WindowId: 1, Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 8, Stop: 8}}},                                // empty window
-		{Sender: "x", WindowId: 1, Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 1, Stop: 8, Ranks: []int32{-1}}}},            // negative rank
-		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: merge.MaxRanks}}},                              // rank too large
+		{Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}},                                                                 // no sender
+		{Sender: "x", SenderRank: -2, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}},                                    // sender rank
+		{Sender: "x", Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 5, Stop: 8}}},                                         // no window id
+		{Sender: "x", WindowId: 1, Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 8, Stop: 8}}},                            // empty window
+		{Sender: "x", WindowId: 1, Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 1, Stop: 8, Ranks: []int32{-1}}}},        // negative rank
+		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: merge.MaxRanks}}},                          // rank too large
+		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{Rank: -1}}}}},   // a step of no rank
+		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{State: 999}}}}}, // unknown state
+		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{Reason: strings.Repeat("m", maxString+1)}}}}},
 		{Sender: "x", Body: &pb.Envelope_Request{Request: &pb.SnapshotRequest{Batches: -1}}},                                  // negative length
 		{Sender: "x", Body: &pb.Envelope_Result{Result: &pb.RankResult{Size: -1}}},                                            // negative size
 		{Sender: "x", Body: &pb.Envelope_Ack{Ack: &pb.Ack{Message: strings.Repeat("m", maxString+1)}}},                        // long field
@@ -194,6 +198,14 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 		inRank("progress rank", b.Progress.Rank, true)
 		known("progress state", int32(b.Progress.State), pb.Step_name)
 		short(b.Progress.Reason)
+		if len(b.Progress.Steps) > merge.MaxRanks {
+			t.Fatalf("accepted %d steps", len(b.Progress.Steps))
+		}
+		for _, st := range b.Progress.Steps {
+			inRank("step rank", st.Rank, false)
+			known("step state", int32(st.State), pb.Step_name)
+			short(st.Reason)
+		}
 	case *pb.Envelope_Result:
 		result(b.Result)
 	case *pb.Envelope_Request:

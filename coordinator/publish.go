@@ -209,15 +209,17 @@ func (l *leaderRun) inputs(ctx context.Context, w *win) (map[int]merge.Input, er
 					continue
 				}
 			case <-ctx.Done():
+				wg.Wait()
 				return nil, ctx.Err()
 			}
 		}
 		wg.Add(1)
 		sem <- struct{}{}
+		res := s.result
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			got[i].meta, got[i].why, got[i].err = l.checkCoverage(ctx, s.result, r, w)
+			got[i].meta, got[i].why, got[i].err = l.checkCoverage(ctx, res, r, w)
 		}()
 	}
 	wg.Wait()

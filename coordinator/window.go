@@ -59,7 +59,44 @@ type win struct {
 	watchers    []*pb.Envelope
 	world       int
 	deadline    time.Time
-	cmd         *pb.Envelope // the plan or dump sent to every rank
+	cmd         *pb.Envelope   // the plan or dump sent to every rank
+	steps       []*pb.RankStep // ranks' steps not told to the watchers yet (leaderRun.gathersSteps)
+}
+
+// A window of more than stepsGathered ranks tells its watchers the ranks' steps
+// gathered, every stepsEvery, in messages of at most stepsPerMessage steps and
+// stepsBytes bytes of reasons: 1,024 ranks acking within a few milliseconds, each
+// ack a datagram to every watcher, overflowed a watching member's queues.
+const (
+	stepsGathered   = 64
+	stepsEvery      = 100 * time.Millisecond
+	stepsPerMessage = 512
+	stepsBytes      = 256 << 10
+)
+
+// gathersSteps reports whether w's watchers are told its ranks' steps gathered.
+func (l *leaderRun) gathersSteps(w *win) bool {
+	n := l.c.cfg.stepsGathered
+	if n == 0 {
+		n = stepsGathered
+	}
+	return len(w.ranks) > n
+}
+
+// stepMessages cuts steps into messages of at most stepsPerMessage steps and about
+// stepsBytes bytes of reasons (a message's limit is maxMessage).
+func stepMessages(steps []*pb.RankStep) [][]*pb.RankStep {
+	var out [][]*pb.RankStep
+	for len(steps) > 0 {
+		n, size := 0, 0
+		for n < len(steps) && n < stepsPerMessage && size < stepsBytes {
+			size += len(steps[n].Reason)
+			n++
+		}
+		out = append(out, steps[:n:n])
+		steps = steps[n:]
+	}
+	return out
 }
 
 func (w *win) postmortem() bool { return w.kind != pb.WindowKind_WINDOW_KIND_WINDOW }
@@ -442,7 +479,11 @@ func (l *leaderRun) send(cmd *pb.Envelope, ranks []int) []sendFailure {
 	b, err := proto.Marshal(cmd) // once: at 1,024 ranks a plan names them all
 	if err != nil {
 		l.log.Error("a window's command cannot be encoded", "window", cmd.WindowId, "err", err)
-		return nil
+		var failed []sendFailure
+		for _, r := range ranks {
+			failed = append(failed, sendFailure{r, fmt.Errorf("the window's command cannot be encoded: %w", err)})
+		}
+		return failed
 	}
 	var mu sync.Mutex
 	var failed []sendFailure
@@ -462,6 +503,9 @@ func (l *leaderRun) send(cmd *pb.Envelope, ranks []int) []sendFailure {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			if now := c.node(n.Name); now != nil {
+				n = now // it may have come back at another address since the snapshot
+			}
 			err := c.sendBytes(n, b, true)
 			if err != nil {
 				mu.Lock()
@@ -517,12 +561,23 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 	deadline := time.NewTimer(time.Until(w.deadline))
 	defer deadline.Stop()
 	var out collectOut
+	var flush <-chan time.Time
+	if l.gathersSteps(w) {
+		t := time.NewTicker(stepsEvery)
+		defer t.Stop()
+		flush = t.C
+	}
+	defer l.flushSteps(w)
 	defer func() {
 		// the command has gone out to every rank before the window is given up,
 		// planned again or merged: a cancel must not overtake it
-		if sent != nil && ctx.Err() == nil {
-			for _, f := range <-sent {
-				l.unreachable(w, f)
+		if sent != nil {
+			select {
+			case fs := <-sent:
+				for _, f := range fs {
+					l.unreachable(w, f)
+				}
+			case <-ctx.Done():
 			}
 		}
 	}()
@@ -551,11 +606,16 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 				l.tell(w, r, pb.Step_STEP_MISSING, w.ranks[r].batch, why)
 			}
 			return out
+		case <-flush:
+			l.flushSteps(w)
 		case fs := <-sent:
 			for _, f := range fs {
 				l.unreachable(w, f)
 			}
 			sent = nil
+			// at 1,024 ranks the plan takes a moment to go out: the ranks have
+			// AckTimeout from the moment it has
+			ackDeadline = time.Now().Add(c.cfg.AckTimeout)
 		case env := <-acks:
 			if a := env.GetAck(); a != nil && env.WindowId == w.id {
 				l.onAck(w, env, a, &out, ackDeadline)
@@ -611,7 +671,8 @@ const preloaders = 16
 // What cannot be read now is read again when the window is merged.
 func (l *leaderRun) preload(ctx context.Context, w *win, r int) {
 	s := w.ranks[r]
-	if s == nil || s.pre != nil || s.result == nil || s.result.Error != "" || s.result.MetaKey == "" || w.postmortem() {
+	if s == nil || s.pre != nil || s.result == nil || s.result.Error != "" || s.result.MetaKey == "" || w.postmortem() ||
+		s.result.Partial != "" || s.result.Start != w.start || s.result.Stop != w.stop { // inputs drops these
 		return
 	}
 	if w.preSem == nil {
@@ -858,14 +919,45 @@ func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
 // (rank steps as datagrams: a lost one is shown by the next).
 func (l *leaderRun) tell(w *win, rank int, state pb.Step, batch int64, reason string) {
 	l.log.Debug("window progress", "window", w.id, "of_rank", rank, "state", stepName(state), "batch", batch, "reason", reason)
-	l.mu.Lock()
-	watchers := append(append([]*pb.Envelope(nil), w.watchers...), l.pending[w.id]...)
-	l.mu.Unlock()
+	watchers := l.watchersOf(w)
+	if len(watchers) == 0 {
+		return
+	}
+	if rank >= 0 && l.gathersSteps(w) {
+		w.steps = append(w.steps, &pb.RankStep{Rank: int32(rank), State: state, Batch: batch, Reason: reason})
+		return
+	}
+	l.flushSteps(w) // the ranks' steps come before the window's
 	for _, wt := range watchers {
 		env := l.c.envelope(w.id)
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: state, Batch: batch, Reason: reason, Rank: int32(rank)}}
 		env.Seq = wt.Seq
 		l.c.post(wt.Sender, wt.ReplyAddr, env, rank < 0)
+	}
+}
+
+func (l *leaderRun) watchersOf(w *win) []*pb.Envelope {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append(append([]*pb.Envelope(nil), w.watchers...), l.pending[w.id]...)
+}
+
+// flushSteps tells the watchers of w the ranks' steps gathered since the last
+// time, over TCP (one message holds many ranks' steps).
+func (l *leaderRun) flushSteps(w *win) {
+	if len(w.steps) == 0 {
+		return
+	}
+	steps := w.steps
+	w.steps = nil
+	watchers := l.watchersOf(w)
+	for _, part := range stepMessages(steps) {
+		for _, wt := range watchers {
+			env := l.c.envelope(w.id)
+			env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Batch: -1, Steps: part}}
+			env.Seq = wt.Seq
+			l.c.post(wt.Sender, wt.ReplyAddr, env, true)
+		}
 	}
 }
 

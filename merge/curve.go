@@ -39,6 +39,7 @@ func (c Curve) MarshalJSON() ([]byte, error) {
 func (c *Curve) UnmarshalJSON(b []byte) error {
 	j, ok := parseCurveJSON(b)
 	if !ok {
+		j = curveJSON{} // nothing of what the fast path read half-way
 		if err := json.Unmarshal(b, &j); err != nil {
 			return err
 		}

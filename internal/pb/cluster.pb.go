@@ -1029,12 +1029,17 @@ func (x *Ack) GetTerm() uint64 {
 
 // Progress is one step of a window on one rank (armed, recording, uploaded, ...).
 type Progress struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	State         Step                   `protobuf:"varint,1,opt,name=state,proto3,enum=memsnap.v1.Step" json:"state,omitempty"`
-	Batch         int64                  `protobuf:"varint,2,opt,name=batch,proto3" json:"batch,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
-	Rank          int32                  `protobuf:"varint,4,opt,name=rank,proto3" json:"rank,omitempty"`
-	DeadlineUs    int64                  `protobuf:"varint,5,opt,name=deadline_us,json=deadlineUs,proto3" json:"deadline_us,omitempty"` // STEP_PLANNED: when the leader gives up on the window (wall clock, microseconds)
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	State      Step                   `protobuf:"varint,1,opt,name=state,proto3,enum=memsnap.v1.Step" json:"state,omitempty"`
+	Batch      int64                  `protobuf:"varint,2,opt,name=batch,proto3" json:"batch,omitempty"`
+	Reason     string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Rank       int32                  `protobuf:"varint,4,opt,name=rank,proto3" json:"rank,omitempty"`
+	DeadlineUs int64                  `protobuf:"varint,5,opt,name=deadline_us,json=deadlineUs,proto3" json:"deadline_us,omitempty"` // STEP_PLANNED: when the leader gives up on the window (wall clock, microseconds)
+	// steps: several ranks' steps in one message (state, batch, reason and rank of
+	// the message itself are then unset): a leader of many ranks gathers them for
+	// a moment, rather than sending a datagram per rank and step to each member
+	// that waits (1,024 ranks acking at once overflowed a waiting member's queues)
+	Steps         []*RankStep `protobuf:"bytes,6,rep,name=steps,proto3" json:"steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1104,6 +1109,82 @@ func (x *Progress) GetDeadlineUs() int64 {
 	return 0
 }
 
+func (x *Progress) GetSteps() []*RankStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+// RankStep is one rank's step in a window, as Progress tells it.
+type RankStep struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	State         Step                   `protobuf:"varint,2,opt,name=state,proto3,enum=memsnap.v1.Step" json:"state,omitempty"`
+	Batch         int64                  `protobuf:"varint,3,opt,name=batch,proto3" json:"batch,omitempty"`
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankStep) Reset() {
+	*x = RankStep{}
+	mi := &file_internal_pb_cluster_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankStep) ProtoMessage() {}
+
+func (x *RankStep) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_pb_cluster_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankStep.ProtoReflect.Descriptor instead.
+func (*RankStep) Descriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RankStep) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RankStep) GetState() Step {
+	if x != nil {
+		return x.State
+	}
+	return Step_STEP_UNSPECIFIED
+}
+
+func (x *RankStep) GetBatch() int64 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *RankStep) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // RankResult is a rank's snapshot of a window, as it stands in the store.
 type RankResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1126,7 +1207,7 @@ type RankResult struct {
 
 func (x *RankResult) Reset() {
 	*x = RankResult{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[7]
+	mi := &file_internal_pb_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1219,7 @@ func (x *RankResult) String() string {
 func (*RankResult) ProtoMessage() {}
 
 func (x *RankResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[7]
+	mi := &file_internal_pb_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1232,7 @@ func (x *RankResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankResult.ProtoReflect.Descriptor instead.
 func (*RankResult) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{7}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RankResult) GetKey() string {
@@ -1255,7 +1336,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[8]
+	mi := &file_internal_pb_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1267,7 +1348,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[8]
+	mi := &file_internal_pb_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1280,7 +1361,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{8}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Cancel) GetReason() string {
@@ -1309,7 +1390,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[9]
+	mi := &file_internal_pb_cluster_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1402,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[9]
+	mi := &file_internal_pb_cluster_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1415,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{9}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SnapshotRequest) GetBatches() int64 {
@@ -1418,7 +1499,7 @@ type WindowResult struct {
 
 func (x *WindowResult) Reset() {
 	*x = WindowResult{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[10]
+	mi := &file_internal_pb_cluster_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1511,7 @@ func (x *WindowResult) String() string {
 func (*WindowResult) ProtoMessage() {}
 
 func (x *WindowResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[10]
+	mi := &file_internal_pb_cluster_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1524,7 @@ func (x *WindowResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowResult.ProtoReflect.Descriptor instead.
 func (*WindowResult) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{10}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WindowResult) GetState() Outcome {
@@ -1548,7 +1629,7 @@ type ClockProbe struct {
 
 func (x *ClockProbe) Reset() {
 	*x = ClockProbe{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[11]
+	mi := &file_internal_pb_cluster_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1641,7 @@ func (x *ClockProbe) String() string {
 func (*ClockProbe) ProtoMessage() {}
 
 func (x *ClockProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[11]
+	mi := &file_internal_pb_cluster_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1654,7 @@ func (x *ClockProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockProbe.ProtoReflect.Descriptor instead.
 func (*ClockProbe) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{11}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ClockProbe) GetT0Us() int64 {
@@ -1593,7 +1674,7 @@ type ClockReply struct {
 
 func (x *ClockReply) Reset() {
 	*x = ClockReply{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[12]
+	mi := &file_internal_pb_cluster_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +1686,7 @@ func (x *ClockReply) String() string {
 func (*ClockReply) ProtoMessage() {}
 
 func (x *ClockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[12]
+	mi := &file_internal_pb_cluster_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +1699,7 @@ func (x *ClockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockReply.ProtoReflect.Descriptor instead.
 func (*ClockReply) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{12}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ClockReply) GetT0Us() int64 {
@@ -1648,7 +1729,7 @@ type Dump struct {
 
 func (x *Dump) Reset() {
 	*x = Dump{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[13]
+	mi := &file_internal_pb_cluster_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +1741,7 @@ func (x *Dump) String() string {
 func (*Dump) ProtoMessage() {}
 
 func (x *Dump) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[13]
+	mi := &file_internal_pb_cluster_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +1754,7 @@ func (x *Dump) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dump.ProtoReflect.Descriptor instead.
 func (*Dump) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{13}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Dump) GetReason() string {
@@ -1770,14 +1851,20 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x04code\x18\x02 \x01(\x0e2\x13.memsnap.v1.AckCodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x14\n" +
 	"\x05batch\x18\x04 \x01(\x03R\x05batch\x12\x12\n" +
-	"\x04term\x18\x05 \x01(\x04R\x04term\"\x95\x01\n" +
+	"\x04term\x18\x05 \x01(\x04R\x04term\"\xc1\x01\n" +
 	"\bProgress\x12&\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x10.memsnap.v1.StepR\x05state\x12\x14\n" +
 	"\x05batch\x18\x02 \x01(\x03R\x05batch\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x12\n" +
 	"\x04rank\x18\x04 \x01(\x05R\x04rank\x12\x1f\n" +
 	"\vdeadline_us\x18\x05 \x01(\x03R\n" +
-	"deadlineUs\"\xbd\x02\n" +
+	"deadlineUs\x12*\n" +
+	"\x05steps\x18\x06 \x03(\v2\x14.memsnap.v1.RankStepR\x05steps\"t\n" +
+	"\bRankStep\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12&\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x10.memsnap.v1.StepR\x05state\x12\x14\n" +
+	"\x05batch\x18\x03 \x01(\x03R\x05batch\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xbd\x02\n" +
 	"\n" +
 	"RankResult\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n" +
@@ -1896,7 +1983,7 @@ func file_internal_pb_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_internal_pb_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_internal_pb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_internal_pb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_internal_pb_cluster_proto_goTypes = []any{
 	(WindowKind)(0),         // 0: memsnap.v1.WindowKind
 	(Step)(0),               // 1: memsnap.v1.Step
@@ -1909,14 +1996,15 @@ var file_internal_pb_cluster_proto_goTypes = []any{
 	(*Plan)(nil),            // 8: memsnap.v1.Plan
 	(*Ack)(nil),             // 9: memsnap.v1.Ack
 	(*Progress)(nil),        // 10: memsnap.v1.Progress
-	(*RankResult)(nil),      // 11: memsnap.v1.RankResult
-	(*Cancel)(nil),          // 12: memsnap.v1.Cancel
-	(*SnapshotRequest)(nil), // 13: memsnap.v1.SnapshotRequest
-	(*WindowResult)(nil),    // 14: memsnap.v1.WindowResult
-	(*ClockProbe)(nil),      // 15: memsnap.v1.ClockProbe
-	(*ClockReply)(nil),      // 16: memsnap.v1.ClockReply
-	(*Dump)(nil),            // 17: memsnap.v1.Dump
-	nil,                     // 18: memsnap.v1.WindowResult.MissingEntry
+	(*RankStep)(nil),        // 11: memsnap.v1.RankStep
+	(*RankResult)(nil),      // 12: memsnap.v1.RankResult
+	(*Cancel)(nil),          // 13: memsnap.v1.Cancel
+	(*SnapshotRequest)(nil), // 14: memsnap.v1.SnapshotRequest
+	(*WindowResult)(nil),    // 15: memsnap.v1.WindowResult
+	(*ClockProbe)(nil),      // 16: memsnap.v1.ClockProbe
+	(*ClockReply)(nil),      // 17: memsnap.v1.ClockReply
+	(*Dump)(nil),            // 18: memsnap.v1.Dump
+	nil,                     // 19: memsnap.v1.WindowResult.MissingEntry
 }
 var file_internal_pb_cluster_proto_depIdxs = []int32{
 	6,  // 0: memsnap.v1.Envelope.status_request:type_name -> memsnap.v1.StatusRequest
@@ -1924,27 +2012,29 @@ var file_internal_pb_cluster_proto_depIdxs = []int32{
 	8,  // 2: memsnap.v1.Envelope.plan:type_name -> memsnap.v1.Plan
 	9,  // 3: memsnap.v1.Envelope.ack:type_name -> memsnap.v1.Ack
 	10, // 4: memsnap.v1.Envelope.progress:type_name -> memsnap.v1.Progress
-	11, // 5: memsnap.v1.Envelope.result:type_name -> memsnap.v1.RankResult
-	12, // 6: memsnap.v1.Envelope.cancel:type_name -> memsnap.v1.Cancel
-	13, // 7: memsnap.v1.Envelope.request:type_name -> memsnap.v1.SnapshotRequest
-	14, // 8: memsnap.v1.Envelope.window_result:type_name -> memsnap.v1.WindowResult
-	15, // 9: memsnap.v1.Envelope.clock_probe:type_name -> memsnap.v1.ClockProbe
-	16, // 10: memsnap.v1.Envelope.clock_reply:type_name -> memsnap.v1.ClockReply
-	17, // 11: memsnap.v1.Envelope.dump:type_name -> memsnap.v1.Dump
+	12, // 5: memsnap.v1.Envelope.result:type_name -> memsnap.v1.RankResult
+	13, // 6: memsnap.v1.Envelope.cancel:type_name -> memsnap.v1.Cancel
+	14, // 7: memsnap.v1.Envelope.request:type_name -> memsnap.v1.SnapshotRequest
+	15, // 8: memsnap.v1.Envelope.window_result:type_name -> memsnap.v1.WindowResult
+	16, // 9: memsnap.v1.Envelope.clock_probe:type_name -> memsnap.v1.ClockProbe
+	17, // 10: memsnap.v1.Envelope.clock_reply:type_name -> memsnap.v1.ClockReply
+	18, // 11: memsnap.v1.Envelope.dump:type_name -> memsnap.v1.Dump
 	1,  // 12: memsnap.v1.Status.state:type_name -> memsnap.v1.Step
-	11, // 13: memsnap.v1.Status.result:type_name -> memsnap.v1.RankResult
+	12, // 13: memsnap.v1.Status.result:type_name -> memsnap.v1.RankResult
 	2,  // 14: memsnap.v1.Ack.code:type_name -> memsnap.v1.AckCode
 	1,  // 15: memsnap.v1.Progress.state:type_name -> memsnap.v1.Step
-	0,  // 16: memsnap.v1.SnapshotRequest.kind:type_name -> memsnap.v1.WindowKind
-	3,  // 17: memsnap.v1.WindowResult.state:type_name -> memsnap.v1.Outcome
-	18, // 18: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
-	0,  // 19: memsnap.v1.WindowResult.kind:type_name -> memsnap.v1.WindowKind
-	0,  // 20: memsnap.v1.Dump.kind:type_name -> memsnap.v1.WindowKind
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	11, // 16: memsnap.v1.Progress.steps:type_name -> memsnap.v1.RankStep
+	1,  // 17: memsnap.v1.RankStep.state:type_name -> memsnap.v1.Step
+	0,  // 18: memsnap.v1.SnapshotRequest.kind:type_name -> memsnap.v1.WindowKind
+	3,  // 19: memsnap.v1.WindowResult.state:type_name -> memsnap.v1.Outcome
+	19, // 20: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
+	0,  // 21: memsnap.v1.WindowResult.kind:type_name -> memsnap.v1.WindowKind
+	0,  // 22: memsnap.v1.Dump.kind:type_name -> memsnap.v1.WindowKind
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_internal_pb_cluster_proto_init() }
@@ -1972,7 +2062,7 @@ func file_internal_pb_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_pb_cluster_proto_rawDesc), len(file_internal_pb_cluster_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
