@@ -37,6 +37,26 @@ const DefaultGossipPort = 7946
 // DefaultSuspicionMult is memberlist's suspicion multiplier in DefaultConfig.
 const DefaultSuspicionMult = 2
 
+// MaxSuspicion is the longest production's failure detection waits, once a
+// member has failed its probes, before declaring it dead (DefaultConfig).
+const MaxSuspicion = 4 * time.Second
+
+// probeTimers returns the probe interval and timeout for a cluster of n ranks:
+// the LAN preset's (interval, timeout) while memberlist's suspicion timeout,
+// DefaultSuspicionMult·log10(n) intervals, stays within MaxSuspicion; above
+// that (more than 100 ranks) an interval that keeps it there, with the preset's
+// ratio of timeout to interval. Each member probes one other per interval, so
+// the probes' cost grows as the interval shrinks: 1.5 times the preset's at
+// 1,024 ranks.
+func probeTimers(n int, interval, timeout time.Duration) (time.Duration, time.Duration) {
+	st := suspicionTimeout(DefaultSuspicionMult, n, interval)
+	if st <= MaxSuspicion {
+		return interval, timeout
+	}
+	shorter := time.Duration(float64(interval) * float64(MaxSuspicion) / float64(st)).Truncate(time.Millisecond)
+	return shorter, time.Duration(float64(timeout) * float64(shorter) / float64(interval)).Truncate(time.Millisecond)
+}
+
 // DefaultMergedName is the default name (a template) of a window's merged
 // outputs, before their suffixes: beside Composer's remote folder.
 const DefaultMergedName = "{run_name}/torch_memory_traces/window{window}/merged"
@@ -98,8 +118,8 @@ type Config struct {
 	// waits for a rank gone from the cluster, counted from when it was last heard
 	// from: memberlist takes its shortest suspicion timeout to declare a silent
 	// member dead, and an agent restarted under its name takes it back within
-	// that time, so at 1,024 members the dead leader's own rank, silent for 6 s
-	// by then, is not waited for at all.
+	// that time, so the dead leader's own rank, silent for that timeout (4 s
+	// on production's timers above 100 ranks) by then, is waited for 1 s more.
 	RejoinGrace time.Duration
 	// AckTimeout bounds the wait for the ranks' acks of a plan.
 	AckTimeout time.Duration
@@ -156,16 +176,19 @@ type Config struct {
 // DefaultConfig is the production preset for a rank (or, with id.Rank < 0, a
 // client): memberlist's LAN timers, the rank's own gossip port on every interface.
 //
-// One timer differs: the suspicion multiplier is 2, not the LAN preset's 4. A
+// Two timers differ. The suspicion multiplier is 2, not the LAN preset's 4: a
 // member that fails its probes is declared dead after 2·log10(n) probe intervals
-// (3.6 s at 64 members, 6 s at 1,024) instead of up to 6 times 4·log10(n) while
-// confirmations arrive, so a new leader takes over a window within 10 s of the
-// old one's death. A member that is merely slow hears that it is suspected and
-// refutes it well within that time; one stalled longer is left out of a window
-// (and says why) and refutes its death when it wakes.
+// instead of up to 6 times 4·log10(n) while confirmations arrive. And above 100
+// ranks (id.WorldSize) the probes come faster than one a second, so that this
+// timeout stays at MaxSuspicion (4 s; at 1,024 ranks a probe every 664 ms, 332 ms
+// to answer, where 1 s probes would give 6 s): a new leader takes over a window
+// within 10 s of the old one's death at any size. A member that is merely slow
+// hears that it is suspected and refutes it well within that time; one stalled
+// longer is left out of a window (and says why) and refutes its death when it wakes.
 func DefaultConfig(id rankagent.Identity) Config {
 	ml := memberlist.DefaultLANConfig()
 	ml.SuspicionMult = DefaultSuspicionMult
+	ml.ProbeInterval, ml.ProbeTimeout = probeTimers(id.WorldSize, ml.ProbeInterval, ml.ProbeTimeout)
 	ml.BindPort = DefaultGossipPort + id.LocalRank
 	ml.AdvertisePort = ml.BindPort
 	ml.DeadNodeReclaimTime = 10 * time.Second // a restarted agent takes its name back

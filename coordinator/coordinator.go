@@ -468,9 +468,9 @@ type goneMember struct {
 // under its name, refutes a suspicion within it). memberlist does not tell its
 // events delegate a death from an announced leave (the node's State it passes is
 // not set), so a member that left is taken to have gone as quietly: its grace is
-// shorter by the suspicion timeout (at 1,024 members, 6 s: more than production's
-// RejoinGrace of 5 s, so none is left: an agent stopped and restarted under its
-// name is not waited for). A member never seen to go was heard from now, for all we
+// shorter by the suspicion timeout (at most MaxSuspicion, 4 s, on production's
+// timers: 1 s of production's RejoinGrace of 5 s is left for an agent stopped
+// and restarted under its name). A member never seen to go was heard from now, for all we
 // know.
 func (c *Coordinator) lastHeard(name string, now time.Time) time.Time {
 	c.mu.Lock()

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,6 +31,7 @@ var (
 	simLoopback  = flag.Bool("sim.loopback", false, "BenchmarkScale: members on memberlist's UDP/TCP transport over 127.0.0.1 instead of the in-memory network (packets are then not counted)")
 	simCompress  = flag.Bool("sim.compress", false, "BenchmarkScale: memberlist's compression of gossip (memberlist's default; off in the simulation, see simTune)")
 	simOwnCores  = flag.Bool("sim.own-cores", true, "BenchmarkScale: each simulated rank's analysis takes its time on a core of its own, as on a real job's host (simConfig.OwnCores); false: every rank analyses its snapshot on the shared cores")
+	simProfile   = flag.String("sim.cpuprofile", "", "BenchmarkScale: write a CPU profile of each size's timed windows to this path with the size appended (FILE-1024.prof); samples carry the label member=rankR (rank R's agent and its goroutines), client or trainerR")
 	simProd      = flag.Bool("sim.production", false, "BenchmarkScale: every member on production's timers (DefaultConfig: probes, suspicion, gossip, push-pull, clock refresh) at every size, not simTune's slower detection above 256 members (for a machine with cores enough)")
 )
 
@@ -156,11 +159,12 @@ func sampleHeap(every time.Duration) *heapSampler {
 		defer close(h.done)
 		t := time.NewTicker(every)
 		defer t.Stop()
-		var ms runtime.MemStats
+		// runtime/metrics, not ReadMemStats: no stop of the world every sample
+		ms := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/unused:bytes"}}
 		for {
-			runtime.ReadMemStats(&ms)
+			metrics.Read(ms)
 			h.mu.Lock()
-			h.samples = append(h.samples, heapSample{time.Now(), ms.HeapInuse})
+			h.samples = append(h.samples, heapSample{time.Now(), ms[0].Value.Uint64() + ms[1].Value.Uint64()}) // HeapInuse
 			h.mu.Unlock()
 			select {
 			case <-h.stop:
@@ -227,9 +231,28 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	time.Sleep(*simIdle) // the idle cluster's own load, measured over a fixed span
 	f.idleCores = float64(processCPU()-c0) / float64(time.Since(t0))
 	f.idlePackets = float64(sc.net.sent.Load()-p0) / time.Since(t0).Seconds()
-	for i := 0; i < *simRepeats; i++ {
-		simWindow(b, sc, f)
+	if *simProfile != "" {
+		pf, err := os.Create(fmt.Sprintf("%s-%d.prof", *simProfile, n))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			b.Fatal(err)
+		}
+		for i := 0; i < *simRepeats; i++ {
+			simWindow(b, sc, f, false)
+		}
+		pprof.StopCPUProfile()
+		pf.Close()
+	} else {
+		for i := 0; i < *simRepeats; i++ {
+			simWindow(b, sc, f, false)
+		}
 	}
+	// one more window, untimed, for the live heap once every report is in: a
+	// forced collection of the whole simulation's heap at that moment would
+	// slow the leader's answer in a timed one
+	simWindow(b, sc, f, true)
 	for i := 0; i < *simFailovers; i++ {
 		simFailover(b, sc, f)
 	}
@@ -238,8 +261,10 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	return f
 }
 
-// simWindow asks for one window as the snapshot command does and measures it.
-func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
+// simWindow asks for one window as the snapshot command does and measures it;
+// with heapOnly, it measures only the live heap once every report is in (forcing a
+// collection then, which would slow the window's other figures).
+func simWindow(b *testing.B, sc *simCluster, f *simFigures, heapOnly bool) {
 	base := heapInuse()
 	p0, s0, c0 := sc.net.sent.Load(), sc.net.conns.Load(), processCPU()
 	hs := sampleHeap(20 * time.Millisecond)
@@ -251,7 +276,7 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
 	liveHeap, returned := make(chan uint64, 1), make(chan struct{})
 	go func() {
 		want := len(sc.live())
-		for {
+		for heapOnly {
 			ps := sc.log.Steps(func(s simStep) bool { return s.Msg == "window planned" && !s.At.Before(t0) })
 			if len(ps) > 0 && len(sc.log.RankTimes(ps[len(ps)-1].Window, "uploaded")) >= want {
 				liveHeap <- heapInuse()
@@ -264,6 +289,8 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
 			case <-time.After(5 * time.Millisecond):
 			}
 		}
+		<-returned
+		liveHeap <- 0
 	}()
 	res, err := sc.client.Snapshot(ctx, 3, nil, nil)
 	cancel()
@@ -272,6 +299,17 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
 	close(returned)
 	if l := <-liveHeap; l > 0 {
 		f.collectLive = append(f.collectLive, sub(l, base))
+	}
+	if heapOnly {
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.State != pb.Outcome_OUTCOME_PUBLISHED {
+			b.Logf("the live-heap window %s: %s", res.State, res.Error)
+			return
+		}
+		sc.removeWindow(sc.manifest(res.Manifest), res.Manifest)
+		return
 	}
 	f.packets = append(f.packets, float64(sc.net.sent.Load()-p0))
 	f.conns = append(f.conns, float64(sc.net.conns.Load()-s0))
