@@ -103,7 +103,10 @@ func DecodeContext(ctx context.Context, data []byte) (*Snapshot, error) {
 }
 
 func decodeBudget(ctx context.Context, data []byte, budget int64) (*Snapshot, error) {
-	return newDecoder(ctx, data, budget).run()
+	d := newDecoder(ctx, data, budget)
+	d.pre = startPrefault(len(data))
+	defer d.pre.stop()
+	return d.run()
 }
 
 func newDecoder(ctx context.Context, data []byte, budget int64) *decoder {
@@ -130,6 +133,8 @@ type decoder struct {
 	flists  []frameList  // slab
 	fptrs   []*Frame     // slab for frames lists' items
 	slab    int
+	pre     *prefaulter     // arrays made ready on another core; nil for a small input
+	taken   int             // arrays taken from pre
 	conv    map[convKey]any // typed conversions of shared lists, done once each
 
 	budget int64 // bytes the decode may build in all
@@ -633,7 +638,11 @@ func (d *decoder) memoAppend(at int, op byte, v val) error {
 		if err := d.charge(at, op, memoChunk*sizeVal); err != nil {
 			return err
 		}
-		d.memo = append(d.memo, make([]val, memoChunk))
+		chunk := take(d, (*prefaulter).memoQ)
+		if chunk == nil {
+			chunk = make([]val, memoChunk)
+		}
+		d.memo = append(d.memo, chunk)
 	}
 	d.memo[len(d.memo)-1][i] = v
 	d.nmemo++

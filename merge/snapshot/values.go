@@ -120,9 +120,15 @@ func (d *decoder) newEntry(at int, op byte) (*TraceEntry, error) {
 		if err := d.charge(at, op, int64(d.slab)*sizeEntry); err != nil {
 			return nil, err
 		}
-		d.entries = make([]TraceEntry, d.slab)
-		clear(d.entries)
-		d.slab = min(d.slab*2, 1024)
+		d.entries = nil
+		if d.slab == slabMax {
+			d.entries = take(d, (*prefaulter).entriesQ)
+		}
+		if d.entries == nil {
+			d.entries = make([]TraceEntry, d.slab)
+			clear(d.entries)
+		}
+		d.slab = min(d.slab*2, slabMax)
 	}
 	e := &d.entries[0]
 	d.entries = d.entries[1:]
@@ -145,12 +151,18 @@ func (d *decoder) newFrame(at int, op byte) (*Frame, error) {
 
 func (d *decoder) newFrameList(at int, op byte) (*frameList, error) {
 	if len(d.flists) == 0 {
-		n := min(d.slab, 1024)
+		n := min(d.slab, slabMax)
 		if err := d.charge(at, op, int64(n)*sizeFrameList); err != nil {
 			return nil, err
 		}
-		d.flists = make([]frameList, n)
-		clear(d.flists)
+		d.flists = nil
+		if n == slabMax {
+			d.flists = take(d, (*prefaulter).flistsQ)
+		}
+		if d.flists == nil {
+			d.flists = make([]frameList, n)
+			clear(d.flists)
+		}
 	}
 	fl := &d.flists[0]
 	d.flists = d.flists[1:]
@@ -160,7 +172,7 @@ func (d *decoder) newFrameList(at int, op byte) (*frameList, error) {
 // framePtrs returns an empty slice with room for n frames, cut from a shared array
 // when n is small; its capacity is exactly n, so appending past it copies.
 func (d *decoder) framePtrs(at int, op byte, n int) ([]*Frame, error) {
-	const chunk = 4096
+	const chunk = fptrChunk
 	if n > chunk/8 {
 		if err := d.charge(at, op, int64(n)*8); err != nil {
 			return nil, err
@@ -171,7 +183,9 @@ func (d *decoder) framePtrs(at int, op byte, n int) ([]*Frame, error) {
 		if err := d.charge(at, op, chunk*8); err != nil {
 			return nil, err
 		}
-		d.fptrs = make([]*Frame, chunk)
+		if d.fptrs = take(d, (*prefaulter).fptrsQ); d.fptrs == nil {
+			d.fptrs = make([]*Frame, chunk)
+		}
 	}
 	p := d.fptrs[:0:n]
 	d.fptrs = d.fptrs[n:]
