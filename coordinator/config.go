@@ -104,10 +104,9 @@ type Config struct {
 	OnOOM bool
 	// LeadMargin is added to the measured message delay when the leader plans how
 	// far ahead a window starts: it covers the plan's fan-out to every rank and
-	// the ranks' jitter. Production's 300 ms is about three times the plan's
-	// fan-out to 1,024 simulated ranks on 16 cores (README, "At scale"); a rank
-	// the plan reaches too late says so, and the window is planned again with
-	// three times the margin.
+	// the ranks' jitter. A rank the plan reaches too late says so, and the
+	// window is planned again with three times the margin, so a margin too short
+	// costs a re-plan, not a window (scripts/bench-scale.sh counts re-plans).
 	LeadMargin time.Duration
 	// StatusTimeout bounds the wait for the ranks' status before a plan.
 	StatusTimeout time.Duration
