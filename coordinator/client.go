@@ -121,6 +121,7 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 	defer check.Stop()
 	unknown := 0
 	heard := time.Now() // when the leader last said something about the window
+	var answered uint64 // the window whose answer came (its pickles still being written)
 	for {
 		select {
 		case <-ctx.Done():
@@ -176,7 +177,7 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 						progress(Update{Window: env.WindowId, Rank: int(st.Rank), State: st.State, Batch: st.Batch,
 							Reason: st.Reason, Leader: int(env.SenderRank), Received: now})
 					}
-				} else if progress != nil {
+				} else if progress != nil && !overtaken(b.Progress, env.WindowId, answered) {
 					u := Update{Window: env.WindowId, Rank: int(b.Progress.Rank), State: b.Progress.State, Batch: b.Progress.Batch,
 						Reason: b.Progress.Reason, Leader: int(env.SenderRank), Received: time.Now()}
 					if b.Progress.DeadlineUs > 0 {
@@ -199,6 +200,7 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 				}
 				if r.Pending && r.State == pb.Outcome_OUTCOME_PUBLISHED && r.Error == "" && !opts.AnswerFirst {
 					// the answer: the rest of the window is still being written
+					answered = r.Window
 					if progress != nil {
 						progress(Update{Window: r.Window, Rank: -1, State: pb.Step_STEP_PUBLISHING, Leader: int(env.SenderRank),
 							Reason: "the answer is published; writing the merged pickles and the timeline", Received: time.Now(), Answer: r})
@@ -209,6 +211,13 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 			}
 		}
 	}
+}
+
+// overtaken reports whether p, the leader's word on window id as a whole, is
+// its step before the answer (merging the ranks) overtaken by the answer, which
+// travels on a stream of its own: the window whose answer came is answered.
+func overtaken(p *pb.Progress, id, answered uint64) bool {
+	return answered != 0 && id == answered && p.Rank < 0 && len(p.Steps) == 0 && p.State == pb.Step_STEP_PUBLISHING
 }
 
 // waitLeader returns the leader's member name once there is one.

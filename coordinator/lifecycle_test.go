@@ -277,10 +277,15 @@ func TestAnswerBeforeThePickles(t *testing.T) {
 	c := tc.client()
 	answers := make(chan *pb.WindowResult, 4)
 	done := make(chan *pb.WindowResult, 1)
+	var late atomic.Value // a window-level publishing step told after the answer
 	go func() {
+		gotAnswer := false
 		res, err := c.Request(testutil.Context(t, 2*time.Minute), 3, RequestOptions{Progress: func(u Update) {
 			if u.Answer != nil {
+				gotAnswer = true
 				answers <- u.Answer
+			} else if gotAnswer && u.Rank < 0 && u.State == pb.Step_STEP_PUBLISHING {
+				late.Store(u.Reason)
 			}
 		}})
 		if err != nil {
@@ -318,5 +323,8 @@ func TestAnswerBeforeThePickles(t *testing.T) {
 	checkOnePublication(t, folder)
 	if extra := extraFiles(t, folder); extra != nil {
 		t.Fatalf("files no manifest names: %v", extra)
+	}
+	if r := late.Load(); r != nil {
+		t.Errorf("told after the answer: %q", r)
 	}
 }
