@@ -120,8 +120,9 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 	check := time.NewTicker(500 * time.Millisecond)
 	defer check.Stop()
 	unknown := 0
-	heard := time.Now() // when the leader last said something about the window
-	var answered uint64 // the window whose answer came (its pickles still being written)
+	heard := time.Now()     // when the leader last said something about the window
+	var answered uint64     // the window whose answer came (its pickles still being written)
+	answeredBy := int32(-1) // the rank of the leader that sent it
 	for {
 		select {
 		case <-ctx.Done():
@@ -177,7 +178,7 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 						progress(Update{Window: env.WindowId, Rank: int(st.Rank), State: st.State, Batch: st.Batch,
 							Reason: st.Reason, Leader: int(env.SenderRank), Received: now})
 					}
-				} else if progress != nil && !overtaken(b.Progress, env.WindowId, answered) {
+				} else if progress != nil && !overtaken(env, answered, answeredBy) {
 					u := Update{Window: env.WindowId, Rank: int(b.Progress.Rank), State: b.Progress.State, Batch: b.Progress.Batch,
 						Reason: b.Progress.Reason, Leader: int(env.SenderRank), Received: time.Now()}
 					if b.Progress.DeadlineUs > 0 {
@@ -200,7 +201,7 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 				}
 				if r.Pending && r.State == pb.Outcome_OUTCOME_PUBLISHED && r.Error == "" && !opts.AnswerFirst {
 					// the answer: the rest of the window is still being written
-					answered = r.Window
+					answered, answeredBy = r.Window, env.SenderRank
 					if progress != nil {
 						progress(Update{Window: r.Window, Rank: -1, State: pb.Step_STEP_PUBLISHING, Leader: int(env.SenderRank),
 							Reason: "the answer is published; writing the merged pickles and the timeline", Received: time.Now(), Answer: r})
@@ -213,11 +214,15 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 	}
 }
 
-// overtaken reports whether p, the leader's word on window id as a whole, is
-// its step before the answer (merging the ranks) overtaken by the answer, which
-// travels on a stream of its own: the window whose answer came is answered.
-func overtaken(p *pb.Progress, id, answered uint64) bool {
-	return answered != 0 && id == answered && p.Rank < 0 && len(p.Steps) == 0 && p.State == pb.Step_STEP_PUBLISHING
+// overtaken reports whether env, a leader's word on a window as a whole, is its
+// step before the answer (merging the ranks) overtaken by the answer, which
+// travels on a stream of its own: window answered's answer came from the leader
+// of rank by. A successor that finishes the window says it is merging, and that
+// is told.
+func overtaken(env *pb.Envelope, answered uint64, by int32) bool {
+	p := env.GetProgress()
+	return answered != 0 && p != nil && env.WindowId == answered && env.SenderRank == by &&
+		p.Rank < 0 && len(p.Steps) == 0 && p.State == pb.Step_STEP_PUBLISHING
 }
 
 // waitLeader returns the leader's member name once there is one.

@@ -6,26 +6,33 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 )
 
-// TestOvertakenProgress: once a window's answer has come, the leader's word that
+// TestOvertakenProgress: once a window's answer has come, its leader's word that
 // it is merging that window's ranks is old news (it was sent before the answer,
-// on a stream of its own, and overtaken); every other progress is still told.
+// on a stream of its own, and overtaken); every other progress is still told,
+// and so is a successor's word that it merges to finish the window.
 func TestOvertakenProgress(t *testing.T) {
 	merging := &pb.Progress{Rank: -1, Batch: -1, State: pb.Step_STEP_PUBLISHING, Reason: "merging 4 ranks"}
+	env := func(id uint64, sender int32, p *pb.Progress) *pb.Envelope {
+		return &pb.Envelope{WindowId: id, SenderRank: sender, Body: &pb.Envelope_Progress{Progress: p}}
+	}
 	for _, tc := range []struct {
-		name         string
-		p            *pb.Progress
-		id, answered uint64
-		want         bool
+		name     string
+		env      *pb.Envelope
+		answered uint64
+		by       int32
+		want     bool
 	}{
-		{"merging, after the answer", merging, 3, 3, true},
-		{"merging, before any answer", merging, 3, 0, false},
-		{"merging, another window's answer", merging, 4, 3, false},
-		{"a rank's step after the answer", &pb.Progress{Rank: 2, State: pb.Step_STEP_PUBLISHING}, 3, 3, false},
-		{"ranks' steps gathered", &pb.Progress{Rank: -1, State: pb.Step_STEP_PUBLISHING, Steps: []*pb.RankStep{{Rank: 1}}}, 3, 3, false},
-		{"the window planned", &pb.Progress{Rank: -1, State: pb.Step_STEP_PLANNED}, 3, 3, false},
-		{"the window failed", &pb.Progress{Rank: -1, State: pb.Step_STEP_MISSING}, 3, 3, false},
+		{"merging, after the answer", env(3, 0, merging), 3, 0, true},
+		{"merging, before any answer", env(3, 0, merging), 0, -1, false},
+		{"merging, another window's answer", env(4, 0, merging), 3, 0, false},
+		{"merging, said by a successor finishing the window", env(3, 1, merging), 3, 0, false},
+		{"a rank's step after the answer", env(3, 0, &pb.Progress{Rank: 2, State: pb.Step_STEP_PUBLISHING}), 3, 0, false},
+		{"ranks' steps gathered", env(3, 0, &pb.Progress{Rank: -1, State: pb.Step_STEP_PUBLISHING, Steps: []*pb.RankStep{{Rank: 1}}}), 3, 0, false},
+		{"the window planned", env(3, 0, &pb.Progress{Rank: -1, State: pb.Step_STEP_PLANNED}), 3, 0, false},
+		{"publication retried", env(3, 0, &pb.Progress{Rank: -1, State: pb.Step_STEP_RETRYING}), 3, 0, false},
+		{"not a progress", &pb.Envelope{WindowId: 3, Body: &pb.Envelope_Ack{Ack: &pb.Ack{}}}, 3, 0, false},
 	} {
-		if got := overtaken(tc.p, tc.id, tc.answered); got != tc.want {
+		if got := overtaken(tc.env, tc.answered, tc.by); got != tc.want {
 			t.Errorf("%s: overtaken %v, want %v", tc.name, got, tc.want)
 		}
 	}

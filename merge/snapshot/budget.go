@@ -14,8 +14,9 @@ import (
 // What counts: every entry, frame, segment, block, dict, list, tuple and string the
 // decode makes, every array a list or dict grows through, and the memo, each
 // charged before it is allocated, so the budget bounds what a decode allocates in
-// all, not only what it keeps. The decoder's own stack and marks are bounded apart,
-// by maxStack and maxMarks.
+// all, not only what it keeps; a large decode's prefaulter is charged what it may
+// make ready and never hand over when it starts (prefaultHold, prefault.go). The
+// decoder's own stack and marks are bounded apart, by maxStack and maxMarks.
 const (
 	// BudgetPerByte is how many bytes a decode may build per byte of pickle.
 	BudgetPerByte = 16

@@ -91,7 +91,8 @@ const (
 
 // Decode decodes a pickled snapshot. It never runs code and never panics on bad
 // input; a refused or broken pickle gives a *DecodeError with the byte offset.
-// What it builds is bounded by Budget(len(data)).
+// What it builds is bounded by Budget(len(data)) (with what a large decode's
+// prefaulter holds ready, charged when it starts: prefault.go).
 func Decode(data []byte) (*Snapshot, error) {
 	return DecodeContext(context.Background(), data)
 }
@@ -104,8 +105,7 @@ func DecodeContext(ctx context.Context, data []byte) (*Snapshot, error) {
 
 func decodeBudget(ctx context.Context, data []byte, budget int64) (*Snapshot, error) {
 	d := newDecoder(ctx, data, budget)
-	d.pre = startPrefault(len(data))
-	defer d.pre.stop()
+	defer func() { d.pre.stop() }() // started once the decode has built enough (prefault)
 	return d.run()
 }
 
@@ -133,7 +133,8 @@ type decoder struct {
 	flists  []frameList  // slab
 	fptrs   []*Frame     // slab for frames lists' items
 	slab    int
-	pre     *prefaulter     // arrays made ready on another core; nil for a small input
+	pre     *prefaulter     // arrays made ready on another core; nil until started (prefault)
+	preDone bool            // the prefaulter was started, or will not be
 	taken   int             // arrays taken from pre
 	conv    map[convKey]any // typed conversions of shared lists, done once each
 

@@ -2,16 +2,15 @@ package snapshot
 
 import "context"
 
-// DecodeTaking decodes data as Decode does, with a prefaulter (pre) or without,
-// and says how many arrays the decode took from it.
-func DecodeTaking(data []byte, pre bool) (*Snapshot, int, error) {
+// DecodeTaking decodes data as Decode does, with a prefaulter where Decode would
+// start one (pre) or never, and says whether one was started and how many arrays
+// the decode took from it.
+func DecodeTaking(data []byte, pre bool) (s *Snapshot, taken int, started bool, err error) {
 	d := newDecoder(context.Background(), data, Budget(len(data)))
-	if pre {
-		d.pre = startPrefault(len(data))
-		defer d.pre.stop()
-	}
-	s, err := d.run()
-	return s, d.taken, err
+	d.preDone = !pre
+	defer func() { d.pre.stop() }()
+	s, err = d.run()
+	return s, d.taken, d.pre != nil, err
 }
 
 // PrefaultMin is the smallest input given a prefaulter.

@@ -16,10 +16,13 @@ import (
 // hands them over through small queues; the decoder takes one when its own is
 // used up, or makes it itself as before when none is ready, so it never waits.
 //
-// The decoder charges each array to its budget when it takes it, as when it makes
-// one. What the prefaulter holds apart from that is bounded: at most
-// prefaultQueue+1 arrays of each kind (about 1 MiB in all), dropped when the
-// decode ends.
+// The prefaulter starts once a decode of a large input has built its first
+// thousand entries (its slab of entries has grown to full size), so an input
+// refused early, or one that holds no trace, never starts one. The decoder charges
+// each array to its budget when it takes it, as when it makes one, and charges
+// prefaultHold when it starts the prefaulter: at most that much more is made
+// ready and never taken (prefaultQueue+1 arrays of each kind, 1.2 MiB), so the
+// budget still bounds all a decode allocates.
 
 const (
 	// prefaultMin is the smallest input given a prefaulter: a smaller decode
@@ -31,7 +34,24 @@ const (
 	slabMax = 1024
 	// fptrChunk is the size of the shared array that frames lists' items are cut from.
 	fptrChunk = 4096
+	// prefaultHold bounds what a prefaulter makes ready that its decode never
+	// takes: the arrays in its queues and the one of each kind in hand.
+	prefaultHold = (prefaultQueue + 1) * (slabMax*sizeEntry + slabMax*sizeFrameList + fptrChunk*8 + memoChunk*sizeVal)
 )
+
+// prefault starts d's prefaulter, once, for a large input on more than one core,
+// when its budget has prefaultHold left (else the decode goes on without one).
+func (d *decoder) prefault() {
+	if d.preDone {
+		return
+	}
+	d.preDone = true
+	if len(d.data) < prefaultMin || runtime.GOMAXPROCS(0) < 2 || d.left < prefaultHold {
+		return
+	}
+	d.left -= prefaultHold
+	d.pre = startPrefault()
+}
 
 type prefaulter struct {
 	entries chan []TraceEntry
@@ -42,12 +62,8 @@ type prefaulter struct {
 	wg      sync.WaitGroup
 }
 
-// startPrefault starts a prefaulter for a decode of n bytes, or returns nil where
-// it would not pay (a small input, or a single core).
-func startPrefault(n int) *prefaulter {
-	if n < prefaultMin || runtime.GOMAXPROCS(0) < 2 {
-		return nil
-	}
+// startPrefault starts a prefaulter.
+func startPrefault() *prefaulter {
 	p := &prefaulter{
 		entries: make(chan []TraceEntry, prefaultQueue),
 		flists:  make(chan []frameList, prefaultQueue),

@@ -31,13 +31,13 @@ func TestPrefaultedDecodeIsTheSame(t *testing.T) {
 		t.Fatalf("the input is %d bytes, under the prefaulter's %d", len(data), snapshot.PrefaultMin)
 	}
 	g0 := runtime.NumGoroutine()
-	plain, taken, err := snapshot.DecodeTaking(data, false)
-	if err != nil || taken != 0 {
-		t.Fatalf("without a prefaulter: %d taken, %v", taken, err)
+	plain, taken, started, err := snapshot.DecodeTaking(data, false)
+	if err != nil || taken != 0 || started {
+		t.Fatalf("without a prefaulter: %d taken, started %v, %v", taken, started, err)
 	}
-	pre, taken, err := snapshot.DecodeTaking(data, true)
-	if err != nil {
-		t.Fatal(err)
+	pre, taken, started, err := snapshot.DecodeTaking(data, true)
+	if err != nil || !started {
+		t.Fatalf("no prefaulter started (%v)", err)
 	}
 	// 40,000 entries are about 40 slabs, and as many memo chunks at least
 	if taken < 40 {
@@ -72,20 +72,40 @@ func TestPrefaultedDecodeIsTheSame(t *testing.T) {
 	}
 }
 
-// TestSmallDecodeHasNoPrefaulter: an input under PrefaultMin starts no goroutine.
-func TestSmallDecodeHasNoPrefaulter(t *testing.T) {
+// TestNoPrefaulterUnlessItPays: an input under PrefaultMin starts no prefaulter,
+// and neither does a large one refused before it has built a thousand entries
+// (a prefaulter would make and clear over a megabyte for nothing).
+func TestNoPrefaulterUnlessItPays(t *testing.T) {
 	base, err := snapshot.ReadFile(testutil.Snapshot(t, "single/transformer.memory_snapshot.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := snapshot.EncodeBytes(base)
+	small, err := snapshot.EncodeBytes(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(data) >= snapshot.PrefaultMin {
-		t.Fatalf("the input is %d bytes, not under the prefaulter's %d", len(data), snapshot.PrefaultMin)
+	if len(small) >= snapshot.PrefaultMin {
+		t.Fatalf("the input is %d bytes, not under the prefaulter's %d", len(small), snapshot.PrefaultMin)
 	}
-	if _, taken, err := snapshot.DecodeTaking(data, true); err != nil || taken != 0 {
-		t.Fatalf("a %d-byte input: %d arrays taken, %v", len(data), taken, err)
+	big, err := snapshot.EncodeBytes(synth.Grow(base, 40000, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		data []byte
+		ok   bool
+	}{
+		{"a small snapshot", small, true},
+		{"2 MiB of zeros", make([]byte, 2<<20), false},
+		{"a large snapshot cut at 64 KiB, padded with zeros", append(append([]byte(nil), big[:64<<10]...), make([]byte, 2<<20)...), false},
+	} {
+		_, taken, started, err := snapshot.DecodeTaking(tc.data, true)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if started || taken != 0 {
+			t.Errorf("%s: a prefaulter started (%v), %d arrays taken", tc.name, started, taken)
+		}
 	}
 }

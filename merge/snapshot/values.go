@@ -122,6 +122,7 @@ func (d *decoder) newEntry(at int, op byte) (*TraceEntry, error) {
 		}
 		d.entries = nil
 		if d.slab == slabMax {
+			d.prefault()
 			d.entries = take(d, (*prefaulter).entriesQ)
 		}
 		if d.entries == nil {
