@@ -136,6 +136,7 @@ type decoder struct {
 	pre     *prefaulter     // arrays made ready on another core; nil until started (prefault)
 	preDone bool            // the prefaulter was started, or will not be
 	taken   int             // arrays taken from pre
+	preWait bool            // tests: wait for pre's arrays instead of making them
 	conv    map[convKey]any // typed conversions of shared lists, done once each
 
 	budget int64 // bytes the decode may build in all

@@ -31,11 +31,13 @@ func TestPrefaultedDecodeIsTheSame(t *testing.T) {
 		t.Fatalf("the input is %d bytes, under the prefaulter's %d", len(data), snapshot.PrefaultMin)
 	}
 	g0 := runtime.NumGoroutine()
-	plain, taken, started, err := snapshot.DecodeTaking(data, false)
+	plain, taken, started, err := snapshot.DecodeTaking(data, false, false)
 	if err != nil || taken != 0 || started {
 		t.Fatalf("without a prefaulter: %d taken, started %v, %v", taken, started, err)
 	}
-	pre, taken, started, err := snapshot.DecodeTaking(data, true)
+	// every array after the prefaulter's start taken from it (the decode waits
+	// for them), so the test does not depend on how fast it makes them
+	pre, taken, started, err := snapshot.DecodeTaking(data, true, true)
 	if err != nil || !started {
 		t.Fatalf("no prefaulter started (%v)", err)
 	}
@@ -57,7 +59,13 @@ func TestPrefaultedDecodeIsTheSame(t *testing.T) {
 	if fa, fb := plain.ComputeFigures(), pre.ComputeFigures(); fa.AllocatedBytes != fb.AllocatedBytes || fa.Segments != fb.Segments {
 		t.Fatalf("figures differ: %+v, %+v", fa, fb)
 	}
-	// the same through the public entry point
+	// the same as it runs: arrays taken when ready, else made
+	if s, _, _, err := snapshot.DecodeTaking(data, true, false); err != nil {
+		t.Fatal(err)
+	} else if c, _ := snapshot.EncodeBytes(s); !bytes.Equal(a, c) {
+		t.Fatal("a decode that takes ready arrays differs")
+	}
+	// and through the public entry point
 	if s, err := snapshot.Decode(data); err != nil {
 		t.Fatal(err)
 	} else if c, _ := snapshot.EncodeBytes(s); !bytes.Equal(a, c) {
@@ -100,7 +108,7 @@ func TestNoPrefaulterUnlessItPays(t *testing.T) {
 		{"2 MiB of zeros", make([]byte, 2<<20), false},
 		{"a large snapshot cut at 64 KiB, padded with zeros", append(append([]byte(nil), big[:64<<10]...), make([]byte, 2<<20)...), false},
 	} {
-		_, taken, started, err := snapshot.DecodeTaking(tc.data, true)
+		_, taken, started, err := snapshot.DecodeTaking(tc.data, true, true)
 		if (err == nil) != tc.ok {
 			t.Errorf("%s: %v", tc.name, err)
 		}
