@@ -171,14 +171,17 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 					return nil, fmt.Errorf("%w: %s", ErrRefused, b.Ack.Message)
 				}
 			case *pb.Envelope_Progress:
-				if progress != nil && len(b.Progress.Steps) > 0 {
+				if progress == nil || overtaken(env, answered, answeredBy) {
+					break // (overtaken: told before the answer, which came first: old news)
+				}
+				if len(b.Progress.Steps) > 0 {
 					// many ranks' steps, gathered by the leader of a large window
 					now := time.Now()
 					for _, st := range b.Progress.Steps {
 						progress(Update{Window: env.WindowId, Rank: int(st.Rank), State: st.State, Batch: st.Batch,
 							Reason: st.Reason, Leader: int(env.SenderRank), Received: now})
 					}
-				} else if progress != nil && !overtaken(env, answered, answeredBy) {
+				} else {
 					u := Update{Window: env.WindowId, Rank: int(b.Progress.Rank), State: b.Progress.State, Batch: b.Progress.Batch,
 						Reason: b.Progress.Reason, Leader: int(env.SenderRank), Received: time.Now()}
 					if b.Progress.DeadlineUs > 0 {
@@ -214,15 +217,18 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 	}
 }
 
-// overtaken reports whether env, a leader's word on a window as a whole, is its
-// step before the answer (merging the ranks) overtaken by the answer, which
-// travels on a stream of its own: window answered's answer came from the leader
-// of rank by. A successor that finishes the window says it is merging, and that
-// is told.
+// overtaken reports whether env, a leader's progress of a window, was told before
+// the window's answer and overtaken by it (each travels on a stream of its own):
+// its word that it merges the ranks, or the ranks' steps it gathered. Window
+// answered's answer came from the leader of rank by; every rank's step was in by
+// then. A successor that finishes the window says it is merging, and that is
+// told.
 func overtaken(env *pb.Envelope, answered uint64, by int32) bool {
 	p := env.GetProgress()
-	return answered != 0 && p != nil && env.WindowId == answered && env.SenderRank == by &&
-		p.Rank < 0 && len(p.Steps) == 0 && p.State == pb.Step_STEP_PUBLISHING
+	if answered == 0 || p == nil || env.WindowId != answered || env.SenderRank != by {
+		return false
+	}
+	return len(p.Steps) > 0 || p.Rank < 0 && p.State == pb.Step_STEP_PUBLISHING
 }
 
 // waitLeader returns the leader's member name once there is one.

@@ -7,9 +7,9 @@ import (
 )
 
 // TestOvertakenProgress: once a window's answer has come, its leader's word that
-// it is merging that window's ranks is old news (it was sent before the answer,
-// on a stream of its own, and overtaken); every other progress is still told,
-// and so is a successor's word that it merges to finish the window.
+// it is merging that window's ranks, and the ranks' steps it gathered, are old
+// news (sent before the answer, on streams of their own, and overtaken); every
+// other progress is still told, and so is a successor's.
 func TestOvertakenProgress(t *testing.T) {
 	merging := &pb.Progress{Rank: -1, Batch: -1, State: pb.Step_STEP_PUBLISHING, Reason: "merging 4 ranks"}
 	env := func(id uint64, sender int32, p *pb.Progress) *pb.Envelope {
@@ -27,7 +27,9 @@ func TestOvertakenProgress(t *testing.T) {
 		{"merging, another window's answer", env(4, 0, merging), 3, 0, false},
 		{"merging, said by a successor finishing the window", env(3, 1, merging), 3, 0, false},
 		{"a rank's step after the answer", env(3, 0, &pb.Progress{Rank: 2, State: pb.Step_STEP_PUBLISHING}), 3, 0, false},
-		{"ranks' steps gathered", env(3, 0, &pb.Progress{Rank: -1, State: pb.Step_STEP_PUBLISHING, Steps: []*pb.RankStep{{Rank: 1}}}), 3, 0, false},
+		{"ranks' steps gathered, after the answer", env(3, 0, &pb.Progress{Rank: -1, Batch: -1, Steps: []*pb.RankStep{{Rank: 1, State: pb.Step_STEP_UPLOADED}}}), 3, 0, true},
+		{"ranks' steps gathered, before any answer", env(3, 0, &pb.Progress{Rank: -1, Batch: -1, Steps: []*pb.RankStep{{Rank: 1, State: pb.Step_STEP_UPLOADED}}}), 0, -1, false},
+		{"ranks' steps gathered by a successor", env(3, 1, &pb.Progress{Rank: -1, Batch: -1, Steps: []*pb.RankStep{{Rank: 1, State: pb.Step_STEP_UPLOADED}}}), 3, 0, false},
 		{"the window planned", env(3, 0, &pb.Progress{Rank: -1, State: pb.Step_STEP_PLANNED}), 3, 0, false},
 		{"publication retried", env(3, 0, &pb.Progress{Rank: -1, State: pb.Step_STEP_RETRYING}), 3, 0, false},
 		{"not a progress", &pb.Envelope{WindowId: 3, Body: &pb.Envelope_Ack{Ack: &pb.Ack{}}}, 3, 0, false},
