@@ -236,18 +236,16 @@ func simBench(b *testing.B, n, events int) *simFigures {
 		if err != nil {
 			b.Fatal(err)
 		}
+		defer pf.Close()
 		if err := pprof.StartCPUProfile(pf); err != nil {
 			b.Fatal(err)
 		}
-		for i := 0; i < *simRepeats; i++ {
-			simWindow(b, sc, f, false)
-		}
+	}
+	for i := 0; i < *simRepeats; i++ {
+		simWindow(b, sc, f, false)
+	}
+	if *simProfile != "" {
 		pprof.StopCPUProfile()
-		pf.Close()
-	} else {
-		for i := 0; i < *simRepeats; i++ {
-			simWindow(b, sc, f, false)
-		}
 	}
 	// one more window, untimed, for the live heap once every report is in: a
 	// forced collection of the whole simulation's heap at that moment would

@@ -105,7 +105,7 @@ func DecodeContext(ctx context.Context, data []byte) (*Snapshot, error) {
 
 func decodeBudget(ctx context.Context, data []byte, budget int64) (*Snapshot, error) {
 	d := newDecoder(ctx, data, budget)
-	defer func() { d.pre.stop() }() // started once the decode has built enough (prefault)
+	defer d.pre.stop() // started once the decode has built enough (prefault)
 	return d.run()
 }
 
@@ -133,7 +133,7 @@ type decoder struct {
 	flists  []frameList  // slab
 	fptrs   []*Frame     // slab for frames lists' items
 	slab    int
-	pre     *prefaulter     // arrays made ready on another core; nil until started (prefault)
+	pre     prefaulter      // arrays made ready on another core, once started (prefault)
 	preDone bool            // the prefaulter was started, or will not be
 	taken   int             // arrays taken from pre
 	preWait bool            // tests: wait for pre's arrays instead of making them
@@ -640,7 +640,7 @@ func (d *decoder) memoAppend(at int, op byte, v val) error {
 		if err := d.charge(at, op, memoChunk*sizeVal); err != nil {
 			return err
 		}
-		chunk := take(d, (*prefaulter).memoQ)
+		chunk := take(d, d.pre.memo)
 		if chunk == nil {
 			chunk = make([]val, memoChunk)
 		}

@@ -9,9 +9,9 @@ import "context"
 func DecodeTaking(data []byte, pre, wait bool) (s *Snapshot, taken int, started bool, err error) {
 	d := newDecoder(context.Background(), data, Budget(len(data)))
 	d.preDone, d.preWait = !pre, wait
-	defer func() { d.pre.stop() }()
+	defer d.pre.stop()
 	s, err = d.run()
-	return s, d.taken, d.pre != nil, err
+	return s, d.taken, d.pre.started(), err
 }
 
 // PrefaultMin is the smallest input given a prefaulter.

@@ -50,9 +50,11 @@ func (d *decoder) prefault() {
 		return
 	}
 	d.left -= prefaultHold
-	d.pre = startPrefault()
+	d.pre.start()
 }
 
+// prefaulter is a decoder's; its zero value is one not started, whose queues
+// (nil channels) never have an array ready.
 type prefaulter struct {
 	entries chan []TraceEntry
 	flists  chan []frameList
@@ -62,19 +64,17 @@ type prefaulter struct {
 	wg      sync.WaitGroup
 }
 
-// startPrefault starts a prefaulter.
-func startPrefault() *prefaulter {
-	p := &prefaulter{
-		entries: make(chan []TraceEntry, prefaultQueue),
-		flists:  make(chan []frameList, prefaultQueue),
-		fptrs:   make(chan []*Frame, prefaultQueue),
-		memo:    make(chan []val, prefaultQueue),
-		done:    make(chan struct{}),
-	}
+func (p *prefaulter) start() {
+	p.entries = make(chan []TraceEntry, prefaultQueue)
+	p.flists = make(chan []frameList, prefaultQueue)
+	p.fptrs = make(chan []*Frame, prefaultQueue)
+	p.memo = make(chan []val, prefaultQueue)
+	p.done = make(chan struct{})
 	p.wg.Add(1)
 	go p.run()
-	return p
 }
+
+func (p *prefaulter) started() bool { return p.done != nil }
 
 func (p *prefaulter) run() {
 	defer p.wg.Done()
@@ -102,35 +102,27 @@ func faulted[T any](n int) []T {
 	return s
 }
 
-// stop ends the prefaulter and waits for its goroutine; nil does nothing.
+// stop ends the prefaulter and waits for its goroutine, if it was started.
 func (p *prefaulter) stop() {
-	if p == nil {
+	if !p.started() {
 		return
 	}
 	close(p.done)
 	p.wg.Wait()
 }
 
-// take returns an array ready in d's prefaulter's queue q, or nil when none is
-// (or d has no prefaulter).
-func take[T any](d *decoder, q func(*prefaulter) chan []T) []T {
-	if d.pre == nil {
-		return nil
-	}
-	if d.preWait { // tests: every array after the start comes from the prefaulter
+// take returns an array ready in q, one of d's prefaulter's queues, or nil when
+// none is (or the prefaulter was not started).
+func take[T any](d *decoder, q chan []T) []T {
+	if d.preWait && q != nil { // tests: every array after the start comes from the prefaulter
 		d.taken++
-		return <-q(d.pre)
+		return <-q
 	}
 	select {
-	case s := <-q(d.pre):
+	case s := <-q:
 		d.taken++
 		return s
 	default:
 		return nil
 	}
 }
-
-func (p *prefaulter) entriesQ() chan []TraceEntry { return p.entries }
-func (p *prefaulter) flistsQ() chan []frameList   { return p.flists }
-func (p *prefaulter) fptrsQ() chan []*Frame       { return p.fptrs }
-func (p *prefaulter) memoQ() chan []val           { return p.memo }

@@ -123,7 +123,7 @@ func (d *decoder) newEntry(at int, op byte) (*TraceEntry, error) {
 		d.entries = nil
 		if d.slab == slabMax {
 			d.prefault()
-			d.entries = take(d, (*prefaulter).entriesQ)
+			d.entries = take(d, d.pre.entries)
 		}
 		if d.entries == nil {
 			d.entries = make([]TraceEntry, d.slab)
@@ -158,7 +158,7 @@ func (d *decoder) newFrameList(at int, op byte) (*frameList, error) {
 		}
 		d.flists = nil
 		if n == slabMax {
-			d.flists = take(d, (*prefaulter).flistsQ)
+			d.flists = take(d, d.pre.flists)
 		}
 		if d.flists == nil {
 			d.flists = make([]frameList, n)
@@ -184,7 +184,7 @@ func (d *decoder) framePtrs(at int, op byte, n int) ([]*Frame, error) {
 		if err := d.charge(at, op, chunk*8); err != nil {
 			return nil, err
 		}
-		if d.fptrs = take(d, (*prefaulter).fptrsQ); d.fptrs == nil {
+		if d.fptrs = take(d, d.pre.fptrs); d.fptrs == nil {
 			d.fptrs = make([]*Frame, chunk)
 		}
 	}
