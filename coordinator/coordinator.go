@@ -79,6 +79,7 @@ type Coordinator struct {
 	ml         *memberlist.Memberlist
 	addr       string // the gossip address, host:port
 	members    map[string]*member
+	nranks     int                   // members that are ranks (meta.Rank >= 0), kept with members
 	seenAddrs  map[string]string     // every rank member ever seen: name -> address, to rejoin after a split
 	gone       map[string]goneMember // members memberlist took away, until they are back
 	leaderName string
@@ -416,6 +417,22 @@ func (c *Coordinator) meta() *pb.NodeMeta {
 	return m
 }
 
+// setMember records m as the member named name (nil: gone), keeping the count of
+// rank members; mu is held.
+func (c *Coordinator) setMember(name string, m *member) {
+	if old := c.members[name]; old != nil && old.meta.Rank >= 0 {
+		c.nranks--
+	}
+	if m == nil {
+		delete(c.members, name)
+		return
+	}
+	c.members[name] = m
+	if m.meta.Rank >= 0 {
+		c.nranks++
+	}
+}
+
 // memberChanged records a member's arrival, update or departure.
 func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 	bump := false
@@ -428,11 +445,11 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 		if m := c.members[n.Name]; m != nil && m.meta.Rank >= 0 && len(c.gone) < maxSeenAddrs {
 			c.gone[n.Name] = goneMember{at: time.Now(), members: len(c.members)}
 		}
-		delete(c.members, n.Name)
+		c.setMember(n.Name, nil)
 	} else if meta, err := decodeMeta(n.Meta); err == nil && meta.Run == c.cfg.Identity.RunName {
 		delete(c.gone, n.Name)
 		nn := *n
-		c.members[n.Name] = &member{node: &nn, meta: meta}
+		c.setMember(n.Name, &member{node: &nn, meta: meta})
 		c.lastWindow = max(c.lastWindow, meta.LastWindow)
 		if meta.Term > c.term {
 			c.term, bump = meta.Term, true

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
@@ -138,5 +139,55 @@ func TestWindowWaiting(t *testing.T) {
 	w.ranks[3].result = nil
 	if !w.waiting() || w.hint != 3 {
 		t.Fatalf("rank 3 is outstanding again: waiting %v, hint %d", w.waiting(), w.hint)
+	}
+}
+
+// TestRankCountFollowsMembers: the count of rank members that the rejoin loop
+// reads instead of walking every member follows arrivals, updates (a member
+// whose metadata changes from client to rank, or back) and departures, and
+// counts neither clients nor another run's members.
+func TestRankCountFollowsMembers(t *testing.T) {
+	c := &Coordinator{cfg: DefaultLocalConfig(rankagent.Identity{RunName: "n"}), members: map[string]*member{},
+		gone: map[string]goneMember{}, seenAddrs: map[string]string{}, changed: make(chan struct{}, 1)}
+	node := func(name, run string, rank int32) *memberlist.Node {
+		b, err := proto.Marshal(&pb.NodeMeta{Run: run, Rank: rank})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &memberlist.Node{Name: name, Meta: b}
+	}
+	count := func() int {
+		n := 0
+		for _, m := range c.members {
+			if m.meta.Rank >= 0 {
+				n++
+			}
+		}
+		return n
+	}
+	steps := []struct {
+		n    *memberlist.Node
+		gone bool
+	}{
+		{node("n/rank0", "n", 0), false},
+		{node("n/rank1", "n", 1), false},
+		{node("n/rank1", "n", 1), false},  // an update: still one rank
+		{node("c", "n", -1), false},       // a client
+		{node("m/rank0", "m", 0), false},  // another run's rank
+		{node("c", "n", 2), false},        // a member that becomes a rank
+		{node("n/rank1", "n", -1), false}, // and one that stops being one
+		{node("n/rank0", "n", 0), true},
+		{node("n/rank0", "n", 0), true}, // gone twice
+		{node("c", "n", 2), true},
+		{node("n/rank1", "n", -1), true},
+	}
+	for i, s := range steps {
+		c.memberChanged(s.n, s.gone)
+		if c.nranks != count() {
+			t.Fatalf("step %d (%s, gone %v): %d ranks counted, %d among the members", i, s.n.Name, s.gone, c.nranks, count())
+		}
+	}
+	if c.nranks != 0 {
+		t.Fatalf("%d ranks counted once every member left", c.nranks)
 	}
 }

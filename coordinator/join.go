@@ -361,25 +361,27 @@ func (c *Coordinator) rejoinLoop(ctx context.Context) {
 			return
 		case <-time.After(d):
 		}
-		c.mu.Lock()
-		ranks := 0
-		var gone []string
-		for _, m := range c.members {
-			if m.meta.Rank >= 0 {
-				ranks++
-			}
-		}
-		for name, a := range c.seenAddrs {
-			if _, ok := c.members[name]; !ok && len(gone) < 64 {
-				gone = append(gone, a)
-			}
-		}
-		m := c.ml
-		c.mu.Unlock()
 		want := c.cfg.Identity.WorldSize
 		if c.cfg.Client {
 			want = 1
 		}
+		// a whole cluster costs a counter's read a tick: every member runs this
+		// loop, and at 1,024 members a walk over every member and every address
+		// seen, on every member, was most of an idle simulation's CPU
+		c.mu.Lock()
+		ranks, m := c.nranks, c.ml
+		var gone []string
+		if ranks < want && m != nil {
+			for name, a := range c.seenAddrs {
+				if len(gone) == 64 {
+					break
+				}
+				if _, ok := c.members[name]; !ok {
+					gone = append(gone, a)
+				}
+			}
+		}
+		c.mu.Unlock()
 		if ranks >= want || m == nil {
 			wait = c.cfg.RejoinInterval
 			continue
