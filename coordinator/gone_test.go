@@ -150,7 +150,7 @@ func TestRankCountFollowsMembers(t *testing.T) {
 	c := &Coordinator{cfg: DefaultLocalConfig(rankagent.Identity{RunName: "n"}), members: map[string]*member{},
 		gone: map[string]goneMember{}, seenAddrs: map[string]string{}, changed: make(chan struct{}, 1)}
 	node := func(name, run string, rank int32) *memberlist.Node {
-		b, err := proto.Marshal(&pb.NodeMeta{Run: run, Rank: rank})
+		b, err := proto.Marshal(&pb.NodeMeta{Version: 1, Run: run, Rank: rank, WorldSize: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,23 +166,27 @@ func TestRankCountFollowsMembers(t *testing.T) {
 		return n
 	}
 	steps := []struct {
-		n    *memberlist.Node
-		gone bool
+		n       *memberlist.Node
+		gone    bool
+		members int // members of this run after the step
 	}{
-		{node("n/rank0", "n", 0), false},
-		{node("n/rank1", "n", 1), false},
-		{node("n/rank1", "n", 1), false},  // an update: still one rank
-		{node("c", "n", -1), false},       // a client
-		{node("m/rank0", "m", 0), false},  // another run's rank
-		{node("c", "n", 2), false},        // a member that becomes a rank
-		{node("n/rank1", "n", -1), false}, // and one that stops being one
-		{node("n/rank0", "n", 0), true},
-		{node("n/rank0", "n", 0), true}, // gone twice
-		{node("c", "n", 2), true},
-		{node("n/rank1", "n", -1), true},
+		{node("n/rank0", "n", 0), false, 1},
+		{node("n/rank1", "n", 1), false, 2},
+		{node("n/rank1", "n", 1), false, 2},  // an update: still one rank
+		{node("c", "n", -1), false, 3},       // a client
+		{node("m/rank0", "m", 0), false, 3},  // another run's rank
+		{node("c", "n", 2), false, 3},        // a member that becomes a rank
+		{node("n/rank1", "n", -1), false, 3}, // and one that stops being one
+		{node("n/rank0", "n", 0), true, 2},
+		{node("n/rank0", "n", 0), true, 2}, // gone twice
+		{node("c", "n", 2), true, 1},
+		{node("n/rank1", "n", -1), true, 0},
 	}
 	for i, s := range steps {
 		c.memberChanged(s.n, s.gone)
+		if len(c.members) != s.members {
+			t.Fatalf("step %d (%s, gone %v): %d members, want %d", i, s.n.Name, s.gone, len(c.members), s.members)
+		}
 		if c.nranks != count() {
 			t.Fatalf("step %d (%s, gone %v): %d ranks counted, %d among the members", i, s.n.Name, s.gone, c.nranks, count())
 		}
