@@ -41,6 +41,7 @@ type Recorder interface {
 type member struct {
 	node *memberlist.Node
 	meta *pb.NodeMeta
+	addr string // node's host:port, formatted once
 }
 
 // life is where a Coordinator stands: New makes it, Run runs it once, Shutdown
@@ -80,6 +81,9 @@ type Coordinator struct {
 	addr       string // the gossip address, host:port
 	members    map[string]*member
 	nranks     int                   // members that are ranks (meta.Rank >= 0), kept with members
+	addrs      map[string]int        // members' addresses (host:port), kept with members
+	lowest     string                // the rank member of the lowest (rank, name), kept with members
+	lowestOld  bool                  // lowest left or changed: electLocked looks again
 	seenAddrs  map[string]string     // every rank member ever seen: name -> address, to rejoin after a split
 	gone       map[string]goneMember // members memberlist took away, until they are back
 	leaderName string
@@ -417,20 +421,58 @@ func (c *Coordinator) meta() *pb.NodeMeta {
 	return m
 }
 
-// setMember records m as the member named name (nil: gone), keeping the count of
-// rank members; mu is held.
+// setMember records m as the member named name (nil: gone), keeping what is kept
+// with the members: the count of ranks, their addresses, and the candidate
+// leader; mu is held. Every member sees every member's metadata updates, and a
+// new term is one update by every member: at 1,024 members each of them is a
+// million calls here across the cluster, so none of it walks the members.
 func (c *Coordinator) setMember(name string, m *member) {
-	if old := c.members[name]; old != nil && old.meta.Rank >= 0 {
-		c.nranks--
+	if c.addrs == nil {
+		c.addrs = map[string]int{}
+	}
+	old := c.members[name]
+	if old != nil {
+		if old.meta.Rank >= 0 {
+			c.nranks--
+		}
+		if m != nil && old.node.Port == m.node.Port && old.node.Addr.Equal(m.node.Addr) {
+			m.addr = old.addr
+		}
+		if c.addrs[old.addr]--; c.addrs[old.addr] <= 0 {
+			delete(c.addrs, old.addr)
+		}
 	}
 	if m == nil {
 		delete(c.members, name)
+		if name == c.lowest {
+			c.lowestOld = true
+		}
 		return
 	}
-	c.members[name] = m
-	if m.meta.Rank >= 0 {
-		c.nranks++
+	if m.addr == "" {
+		m.addr = m.node.Address()
 	}
+	c.members[name] = m
+	c.addrs[m.addr]++
+	if m.meta.Rank < 0 {
+		if name == c.lowest {
+			c.lowestOld = true
+		}
+		return
+	}
+	c.nranks++
+	switch {
+	case c.lowestOld:
+	case name == c.lowest && old != nil:
+		c.lowestOld = m.meta.Rank > old.meta.Rank // (an update: old is its earlier self)
+	case c.lowest == "" || before(m.meta.Rank, name, c.members[c.lowest].meta.Rank, c.lowest):
+		c.lowest = name
+	}
+}
+
+// before orders candidate leaders: the lower rank, then the lower name.
+func before(r1 int32, n1 string, r2 int32, n2 string) bool {
+	return r1 < r2 || r1 == r2 && n1 < n2
 }
 
 // memberChanged records a member's arrival, update or departure.
@@ -542,22 +584,22 @@ func (c *Coordinator) termBumped() {
 	c.updateMeta()
 }
 
-// electLocked picks the lowest alive rank; a member that has not joined yet knows
-// of no one to elect.
+// electLocked picks the lowest alive rank (of two members claiming one rank, the
+// lower name); a member that has not joined yet knows of no one to elect. It
+// walks the members only when the candidate kept with them left or changed.
 func (c *Coordinator) electLocked() string {
 	if !c.joined {
 		return ""
 	}
-	best, name := int32(-1), ""
-	for n, m := range c.members {
-		if m.meta.Rank < 0 {
-			continue
-		}
-		if best < 0 || m.meta.Rank < best {
-			best, name = m.meta.Rank, n
+	if c.lowestOld {
+		c.lowest, c.lowestOld = "", false
+		for n, m := range c.members {
+			if m.meta.Rank >= 0 && (c.lowest == "" || before(m.meta.Rank, n, c.members[c.lowest].meta.Rank, c.lowest)) {
+				c.lowest = n
+			}
 		}
 	}
-	return name
+	return c.lowest
 }
 
 // watchLeader re-elects on every membership change and starts or stops this

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"net"
 	"testing"
 	"time"
 
@@ -142,56 +144,68 @@ func TestWindowWaiting(t *testing.T) {
 	}
 }
 
-// TestRankCountFollowsMembers: the count of rank members that the rejoin loop
-// reads instead of walking every member follows arrivals, updates (a member
-// whose metadata changes from client to rank, or back) and departures, and
-// counts neither clients nor another run's members.
-func TestRankCountFollowsMembers(t *testing.T) {
+// TestKeptWithMembers: what is kept with the members so that nothing walks them
+// on every update (the count of ranks the rejoin loop reads, the addresses
+// joinTargets leaves out, the candidate leader) follows arrivals, updates (a
+// member that becomes a rank or stops being one, moves, or claims another rank)
+// and departures, and counts neither clients nor another run's members.
+func TestKeptWithMembers(t *testing.T) {
 	c := &Coordinator{cfg: DefaultLocalConfig(rankagent.Identity{RunName: "n"}), members: map[string]*member{},
-		gone: map[string]goneMember{}, seenAddrs: map[string]string{}, changed: make(chan struct{}, 1)}
-	node := func(name, run string, rank int32) *memberlist.Node {
-		b, err := proto.Marshal(&pb.NodeMeta{Version: 1, Run: run, Rank: rank, WorldSize: 4})
+		gone: map[string]goneMember{}, seenAddrs: map[string]string{}, changed: make(chan struct{}, 1), joined: true}
+	node := func(name, run string, rank int32, port uint16) *memberlist.Node {
+		b, err := proto.Marshal(&pb.NodeMeta{Version: 1, Run: run, Rank: rank, WorldSize: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &memberlist.Node{Name: name, Meta: b}
-	}
-	count := func() int {
-		n := 0
-		for _, m := range c.members {
-			if m.meta.Rank >= 0 {
-				n++
-			}
-		}
-		return n
+		return &memberlist.Node{Name: name, Meta: b, Addr: net.IPv4(127, 0, 0, 1), Port: port}
 	}
 	steps := []struct {
 		n       *memberlist.Node
 		gone    bool
 		members int // members of this run after the step
 	}{
-		{node("n/rank0", "n", 0), false, 1},
-		{node("n/rank1", "n", 1), false, 2},
-		{node("n/rank1", "n", 1), false, 2},  // an update: still one rank
-		{node("c", "n", -1), false, 3},       // a client
-		{node("m/rank0", "m", 0), false, 3},  // another run's rank
-		{node("c", "n", 2), false, 3},        // a member that becomes a rank
-		{node("n/rank1", "n", -1), false, 3}, // and one that stops being one
-		{node("n/rank0", "n", 0), true, 2},
-		{node("n/rank0", "n", 0), true, 2}, // gone twice
-		{node("c", "n", 2), true, 1},
-		{node("n/rank1", "n", -1), true, 0},
+		{node("n/rank3", "n", 3, 7003), false, 1},
+		{node("n/rank1", "n", 1, 7001), false, 2},
+		{node("n/rank1", "n", 1, 7001), false, 2},  // an update: still one rank, still the leader
+		{node("c", "n", -1, 7100), false, 3},       // a client
+		{node("m/rank0", "m", 0, 7200), false, 3},  // another run's rank
+		{node("c", "n", 2, 7100), false, 3},        // a member that becomes a rank
+		{node("x", "n", 1, 7300), false, 4},        // another member claiming rank 1: the lower name wins
+		{node("n/rank1", "n", -1, 7001), false, 4}, // the leader stops being a rank
+		{node("c", "n", 0, 7101), false, 4},        // a member that moves and claims rank 0
+		{node("c", "n", 5, 7101), false, 4},        // the leader's rank grows past others'
+		{node("n/rank0", "n", 0, 7000), false, 5},
+		{node("n/rank0", "n", 0, 7000), true, 4},
+		{node("n/rank0", "n", 0, 7000), true, 4}, // gone twice
+		{node("c", "n", 2, 7101), true, 3},
+		{node("x", "n", 1, 7300), true, 2},
+		{node("n/rank1", "n", -1, 7001), true, 1},
+		{node("n/rank3", "n", 3, 7003), true, 0},
 	}
 	for i, s := range steps {
 		c.memberChanged(s.n, s.gone)
 		if len(c.members) != s.members {
 			t.Fatalf("step %d (%s, gone %v): %d members, want %d", i, s.n.Name, s.gone, len(c.members), s.members)
 		}
-		if c.nranks != count() {
-			t.Fatalf("step %d (%s, gone %v): %d ranks counted, %d among the members", i, s.n.Name, s.gone, c.nranks, count())
+		ranks, addrs, lowest := 0, map[string]int{}, ""
+		for name, m := range c.members {
+			addrs[m.node.Address()]++
+			if m.meta.Rank < 0 {
+				continue
+			}
+			ranks++
+			if l := c.members[lowest]; lowest == "" || m.meta.Rank < l.meta.Rank || m.meta.Rank == l.meta.Rank && name < lowest {
+				lowest = name
+			}
 		}
-	}
-	if c.nranks != 0 {
-		t.Fatalf("%d ranks counted once every member left", c.nranks)
+		if c.nranks != ranks {
+			t.Fatalf("step %d (%s, gone %v): %d ranks counted, %d among the members", i, s.n.Name, s.gone, c.nranks, ranks)
+		}
+		if !maps.Equal(c.addrs, addrs) {
+			t.Fatalf("step %d (%s, gone %v): addresses kept %v, the members' %v", i, s.n.Name, s.gone, c.addrs, addrs)
+		}
+		if got := c.electLocked(); got != lowest {
+			t.Fatalf("step %d (%s, gone %v): elected %q, want %q", i, s.n.Name, s.gone, got, lowest)
+		}
 	}
 }

@@ -312,16 +312,12 @@ func (c *Coordinator) resolveJoin(addrs []string) []string {
 func (c *Coordinator) joinTargets(extra []string) []string {
 	join := c.resolveJoin(c.cfg.Join)
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	self := c.addr
-	here := map[string]bool{self: true}
-	for _, m := range c.members {
-		here[m.node.Address()] = true
-	}
-	c.mu.Unlock()
 	var out []string
 	seen := map[string]bool{}
 	for _, a := range append(join, extra...) {
-		if here[a] || seen[a] || isSelf(a, self) {
+		if c.addrs[a] > 0 || a == self || seen[a] || isSelf(a, self) {
 			continue
 		}
 		seen[a] = true

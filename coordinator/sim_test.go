@@ -676,6 +676,7 @@ type simStep struct {
 // count of every warning (memberlist's included).
 type simLog struct {
 	fwd   slog.Handler // also receives warnings (nil: none)
+	lead  slog.Handler // also receives every leader's own records (nil: none)
 	quiet atomic.Bool  // stops forwarding (memberlist's goroutines outlive its Shutdown)
 
 	mu    sync.Mutex
@@ -683,7 +684,9 @@ type simLog struct {
 	warns map[string]int
 }
 
-func newSimLog(fwd slog.Handler) *simLog { return &simLog{fwd: fwd, warns: map[string]int{}} }
+func newSimLog(fwd, lead slog.Handler) *simLog {
+	return &simLog{fwd: fwd, lead: lead, warns: map[string]int{}}
+}
 
 // handler returns the log handler of one member.
 func (l *simLog) handler(member int) slog.Handler { return &simHandler{log: l, member: member} }
@@ -791,6 +794,9 @@ func (h *simHandler) Handle(ctx context.Context, r slog.Record) error {
 		}
 		return nil
 	}
+	if h.leader && h.log.lead != nil && !h.log.quiet.Load() {
+		h.log.lead.WithAttrs(append(h.attrs, slog.Int("member", h.member))).Handle(ctx, r)
+	}
 	if r.Level >= slog.LevelWarn {
 		h.log.warn(r.Message)
 		if h.log.fwd != nil && !h.log.quiet.Load() {
@@ -835,6 +841,8 @@ type simConfig struct {
 	HoldAt  int64         // > 0: each trainer holds before this batch until it has a window armed
 	Events  int           // trace events per snapshot (0: the recorded snapshots as they are)
 	Logs    slog.Handler  // receives the members' warnings (nil: they are only counted)
+	// LeaderLogs receives every leader's own records, at any level (nil: none)
+	LeaderLogs slog.Handler
 	// StoreLatency is added to every store request (0: the folder store as it is).
 	StoreLatency time.Duration
 	// Tune, when set, adjusts each member's configuration after simTune (rank -1:
@@ -933,7 +941,7 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	sc := &simCluster{tb: tb, cfg: cfg, run: fmt.Sprintf("sim%d", time.Now().UnixNano()%1e6), key: simKey32(), net: newSimNet(),
-		job: &simJob{step: cfg.Step}, st: st, dir: dir, log: newSimLog(cfg.Logs), ctx: ctx, cancel: cancel}
+		job: &simJob{step: cfg.Step}, st: st, dir: dir, log: newSimLog(cfg.Logs, cfg.LeaderLogs), ctx: ctx, cancel: cancel}
 	tb.Cleanup(sc.stop)
 	snaps := simSnapshots(tb, cfg.Events)
 	if cfg.OwnCores {

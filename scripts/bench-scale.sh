@@ -32,7 +32,10 @@
 #   PROFILE    a path: a CPU profile of each size's timed windows goes to
 #              PROFILE-<size>.prof; its samples carry the label member=rankR (that
 #              rank's agent and every goroutine it started), trainerR or client, e.g.
-#              go tool pprof -tagfocus member=rank0 coordinator.test PROFILE-1024.prof
+#              go tool pprof -tagfocus member=rank0 coordinator.test PROFILE-1024.prof;
+#              the failovers go to PROFILE-<size>-failover.prof
+#   LEADERLOG  a path: every leader's own log records (plans, progress, recoveries),
+#              with the member that wrote each, are appended to it
 # Every member shares this machine's cores, so the figures include the whole
 # cluster's gossip competing for them; "idle load" and "CPU time per window" say how
 # much that is.
@@ -41,8 +44,9 @@ cd "$(dirname "$0")/.."
 export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
 SIZES="${SIZES:-64,256,1024}"; EVENTS="${EVENTS:-100000,20000,5000}"; REPEATS="${REPEATS:-5}"; FAILOVERS="${FAILOVERS:-3}"
 STEP="${STEP:-250ms}"; IDLE="${IDLE:-10s}"; LATENCY="${LATENCY:-0}"; COMPRESS="${COMPRESS:-false}"; LOOPBACK="${LOOPBACK:-0}"
-PRODUCTION="${PRODUCTION:-0}"; OWNCORES="${OWNCORES:-1}"; PROFILE="${PROFILE:-}"
+PRODUCTION="${PRODUCTION:-0}"; OWNCORES="${OWNCORES:-1}"; PROFILE="${PROFILE:-}"; LEADERLOG="${LEADERLOG:-}"
 case $PROFILE in ''|/*) ;; *) PROFILE="$PWD/$PROFILE" ;; esac
+case $LEADERLOG in ''|/*) ;; *) LEADERLOG="$PWD/$LEADERLOG" ;; esac
 if [ -z "${SIMTMP:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then SIMTMP=/dev/shm; fi
 SIMTMP="${SIMTMP:-${TMPDIR:-/tmp}}"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -59,4 +63,4 @@ cd coordinator
 TMPDIR="$SIMTMP" "$tmp/coordinator.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 0 \
   -sim.sizes "$SIZES" -sim.events "$EVENTS" -sim.repeats "$REPEATS" -sim.failovers "$FAILOVERS" \
   -sim.step "$STEP" -sim.idle "$IDLE" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.production="$([ "$PRODUCTION" = 1 ] && echo true || echo false)" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)" -sim.own-cores="$([ "$OWNCORES" = 1 ] && echo true || echo false)" \
-  -sim.cpuprofile "$PROFILE"
+  -sim.cpuprofile "$PROFILE" -sim.leader-log "$LEADERLOG"
