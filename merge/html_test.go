@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -146,5 +147,53 @@ func TestHTMLReport64Ranks(t *testing.T) {
 	}
 	if n := countColor(img, "#0969da", 10); n < 300 { // the median line
 		t.Fatalf("the median line covers %d pixels", n)
+	}
+}
+
+// writeCounter counts the writes made to it.
+type writeCounter struct{ writes, bytes int }
+
+func (w *writeCounter) Write(p []byte) (int, error) {
+	w.writes++
+	w.bytes += len(p)
+	return len(p), nil
+}
+
+// TestReportWritesInLargePieces: the report reaches its file in pieces of
+// htmlBuffer, not in the template's own pieces of a few bytes (a 1,024-rank
+// report was some 30,000 writes, and a leader on a busy machine gave its core up
+// at each).
+func TestReportWritesInLargePieces(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(ddp4(t), "rank0.5.memory_snapshot.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.Decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := AnalyzeSnapshot(t.Context(), s, nil, AnalyzeOptions{Rank: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entries []*rankEntry
+	sum := &Summary{}
+	for r := 0; r < 256; r++ {
+		ar := *a
+		ar.Rank = r
+		e := &rankEntry{sum: rankSummary(&loadedRank{rank: r, source: fmt.Sprintf("rank%d", r), a: &ar}), a: &ar}
+		entries = append(entries, e)
+		sum.Ranks = append(sum.Ranks, e.sum)
+	}
+	sum.Spread = computeSpread(sum.Ranks)
+	var w writeCounter
+	if err := writeHTML(&w, "pieces", sum, entries); err != nil {
+		t.Fatal(err)
+	}
+	if w.bytes < 2*htmlBuffer {
+		t.Fatalf("a 256-rank report of %d bytes: too small to tell", w.bytes)
+	}
+	if most := w.bytes/htmlBuffer + 1; w.writes > most {
+		t.Fatalf("a report of %d bytes in %d writes, want at most %d", w.bytes, w.writes, most)
 	}
 }
