@@ -217,6 +217,7 @@ func (l *leaderRun) renewTerm(ctx context.Context) bool {
 			prev := l.term
 			l.term, l.renew = t.Term, time.Now()
 			l.c.noteTerm(t.Term)
+			l.c.updateMeta() // the cluster learns the term from its leader's metadata
 			l.log.Info("leadership term taken", "term", t.Term, "previous", prev)
 			l.sweep(ctx)
 			return true
