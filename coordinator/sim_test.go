@@ -881,9 +881,10 @@ type simConfig struct {
 //     suspicion multiplier of 6, and a queue of 8,192 messages (1,024). Failover
 //     times at those sizes then count this slower detection; BenchmarkScale
 //     reports the detection and the new leader's work apart;
-//   - the clock (and, with it, the node metadata every rank gossips) is refreshed
-//     every 10 minutes, not every 30 s: a refresh by every rank costs what the
-//     metadata gossip of a window costs, which BenchmarkScale reports.
+//   - each rank measures its clock against the leader every 10 minutes, not
+//     every 30 s, so that the idle figures are gossip's alone (the measurement
+//     is a round trip to the leader; it no longer makes a rank gossip its
+//     metadata, which only the leader's window and term changes do).
 func simTune(n int, c *Config) {
 	ml := c.Memberlist
 	ml.ProbeInterval = time.Second
