@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,6 +57,11 @@ func openConns(a *Agent) int {
 func closedByAgent(c net.Conn, wait time.Duration) error {
 	c.SetReadDeadline(time.Now().Add(wait))
 	_, err := io.Copy(io.Discard, c) // nil at EOF
+	if errors.Is(err, syscall.ECONNRESET) {
+		// closed too: a Unix socket closed with bytes it had not read yet (half
+		// a hello line) resets its peer instead of ending the stream
+		return nil
+	}
 	return err
 }
 
