@@ -204,6 +204,26 @@ func heapInuse() uint64 {
 	return ms.HeapInuse
 }
 
+// simProfileTo starts a CPU profile to path when -sim.cpuprofile is set and there
+// is something to profile; the function returned stops it.
+func simProfileTo(b *testing.B, path string, any bool) func() {
+	if *simProfile == "" || !any {
+		return func() {}
+	}
+	pf, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(pf); err != nil {
+		pf.Close()
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		pf.Close()
+	}
+}
+
 // simBench measures one size.
 func simBench(b *testing.B, n, events int) *simFigures {
 	runtime.GC()
@@ -244,42 +264,20 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	time.Sleep(*simIdle) // the idle cluster's own load, measured over a fixed span
 	f.idleCores = float64(processCPU()-c0) / float64(time.Since(t0))
 	f.idlePackets = float64(sc.net.sent.Load()-p0) / time.Since(t0).Seconds()
-	if *simProfile != "" {
-		pf, err := os.Create(fmt.Sprintf("%s-%d.prof", *simProfile, n))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			b.Fatal(err)
-		}
-	}
+	stop := simProfileTo(b, fmt.Sprintf("%s-%d.prof", *simProfile, n), *simRepeats > 0)
 	for i := 0; i < *simRepeats; i++ {
 		simWindow(b, sc, f, false)
 	}
-	if *simProfile != "" {
-		pprof.StopCPUProfile()
-	}
+	stop()
 	// one more window, untimed, for the live heap once every report is in: a
 	// forced collection of the whole simulation's heap at that moment would
 	// slow the leader's answer in a timed one
 	simWindow(b, sc, f, true)
-	if *simProfile != "" && *simFailovers > 0 {
-		pf, err := os.Create(fmt.Sprintf("%s-%d-failover.prof", *simProfile, n))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			b.Fatal(err)
-		}
-	}
+	stop = simProfileTo(b, fmt.Sprintf("%s-%d-failover.prof", *simProfile, n), *simFailovers > 0)
 	for i := 0; i < *simFailovers; i++ {
 		simFailover(b, sc, f)
 	}
-	if *simProfile != "" && *simFailovers > 0 {
-		pprof.StopCPUProfile()
-	}
+	stop()
 	f.dropped = sc.net.dropped()
 	f.warnings = sc.log.Warnings()
 	return f
