@@ -71,6 +71,9 @@ type Coordinator struct {
 	// nmembers is len(members), read without mu by the broadcast queue, which
 	// memberlist drives while it may hold its own locks
 	nmembers atomic.Int64
+	// nranksSeen is nranks, read without mu when answering a probe (pings)
+	nranksSeen atomic.Int64
+	pingJoin   pingJoins
 
 	// mu guards what follows. Lock order: memberlist calls memberChanged (which
 	// takes mu) while it holds its node lock, so nothing may call into
@@ -233,7 +236,7 @@ func (c *Coordinator) start() error {
 	ml.Name = c.name
 	ml.Delegate = &delegate{c}
 	ml.Events = &events{c}
-	ml.Ping = nil
+	ml.Ping = &pings{c}
 	ml.Alive = &alive{c}
 	ml.Label = LabelFor(c.cfg.Identity.RunName)
 	ml.SecretKey = c.cfg.SecretKey
@@ -434,6 +437,7 @@ func (c *Coordinator) setMember(name string, m *member) {
 	if old != nil {
 		if old.meta.Rank >= 0 {
 			c.nranks--
+			c.nranksSeen.Store(int64(c.nranks))
 		}
 		if m != nil && old.node.Port == m.node.Port && old.node.Addr.Equal(m.node.Addr) {
 			m.addr = old.addr
@@ -461,6 +465,7 @@ func (c *Coordinator) setMember(name string, m *member) {
 		return
 	}
 	c.nranks++
+	c.nranksSeen.Store(int64(c.nranks))
 	switch {
 	case c.lowestOld:
 	case name == c.lowest && old != nil:

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -10,7 +11,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/memsnap/memsnap/merge"
 )
 
 // JoinEnv is the environment variable that lists members to join (comma-separated
@@ -396,5 +402,99 @@ func (c *Coordinator) rejoinLoop(ctx context.Context) {
 		}
 		c.log.Debug("rejoin found no one new", "tried", len(targets), "answered", n, "err", err)
 		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+// pings carries, in each member's answer to a probe, how many ranks it sees. A
+// member whose agent was restarted at once under its old name and address, with
+// no one to join (the launcher's rank 0, say), comes up alone; the others never
+// saw it die, for the new process answers their probes, so none of them rejoins
+// it, and it would stay alone until a push-pull found it (30 s and more). The
+// first member to probe it learns from the answer that it sees far fewer ranks and
+// joins it: the join's push-pull gives each the other's whole membership.
+type pings struct{ c *Coordinator }
+
+var _ memberlist.PingDelegate = (*pings)(nil)
+
+// pingVersion is the first byte of a probe answer's payload.
+const pingVersion = 1
+
+// pingJoinEvery is the least time between two joins of one member that a probe
+// answer asked for.
+const pingJoinEvery = 10 * time.Second
+
+// pingJoins rate-limits the joins that probe answers ask for.
+type pingJoins struct {
+	mu       sync.Mutex
+	last     map[string]time.Time
+	inFlight bool
+}
+
+func (p *pings) AckPayload() []byte {
+	return binary.AppendUvarint([]byte{pingVersion}, uint64(max(p.c.nranksSeen.Load(), 0)))
+}
+
+func (p *pings) NotifyPingComplete(other *memberlist.Node, rtt time.Duration, payload []byte) {
+	theirs, ok := parsePingPayload(payload)
+	if !ok || other == nil {
+		return
+	}
+	p.c.probeAnswered(other.Name, other.Address(), theirs)
+}
+
+// parsePingPayload reads a probe answer's payload: the count of ranks its sender
+// sees. Anything else (a newer version, garbage) is ignored.
+func parsePingPayload(b []byte) (int64, bool) {
+	if len(b) < 2 || b[0] != pingVersion {
+		return 0, false
+	}
+	n, k := binary.Uvarint(b[1:])
+	if k <= 0 || n > merge.MaxRanks {
+		return 0, false
+	}
+	return int64(n), true
+}
+
+// apart says whether a member that sees theirs ranks is missing most of the
+// ranks this member sees (ours): it sees only itself, or fewer than half. Two
+// members a join or two apart while the cluster forms are not.
+func apart(theirs, ours int64) bool {
+	return theirs < ours && (theirs <= 1 || 2*theirs < ours)
+}
+
+// probeAnswered joins the member that answered a probe when it sees far fewer
+// ranks than this one (apart), at most once per pingJoinEvery per member and one
+// join at a time.
+func (c *Coordinator) probeAnswered(name, addr string, theirs int64) {
+	ours := c.nranksSeen.Load()
+	if !apart(theirs, ours) {
+		return
+	}
+	j := &c.pingJoin
+	j.mu.Lock()
+	now := time.Now()
+	if j.inFlight || now.Sub(j.last[name]) < pingJoinEvery {
+		j.mu.Unlock()
+		return
+	}
+	if j.last == nil || len(j.last) > 4096 {
+		j.last = map[string]time.Time{}
+	}
+	j.last[name], j.inFlight = now, true
+	j.mu.Unlock()
+	started := c.spawn(func() {
+		defer func() { j.mu.Lock(); j.inFlight = false; j.mu.Unlock() }()
+		m := c.memberlist()
+		if m == nil {
+			return
+		}
+		_, err := m.Join([]string{addr})
+		c.log.Info("joined a member that saw few of the ranks (restarted alone?)", "peer", name, "addr", addr,
+			"its_ranks", theirs, "ranks", ours, "err", err)
+	})
+	if !started {
+		j.mu.Lock()
+		j.inFlight = false
+		j.mu.Unlock()
 	}
 }

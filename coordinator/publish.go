@@ -436,7 +436,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	c := l.c
 	log := l.log.With("window", p.ID)
 	w := &win{id: p.ID, start: p.Start, stop: p.Stop, reason: nonEmpty(p.Reason, "recovered"), kind: kindOf(p.Kind), ranks: map[int]*rankState{},
-		world: p.WorldSize, failed: map[int]failure{}, deadline: p.Deadline}
+		world: p.WorldSize, failed: map[int]failure{}, deadline: p.Deadline, planned: p.Created}
 	if p.FailedRank != nil {
 		w.failed[*p.FailedRank] = failure{cause: p.Cause, at: p.Created}
 	}

@@ -2,7 +2,9 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -59,6 +62,7 @@ type win struct {
 	watchers    []*pb.Envelope
 	world       int
 	deadline    time.Time
+	planned     time.Time      // when the window was planned (zero: unknown)
 	cmd         *pb.Envelope   // the plan or dump sent to every rank
 	steps       []*pb.RankStep // ranks' steps not told to the watchers yet (leaderRun.gathersSteps)
 }
@@ -198,7 +202,7 @@ func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) (*win, *
 		margin *= 3
 	}
 	w.start, w.stop = PlanWindow(rs, p.length, p.minStart, margin)
-	w.deadline = l.windowDeadline(rs, w.start, w.stop)
+	w.deadline, w.planned = l.windowDeadline(rs, w.start, w.stop), time.Now()
 	expected := make([]int, 0, len(rs))
 	for _, r := range rs {
 		expected = append(expected, r.Rank)
@@ -597,10 +601,15 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 		case <-ctx.Done():
 			return out
 		case <-deadline.C:
-			why := fmt.Sprintf("not in by the window's deadline (%s, %v after it was planned)", w.deadline.Format(time.TimeOnly), time.Since(w.deadline.Add(-time.Until(w.deadline))).Round(time.Second))
+			why := fmt.Sprintf("not in by the window's deadline (%s)", w.deadline.Format(time.TimeOnly))
+			if !w.planned.IsZero() {
+				why = fmt.Sprintf("not in by the window's deadline (%s, %v after it was planned)", w.deadline.Format(time.TimeOnly), w.deadline.Sub(w.planned).Round(time.Second))
+			}
 			if w.postmortem() {
 				why = fmt.Sprintf("no snapshot within the post-mortem's deadline of %v", c.cfg.PostmortemDeadline)
 			}
+			// a result that never reached this leader may be in the run's log
+			l.reportedAll(ctx, w, w.outstanding())
 			for _, r := range w.outstanding() {
 				w.ranks[r].missing = why
 				l.tell(w, r, pb.Step_STEP_MISSING, w.ranks[r].batch, why)
@@ -904,13 +913,73 @@ func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
 				s.missing = fmt.Sprintf("moved on to window %d", st.st.Window)
 				continue
 			}
+			if s.acked && st.st.Window < w.id && !w.postmortem() && !slices.Contains(st.st.Spooled, w.id) {
+				// it took the window, and its agent no longer knows it: the agent
+				// was restarted (its trainer's batches are no sign of this window's
+				// life). What it stored before is in the run's log.
+				if !l.reported(ctx, w, r) {
+					s.missing = "its agent was restarted and has no record of the window (no snapshot of it in the run's log or the rank's spool)"
+					l.tell(w, r, pb.Step_STEP_MISSING, st.st.Batch, s.missing)
+				}
+				continue
+			}
 			if st.st.Batch > s.batch || st.st.State != s.state {
 				s.batch, s.state, s.lastSign = st.st.Batch, st.st.State, now
 			}
 		}
 		if now.Sub(s.lastSign) > l.c.cfg.CollectTimeout && !w.postmortem() { // a post-mortem has its own short deadline
+			if l.reported(ctx, w, r) {
+				continue // its result never reached this leader (it was not a member then, say)
+			}
 			s.missing = nonEmpty(s.gone, fmt.Sprintf("no sign of life for %v", l.c.cfg.CollectTimeout))
 			l.tell(w, r, pb.Step_STEP_MISSING, s.batch, s.missing)
+		}
+	}
+}
+
+// reported takes rank r's result from its report in the run's log, if it wrote
+// one: its result may never have reached this leader (a leader restarted under
+// its old name took a moment to find the cluster again, and refused the results
+// of ranks it did not yet see as members). It reports whether it did.
+func (l *leaderRun) reported(ctx context.Context, w *win, r int) bool {
+	if l.rl == nil {
+		return false
+	}
+	rep, err := l.rl.Report(ctx, w.id, r)
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) {
+			l.log.Warn("cannot read a rank's report from the run's log", "window", w.id, "of_rank", r, "err", err)
+		}
+		return false
+	}
+	s := w.ranks[r]
+	s.result, s.missing = resultOfReport(rep), ""
+	l.tell(w, r, pb.Step_STEP_UPLOADED, s.batch, s.result.Partial)
+	return true
+}
+
+// reportedAll is reported for each of ranks, reading the run's log's reports of
+// window w once when there are many.
+func (l *leaderRun) reportedAll(ctx context.Context, w *win, ranks []int) {
+	if l.rl == nil || len(ranks) == 0 {
+		return
+	}
+	if len(ranks) <= 8 {
+		for _, r := range ranks {
+			l.reported(ctx, w, r)
+		}
+		return
+	}
+	reps, _, err := l.rl.Reports(ctx, w.id)
+	if err != nil {
+		l.log.Warn("cannot read the ranks' reports from the run's log", "window", w.id, "err", err)
+		return
+	}
+	for _, r := range ranks {
+		if rep := reps[r]; rep != nil {
+			s := w.ranks[r]
+			s.result, s.missing = resultOfReport(rep), ""
+			l.tell(w, r, pb.Step_STEP_UPLOADED, s.batch, s.result.Partial)
 		}
 	}
 }

@@ -479,6 +479,22 @@ func (l *Log) Reports(ctx context.Context, id uint64) (map[int]*Report, []error,
 	return out, bad, nil
 }
 
+// Report reads rank's report for window id (store.ErrNotFound when it has none).
+func (l *Log) Report(ctx context.Context, id uint64, rank int) (*Report, error) {
+	b, err := l.read(ctx, l.ReportKey(id, rank))
+	if err != nil {
+		return nil, err
+	}
+	rep, err := ParseReport(b)
+	if err == nil && (rep.Window != id || rep.Rank != rank) {
+		err = fmt.Errorf("%w: %s names window %d rank %d", ErrMalformed, l.ReportKey(id, rank), rep.Window, rep.Rank)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
 // Finish stores how window o.ID ended, once: when another leader finished it
 // first, Finish returns that outcome (and no error), which is the truth.
 func (l *Log) Finish(ctx context.Context, o Outcome) (Outcome, error) {

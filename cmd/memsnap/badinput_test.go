@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -126,6 +127,42 @@ func TestSnapshotSaysWhatWentWrong(t *testing.T) {
 			t.Errorf("--json: %s", out)
 		}
 	}
+}
+
+// TestSnapshotInterrupted: Ctrl-C of a waiting `memsnap snapshot` stops it at once,
+// non-zero, saying that the window it asked for goes on in the cluster; the
+// window is published all the same.
+func TestSnapshotInterrupted(t *testing.T) {
+	dir := t.TempDir()
+	pc := startProcs(t, 2, procOpts{storeArgs: []string{"--store", dir}})
+	pc.client(2) // both trainers hold before the window
+	key := coordinator.KeyEnv + "=" + encodeKey(pc.key)
+	join := fmt.Sprintf("127.0.0.1:%d", pc.ports[1])
+	// 200 batches of 20 ms: it records for 4 s
+	cmd := memsnapCmd(t, "snapshot", "--join", join, "--run", pc.run, "--batches", "200", "--wait")
+	cmd.Env = append(cmd.Env, key)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	testutil.Eventually(t, time.Minute, "the window planned", func() bool { return strings.Contains(out.String(), "planned") })
+	cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("snapshot did not stop on Ctrl-C:\n%s", out)
+	}
+	if cmd.ProcessState.ExitCode() == 0 || !regexp.MustCompile(`interrupted; window \d+ goes on in the cluster`).MatchString(out.String()) {
+		t.Errorf("Ctrl-C: exit %d:\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+	testutil.Eventually(t, 2*time.Minute, "the window published after Ctrl-C", func() bool {
+		ms, _ := filepath.Glob(filepath.Join(dir, "*", "torch_memory_traces", "window1", "merged.manifest.json"))
+		return len(ms) == 1
+	})
 }
 
 // TestProgressThroughAnyMember: a member that joined through a rank that does

@@ -269,8 +269,19 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}, Detach: planned, AnswerFirst: !*waitAll})
 	if err != nil && !errors.Is(err, coordinator.ErrDetached) {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("gave up after --timeout %v: %w", *timeout, err)
+		// the cluster goes on with a window it planned: say which, and where its
+		// outcome will be
+		p.mu.Lock()
+		left := "the request may still be planned by the leader (memsnap ls shows the run's windows)"
+		if p.window != 0 {
+			left = fmt.Sprintf("window %d goes on in the cluster (memsnap ls shows how it ends)", p.window)
+		}
+		p.mu.Unlock()
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			return fmt.Errorf("gave up after --timeout %v: %w; %s", *timeout, err, left)
+		case errors.Is(err, context.Canceled):
+			return fmt.Errorf("interrupted; %s", left)
 		}
 		return err
 	}

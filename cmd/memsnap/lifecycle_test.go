@@ -497,3 +497,46 @@ func TestFaultRestartedAgentRejoins(t *testing.T) {
 		t.Fatalf("a window asked through the restarted agent: %+v", res)
 	}
 }
+
+// TestFaultLeaderRestartedAtOnce: the leader's agent (rank 0, which has no one to
+// join: the launcher's head) is killed mid-window and started again at once under
+// its old name and address. The others never see it die (the new process answers
+// their probes), so it comes up alone; it learns the cluster from the first
+// probe it answers, and publishes the window with what the other ranks stored,
+// its own rank missing with the reason.
+func TestFaultLeaderRestartedAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	pc := startProcCluster(t, 3, []string{"--store", dir}, 0)
+	c := pc.client(3)
+	var killed atomic.Bool
+	res := ask(t, c, 3, 2*time.Minute, func(u coordinator.Update) {
+		if u.Rank == 0 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
+			go func() { pc.kill(0); pc.start(0) }()
+		}
+	})
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[1 2]" || res.Missing[0] == "" {
+		t.Fatalf("result %+v", res)
+	}
+	checkPublished(t, dir, res, 1)
+}
+
+// TestFaultRankRestartedMidWindow: a rank's agent is killed mid-window and
+// started again at once. Its new agent has no record of the window, and its
+// trainer's batches are no sign of the window's life: the leader says so and
+// publishes the others' snapshots, rather than waiting for the rank until the
+// window's deadline.
+func TestFaultRankRestartedMidWindow(t *testing.T) {
+	dir := t.TempDir()
+	pc := startProcCluster(t, 3, []string{"--store", dir}, 2)
+	c := pc.client(3)
+	var killed atomic.Bool
+	res := ask(t, c, 3, 2*time.Minute, func(u coordinator.Update) {
+		if u.Rank == 2 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
+			go func() { pc.kill(2); pc.start(2) }()
+		}
+	})
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 1]" || !strings.Contains(res.Missing[2], "restarted") {
+		t.Fatalf("result %+v", res)
+	}
+	checkPublished(t, dir, res, 1)
+}
