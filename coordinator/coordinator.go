@@ -12,6 +12,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -377,6 +378,23 @@ func (c *Coordinator) Busy() bool {
 	n := len(c.inbox)
 	c.mu.Unlock()
 	return n > 0 || (l != nil && l.busy())
+}
+
+// Unfinished says what this member leaves undone were it stopped now, for the
+// agent's last words ("" when nothing): the leader's window in progress or being
+// published, or reports to the leader not yet sent.
+func (c *Coordinator) Unfinished() string {
+	c.mu.Lock()
+	l, w := c.lead, c.lastWindow
+	c.mu.Unlock()
+	var out []string
+	if l != nil && l.busy() {
+		out = append(out, fmt.Sprintf("this agent led, and its work on window %d (or a request it held) was not finished: the next leader, or this agent started again, finishes it from the run's log", w))
+	}
+	if !c.Settled() {
+		out = append(out, "reports to the leader not all sent (what was stored is in the run's log)")
+	}
+	return strings.Join(out, "; ")
 }
 
 // IsLeader reports whether this member leads.

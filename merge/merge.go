@@ -1,6 +1,7 @@
 package merge
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -385,7 +386,9 @@ func (c *Config) tempDir() (string, error) {
 	if d, ok := c.Out.(*store.Dir); ok && c.TempDir == "" {
 		tmp, err = d.TempDir()
 	} else {
-		tmp, err = os.MkdirTemp(c.TempDir, "memsnap-merge-")
+		// what a killed merge left behind goes first
+		store.SweepStale(cmp.Or(c.TempDir, os.TempDir()), "memsnap-merge-")
+		tmp, err = os.MkdirTemp(c.TempDir, store.OwnedPattern("memsnap-merge-"))
 	}
 	if err != nil {
 		return "", fmt.Errorf("merge: %w", err)

@@ -504,6 +504,15 @@ func TestLaunchOutcome(t *testing.T) {
 			t.Fatalf("outcome %+v (%v)", o, err)
 		}
 	})
+	t.Run("cluster work left at the drain's timeout", func(t *testing.T) {
+		a := newAgent(folder)
+		a.ArmNext(2, 4)
+		o, err := RunWithTrainer(a, Trainer{Command: trainer("6", "1"), Env: env, DrainTimeout: 200 * time.Millisecond,
+			Idle: func() bool { return false }, Unfinished: func() string { return "window 7 unpublished" }})
+		if err != nil || o.Code() != 1 || o.ExitCode != 0 || !strings.Contains(o.String(), "window 7 unpublished") {
+			t.Fatalf("outcome %+v (%v)", o, err)
+		}
+	})
 	t.Run("signal during drain", func(t *testing.T) {
 		a := newAgent(func(context.Context) (store.Store, error) {
 			return nil, fmt.Errorf("%w: never up", store.ErrUnreachable)

@@ -34,6 +34,10 @@ type Trainer struct {
 	// Idle, when set, must also hold before the wait for uploads ends (a leader
 	// still merging, say).
 	Idle func() bool
+	// Unfinished, when set, says what is left undone when the wait ends (a
+	// signal, the timeout) while Idle does not hold; it goes into the outcome's
+	// problems.
+	Unfinished func() string
 }
 
 // Outcome is how a launched training run ended for memsnap.
@@ -154,10 +158,17 @@ drain:
 		case <-tick.C:
 		}
 	}
+	var undone string
+	if t.Idle != nil && t.Unfinished != nil && !t.Idle() {
+		undone = t.Unfinished()
+	}
 	if err := stop(); err != nil {
 		return o, err
 	}
 	o.Stats = a.Stats()
+	if undone != "" {
+		o.Problems = append(o.Problems, undone)
+	}
 	s := o.Stats
 	if s.WindowsMissed > 0 {
 		o.Problems = append(o.Problems, fmt.Sprintf("%d window(s) missed", s.WindowsMissed))

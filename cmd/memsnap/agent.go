@@ -162,9 +162,11 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	runAll := a.Run
 	idle := func() bool { return true }
+	var unfinished func() string
 	if member != nil {
 		runAll = member.Run
 		idle = func() bool { return !member.Coord.Busy() && member.Coord.Settled() }
+		unfinished = member.Coord.Unfinished
 	}
 	if len(cmdArgs) == 0 {
 		return runAll(ctx)
@@ -174,7 +176,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	o, err := rankagent.RunWithTrainer(a, rankagent.Trainer{Command: cmdArgs, Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
-		Signals: sigs, DrainTimeout: *drain, Run: runAll, Idle: idle, OnExit: func(code int) {
+		Signals: sigs, DrainTimeout: *drain, Run: runAll, Idle: idle, Unfinished: unfinished, OnExit: func(code int) {
 			if !a.Idle() {
 				log.Info("the trainer exited; waiting for uploads (Ctrl-C stops the wait)", "status", code, "timeout", *drain)
 			}

@@ -113,7 +113,7 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, opts PutOptions)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return ObjectInfo{}, fsErr("", k, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(p), tmpPrefix+"*")
+	tmp, err := os.CreateTemp(filepath.Dir(p), OwnedPattern(tmpPrefix))
 	if err != nil {
 		return ObjectInfo{}, fsErr("", k, err)
 	}
@@ -205,9 +205,10 @@ func (d *Dir) PutFile(ctx context.Context, key, path string, opts PutOptions) (O
 }
 
 // TempDir returns a folder on the store's file system for files that PutFile will
-// move into place.
+// move into place. Those that killed processes left behind go first (SweepStale).
 func (d *Dir) TempDir() (string, error) {
-	return os.MkdirTemp(d.root, tmpPrefix+"dir-")
+	SweepStale(d.root, tmpPrefix+"dir-")
+	return os.MkdirTemp(d.root, OwnedPattern(tmpPrefix+"dir-"))
 }
 
 func (d *Dir) Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error) {
