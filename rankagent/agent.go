@@ -240,32 +240,34 @@ type Agent struct {
 	tmpl struct{ remote, file *naming.Template }
 	wg   sync.WaitGroup // every goroutine Run started, but the dispatcher
 
-	mu       sync.Mutex
-	conn     *trainerConn
-	batch    int64 // the trainer's current batch, -1 before it reports one
-	batchUS  int64 // when the trainer reported that batch (its clock)
-	stepUS   float64
-	win      *activeWindow // the window in progress, nil when none
-	lastID   uint64
-	device   gpu.Device
-	hookPID  int
-	uuid     string
-	samples  []merge.MemorySample
-	sampling context.CancelFunc
-	gpuNote  bool
-	started  bool
-	stopped  bool
-	ln       net.Listener
-	ctx      context.Context // Run's, for work started from callbacks
-	stats    Stats
-	working  int // snapshots being taken into the spool
-	offset   *clockOffset
-	conns    map[net.Conn]bool // every open trainer connection, attached or not
-	taking   map[string]bool   // snapshot files in incoming/ being taken into the spool
-	stopping *stopNote         // the trainer is being stopped, since when and why
-	launched bool              // the trainer is this agent's child (RunWithTrainer)
-	gone     bool              // and it has exited
-	torn     bool              // the launcher stopped a trainer that keeps no history
+	mu        sync.Mutex
+	conn      *trainerConn
+	batch     int64 // the trainer's current batch, -1 before it reports one
+	batchUS   int64 // when the trainer reported that batch (its clock)
+	stepUS    float64
+	win       *activeWindow // the window in progress, nil when none
+	lastID    uint64
+	device    gpu.Device
+	hookPID   int
+	uuid      string
+	samples   []merge.MemorySample
+	sampling  context.CancelFunc
+	gpuNote   bool
+	started   bool
+	stopped   bool
+	ln        net.Listener
+	ctx       context.Context // Run's, for work started from callbacks
+	stats     Stats
+	working   int // snapshots being taken into the spool
+	offset    *clockOffset
+	conns     map[net.Conn]bool       // every open trainer connection, attached or not
+	taking    map[string]bool         // snapshot files in incoming/ being taken into the spool
+	adoptSoon bool                    // adoptLater will take incoming/ in again
+	held      map[string]heldSnapshot // snapshots a full disk kept in incoming/, by file
+	stopping  *stopNote               // the trainer is being stopped, since when and why
+	launched  bool                    // the trainer is this agent's child (RunWithTrainer)
+	gone      bool                    // and it has exited
+	torn      bool                    // the launcher stopped a trainer that keeps no history
 }
 
 // stopNote is the trainer being stopped: how, when, and whether its snapshot of
@@ -524,7 +526,7 @@ func (a *Agent) Connected() bool {
 // that died before its agent stops).
 func (a *Agent) Idle() bool {
 	a.mu.Lock()
-	busy := a.win != nil || a.working > 0
+	busy := a.win != nil || a.working > 0 || a.adoptSoon
 	a.mu.Unlock()
 	return !busy && a.up.idle() && a.ev.idle()
 }

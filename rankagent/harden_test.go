@@ -589,3 +589,56 @@ func TestReplayEventsInsideBatches(t *testing.T) {
 		t.Fatalf("a span of one instant placed at %d", v)
 	}
 }
+
+// TestSpoolDiskFull: a snapshot the spool's full disk cannot take is kept whole in
+// incoming/ (never in failed/, which nothing uploads), the window hears why, and
+// the snapshot is taken and uploaded once there is room.
+func TestSpoolDiskFull(t *testing.T) {
+	var full atomic.Bool
+	full.Store(true)
+	jobWrite = func(p string, b []byte) error {
+		if full.Load() {
+			return &os.PathError{Op: "write", Path: p, Err: syscall.ENOSPC}
+		}
+		return writeFileSync(p, b)
+	}
+	t.Cleanup(func() { jobWrite = writeFileSync })
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var failed []string
+	cfg := DefaultConfig(testID(0))
+	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
+	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
+	cfg.OnWindow = func(e WindowEvent) {
+		if e.State == WindowFailed {
+			mu.Lock()
+			failed = append(failed, e.Reason)
+			mu.Unlock()
+		}
+	}
+	h := startAgent(t, cfg)
+	tr := dialTrainer(t, h.agent.Socket())
+	w, err := h.agent.ArmNext(3, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.next("window")
+	writeIncoming(t, tr.spool, "f.pickle", replaySnapshot(t), nil)
+	tr.send(&Message{Type: "snapshot", Window: w.ID, Reason: "window", File: "f.pickle", Batches: marks(t, 3, 6), Start: 3, Stop: 6})
+	testutil.Eventually(t, 20*time.Second, "the window told the disk is full", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(failed) == 1 && strings.Contains(failed[0], "disk is full")
+	})
+	if _, err := os.Stat(filepath.Join(tr.spool, "f.pickle")); err != nil {
+		t.Fatalf("the snapshot left incoming/: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(filepath.Dir(tr.spool), "failed")); len(ents) != 0 {
+		t.Fatalf("failed/ holds %d entries", len(ents))
+	}
+	full.Store(false)
+	r := waitUpload(t, h, 20*time.Second)
+	if r.Err != nil || r.Key != "run1/torch_memory_traces/rank0.6.memory_snapshot.pickle" {
+		t.Fatalf("upload once there is room: %+v", r)
+	}
+}

@@ -166,6 +166,9 @@ drain:
 		return o, err
 	}
 	o.Stats = a.Stats()
+	if n := len(a.sp.incomingSnapshots()); n > 0 {
+		o.Problems = append(o.Problems, fmt.Sprintf("%d snapshot(s) not taken into the spool (kept in %s/incoming, the spool's disk was full; an agent started with this spool takes them)", n, a.Spool()))
+	}
 	if undone != "" {
 		o.Problems = append(o.Problems, undone)
 	}

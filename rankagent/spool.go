@@ -179,24 +179,27 @@ func jobID(rank int, window uint64) string {
 }
 
 // addJob moves a finished snapshot from incoming/ into a new pending job.
+// jobWrite writes a job's files (a unit test makes it fail as a full disk does).
+var jobWrite = writeFileSync
+
 func (s *spool) addJob(src string, j job, meta, analysis []byte) (string, error) {
 	id := jobID(j.Rank, j.Window)
 	tmp := filepath.Join(s.root, "pending", ".tmp-"+id)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return "", err
 	}
-	if err := writeFileSync(filepath.Join(tmp, "meta.json"), meta); err != nil {
+	if err := jobWrite(filepath.Join(tmp, "meta.json"), meta); err != nil {
 		os.RemoveAll(tmp)
 		return "", err
 	}
 	if analysis != nil {
-		if err := writeFileSync(filepath.Join(tmp, "analysis.json"), analysis); err != nil {
+		if err := jobWrite(filepath.Join(tmp, "analysis.json"), analysis); err != nil {
 			os.RemoveAll(tmp)
 			return "", err
 		}
 	}
 	jb, _ := json.MarshalIndent(j, "", "  ")
-	if err := writeFileSync(filepath.Join(tmp, "job.json"), jb); err != nil {
+	if err := jobWrite(filepath.Join(tmp, "job.json"), jb); err != nil {
 		os.RemoveAll(tmp)
 		return "", err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/memsnap/memsnap/merge"
@@ -163,10 +164,55 @@ func (a *Agent) adopt(ctx context.Context) {
 		}
 		a.taking[name] = true
 		a.working++
+		if h, ok := a.held[name]; ok {
+			// one this agent took before, which a full disk kept out of the spool
+			delete(a.held, name)
+			a.mu.Unlock()
+			a.log.Info("taking a snapshot into the spool again", "file", name, "window", h.msg.Window)
+			a.takeSnapshot(h.msg, h.armed, h.samples, false)
+			continue
+		}
 		a.mu.Unlock()
 		a.log.Info("adopting a snapshot left in the spool", "file", name, "window", m.Window)
 		a.takeSnapshot(m, nil, nil, true)
 	}
+}
+
+// heldSnapshot is a snapshot a full disk kept in incoming/, with what the agent
+// knew of it when it first took it.
+type heldSnapshot struct {
+	msg     *Message
+	armed   *Window
+	samples []merge.MemorySample
+}
+
+// diskFull reports whether err is a file system out of space (or quota): it passes.
+func diskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// adoptLater takes incoming/'s snapshots into the spool again after RetryMax
+// (once: later calls meanwhile are one).
+func (a *Agent) adoptLater() {
+	a.mu.Lock()
+	ctx := a.ctx
+	if a.adoptSoon || ctx == nil {
+		a.mu.Unlock()
+		return
+	}
+	a.adoptSoon = true
+	a.mu.Unlock()
+	go func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(a.cfg.RetryMax):
+		}
+		a.mu.Lock()
+		a.adoptSoon = false
+		a.mu.Unlock()
+		a.adopt(ctx)
+	}()
 }
 
 // coverage checks that the batch marks are exactly the window's batches, in
@@ -337,6 +383,29 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			a.log.Error("the trainer's snapshot went away before it was spooled", "file", m.File, "err", err)
+			return
+		}
+		if diskFull(err) {
+			// a full disk passes: the snapshot stays where it is, whole, and is
+			// taken again once there is room (or by an agent started with this spool)
+			a.log.Error("the spool's disk is full: the snapshot stays in incoming/ and is taken into the spool again once there is room",
+				"file", m.File, "err", err, "retry_in", a.cfg.RetryMax)
+			if m.Reason == "window" {
+				a.mu.Lock()
+				a.stats.WindowsMissed++
+				a.mu.Unlock()
+				a.post(WindowEvent{Window: w, State: WindowFailed, Batch: batch,
+					Reason: "the spool's disk is full (the snapshot is kept in incoming/ and uploaded once there is room): " + err.Error(), Time: time.Now()})
+			}
+			held := *m
+			held.BatchesFile = false // its marks are in m.Batches now
+			a.mu.Lock()
+			if a.held == nil {
+				a.held = map[string]heldSnapshot{}
+			}
+			a.held[m.File] = heldSnapshot{msg: &held, armed: armed, samples: samples}
+			a.mu.Unlock()
+			a.adoptLater()
 			return
 		}
 		fail(err)
