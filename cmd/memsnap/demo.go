@@ -66,7 +66,16 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() {
+		// the spools go, unless they hold snapshots that were not uploaded (a
+		// full disk, a store that failed): those stay for an agent to upload
+		if n := unsent(tmp); n > 0 {
+			fmt.Fprintf(stderr, "memsnap demo: %d snapshot(s) were not uploaded; they stay in %s (an agent started with --spool %s uploads that rank's); remove the folder when done\n",
+				n, tmp, filepath.Join(tmp, "spoolR"))
+			return
+		}
+		os.RemoveAll(tmp)
+	}()
 	key := make([]byte, 32)
 	rand.Read(key)
 
@@ -154,4 +163,19 @@ func outputEnding(outputs []string, suffix string) string {
 		}
 	}
 	return ""
+}
+
+// unsent counts the snapshots the demo's spools (spool*/ under tmp) still hold:
+// waiting in incoming/ or pending/, or refused into failed/.
+func unsent(tmp string) int {
+	n := 0
+	for _, sub := range []string{"incoming/*.pickle", "pending/*", "failed/*"} {
+		ms, _ := filepath.Glob(filepath.Join(tmp, "spool*", sub))
+		for _, m := range ms {
+			if !strings.HasPrefix(filepath.Base(m), ".") {
+				n++
+			}
+		}
+	}
+	return n
 }

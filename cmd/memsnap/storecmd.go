@@ -395,7 +395,13 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	// manifests come last: a reader that finds one finds every output it names
+	// whole (an interrupted download leaves no manifest over missing files)
+	sort.SliceStable(items, func(i, j int) bool {
+		return !strings.HasSuffix(items[i].key, ".manifest.json") && strings.HasSuffix(items[j].key, ".manifest.json")
+	})
 	// refuse before downloading anything
+	var replaced []string // manifests whose copies the download replaces
 	for i, it := range items {
 		if it.sha == "" {
 			info, err := st.Stat(ctx, it.key)
@@ -404,8 +410,21 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			}
 			items[i].sha, it.sha = info.SHA256, info.SHA256
 		}
-		if _, err := store.CheckDestination(it.dest, it.sha, *overwrite); err != nil {
+		same, err := store.CheckDestination(it.dest, it.sha, *overwrite)
+		if err != nil {
 			return err
+		}
+		if !same && strings.HasSuffix(it.key, ".manifest.json") {
+			if _, err := os.Lstat(it.dest); err == nil {
+				replaced = append(replaced, it.dest)
+			}
+		}
+	}
+	// an old manifest goes before the files it named are replaced: never an old
+	// manifest over new outputs, were the download to stop half-way
+	for _, p := range replaced {
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("removing the manifest the download replaces: %w", err)
 		}
 	}
 	tty := !*quiet && isTerminal(stderr)

@@ -44,6 +44,13 @@ func TestLsAndGetPublishedMerge(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// a prefix: the manifest comes last, so an interrupted get never leaves one
+	// naming files that are not there
+	code, out, errOut = runCLI(t, append([]string{"get", "s3://" + bucket + "/run/", t.TempDir()}, creds...)...)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 7 || !strings.Contains(lines[6], "merged.manifest.json") {
+		t.Fatalf("get of a prefix: %d %q %q", code, out, errOut)
+	}
 	// again: nothing changes
 	code, _, errOut = runCLI(t, append([]string{"get", src, dest}, creds...)...)
 	if code != 0 || strings.Count(errOut, "up to date") != 7 {
