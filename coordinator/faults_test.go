@@ -1,7 +1,9 @@
 package coordinator
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/rankagent"
@@ -357,6 +360,44 @@ func TestSnapshotAsksPastAnUnreachableLeader(t *testing.T) {
 		t.Fatal("the client never said it could not reach the leader")
 	}
 	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[1 2]" {
+		t.Fatalf("result %+v", res)
+	}
+}
+
+// noOutcomeStore refuses to write a window's outcome into the run's log, as a
+// full store does.
+type noOutcomeStore struct{ store.Store }
+
+func (s noOutcomeStore) Put(ctx context.Context, key string, r io.Reader, opts store.PutOptions) (store.ObjectInfo, error) {
+	if strings.Contains(key, "/memsnap/outcomes/") {
+		return store.ObjectInfo{}, fmt.Errorf("%w: no space left on device", store.ErrAccess)
+	}
+	return s.Store.Put(ctx, key, r, opts)
+}
+
+// TestFailedOutcomeNotWritten: a window fails, and its outcome cannot be written
+// into the run's log; a later leader could then finish it from what the ranks
+// stored, so the member waiting is told both: that it failed, and that this may
+// not be how it ends.
+func TestFailedOutcomeNotWritten(t *testing.T) {
+	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5,
+		replay: func(rank int, rc *rankagent.ReplayConfig) { rc.HangInWindow = true }}
+	tc.startRank(0, 1, func(c *Config, a *rankagent.Config) {
+		open := c.OpenStore
+		c.OpenStore = func(ctx context.Context) (store.Store, error) {
+			st, err := open(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return noOutcomeStore{st}, nil
+		}
+	})
+	tc.holding()
+	res, err := tc.client().Snapshot(testutil.Context(t, 2*time.Minute), 3, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != pb.Outcome_OUTCOME_FAILED || !strings.Contains(res.Error, "could not be written into the run's log") {
 		t.Fatalf("result %+v", res)
 	}
 }

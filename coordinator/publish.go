@@ -293,13 +293,30 @@ func (l *leaderRun) conclude(ctx context.Context, w *win, res *pb.WindowResult, 
 	for r, why := range res.Missing {
 		o.Missing[strconv.Itoa(int(r))] = why
 	}
-	// the members waiting hear the truth first; the log is written after (a
-	// store that fails here leaves the window to a later sweep, which finds the
-	// manifest, or finishes it again)
-	if !quiet {
+	// The members waiting for a published window hear it first; the log is
+	// written after (a store that fails here leaves the window to a later sweep,
+	// which finds the manifest). A failed window's outcome is written first: were
+	// it not written, a later leader could finish the window again from what the
+	// ranks stored, and a member told "failed" would have been told wrong; it is
+	// then told that too.
+	published := res.State == pb.Outcome_OUTCOME_PUBLISHED
+	if !quiet && published {
 		l.tellResult(w.id, w.watchers, res)
 		w.watchers = nil
 	}
+	err := l.writeOutcome(ctx, w, o)
+	if !quiet && !published {
+		if err != nil {
+			res.Error = fmt.Sprintf("%s (this outcome could not be written into the run's log: %v; a later leader may still finish the window from what the ranks stored: memsnap ls shows how it ends)", res.Error, err)
+		}
+		l.tellResult(w.id, w.watchers, res)
+		w.watchers = nil
+	}
+}
+
+// writeOutcome writes o into the run's log, retrying a failing store for up to
+// 30 s (PublishTimeout when shorter).
+func (l *leaderRun) writeOutcome(ctx context.Context, w *win, o runlog.Outcome) error {
 	give := time.Now().Add(min(l.c.cfg.PublishTimeout, 30*time.Second))
 	wait := 500 * time.Millisecond
 	for {
@@ -308,14 +325,14 @@ func (l *leaderRun) conclude(ctx context.Context, w *win, res *pb.WindowResult, 
 			if got.Term != o.Term || got.State != o.State {
 				l.log.Info("the window's outcome was written by another leader", "window", w.id, "state", got.State, "leader", got.Leader)
 			}
-			return
+			return nil
 		}
 		if ctx.Err() != nil || !retryable(err) || time.Now().After(give) {
 			l.log.Warn("cannot write the window's outcome into the run's log; a later sweep does", "window", w.id, "err", err)
-			return
+			return err
 		}
 		if !backoff(ctx, &wait) {
-			return
+			return ctx.Err()
 		}
 	}
 }
