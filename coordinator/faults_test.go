@@ -401,3 +401,40 @@ func TestFailedOutcomeNotWritten(t *testing.T) {
 		t.Fatalf("result %+v", res)
 	}
 }
+
+// noDetailStore cannot write a window's merged pickle: the store is away for it.
+type noDetailStore struct{ store.Store }
+
+func (s noDetailStore) Put(ctx context.Context, key string, r io.Reader, opts store.PutOptions) (store.ObjectInfo, error) {
+	if strings.Contains(key, "/merged.") && (strings.HasSuffix(key, ".pickle") || strings.HasSuffix(key, ".pb")) {
+		return store.ObjectInfo{}, fmt.Errorf("%w: injected", store.ErrUnreachable)
+	}
+	return s.Store.Put(ctx, key, r, opts)
+}
+
+// TestDetailNeverWritten: the store fails for the whole PublishTimeout while the
+// merged pickle is written, after the answer was published. The member waiting
+// for everything hears what is true: the answer is published, the rest pending,
+// and why; not that the window failed.
+func TestDetailNeverWritten(t *testing.T) {
+	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5}
+	tc.startRank(0, 1, func(c *Config, a *rankagent.Config) {
+		c.PublishTimeout = 2 * time.Second
+		open := c.OpenStore
+		c.OpenStore = func(ctx context.Context) (store.Store, error) {
+			st, err := open(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return noDetailStore{st}, nil
+		}
+	})
+	tc.holding()
+	res, err := tc.client().Snapshot(testutil.Context(t, 2*time.Minute), 3, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED || !res.Pending || !strings.Contains(res.Error, "the answer is published") || res.Manifest == "" {
+		t.Fatalf("result %+v", res)
+	}
+}

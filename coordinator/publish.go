@@ -142,6 +142,12 @@ func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
 		if time.Now().After(give) {
 			res.Error = fmt.Sprintf("the store failed for %v while the window was published (%v); the window stays unfinished in the run's log, and the leader publishes it once the store is back", l.c.cfg.PublishTimeout, err)
 			res.Missing = missingOf(w)
+			if merr == nil {
+				// its answer is out: that is what the window published so far
+				res = resultFromManifest(key, m, l.st)
+				res.Window, res.Kind, res.Start, res.Stop, res.Pending = w.id, w.kind, w.start, w.stop, true
+				res.Error = fmt.Sprintf("the answer is published; the store failed for %v while the merged pickles and the timeline were written (%v): the leader writes them once the store is back", l.c.cfg.PublishTimeout, err)
+			}
 			log.Error("publication given up for now", "err", err)
 			l.mu.Lock()
 			l.sweepAt = time.Now().Add(l.c.cfg.SweepInterval)
