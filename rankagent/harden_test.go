@@ -394,6 +394,14 @@ func TestTransientErrorsRetryPerJob(t *testing.T) {
 		}
 		return store.OpenDir(dir, true)
 	}
+	told := map[uint64]string{} // each window hears why its snapshot waits
+	cfg.OnWindow = func(e WindowEvent) {
+		if e.State == WindowSpooled && e.Reason != "" {
+			mu.Lock()
+			told[e.Window.ID] = e.Reason
+			mu.Unlock()
+		}
+	}
 	h := startAgent(t, cfg)
 	for i := 0; i < 3; i++ {
 		if r := waitUpload(t, h, 30*time.Second); r.Err != nil {
@@ -403,6 +411,16 @@ func TestTransientErrorsRetryPerJob(t *testing.T) {
 	if s := h.agent.Stats(); s.Retries < 6 || s.UploadFailed != 0 {
 		t.Fatalf("stats %+v", s)
 	}
+	testutil.Eventually(t, 10*time.Second, "every window told why its upload waits", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for w := uint64(1); w <= 3; w++ {
+			if !strings.Contains(told[w], "retried") || !strings.Contains(told[w], "down for now") {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func TestNamesCheckedAtStart(t *testing.T) {

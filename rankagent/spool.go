@@ -285,6 +285,7 @@ type uploader struct {
 	maxWait  time.Duration
 	wake     chan struct{}
 	onResult func(UploadResult)
+	onRetry  func(UploadResult, error) // a job's first failed attempt, to be retried
 
 	mu    sync.Mutex
 	st    store.Store
@@ -447,6 +448,9 @@ func (u *uploader) drain(ctx context.Context) time.Time {
 		}
 		u.mu.Unlock()
 		u.log.Warn("upload failed; the snapshot stays in the spool and is retried", "job", id, "err", err, "attempt", r.attempts, "retry_in", wait.Round(time.Millisecond))
+		if r.attempts == 1 && u.onRetry != nil {
+			u.onRetry(res, err)
+		}
 	}
 	return next
 }

@@ -146,6 +146,15 @@ func (a *Agent) uploaded(r UploadResult) {
 	a.post(WindowEvent{Window: r.Window, State: st, Batch: a.Batch(), Reason: reason, Upload: &rr, Time: time.Now()})
 }
 
+// uploadRetried tells the window (and so its leader, and the members waiting)
+// why a rank's snapshot is still in its spool: the store refused it for now.
+func (a *Agent) uploadRetried(r UploadResult, err error) {
+	if r.Window.ID == 0 {
+		return
+	}
+	a.post(WindowEvent{Window: r.Window, State: WindowSpooled, Batch: a.Batch(), Reason: "the upload failed and is retried: " + err.Error(), Time: time.Now()})
+}
+
 // adopt takes into the spool every complete snapshot an earlier agent (or this
 // one, before a restart) left in incoming/.
 func (a *Agent) adopt(ctx context.Context) {
