@@ -438,3 +438,39 @@ func TestDetailNeverWritten(t *testing.T) {
 		t.Fatalf("result %+v", res)
 	}
 }
+
+// TestQueuedRequestIsTold: a request that arrives while another window is in
+// progress waits for it, and its member hears so at once (a window finished by a
+// new leader may wait for its deadline), not silence.
+func TestQueuedRequestIsTold(t *testing.T) {
+	tc := hangingCluster(t, 2, 1)
+	tc.holding()
+	c := tc.client()
+	planned := make(chan struct{})
+	var once sync.Once
+	go c.Snapshot(testutil.Context(t, time.Minute), 3, func(u Update) {
+		if u.State == pb.Step_STEP_PLANNED {
+			once.Do(func() { close(planned) })
+		}
+	}, nil)
+	select {
+	case <-planned:
+	case <-time.After(time.Minute):
+		t.Fatal("the first window was not planned")
+	}
+	told := make(chan string, 16)
+	ctx := testutil.Context(t, time.Minute)
+	go c.Snapshot(ctx, 3, func(u Update) {
+		if u.Rank < 0 && strings.HasPrefix(u.Reason, "waiting: ") {
+			told <- u.Reason
+		}
+	}, nil)
+	select {
+	case why := <-told:
+		if !strings.Contains(why, "window 1 is in progress") {
+			t.Fatalf("told %q", why)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the queued request heard nothing")
+	}
+}

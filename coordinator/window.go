@@ -873,7 +873,23 @@ func (l *leaderRun) onRequestDuring(w *win, env *pb.Envelope) bool {
 		return true
 	}
 	l.queue(env)
+	l.tellQueued(w, env)
 	return false
+}
+
+// tellQueued tells a member whose request waits for window w to end why it
+// hears nothing yet (a window being finished by a new leader may wait for its
+// deadline).
+func (l *leaderRun) tellQueued(w *win, req *pb.Envelope) {
+	if req.Seq == 0 {
+		return
+	}
+	r := l.c.envelope(0) // not about the request's window, which it has not yet
+	r.Seq = req.Seq
+	r.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_UNSPECIFIED, Rank: -1, Batch: -1,
+		Reason: fmt.Sprintf("waiting: window %d is in progress (the leader gives up on it at %s); this request is planned after it",
+			w.id, w.deadline.Format(time.TimeOnly))}}
+	l.c.post(req.Sender, req.ReplyAddr, r, true)
 }
 
 // checkAlive asks the outstanding ranks where they stand (with poll): a result

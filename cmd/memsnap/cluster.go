@@ -447,7 +447,10 @@ func (p *progressPrinter) update(u coordinator.Update) {
 		}
 		if !p.quiet {
 			line := fmt.Sprintf("window %d %s %s", p.window, coordinator.StepName(u.State), u.Reason)
-			if u.State == pb.Step_STEP_UNSPECIFIED {
+			switch {
+			case u.State == pb.Step_STEP_UNSPECIFIED && p.window == 0:
+				line = u.Reason // about the request, before it has a window
+			case u.State == pb.Step_STEP_UNSPECIFIED:
 				line = fmt.Sprintf("window %d: %s", p.window, u.Reason)
 			}
 			if !u.Deadline.IsZero() {
