@@ -150,7 +150,11 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 	// the claim names every output of both steps (the pickles by their plain
 	// name: parts are named in the second step's intent)
 	named := append([]output{{kind: OutPickle, key: keys[OutPickle]}, {kind: OutPB, key: keys[OutPB]}}, outs...)
-	cobj, err := storeClaim(ctx, cfg, keys, b.tmp, b.refs, sum, named)
+	cpath, csum, err := writeClaim(cfg, b.tmp, b.refs, sum, named)
+	if err != nil {
+		return nil, err
+	}
+	cobj, err := storeClaim(ctx, cfg, keys, cpath, csum)
 	if err != nil {
 		return nil, err
 	}

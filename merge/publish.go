@@ -267,13 +267,19 @@ func putOnce(ctx context.Context, cfg *Config, key, file, sum string, kind strin
 
 // publish stores the claim, then every output, then the manifest.
 func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, outs []output) (*Manifest, error) {
+	// the claim is written locally first: a disk too full for it fails the
+	// merge before an overwrite unpublishes anything
+	cpath, csum, err := writeClaim(cfg, tmp, refs, sum, outs)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Overwrite {
 		// unpublish first: a reader never sees a manifest over outputs being replaced
 		if err := cfg.Out.Delete(ctx, keys[OutManifest]); err != nil {
 			return nil, err
 		}
 	}
-	cobj, err := storeClaim(ctx, cfg, keys, tmp, refs, sum, outs)
+	cobj, err := storeClaim(ctx, cfg, keys, cpath, csum)
 	if err != nil {
 		return nil, err
 	}
@@ -384,8 +390,9 @@ func removeSuperseded(ctx context.Context, cfg *Config, plain, mine map[string]s
 	cfg.Logger.Info("removed what a superseded attempt stored", "attempt", prev.Attempt)
 }
 
-// storeClaim stores the claim: the inputs, the options and the outputs' names.
-func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, outs []output) (Object, error) {
+// writeClaim writes the claim (the inputs, the options and the outputs' names)
+// into tmp; it returns its path and SHA-256.
+func writeClaim(cfg *Config, tmp string, refs []InputRef, sum *Summary, outs []output) (string, string, error) {
 	claim := Claim{Version: 1, Inputs: refs, WorldSize: sum.WorldSize, Align: cfg.Align, Title: cfg.Title, Outputs: map[string]string{}, Window: cfg.Window,
 		Attempt: cfg.Attempt, MissingReasons: sum.MissingReasons}
 	for _, o := range outs {
@@ -401,9 +408,14 @@ func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, tmp st
 	cb = append(cb, '\n')
 	cpath := filepath.Join(tmp, OutInputs)
 	if err := os.WriteFile(cpath, cb, 0o644); err != nil {
-		return Object{}, fmt.Errorf("merge: %w", err)
+		return "", "", fmt.Errorf("merge: %w", err)
 	}
-	cobj, err := putOnce(ctx, cfg, keys[OutInputs], cpath, sha256Hex(cb), OutInputs)
+	return cpath, sha256Hex(cb), nil
+}
+
+// storeClaim stores the claim writeClaim wrote.
+func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, cpath, csum string) (Object, error) {
+	cobj, err := putOnce(ctx, cfg, keys[OutInputs], cpath, csum, OutInputs)
 	if errors.Is(err, store.ErrExists) {
 		return Object{}, fmt.Errorf("merge: %s in %s names other inputs or options: another merge claimed these names (pass overwrite to replace it): %w", keys[OutInputs], cfg.Out, err)
 	}
