@@ -78,12 +78,16 @@ func downsampleCurve(c Curve, n int) Curve {
 	if len(c) <= n || len(c) < 2 {
 		return c
 	}
+	// n-1 buckets, and the last point after them: never more than n points (an
+	// analysis's curve of n+1 points was refused by its reader, and its rank's
+	// snapshot decoded again by the leader)
+	buckets := uint64(max(n-1, 1))
 	t0 := c[0].T
 	span := uint64(c[len(c)-1].T-t0) + 1
-	out := make(Curve, 0, n+2)
+	out := make(Curve, 0, n+1)
 	cur := uint64(1 << 63)
 	for _, p := range c {
-		b := scaleDiv(uint64(p.T-t0), uint64(n), span)
+		b := scaleDiv(uint64(p.T-t0), buckets, span)
 		if b != cur || len(out) == 0 {
 			out = append(out, p)
 			cur = b
