@@ -215,6 +215,17 @@ func (s *spool) addJob(src string, j job, meta, analysis []byte) (string, error)
 	return id, nil
 }
 
+// writeReason writes why a job failed into its folder's error.txt, whole or not
+// at all (a full disk leaves no empty error.txt: the log said why).
+func writeReason(dir string, why error) {
+	tmp := filepath.Join(dir, ".error.txt")
+	if err := writeFileSync(tmp, []byte(why.Error()+"\n")); err != nil {
+		os.Remove(tmp)
+		return
+	}
+	os.Rename(tmp, filepath.Join(dir, "error.txt"))
+}
+
 // reject moves a snapshot from incoming/ that can never be uploaded (it does not
 // decode, say) into failed/ with the reason, so it is kept for a person to look at
 // and not adopted again.
@@ -228,7 +239,7 @@ func (s *spool) reject(src string, rank int, window uint64, reason error) (strin
 		return "", err
 	}
 	os.Rename(companion(src), filepath.Join(dir, "message.json"))
-	os.WriteFile(filepath.Join(dir, "error.txt"), []byte(reason.Error()+"\n"), 0o600)
+	writeReason(dir, reason)
 	return dir, nil
 }
 
@@ -575,7 +586,7 @@ func (u *uploader) fail(id string, err error, res UploadResult) {
 	if rerr := os.Rename(src, dst); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 		u.log.Error("could not move a failed job aside", "dir", src, "err", rerr)
 	}
-	os.WriteFile(filepath.Join(dst, "error.txt"), []byte(err.Error()+"\n"), 0o600)
+	writeReason(dst, err)
 	u.mu.Lock()
 	u.stats.failed++
 	delete(u.tries, id)
