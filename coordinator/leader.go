@@ -258,7 +258,7 @@ func (l *leaderRun) refuseWhileDown(ctx context.Context, cause error) {
 			l.queue(req) // a post-mortem is worth the wait: it is taken once the store answers
 			continue
 		}
-		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: req.WindowId, Error: "the leader cannot reach the store: " + cause.Error()}
+		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: req.WindowId, Error: "the leader cannot use the store: " + cause.Error()}
 		if req.WindowId != 0 {
 			res.State = pb.Outcome_OUTCOME_UNKNOWN
 		}
