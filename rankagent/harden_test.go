@@ -378,7 +378,7 @@ func TestTransientErrorsRetryPerJob(t *testing.T) {
 		src := filepath.Join(sp.incoming(), "x.pickle")
 		os.WriteFile(src, data, 0o600)
 		key := fmt.Sprintf("a/%d.pickle", i)
-		sp.addJob(src, job{Key: key, MetaKey: merge.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Window: uint64(i + 1)}, []byte("{}"), nil)
+		sp.addJob(src, job{Key: key, MetaKey: merge.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Window: uint64(i + 1), Reason: "window"}, []byte("{}"), nil)
 	}
 	dir := t.TempDir()
 	var calls int
@@ -613,9 +613,11 @@ func TestReplayEventsInsideBatches(t *testing.T) {
 // the snapshot is taken and uploaded once there is room.
 func TestSpoolDiskFull(t *testing.T) {
 	var full atomic.Bool
+	var tries atomic.Int32
 	full.Store(true)
 	jobWrite = func(p string, b []byte) error {
 		if full.Load() {
+			tries.Add(1)
 			return &os.PathError{Op: "write", Path: p, Err: syscall.ENOSPC}
 		}
 		return writeFileSync(p, b)
@@ -653,6 +655,14 @@ func TestSpoolDiskFull(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(filepath.Dir(tr.spool), "failed")); len(ents) != 0 {
 		t.Fatalf("failed/ holds %d entries", len(ents))
+	}
+	// the disk stays full for a few tries: the window is missed once, told once
+	testutil.Eventually(t, 20*time.Second, "three tries on the full disk", func() bool { return tries.Load() >= 3 })
+	mu.Lock()
+	told := len(failed)
+	mu.Unlock()
+	if s := h.agent.Stats(); s.WindowsMissed != 1 || told != 1 || h.agent.Idle() {
+		t.Fatalf("after %d tries: %d missed, told %d times, idle %v", tries.Load(), s.WindowsMissed, told, h.agent.Idle())
 	}
 	full.Store(false)
 	r := waitUpload(t, h, 20*time.Second)

@@ -149,8 +149,8 @@ func (a *Agent) uploaded(r UploadResult) {
 // uploadRetried tells the window (and so its leader, and the members waiting)
 // why a rank's snapshot is still in its spool: the store refused it for now.
 func (a *Agent) uploadRetried(r UploadResult, err error) {
-	if r.Window.ID == 0 {
-		return
+	if r.Window.ID == 0 || r.Reason != "window" {
+		return // (a crash's or post-mortem's snapshot: its window's state is not this)
 	}
 	a.post(WindowEvent{Window: r.Window, State: WindowSpooled, Batch: a.Batch(), Reason: "the upload failed and is retried: " + err.Error(), Time: time.Now()})
 }
@@ -178,7 +178,7 @@ func (a *Agent) adopt(ctx context.Context) {
 			delete(a.held, name)
 			a.mu.Unlock()
 			a.log.Info("taking a snapshot into the spool again", "file", name, "window", h.msg.Window)
-			a.takeSnapshot(h.msg, h.armed, h.samples, false)
+			a.take(h.msg, h.armed, h.samples, false, &h)
 			continue
 		}
 		a.mu.Unlock()
@@ -193,6 +193,7 @@ type heldSnapshot struct {
 	msg     *Message
 	armed   *Window
 	samples []merge.MemorySample
+	batch   int64 // the trainer's batch when it was first taken
 }
 
 // diskFull reports whether err is a file system out of space (or quota): it passes.
@@ -204,24 +205,27 @@ func diskFull(err error) bool {
 // (once: later calls meanwhile are one).
 func (a *Agent) adoptLater() {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	ctx := a.ctx
 	if a.adoptSoon || ctx == nil {
-		a.mu.Unlock()
 		return
 	}
-	a.adoptSoon = true
-	a.mu.Unlock()
-	go func() {
+	a.adoptSoon = a.goLocked(func() {
 		select {
 		case <-ctx.Done():
-			return
 		case <-time.After(a.cfg.RetryMax):
 		}
+		// working holds while adoptSoon clears and adopt runs: the agent is never
+		// idle in between, and a disk still full schedules the next try
 		a.mu.Lock()
 		a.adoptSoon = false
+		a.working++
 		a.mu.Unlock()
 		a.adopt(ctx)
-	}()
+		a.mu.Lock()
+		a.working--
+		a.mu.Unlock()
+	})
 }
 
 // coverage checks that the batch marks are exactly the window's batches, in
@@ -252,6 +256,13 @@ func coverage(w Window, marks []BatchMark) string {
 // otherwise the window is the one the hook names. A snapshot that does not cover
 // its whole window is kept under a ".partial" name, never the window's own.
 func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySample, adopted bool) {
+	a.take(m, armed, samples, adopted, nil)
+}
+
+// take is takeSnapshot; retake, when set, is the snapshot a full disk kept
+// in incoming/ before, taken again: named by the batch it was first taken at, its
+// OOM not told again, its window not missed twice.
+func (a *Agent) take(m *Message, armed *Window, samples []merge.MemorySample, adopted bool, retake *heldSnapshot) {
 	defer func() {
 		a.mu.Lock()
 		a.working--
@@ -275,12 +286,15 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 	a.mu.Lock()
 	batch := a.batch
 	a.mu.Unlock()
+	if retake != nil {
+		batch = retake.batch
+	}
 	var w Window
 	partial := ""
 	switch {
 	case m.Reason == "oom":
 		w = Window{Start: max(batch, 0), Stop: max(batch, 0) + 1}
-		if !adopted {
+		if !adopted && retake == nil {
 			a.post(WindowEvent{Window: Window{}, State: WindowOOM, Batch: batch, Time: time.Now()})
 		}
 	case m.Reason == "postmortem":
@@ -399,7 +413,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 			// taken again once there is room (or by an agent started with this spool)
 			a.log.Error("the spool's disk is full: the snapshot stays in incoming/ and is taken into the spool again once there is room",
 				"file", m.File, "err", err, "retry_in", a.cfg.RetryMax)
-			if m.Reason == "window" {
+			if m.Reason == "window" && retake == nil {
 				a.mu.Lock()
 				a.stats.WindowsMissed++
 				a.mu.Unlock()
@@ -412,7 +426,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySa
 			if a.held == nil {
 				a.held = map[string]heldSnapshot{}
 			}
-			a.held[m.File] = heldSnapshot{msg: &held, armed: armed, samples: samples}
+			a.held[m.File] = heldSnapshot{msg: &held, armed: armed, samples: samples, batch: batch}
 			a.mu.Unlock()
 			a.adoptLater()
 			return
