@@ -555,8 +555,8 @@ func (a *Agent) DeviceUUID() string {
 func (a *Agent) SpooledWindows() []uint64 {
 	var out []uint64
 	for _, id := range a.sp.pendingJobs() {
-		if len(out) == 64 {
-			break
+		if len(out) == maxSpooledWindows {
+			return out
 		}
 		b, err := os.ReadFile(filepath.Join(a.sp.root, "pending", id, "job.json"))
 		var j job
@@ -564,8 +564,30 @@ func (a *Agent) SpooledWindows() []uint64 {
 			out = append(out, j.Window)
 		}
 	}
+	// and those still in incoming/: being taken in (a restarted agent adopts
+	// them), or kept there by a full disk
+	a.mu.Lock()
+	held := map[string]uint64{}
+	for name, h := range a.held {
+		held[name] = h.msg.Window
+	}
+	a.mu.Unlock()
+	for _, name := range a.sp.incomingSnapshots() {
+		if len(out) == maxSpooledWindows {
+			break
+		}
+		if w := held[name]; w != 0 {
+			out = append(out, w)
+		} else if m := a.sp.incomingMessage(name); m != nil && m.Window != 0 {
+			out = append(out, m.Window)
+		}
+	}
 	return out
 }
+
+// maxSpooledWindows bounds the windows a status answer lists as spooled (its
+// readers refuse more).
+const maxSpooledWindows = 64
 
 // Spool returns the spool folder.
 func (a *Agent) Spool() string { return a.cfg.Spool }

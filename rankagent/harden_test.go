@@ -664,6 +664,11 @@ func TestSpoolDiskFull(t *testing.T) {
 	if s := h.agent.Stats(); s.WindowsMissed != 1 || told != 1 || h.agent.Idle() {
 		t.Fatalf("after %d tries: %d missed, told %d times, idle %v", tries.Load(), s.WindowsMissed, told, h.agent.Idle())
 	}
+	// its status says the window's snapshot waits on the rank (a leader does
+	// not take it for lost)
+	if sw := h.agent.SpooledWindows(); fmt.Sprint(sw) != fmt.Sprint([]uint64{w.ID}) {
+		t.Fatalf("spooled windows %v, want [%d]", sw, w.ID)
+	}
 	full.Store(false)
 	r := waitUpload(t, h, 20*time.Second)
 	if r.Err != nil || r.Key != "run1/torch_memory_traces/rank0.6.memory_snapshot.pickle" {
