@@ -310,10 +310,13 @@ func (l *leaderRun) conclude(ctx context.Context, w *win, res *pb.WindowResult, 
 		l.tellResult(w.id, w.watchers, res)
 		w.watchers = nil
 	}
-	err := l.writeOutcome(ctx, w, o)
+	got, err := l.writeOutcome(ctx, w, o)
 	if !quiet && !published {
-		if err != nil {
+		switch {
+		case err != nil:
 			res.Error = fmt.Sprintf("%s (this outcome could not be written into the run's log: %v; a later leader may still finish the window from what the ranks stored: memsnap ls shows how it ends)", res.Error, err)
+		case got.State == runlog.Published:
+			res = l.resultOfOutcome(ctx, &got) // another leader published it first: that is how it ended
 		}
 		l.tellResult(w.id, w.watchers, res)
 		w.watchers = nil
@@ -322,7 +325,8 @@ func (l *leaderRun) conclude(ctx context.Context, w *win, res *pb.WindowResult, 
 
 // writeOutcome writes o into the run's log, retrying a failing store for up to
 // 30 s (PublishTimeout when shorter).
-func (l *leaderRun) writeOutcome(ctx context.Context, w *win, o runlog.Outcome) error {
+// It returns the outcome the log holds: another leader's, when it wrote one first.
+func (l *leaderRun) writeOutcome(ctx context.Context, w *win, o runlog.Outcome) (runlog.Outcome, error) {
 	give := time.Now().Add(min(l.c.cfg.PublishTimeout, 30*time.Second))
 	wait := 500 * time.Millisecond
 	for {
@@ -331,14 +335,14 @@ func (l *leaderRun) writeOutcome(ctx context.Context, w *win, o runlog.Outcome) 
 			if got.Term != o.Term || got.State != o.State {
 				l.log.Info("the window's outcome was written by another leader", "window", w.id, "state", got.State, "leader", got.Leader)
 			}
-			return nil
+			return got, nil
 		}
 		if ctx.Err() != nil || !retryable(err) || time.Now().After(give) {
 			l.log.Warn("cannot write the window's outcome into the run's log; a later sweep does", "window", w.id, "err", err)
-			return err
+			return o, err
 		}
 		if !backoff(ctx, &wait) {
-			return ctx.Err()
+			return o, ctx.Err()
 		}
 	}
 }

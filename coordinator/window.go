@@ -911,6 +911,7 @@ func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
 		nodes = l.c.rankNodes()
 	}
 	now := time.Now()
+	lost := map[int]string{} // ranks to call missing, and why, unless the run's log has their report
 	for _, r := range out {
 		s := w.ranks[r]
 		if !poll && nodes[r] != nil {
@@ -933,10 +934,7 @@ func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
 				// it took the window, and its agent no longer knows it: the agent
 				// was restarted (its trainer's batches are no sign of this window's
 				// life). What it stored before is in the run's log.
-				if !l.reported(ctx, w, r) {
-					s.missing = "its agent was restarted and has no record of the window (no snapshot of it in the run's log or the rank's spool)"
-					l.tell(w, r, pb.Step_STEP_MISSING, st.st.Batch, s.missing)
-				}
+				lost[r] = "its agent was restarted and has no record of the window (no snapshot of it in the run's log or the rank's spool)"
 				continue
 			}
 			if st.st.Batch > s.batch || st.st.State != s.state {
@@ -944,60 +942,71 @@ func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
 			}
 		}
 		if now.Sub(s.lastSign) > l.c.cfg.CollectTimeout && !w.postmortem() { // a post-mortem has its own short deadline
-			if l.reported(ctx, w, r) {
-				continue // its result never reached this leader (it was not a member then, say)
-			}
-			s.missing = nonEmpty(s.gone, fmt.Sprintf("no sign of life for %v", l.c.cfg.CollectTimeout))
+			lost[r] = nonEmpty(s.gone, fmt.Sprintf("no sign of life for %v", l.c.cfg.CollectTimeout))
+		}
+	}
+	if len(lost) == 0 {
+		return
+	}
+	// a result that never reached this leader (the rank was not a member then,
+	// say) is in the run's log; a log that cannot be read now is read again at
+	// the next tick, and the window's deadline bounds the wait
+	ranks := make([]int, 0, len(lost))
+	for r := range lost {
+		ranks = append(ranks, r)
+	}
+	sort.Ints(ranks)
+	if !l.reportedAll(ctx, w, ranks) {
+		return
+	}
+	for _, r := range ranks {
+		if s := w.ranks[r]; s.result == nil {
+			s.missing = lost[r]
 			l.tell(w, r, pb.Step_STEP_MISSING, s.batch, s.missing)
 		}
 	}
 }
 
-// reported takes rank r's result from its report in the run's log, if it wrote
-// one: its result may never have reached this leader (a leader restarted under
-// its old name took a moment to find the cluster again, and refused the results
-// of ranks it did not yet see as members). It reports whether it did.
-func (l *leaderRun) reported(ctx context.Context, w *win, r int) bool {
-	if l.rl == nil {
-		return false
-	}
-	rep, err := l.rl.Report(ctx, w.id, r)
-	if err != nil {
-		if !errors.Is(err, store.ErrNotFound) {
-			l.log.Warn("cannot read a rank's report from the run's log", "window", w.id, "of_rank", r, "err", err)
-		}
-		return false
-	}
-	s := w.ranks[r]
-	s.result, s.missing = resultOfReport(rep), ""
-	l.tell(w, r, pb.Step_STEP_UPLOADED, s.batch, s.result.Partial)
-	return true
-}
-
-// reportedAll is reported for each of ranks, reading the run's log's reports of
-// window w once when there are many.
-func (l *leaderRun) reportedAll(ctx context.Context, w *win, ranks []int) {
+// reportedAll takes the results of ranks from their reports in the run's log,
+// where they wrote one: a result may never have reached this leader (a leader
+// restarted under its old name took a moment to find the cluster again, and
+// refused the results of ranks it did not yet see as members). A few ranks' reports
+// are read one by one, more by one listing. It reports false when the log could
+// not be read (the ranks are then not to be called missing yet).
+func (l *leaderRun) reportedAll(ctx context.Context, w *win, ranks []int) bool {
 	if l.rl == nil || len(ranks) == 0 {
-		return
+		return true
+	}
+	take := func(r int, rep *runlog.Report) {
+		s := w.ranks[r]
+		s.result, s.missing = resultOfReport(rep), ""
+		l.tell(w, r, pb.Step_STEP_UPLOADED, s.batch, s.result.Partial)
 	}
 	if len(ranks) <= 8 {
+		ok := true
 		for _, r := range ranks {
-			l.reported(ctx, w, r)
+			rep, err := l.rl.Report(ctx, w.id, r)
+			switch {
+			case err == nil:
+				take(r, rep)
+			case !errors.Is(err, store.ErrNotFound):
+				l.log.Warn("cannot read a rank's report from the run's log", "window", w.id, "of_rank", r, "err", err)
+				ok = false
+			}
 		}
-		return
+		return ok
 	}
 	reps, _, err := l.rl.Reports(ctx, w.id)
 	if err != nil {
 		l.log.Warn("cannot read the ranks' reports from the run's log", "window", w.id, "err", err)
-		return
+		return false
 	}
 	for _, r := range ranks {
 		if rep := reps[r]; rep != nil {
-			s := w.ranks[r]
-			s.result, s.missing = resultOfReport(rep), ""
-			l.tell(w, r, pb.Step_STEP_UPLOADED, s.batch, s.result.Partial)
+			take(r, rep)
 		}
 	}
+	return true
 }
 
 // tell logs a step of the window and passes it on to the members watching it

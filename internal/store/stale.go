@@ -19,6 +19,11 @@ import (
 // asked) must be before SweepStale removes it.
 const staleAfter = 24 * time.Hour
 
+// deadAfter is how old a temporary of this host whose process is gone must be
+// before SweepStale removes it: a process in another PID namespace (a container
+// with this host's name) is not seen, and may still be writing.
+const deadAfter = time.Hour
+
 // ownerTag is this process's part of its temporaries' names: host-pid-.
 func ownerTag() string {
 	h, _ := os.Hostname()
@@ -28,8 +33,8 @@ func ownerTag() string {
 		}
 		return '_'
 	}, h)
-	if len(h) > 32 {
-		h = h[:32]
+	if len(h) > 100 { // (host names are at most 64 bytes on Linux; never cut two apart)
+		h = h[:100]
 	}
 	if h == "" {
 		h = "host"
@@ -43,7 +48,7 @@ func OwnedPattern(prefix string) string { return prefix + ownerTag() + "*" }
 
 // SweepStale removes the temporaries named prefix in folder (not below it) that
 // a process no longer running left behind: those of this host whose process is
-// gone, and those of other hosts older than a day. It returns how many it removed
+// gone (an hour old at least), and those of other hosts older than a day. It returns how many it removed
 // and the bytes they held; a folder that cannot be read removes nothing.
 func SweepStale(folder, prefix string) (int, int64) {
 	es, err := os.ReadDir(folder)
@@ -70,11 +75,12 @@ func SweepStale(folder, prefix string) (int, int64) {
 		if err != nil {
 			continue
 		}
+		age := time.Since(info.ModTime())
 		if parts[0] == self {
-			if alive(pid) {
+			if alive(pid) || age < deadAfter {
 				continue
 			}
-		} else if time.Since(info.ModTime()) < staleAfter {
+		} else if age < staleAfter {
 			continue
 		}
 		p := filepath.Join(folder, name)

@@ -38,15 +38,17 @@ func TestSweepStale(t *testing.T) {
 		}
 		return p
 	}
+	deadTag := tmpPrefix + "dir-" + host + "-" + strconv.Itoa(dead.Process.Pid) + "-"
 	gone := []string{
-		mk(tmpPrefix+"dir-"+host+"-"+strconv.Itoa(dead.Process.Pid)+"-123", 0),
+		mk(deadTag+"123", 2*time.Hour),
 		mk(tmpPrefix+"dir-otherhost-77-456", 48*time.Hour),
 	}
 	kept := []string{
-		mk(tmpPrefix+"dir-"+host+"-"+strconv.Itoa(os.Getpid())+"-789", 0), // this process's: it writes there
-		mk(tmpPrefix+"dir-otherhost-77-111", time.Hour),                   // another host's, recent
-		mk(tmpPrefix+"dir-12345", 48*time.Hour),                           // a name of an older memsnap
-		mk("run/torch_memory_traces", 48*time.Hour),                       // objects
+		mk(deadTag+"124", time.Minute),                                              // its process may live in another PID namespace: not yet
+		mk(tmpPrefix+"dir-"+host+"-"+strconv.Itoa(os.Getpid())+"-789", 2*time.Hour), // this process's: it writes there
+		mk(tmpPrefix+"dir-otherhost-77-111", time.Hour),                             // another host's, recent
+		mk(tmpPrefix+"dir-12345", 48*time.Hour),                                     // a name of an older memsnap
+		mk("run/torch_memory_traces", 48*time.Hour),                                 // objects
 	}
 	tmp, err := d.TempDir()
 	if err != nil {
