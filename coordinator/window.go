@@ -949,16 +949,15 @@ func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
 		return
 	}
 	// a result that never reached this leader (the rank was not a member then,
-	// say) is in the run's log; a log that cannot be read now is read again at
-	// the next tick, and the window's deadline bounds the wait
+	// say) is in the run's log. A log that cannot be read (the store is away)
+	// does not keep a silent rank in: the window would wait for its deadline, and
+	// its publication waits for the store anyway
 	ranks := make([]int, 0, len(lost))
 	for r := range lost {
 		ranks = append(ranks, r)
 	}
 	sort.Ints(ranks)
-	if !l.reportedAll(ctx, w, ranks) {
-		return
-	}
+	l.reportedAll(ctx, w, ranks)
 	for _, r := range ranks {
 		if s := w.ranks[r]; s.result == nil {
 			s.missing = lost[r]
@@ -972,7 +971,7 @@ func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
 // restarted under its old name took a moment to find the cluster again, and
 // refused the results of ranks it did not yet see as members). A few ranks' reports
 // are read one by one, more by one listing. It reports false when the log could
-// not be read (the ranks are then not to be called missing yet).
+// not be read.
 func (l *leaderRun) reportedAll(ctx context.Context, w *win, ranks []int) bool {
 	if l.rl == nil || len(ranks) == 0 {
 		return true
