@@ -364,15 +364,23 @@ func TestSnapshotAsksPastAnUnreachableLeader(t *testing.T) {
 	}
 }
 
-// noOutcomeStore refuses to write a window's outcome into the run's log, as a
-// full store does.
-type noOutcomeStore struct{ store.Store }
+// refusingStore fails the writes refuse names (an error), as a full or absent
+// store does for them.
+type refusingStore struct {
+	store.Store
+	refuse func(key string) error
+}
 
-func (s noOutcomeStore) Put(ctx context.Context, key string, r io.Reader, opts store.PutOptions) (store.ObjectInfo, error) {
-	if strings.Contains(key, "/memsnap/outcomes/") {
-		return store.ObjectInfo{}, fmt.Errorf("%w: no space left on device", store.ErrAccess)
+func (s refusingStore) Put(ctx context.Context, key string, r io.Reader, opts store.PutOptions) (store.ObjectInfo, error) {
+	if err := s.refuse(key); err != nil {
+		return store.ObjectInfo{}, err
 	}
 	return s.Store.Put(ctx, key, r, opts)
+}
+
+// refuseWrites makes every store the member opens a refusingStore.
+func refuseWrites(c *Config, refuse func(key string) error) {
+	wrapStores(c, func(st store.Store) store.Store { return refusingStore{st, refuse} })
 }
 
 // TestFailedOutcomeNotWritten: a window fails, and its outcome cannot be written
@@ -383,14 +391,13 @@ func TestFailedOutcomeNotWritten(t *testing.T) {
 	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5,
 		replay: func(rank int, rc *rankagent.ReplayConfig) { rc.HangInWindow = true }}
 	tc.startRank(0, 1, func(c *Config, a *rankagent.Config) {
-		open := c.OpenStore
-		c.OpenStore = func(ctx context.Context) (store.Store, error) {
-			st, err := open(ctx)
-			if err != nil {
-				return nil, err
+		// the window's outcome, as a full store does
+		refuseWrites(c, func(key string) error {
+			if strings.Contains(key, "/memsnap/outcomes/") {
+				return fmt.Errorf("%w: no space left on device", store.ErrAccess)
 			}
-			return noOutcomeStore{st}, nil
-		}
+			return nil
+		})
 	})
 	tc.holding()
 	res, err := tc.client().Snapshot(testutil.Context(t, 2*time.Minute), 3, nil, nil)
@@ -402,16 +409,6 @@ func TestFailedOutcomeNotWritten(t *testing.T) {
 	}
 }
 
-// noDetailStore cannot write a window's merged pickle: the store is away for it.
-type noDetailStore struct{ store.Store }
-
-func (s noDetailStore) Put(ctx context.Context, key string, r io.Reader, opts store.PutOptions) (store.ObjectInfo, error) {
-	if strings.Contains(key, "/merged.") && (strings.HasSuffix(key, ".pickle") || strings.HasSuffix(key, ".pb")) {
-		return store.ObjectInfo{}, fmt.Errorf("%w: injected", store.ErrUnreachable)
-	}
-	return s.Store.Put(ctx, key, r, opts)
-}
-
 // TestDetailNeverWritten: the store fails for the whole PublishTimeout while the
 // merged pickle is written, after the answer was published. The member waiting
 // for everything hears what is true: the answer is published, the rest pending,
@@ -420,14 +417,13 @@ func TestDetailNeverWritten(t *testing.T) {
 	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5}
 	tc.startRank(0, 1, func(c *Config, a *rankagent.Config) {
 		c.PublishTimeout = 2 * time.Second
-		open := c.OpenStore
-		c.OpenStore = func(ctx context.Context) (store.Store, error) {
-			st, err := open(ctx)
-			if err != nil {
-				return nil, err
+		// the merged pickles: the store is away for them
+		refuseWrites(c, func(key string) error {
+			if strings.Contains(key, "/merged.") && (strings.HasSuffix(key, ".pickle") || strings.HasSuffix(key, ".pb")) {
+				return fmt.Errorf("%w: injected", store.ErrUnreachable)
 			}
-			return noDetailStore{st}, nil
-		}
+			return nil
+		})
 	})
 	tc.holding()
 	res, err := tc.client().Snapshot(testutil.Context(t, 2*time.Minute), 3, nil, nil)

@@ -62,13 +62,18 @@ func (s *tripStore) Put(ctx context.Context, key string, r io.Reader, opts store
 
 // wrap makes every store the member opens a tripStore of this trip.
 func (tr *trip) wrap(c *Config) {
+	wrapStores(c, func(st store.Store) store.Store { return &tripStore{Store: st, trip: tr} })
+}
+
+// wrapStores makes every store the member opens the one wrap makes of it.
+func wrapStores(c *Config, wrap func(store.Store) store.Store) {
 	open := c.OpenStore
 	c.OpenStore = func(ctx context.Context) (store.Store, error) {
 		st, err := open(ctx)
 		if err != nil {
 			return nil, err
 		}
-		return &tripStore{Store: st, trip: tr}, nil
+		return wrap(st), nil
 	}
 }
 
