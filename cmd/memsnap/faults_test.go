@@ -147,6 +147,17 @@ func (pc *procCluster) start(r int) {
 	pc.mu.Unlock()
 }
 
+// whenRecording is a window's progress callback that runs f (once, on a
+// goroutine of its own) when rank says it records the window.
+func whenRecording(rank int, f func()) func(coordinator.Update) {
+	var done atomic.Bool
+	return func(u coordinator.Update) {
+		if u.Rank == rank && u.State == pb.Step_STEP_RECORDING && done.CompareAndSwap(false, true) {
+			go f()
+		}
+	}
+}
+
 func encodeKey(k []byte) string { return base64.StdEncoding.EncodeToString(k) }
 
 // kill sends SIGKILL to agent i and its trainer, and waits for the agent.
@@ -237,12 +248,7 @@ func TestFaultNonLeaderKilled(t *testing.T) {
 	dir := t.TempDir()
 	pc := startProcCluster(t, 3, []string{"--store", dir}, 2)
 	c := pc.client(3)
-	var killed atomic.Bool
-	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u coordinator.Update) {
-		if u.Rank == 2 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
-			go pc.kill(2)
-		}
-	}, nil)
+	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, whenRecording(2, func() { pc.kill(2) }), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,12 +265,7 @@ func TestFaultLeaderKilled(t *testing.T) {
 	dir := t.TempDir()
 	pc := startProcCluster(t, 3, []string{"--store", dir}, 0)
 	c := pc.client(3)
-	var killed atomic.Bool
-	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, func(u coordinator.Update) {
-		if u.Rank == 0 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
-			go pc.kill(0)
-		}
-	}, nil)
+	res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 3, whenRecording(0, func() { pc.kill(0) }), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -508,12 +508,7 @@ func TestFaultLeaderRestartedAtOnce(t *testing.T) {
 	dir := t.TempDir()
 	pc := startProcCluster(t, 3, []string{"--store", dir}, 0)
 	c := pc.client(3)
-	var killed atomic.Bool
-	res := ask(t, c, 3, 2*time.Minute, func(u coordinator.Update) {
-		if u.Rank == 0 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
-			go func() { pc.kill(0); pc.start(0) }()
-		}
-	})
+	res := ask(t, c, 3, 2*time.Minute, whenRecording(0, func() { pc.kill(0); pc.start(0) }))
 	if res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[1 2]" || res.Missing[0] == "" {
 		t.Fatalf("result %+v", res)
 	}
@@ -531,16 +526,11 @@ func TestFaultRankRestartedMidWindow(t *testing.T) {
 	dir := t.TempDir()
 	pc := startProcCluster(t, 3, []string{"--store", dir}, 2)
 	c := pc.client(3)
-	var killed atomic.Bool
-	res := ask(t, c, 3, 2*time.Minute, func(u coordinator.Update) {
-		if u.Rank == 2 && u.State == pb.Step_STEP_RECORDING && killed.CompareAndSwap(false, true) {
-			go func() {
-				pc.kill(2)
-				pc.o.hang = nil // the restarted trainer records what it is given
-				pc.start(2)
-			}()
-		}
-	})
+	res := ask(t, c, 3, 2*time.Minute, whenRecording(2, func() {
+		pc.kill(2)
+		pc.o.hang = nil // the restarted trainer records what it is given
+		pc.start(2)
+	}))
 	lost := fmt.Sprint(res.Ranks) == "[0 1]" && strings.Contains(res.Missing[2], "restarted")
 	rearmed := fmt.Sprint(res.Ranks) == "[0 1 2]"
 	if res.State != pb.Outcome_OUTCOME_PUBLISHED || !lost && !rearmed {
