@@ -105,7 +105,7 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, opts PutOptions)
 	if err != nil {
 		return ObjectInfo{}, err
 	}
-	if !opts.Overwrite {
+	if !opts.Overwrite && opts.IfMatch == "" {
 		if _, err := os.Lstat(p); err == nil {
 			return ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrExists, k, d.root)
 		}
@@ -136,23 +136,52 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, opts PutOptions)
 	if opts.SHA256 != "" && !strings.EqualFold(opts.SHA256, sum) {
 		return ObjectInfo{}, fmt.Errorf("%w: %s: got %s, want %s", ErrChecksum, k, sum, opts.SHA256)
 	}
-	if opts.Overwrite {
-		err = os.Rename(tmp.Name(), p)
-	} else {
-		err = os.Link(tmp.Name(), p)
-		if errors.Is(err, fs.ErrExist) {
-			return ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrExists, k, d.root)
+	st, err := d.place(k, tmp.Name(), p, opts, false)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	return ObjectInfo{Key: k, Size: n, SHA256: sum, ModTime: st.ModTime(), ETag: fileTag(st)}, nil
+}
+
+// place puts the finished file src at p: renamed over it (Overwrite), renamed
+// over it while it is still the version opts.IfMatch names, or linked where
+// nothing is (removing src when moved is set). It returns the placed file's info.
+func (d *Dir) place(k, src, p string, opts PutOptions, moved bool) (os.FileInfo, error) {
+	var err error
+	switch {
+	case opts.IfMatch != "":
+		unlock, lerr := lockFolder(d.root)
+		if lerr != nil {
+			return nil, fsErr("locking for", k, lerr)
+		}
+		defer unlock()
+		cur, serr := os.Stat(p)
+		if serr != nil || fileTag(cur) != opts.IfMatch {
+			return nil, fmt.Errorf("%w: %s in %s", ErrChanged, k, d.root)
+		}
+		err = os.Rename(src, p)
+	case opts.Overwrite:
+		err = os.Rename(src, p)
+	default:
+		if err = os.Link(src, p); errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("%w: %s in %s", ErrExists, k, d.root)
+		}
+		if err == nil && moved {
+			os.Remove(src)
 		}
 	}
 	if err != nil {
-		return ObjectInfo{}, fsErr("placing", k, err)
+		return nil, fsErr("placing", k, err)
 	}
 	st, err := os.Stat(p)
 	if err != nil {
-		return ObjectInfo{}, fsErr("", k, err)
+		return nil, fsErr("", k, err)
 	}
-	return ObjectInfo{Key: k, Size: n, SHA256: sum, ModTime: st.ModTime()}, nil
+	return st, nil
 }
+
+// lockPath is the folder store's lock file (List passes it by).
+func lockPath(root string) string { return filepath.Join(root, tmpPrefix+"lock") }
 
 // PutFile moves a finished local file into place under key (a link, or a rename
 // with Overwrite) instead of copying it; the file must be on the store's file
@@ -184,24 +213,11 @@ func (d *Dir) PutFile(ctx context.Context, key, path string, opts PutOptions) (O
 	if err := os.Chmod(path, 0o644); err != nil {
 		return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
 	}
-	if opts.Overwrite {
-		err = os.Rename(path, p)
-	} else {
-		if err = os.Link(path, p); errors.Is(err, fs.ErrExist) {
-			return ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrExists, k, d.root)
-		}
-		if err == nil {
-			os.Remove(path)
-		}
-	}
+	st, err := d.place(k, path, p, opts, true)
 	if err != nil {
-		return ObjectInfo{}, fsErr("placing", k, err)
+		return ObjectInfo{}, err
 	}
-	st, err := os.Stat(p)
-	if err != nil {
-		return ObjectInfo{}, fsErr("", k, err)
-	}
-	return ObjectInfo{Key: k, Size: st.Size(), SHA256: opts.SHA256, ModTime: st.ModTime()}, nil
+	return ObjectInfo{Key: k, Size: st.Size(), SHA256: opts.SHA256, ModTime: st.ModTime(), ETag: fileTag(st)}, nil
 }
 
 // TempDir returns a folder on the store's file system for files that PutFile will
@@ -228,7 +244,7 @@ func (d *Dir) Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, e
 		f.Close()
 		return nil, ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrNotFound, k, d.root)
 	}
-	return f, ObjectInfo{Key: k, Size: st.Size(), ModTime: st.ModTime()}, nil
+	return f, ObjectInfo{Key: k, Size: st.Size(), ModTime: st.ModTime(), ETag: fileTag(st)}, nil
 }
 
 // Stat hashes the file to report its checksum.

@@ -203,7 +203,7 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, er
 }
 
 func (s *S3) info(k string, st minio.ObjectInfo) ObjectInfo {
-	oi := ObjectInfo{Key: k, Size: st.Size, ModTime: st.LastModified}
+	oi := ObjectInfo{Key: k, Size: st.Size, ModTime: st.LastModified, ETag: st.ETag}
 	for mk, v := range st.UserMetadata {
 		if strings.EqualFold(mk, shaMeta) || strings.EqualFold(mk, "X-Amz-Meta-"+shaMeta) {
 			oi.SHA256 = v

@@ -41,6 +41,9 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, opts PutOptions) 
 	if opts.Size > s.maxObjectSize() {
 		return ObjectInfo{}, fmt.Errorf("%w: %s: %d bytes, more than the %d one object may hold", ErrTooLarge, k, opts.Size, s.maxObjectSize())
 	}
+	if opts.IfMatch != "" {
+		opts.Overwrite = true
+	}
 	if !opts.Overwrite {
 		// Refusing early spares sending the body; the conditional request below is
 		// what holds against concurrent writers.
@@ -64,6 +67,16 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, opts PutOptions) 
 	src := io.TeeReader(b.r, h) // not a Seeker: minio-go sends it once, as it reads it
 	var info minio.UploadInfo
 	switch {
+	case opts.IfMatch != "":
+		if b.size > s.singlePutMax {
+			return ObjectInfo{}, fmt.Errorf("%w: %s: a conditional replace of %d bytes (one PUT holds at most %d)", ErrTooLarge, k, b.size, s.singlePutMax)
+		}
+		po.DisableMultipart = true
+		po.SetMatchETag(opts.IfMatch)
+		info, err = s.client.PutObject(ctx, s.bucket, full, src, b.size, po)
+		if r := minio.ToErrorResponse(err); err != nil && (r.Code == "PreconditionFailed" || r.Code == "NoSuchKey" || r.StatusCode == 404) {
+			return ObjectInfo{}, fmt.Errorf("%w: %s in %s", ErrChanged, k, s)
+		}
 	case opts.Overwrite:
 		po.PartSize = s.partSize
 		info, err = s.client.PutObject(ctx, s.bucket, full, src, b.size, po)
@@ -81,7 +94,7 @@ func (s *S3) Put(ctx context.Context, key string, r io.Reader, opts PutOptions) 
 		_ = s.client.RemoveObject(context.WithoutCancel(ctx), s.bucket, full, minio.RemoveObjectOptions{})
 		return ObjectInfo{}, fmt.Errorf("%w: %s: sent %s, want %s", ErrChecksum, k, sent, b.sum)
 	}
-	return ObjectInfo{Key: k, Size: b.size, SHA256: b.sum, ModTime: info.LastModified}, nil
+	return ObjectInfo{Key: k, Size: b.size, SHA256: b.sum, ModTime: info.LastModified, ETag: info.ETag}, nil
 }
 
 // absent returns ErrExists when the object exists, nil when it does not.

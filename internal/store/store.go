@@ -39,6 +39,9 @@ var (
 	ErrChecksum = errors.New("store: checksum mismatch")
 	// ErrTooLarge: the object is larger than the store can hold in one object.
 	ErrTooLarge = errors.New("store: object too large")
+	// ErrChanged: a Put with IfMatch found the object changed since its version
+	// was read, or gone.
+	ErrChanged = errors.New("store: object changed since it was read")
 	// ErrBadURL: the store URL or the S3 endpoint is malformed, found before any
 	// request: an unsupported scheme (ftp://, gs://…), s3:// with no bucket or a
 	// bucket name S3 refuses, credentials written into the store URL, a missing or
@@ -49,7 +52,8 @@ var (
 // Permanent reports whether err is one that retrying the same operation cannot
 // fix, so that a queue of uploads can put the job aside at once rather than retry
 // it: the object exists (ErrExists), the content does not match the checksum given
-// (ErrChecksum), the key is refused (naming.ErrBadKey, which a folder store also
+// (ErrChecksum), it changed since the version a conditional Put names was read
+// (ErrChanged), the key is refused (naming.ErrBadKey, which a folder store also
 // returns for a name its file system cannot hold), the object is too large
 // (ErrTooLarge), the credentials were refused (ErrAccess: the same request signed
 // with the same credentials is refused again), or the store URL or endpoint is
@@ -69,7 +73,7 @@ func Permanent(err error) bool {
 			return false
 		}
 	}
-	for _, permanent := range []error{ErrExists, ErrChecksum, ErrTooLarge, naming.ErrBadKey, ErrAccess, ErrBadURL} {
+	for _, permanent := range []error{ErrExists, ErrChanged, ErrChecksum, ErrTooLarge, naming.ErrBadKey, ErrAccess, ErrBadURL} {
 		if errors.Is(err, permanent) {
 			return true
 		}
@@ -83,6 +87,10 @@ type ObjectInfo struct {
 	Size    int64     // bytes
 	SHA256  string    // hex SHA-256 of the content, where known ("" otherwise)
 	ModTime time.Time // when it was written
+	// ETag is the object's version: S3's entity tag, a folder store's file identity
+	// (inode, size, modification time). A Put whose IfMatch names it replaces the
+	// object only while it is still that version. "" where not known (List).
+	ETag string
 }
 
 // PutOptions tune one Put.
@@ -100,6 +108,11 @@ type PutOptions struct {
 	SHA256 string
 	// ContentType is stored with the object on S3 ("application/octet-stream" when empty).
 	ContentType string
+	// IfMatch, when set, replaces the object only if it exists and is still the
+	// version of that ETag (Get or Stat gave it); otherwise the Put fails with
+	// ErrChanged and stores nothing. Of concurrent Puts naming one version, at
+	// most one succeeds. It implies Overwrite; on S3 the body must fit one PUT.
+	IfMatch string
 }
 
 // Store is an object store rooted at a prefix. Keys are relative to that prefix and

@@ -103,6 +103,59 @@ func TestStores(t *testing.T) {
 					t.Fatalf("overwrite did not replace: %q", got)
 				}
 			})
+			t.Run("if-match", func(t *testing.T) {
+				first, err := s.Put(ctx, "cm/a", strings.NewReader("one"), PutOptions{})
+				if err != nil || first.ETag == "" {
+					t.Fatalf("put: %+v %v", first, err)
+				}
+				rc, got, err := s.Get(ctx, "cm/a")
+				if err != nil {
+					t.Fatal(err)
+				}
+				rc.Close()
+				if st, err := s.Stat(ctx, "cm/a"); err != nil || st.ETag != first.ETag || got.ETag != first.ETag {
+					t.Fatalf("versions: put %q, get %q, stat %+v %v", first.ETag, got.ETag, st, err)
+				}
+				second, err := s.Put(ctx, "cm/a", strings.NewReader("two"), PutOptions{IfMatch: first.ETag})
+				if err != nil || second.ETag == "" || second.ETag == first.ETag {
+					t.Fatalf("replace of the version read: %+v %v", second, err)
+				}
+				if _, err := s.Put(ctx, "cm/a", strings.NewReader("three"), PutOptions{IfMatch: first.ETag}); !errors.Is(err, ErrChanged) || !Permanent(err) {
+					t.Fatalf("replace of an old version: want ErrChanged, got %v", err)
+				}
+				if b, _ := ReadAll(ctx, s, "cm/a"); string(b) != "two" {
+					t.Fatalf("a refused replace changed the object: %q", b)
+				}
+				if _, err := s.Put(ctx, "cm/missing", strings.NewReader("x"), PutOptions{IfMatch: first.ETag}); !errors.Is(err, ErrChanged) {
+					t.Fatalf("replace of a missing object: want ErrChanged, got %v", err)
+				}
+				if _, err := s.Stat(ctx, "cm/missing"); !errors.Is(err, ErrNotFound) {
+					t.Fatalf("a refused replace left an object: %v", err)
+				}
+				// of writers racing to replace one version, one wins
+				var wg sync.WaitGroup
+				var mu sync.Mutex
+				won := 0
+				for i := 0; i < 8; i++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						_, err := s.Put(ctx, "cm/a", strings.NewReader(fmt.Sprintf("writer %d", i)), PutOptions{IfMatch: second.ETag})
+						switch {
+						case err == nil:
+							mu.Lock()
+							won++
+							mu.Unlock()
+						case !errors.Is(err, ErrChanged):
+							t.Errorf("writer %d: %v", i, err)
+						}
+					}()
+				}
+				wg.Wait()
+				if won != 1 {
+					t.Fatalf("%d of 8 writers replaced one version", won)
+				}
+			})
 			t.Run("multipart-streaming", func(t *testing.T) {
 				// a plain reader (not seekable, size unknown) streams in parts
 				info, err := s.Put(ctx, "big/obj", io.MultiReader(bytes.NewReader(big)), PutOptions{})

@@ -1,0 +1,37 @@
+//go:build unix
+
+package store
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// fileTag is a folder store's version of a file: its inode, size and
+// modification time. A Put replaces a file by renaming a new one over it, so
+// every replacement has a new inode.
+func fileTag(fi os.FileInfo) string {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return fmt.Sprintf("%x-%x-%x", st.Ino, fi.Size(), fi.ModTime().UnixNano())
+	}
+	return fmt.Sprintf("%x-%x", fi.Size(), fi.ModTime().UnixNano())
+}
+
+// lockFolder holds an exclusive lock on the folder store's lock file until
+// unlock is called: the conditional replaces of every process on this host
+// take it in turn.
+func lockFolder(root string) (unlock func(), err error) {
+	f, err := os.OpenFile(lockPath(root), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
