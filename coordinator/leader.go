@@ -477,7 +477,7 @@ func (l *leaderRun) sweep(ctx context.Context) {
 	l.mu.Lock()
 	l.sweepAt = time.Now().Add(l.c.cfg.SweepInterval)
 	l.mu.Unlock()
-	plans, err := l.rl.Unfinished(ctx)
+	plans, err := l.rl.Unfinished(ctx, l.term)
 	if err != nil {
 		if ctx.Err() == nil {
 			l.log.Warn("cannot read the run's log for unfinished windows; trying again later", "err", err)

@@ -211,7 +211,7 @@ func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
 		return extraFiles(t, folder) == nil
 	})
 	checkOnePublication(t, folder)
-	if un, err := rl.Unfinished(context.Background()); err != nil || len(un) != 0 {
+	if un, err := rl.Unfinished(context.Background(), runlog.MaxID); err != nil || len(un) != 0 {
 		t.Fatalf("unfinished windows in the run's log: %v %v", un, err)
 	}
 	// and the cluster records the next window, under a newer id (a restarted

@@ -48,23 +48,30 @@ func ListPublished(ctx context.Context, st store.Store, prefix string) ([]Publis
 
 // ReadManifest reads and parses one manifest.
 func ReadManifest(ctx context.Context, st store.Store, key string) (*Manifest, error) {
-	rc, _, err := st.Get(ctx, key)
+	m, _, err := ReadManifestVersion(ctx, st, key)
+	return m, err
+}
+
+// ReadManifestVersion reads and parses one manifest, with the version (ETag) of
+// what it read, for a conditional replace.
+func ReadManifestVersion(ctx context.Context, st store.Store, key string) (*Manifest, string, error) {
+	rc, info, err := st.Get(ctx, key)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer rc.Close()
 	b, err := io.ReadAll(io.LimitReader(rc, maxManifest+1))
 	if err != nil {
-		return nil, fmt.Errorf("merge: reading %s: %w", key, err)
+		return nil, "", fmt.Errorf("merge: reading %s: %w", key, err)
 	}
 	if len(b) > maxManifest {
-		return nil, fmt.Errorf("merge: %s is larger than %d bytes", key, maxManifest)
+		return nil, "", fmt.Errorf("merge: %s is larger than %d bytes", key, maxManifest)
 	}
 	m, err := ParseManifest(b)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", key, err)
+		return nil, "", fmt.Errorf("%s: %w", key, err)
 	}
-	return m, nil
+	return m, info.ETag, nil
 }
 
 // OutputKey is the key of one of a published merge's outputs.

@@ -146,6 +146,10 @@ type Config struct {
 	// Not with Overwrite.
 	Progressive bool
 	OnAnswer    func(Answer)
+	// Fence, when set, is asked before the claim and every manifest are stored:
+	// an error stops the merge there (a cluster's leader whose term was
+	// superseded publishes nothing more).
+	Fence func(ctx context.Context) error
 }
 
 // Result says what a merge wrote.

@@ -53,6 +53,8 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 	var answered *Manifest
 	m, err := ReadManifest(ctx, cfg.Out, keys[OutManifest])
 	switch {
+	case err == nil && m.Failed():
+		return nil, fmt.Errorf("merge: %s in %s commits the window as failed (%s): %w", keys[OutManifest], cfg.Out, m.Error, store.ErrExists)
 	case err == nil && len(m.Pending) == 0:
 		return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already: %w", keys[OutManifest], cfg.Out, store.ErrExists)
 	case err == nil && !strings.HasSuffix(m.Claim.Name, outSuffix[OutInputs]):
@@ -163,7 +165,7 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 		return nil, err
 	}
 	man.Pending = pendingOutputs
-	if err := putManifest(ctx, cfg, b.tmp, keys[OutManifest], &man, false); err != nil {
+	if err := putManifest(ctx, cfg, b.tmp, keys[OutManifest], &man, ""); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
 			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
@@ -216,16 +218,19 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	} else if err != nil {
 		return nil, err
 	}
-	// the manifest is replaced while it still waits for these outputs (a merge
-	// completing it at the same time writes the same bytes)
-	cur, err := ReadManifest(ctx, cfg.Out, keys[OutManifest])
+	// the manifest is replaced only while it is still the answer it was read as
+	// (If-Match): a merge completing it at the same time writes the same bytes,
+	// and one with other settings cannot orphan the pickles this one names
+	cur, tag, err := ReadManifestVersion(ctx, cfg.Out, keys[OutManifest])
 	if err != nil {
 		return nil, err
 	}
-	if len(cur.Pending) == 0 || cur.Claim != answered.Claim {
+	if len(cur.Pending) == 0 || cur.Claim != answered.Claim || tag == "" {
 		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
 	}
-	if err := putManifest(ctx, cfg, b.tmp, keys[OutManifest], &man, true); err != nil {
+	if err := putManifest(ctx, cfg, b.tmp, keys[OutManifest], &man, tag); errors.Is(err, store.ErrChanged) {
+		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
+	} else if err != nil {
 		return nil, err
 	}
 	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
@@ -345,9 +350,11 @@ func transientRead(err error) bool {
 }
 
 // cutReason bounds a reason kept in a manifest.
-func cutReason(s string) string {
-	if len(s) > MaxFindingBytes {
-		s = strings.ToValidUTF8(s[:MaxFindingBytes], "")
+func cutReason(s string) string { return cutReasonN(s, MaxFindingBytes) }
+
+func cutReasonN(s string, n int) string {
+	if len(s) > n {
+		s = strings.ToValidUTF8(s[:n], "")
 	}
 	return s
 }

@@ -3,12 +3,15 @@ package merge
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -240,5 +243,127 @@ func TestProgressiveMergeLeavesOutAnUndecodableRank(t *testing.T) {
 	}
 	if len(res.Summary.Ranks) != 4 || len(m.RanksMerged) != 4 {
 		t.Fatalf("the answer lost a rank: %v", m.RanksMerged)
+	}
+}
+
+// TestCommitFailed: a failed window's manifest is its commit, as a published
+// one is: created once, refused to a merge afterwards, never over a published
+// one, and never written once the fence says no.
+func TestCommitFailed(t *testing.T) {
+	ctx := testutil.Context(t, time.Minute)
+	dir := t.TempDir()
+	d, _ := store.OpenDir(dir, true)
+	key := "merged.manifest.json"
+	f := FailedWindow{Error: "no rank stored a snapshot of the window", Window: &WindowInfo{ID: 3, Start: 5, Stop: 8}, WorldSize: 4,
+		MissingReasons: map[int]string{0: "no sign of life", 2: "refused the window"}, Kind: "window", Attempt: "t2"}
+	no := errors.New("a newer term")
+	if _, err := CommitFailed(ctx, d, key, f, func(context.Context) error { return no }); !errors.Is(err, no) {
+		t.Fatalf("a fenced commit: %v", err)
+	}
+	if left := readAll(t, dir); len(left) != 0 {
+		t.Fatalf("a fenced commit wrote %v", left)
+	}
+	m, err := CommitFailed(ctx, d, key, f, nil)
+	if err != nil || !m.Failed() || m.Error != f.Error || !slices.Equal(m.MissingRanks, []int{0, 2}) || m.MissingReasons["2"] != "refused the window" {
+		t.Fatalf("committed %+v %v", m, err)
+	}
+	read, err := ReadManifest(ctx, d, key)
+	if err != nil || !read.Failed() || read.Window.ID != 3 {
+		t.Fatalf("read back %+v %v", read, err)
+	}
+	f2 := f
+	f2.Error = "another reason"
+	if again, err := CommitFailed(ctx, d, key, f2, nil); err != nil || again.Error != f.Error {
+		t.Fatalf("a second commit: %+v %v (the first stands)", again, err)
+	}
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})
+	if _, err := Merge(ctx, Config{Inputs: ins, Out: d, Progressive: true, Supersede: true, Attempt: "t3", Logger: testutil.Logger(t)}); !errors.Is(err, store.ErrExists) {
+		t.Fatalf("a merge after the window failed: %v", err)
+	}
+	if left := readAll(t, dir); len(left) != 1 {
+		t.Fatalf("the refused merge left %d objects", len(left))
+	}
+	// over a published window, the commit is the published manifest
+	pub := t.TempDir()
+	pd, _ := store.OpenDir(pub, true)
+	if _, err := Merge(ctx, Config{Inputs: ins, Out: pd, Progressive: true, Logger: testutil.Logger(t)}); err != nil {
+		t.Fatal(err)
+	}
+	if held, err := CommitFailed(ctx, pd, key, f, nil); err != nil || held.Failed() || len(held.Pending) != 0 {
+		t.Fatalf("failing a published window: %+v %v", held, err)
+	}
+	// a failed manifest with outputs is malformed
+	bad := *m
+	bad.Outputs = map[string]Object{OutHTML: {Name: "x.html", SHA256: strings.Repeat("0", 64)}}
+	b, _ := json.Marshal(bad)
+	if _, err := ParseManifest(b); err == nil {
+		t.Fatal("a failed manifest naming outputs parsed")
+	}
+}
+
+// TestFenceStopsPublication: a merge whose fence says no after its answer
+// writes no detail and no manifest; one refused from the start writes no claim.
+func TestFenceStopsPublication(t *testing.T) {
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})
+	ctx := testutil.Context(t, time.Minute)
+	no := errors.New("a newer term")
+	dir := t.TempDir()
+	d, _ := store.OpenDir(dir, true)
+	if _, err := Merge(ctx, Config{Inputs: ins, Out: d, Progressive: true, Fence: func(context.Context) error { return no }}); !errors.Is(err, no) {
+		t.Fatalf("a merge fenced from the start: %v", err)
+	}
+	if left := readAll(t, dir); len(left) != 0 {
+		t.Fatalf("a fenced merge stored %v", left)
+	}
+	calls := 0
+	fence := func(context.Context) error {
+		if calls++; calls > 2 { // the claim, the answer's manifest
+			return no
+		}
+		return nil
+	}
+	if _, err := Merge(ctx, Config{Inputs: ins, Out: d, Progressive: true, Fence: fence}); !errors.Is(err, no) {
+		t.Fatalf("a merge fenced after its answer: %v", err)
+	}
+	if m, _ := readManifestIn(t, dir); len(m.Pending) != 2 {
+		t.Fatalf("the fenced detail step replaced the answer: %+v", m)
+	}
+}
+
+// replacingStore replaces the manifest under it just before a conditional
+// replace reaches the store: another merge completed the answer first.
+type replacingStore struct {
+	store.Store
+	key  string
+	with []byte
+	done bool
+}
+
+func (s *replacingStore) Put(ctx context.Context, key string, r io.Reader, o store.PutOptions) (store.ObjectInfo, error) {
+	if o.IfMatch != "" && key == s.key && !s.done {
+		s.done = true
+		if _, err := s.Store.Put(ctx, key, bytes.NewReader(s.with), store.PutOptions{Overwrite: true}); err != nil {
+			return store.ObjectInfo{}, err
+		}
+	}
+	return s.Store.Put(ctx, key, r, o)
+}
+
+// TestDetailReplacesOnlyTheAnswerItRead: the detail step replaces the manifest
+// only while it is the answer it read; one another merge replaced meanwhile
+// stays, and this merge says it was completed by another.
+func TestDetailReplacesOnlyTheAnswerItRead(t *testing.T) {
+	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})
+	ctx := testutil.Context(t, time.Minute)
+	dir := t.TempDir()
+	d, _ := store.OpenDir(dir, true)
+	other := []byte(`{"version":1,"outputs":{},"ranks_merged":[],"missing_ranks":[],"clock_offsets_us":{},"align":"wall","world_size":4,"attempt":"other"}` + "\n")
+	rs := &replacingStore{Store: struct{ store.Store }{d}, key: "merged.manifest.json", with: other}
+	_, err := Merge(ctx, Config{Inputs: ins, Out: rs, Progressive: true, Logger: testutil.Logger(t)})
+	if !errors.Is(err, store.ErrExists) || !rs.done {
+		t.Fatalf("completing an answer replaced meanwhile: %v (replaced %v)", err, rs.done)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "merged.manifest.json")); !bytes.Equal(b, other) {
+		t.Fatalf("the other merge's manifest was replaced: %s", b)
 	}
 }

@@ -111,7 +111,21 @@ type Manifest struct {
 	// timeline lack (a merge published in two steps could not decode their
 	// snapshots after its answer), and why: their figures are in the summary.
 	DetailMissing map[string]string `json:"detail_missing,omitempty"`
+	// State is ManifestFailed for a window that ended with no outputs, Error
+	// saying why; "" for a merge answered or published. A failed manifest is a
+	// window's commit as a published one is: created once, never replaced.
+	State string `json:"state,omitempty"`
+	Error string `json:"error,omitempty"`
 }
+
+// ManifestFailed is the State of a failed window's manifest.
+const ManifestFailed = "failed"
+
+// Failed reports whether m commits a failed window.
+func (m *Manifest) Failed() bool { return m.State == ManifestFailed }
+
+// maxManifestError bounds a failed manifest's Error.
+const maxManifestError = 4096
 
 // Bounds of a manifest's findings.
 const (
@@ -189,6 +203,18 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	}
 	if len(m.Pending) == 0 {
 		m.Pending = nil
+	}
+	switch m.State {
+	case "":
+	case ManifestFailed:
+		if len(m.Outputs) > 0 || len(m.Pending) > 0 || len(m.Pickles) > 0 || m.Claim != (Object{}) {
+			return nil, fmt.Errorf("merge: manifest: a failed window's manifest names outputs")
+		}
+	default:
+		return nil, fmt.Errorf("merge: manifest: state %q (failed, or none)", m.State)
+	}
+	if len(m.Error) > maxManifestError {
+		return nil, fmt.Errorf("merge: manifest: an error of %d bytes (at most %d)", len(m.Error), maxManifestError)
 	}
 	if len(m.Findings) == 0 {
 		m.Findings = nil
@@ -287,7 +313,7 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 	if err := storeOutputs(ctx, cfg, &man, outs); err != nil {
 		return nil, err
 	}
-	if err := putManifest(ctx, cfg, tmp, keys[OutManifest], &man, false); err != nil {
+	if err := putManifest(ctx, cfg, tmp, keys[OutManifest], &man, ""); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
 			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
@@ -317,19 +343,23 @@ func storeOutputs(ctx context.Context, cfg *Config, man *Manifest, outs []output
 	return nil
 }
 
-// putManifest stores a manifest: created once (an error wrapping store.ErrExists
-// when another is there), or, with replace, replacing the one there (the second
-// step of a progressive merge, which checked it still waits).
-func putManifest(ctx context.Context, cfg *Config, tmp, key string, man *Manifest, replace bool) error {
+// putManifest stores a manifest, the merge's commit point, once cfg.Fence allows
+// it: created once (an error wrapping store.ErrExists when another is there), or
+// replacing the version ifMatch names (the second step of a progressive merge;
+// store.ErrChanged when another merge replaced it first).
+func putManifest(ctx context.Context, cfg *Config, tmp, key string, man *Manifest, ifMatch string) error {
 	mb, _ := json.MarshalIndent(man, "", "  ")
 	mb = append(mb, '\n')
 	mpath := filepath.Join(tmp, OutManifest)
 	if err := os.WriteFile(mpath, mb, 0o644); err != nil {
 		return fmt.Errorf("merge: %w", err)
 	}
+	if err := cfg.fence(ctx); err != nil {
+		return err
+	}
 	var err error
-	if replace {
-		_, err = store.PutFile(ctx, cfg.Out, key, mpath, store.PutOptions{Overwrite: true, ContentType: contentType(OutManifest)})
+	if ifMatch != "" {
+		_, err = store.PutFile(ctx, cfg.Out, key, mpath, store.PutOptions{IfMatch: ifMatch, ContentType: contentType(OutManifest)})
 	} else {
 		_, err = putOnce(ctx, cfg, key, mpath, sha256Hex(mb), OutManifest)
 	}
@@ -337,6 +367,66 @@ func putManifest(ctx context.Context, cfg *Config, tmp, key string, man *Manifes
 		return fmt.Errorf("merge: storing %s: %w", key, err)
 	}
 	return nil
+}
+
+// fence asks Config.Fence whether this merge may still commit.
+func (c *Config) fence(ctx context.Context) error {
+	if c.Fence == nil {
+		return nil
+	}
+	if err := c.Fence(ctx); err != nil {
+		return fmt.Errorf("merge: not publishing: %w", err)
+	}
+	return nil
+}
+
+// FailedWindow is how a window ended with no outputs, for its manifest.
+type FailedWindow struct {
+	Error          string
+	Window         *WindowInfo
+	WorldSize      int
+	MissingReasons map[int]string
+	Reason, Kind   string
+	Attempt        string
+}
+
+// CommitFailed commits window f as failed: its manifest, under key, created once
+// and only while fence allows. It returns the manifest the store holds under
+// key afterwards: this one, or the one another leader committed first (a
+// published window is never failed afterwards).
+func CommitFailed(ctx context.Context, st store.Store, key string, f FailedWindow, fence func(context.Context) error) (*Manifest, error) {
+	m := &Manifest{Version: 1, State: ManifestFailed, Error: cutReasonN(f.Error, maxManifestError), Outputs: map[string]Object{}, Window: f.Window,
+		WorldSize: f.WorldSize, RanksMerged: []int{}, Reason: f.Reason, Kind: f.Kind, Attempt: f.Attempt, ClockOffsetsUS: map[string]int64{}}
+	for r := 0; r < f.WorldSize; r++ {
+		if why, ok := f.MissingReasons[r]; ok {
+			m.MissingRanks = append(m.MissingRanks, r)
+			if m.MissingReasons == nil {
+				m.MissingReasons = map[string]string{}
+			}
+			m.MissingReasons[strconv.Itoa(r)] = cutReason(why)
+		}
+	}
+	if m.MissingRanks == nil {
+		m.MissingRanks = []int{}
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, '\n')
+	if fence != nil {
+		if err := fence(ctx); err != nil {
+			return nil, fmt.Errorf("merge: not committing the window as failed: %w", err)
+		}
+	}
+	_, err = st.Put(ctx, key, bytes.NewReader(b), store.PutOptions{Size: int64(len(b)), ContentType: contentType(OutManifest)})
+	if errors.Is(err, store.ErrExists) {
+		return ReadManifest(ctx, st, key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("merge: storing %s: %w", key, err)
+	}
+	return m, nil
 }
 
 // unpublish removes, after another merge published first, what this one stored
@@ -415,6 +505,9 @@ func writeClaim(cfg *Config, tmp string, refs []InputRef, sum *Summary, outs []o
 
 // storeClaim stores the claim writeClaim wrote.
 func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, cpath, csum string) (Object, error) {
+	if err := cfg.fence(ctx); err != nil {
+		return Object{}, err
+	}
 	cobj, err := putOnce(ctx, cfg, keys[OutInputs], cpath, csum, OutInputs)
 	if errors.Is(err, store.ErrExists) {
 		return Object{}, fmt.Errorf("merge: %s in %s names other inputs or options: another merge claimed these names (pass overwrite to replace it): %w", keys[OutInputs], cfg.Out, err)

@@ -88,7 +88,24 @@ var (
 	ErrMalformed = errors.New("runlog: malformed record")
 	// ErrConflict: other writers kept taking the names a create chose.
 	ErrConflict = errors.New("runlog: too many concurrent writers")
+	// ErrSuperseded: the log holds a newer leadership term than the writer's: a
+	// leader of an older term writes nothing more (it stalled, or was cut off).
+	ErrSuperseded = errors.New("runlog: a newer leadership term exists")
 )
+
+// Fence returns an error wrapping ErrSuperseded when the log holds a term newer
+// than term. Every write of a plan, an outcome, a claim or a manifest calls it
+// first: a leader whose term was superseded stops at its next write.
+func (l *Log) Fence(ctx context.Context, term uint64) error {
+	latest, err := l.LatestTerm(ctx)
+	if err != nil {
+		return err
+	}
+	if latest > term {
+		return fmt.Errorf("%w: term %d, the run's log holds term %d", ErrSuperseded, term, latest)
+	}
+	return nil
+}
 
 // Root is the log's folder for run.
 func Root(run string) string { return strings.TrimSuffix(run, "/") + "/memsnap/" }
@@ -320,7 +337,8 @@ func (l *Log) OutcomeIDs(ctx context.Context) ([]uint64, error) {
 
 // CreatePlan stores p under the next window id: newer than every plan in the log
 // and at least atLeast. manifest, when not nil, names the window's manifest from
-// its id. It returns the plan as stored.
+// its id. It returns the plan as stored, or ErrSuperseded when the log holds a
+// term newer than p.Term.
 func (l *Log) CreatePlan(ctx context.Context, p Plan, atLeast uint64, manifest func(id uint64) (string, error)) (Plan, error) {
 	p.Version = Version
 	if p.Created.IsZero() {
@@ -350,6 +368,9 @@ func (l *Log) CreatePlan(ctx context.Context, p Plan, atLeast uint64, manifest f
 			if p.Manifest, err = manifest(p.ID); err != nil {
 				return Plan{}, err
 			}
+		}
+		if err := l.Fence(ctx, p.Term); err != nil {
+			return Plan{}, err
 		}
 		err = l.put(ctx, l.PlanKey(p.ID), p, false)
 		if err == nil {
@@ -397,8 +418,9 @@ func (l *Log) Latest(ctx context.Context, n int) ([]*Plan, error) {
 	return out, nil
 }
 
-// Unfinished lists the plans without an outcome, oldest first.
-func (l *Log) Unfinished(ctx context.Context) ([]*Plan, error) {
+// Unfinished lists the plans without an outcome, oldest first. A plan that does
+// not read is finished as failed, under term.
+func (l *Log) Unfinished(ctx context.Context, term uint64) ([]*Plan, error) {
 	plans, err := l.PlanIDs(ctx)
 	if err != nil {
 		return nil, err
@@ -419,7 +441,7 @@ func (l *Log) Unfinished(ctx context.Context) ([]*Plan, error) {
 		p, err := l.ReadPlan(ctx, id)
 		if errors.Is(err, ErrMalformed) {
 			// a record no leader can act on: it is finished as failed, with the reason
-			o := Outcome{ID: id, State: Failed, Error: err.Error()}
+			o := Outcome{ID: id, Term: term, State: Failed, Error: err.Error()}
 			if _, ferr := l.Finish(ctx, o); ferr != nil {
 				return nil, ferr
 			}
@@ -496,7 +518,9 @@ func (l *Log) Report(ctx context.Context, id uint64, rank int) (*Report, error) 
 }
 
 // Finish stores how window o.ID ended, once: when another leader finished it
-// first, Finish returns that outcome (and no error), which is the truth.
+// first, Finish returns that outcome (and no error), which is the truth. The
+// outcome is an index of the window's commit (its manifest), written after it;
+// a leader whose term o.Term was superseded writes none (ErrSuperseded).
 func (l *Log) Finish(ctx context.Context, o Outcome) (Outcome, error) {
 	o.Version = Version
 	if o.Finished.IsZero() {
@@ -513,7 +537,10 @@ func (l *Log) Finish(ctx context.Context, o Outcome) (Outcome, error) {
 		}
 		o.Missing = m
 	}
-	err := l.put(ctx, l.OutcomeKey(o.ID), o, false)
+	err := l.Fence(ctx, o.Term)
+	if err == nil {
+		err = l.put(ctx, l.OutcomeKey(o.ID), o, false)
+	}
 	if errors.Is(err, store.ErrExists) {
 		prev, rerr := l.ReadOutcome(ctx, o.ID)
 		if rerr != nil {

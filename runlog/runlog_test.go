@@ -54,13 +54,24 @@ func TestIDsAreUniqueUnderConcurrentLeaders(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				p, err := l.CreatePlan(ctx, Plan{Term: tm.Term, Leader: tm.Leader, LeaderRank: i, Kind: KindWindow, Start: 5, Stop: 8, WorldSize: n}, 0, nil)
+				mu.Lock()
+				terms = append(terms, tm.Term)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		// plans of the newest term, by writers racing for ids
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p, err := l.CreatePlan(ctx, Plan{Term: n, Leader: "gpt/rank0", LeaderRank: i, Kind: KindWindow, Start: 5, Stop: 8, WorldSize: n}, 0, nil)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				mu.Lock()
-				terms, ids = append(terms, tm.Term), append(ids, p.ID)
+				ids = append(ids, p.ID)
 				mu.Unlock()
 			}()
 		}
@@ -77,7 +88,7 @@ func TestIDsAreUniqueUnderConcurrentLeaders(t *testing.T) {
 			}
 		}
 		// a relaunch (a new Log on the same store) continues after them
-		p, err := New(st, "gpt").CreatePlan(ctx, Plan{Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 3, nil)
+		p, err := New(st, "gpt").CreatePlan(ctx, Plan{Term: n, Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 3, nil)
 		if err != nil || p.ID != n+1 {
 			t.Fatalf("after a relaunch: window %d, %v", p.ID, err)
 		}
@@ -86,8 +97,47 @@ func TestIDsAreUniqueUnderConcurrentLeaders(t *testing.T) {
 			t.Fatalf("another run: window %d, %v", p.ID, err)
 		}
 		// atLeast wins over a shorter log
-		if p, err := l.CreatePlan(ctx, Plan{Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 100, nil); err != nil || p.ID != 100 {
+		if p, err := l.CreatePlan(ctx, Plan{Term: n, Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 100, nil); err != nil || p.ID != 100 {
 			t.Fatalf("at least 100: window %d, %v", p.ID, err)
+		}
+	})
+}
+
+// TestFence: once a newer term is in the log, a leader of an older one can
+// neither plan nor finish a window, and its plans are not half written.
+func TestFence(t *testing.T) {
+	stores(t, func(t *testing.T, st store.Store) {
+		ctx := testutil.Context(t, time.Minute)
+		l := New(st, "gpt")
+		old, err := l.NewTerm(ctx, Term{Leader: "gpt/rank0"}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := l.CreatePlan(ctx, Plan{Term: old.Term, Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Fence(ctx, old.Term); err != nil {
+			t.Fatalf("the newest term is fenced: %v", err)
+		}
+		cur, err := l.NewTerm(ctx, Term{Leader: "gpt/rank1", Rank: 1}, 0)
+		if err != nil || cur.Term <= old.Term {
+			t.Fatalf("a newer term: %+v %v", cur, err)
+		}
+		if err := l.Fence(ctx, old.Term); !errors.Is(err, ErrSuperseded) {
+			t.Fatalf("fence of a superseded term: %v", err)
+		}
+		if _, err := l.CreatePlan(ctx, Plan{Term: old.Term, Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 0, nil); !errors.Is(err, ErrSuperseded) {
+			t.Fatalf("a plan of a superseded term: %v", err)
+		}
+		if ids, _ := l.PlanIDs(ctx); len(ids) != 1 {
+			t.Fatalf("plans after a refused one: %v", ids)
+		}
+		if _, err := l.Finish(ctx, Outcome{ID: p.ID, Term: old.Term, State: Failed, Error: "x"}); !errors.Is(err, ErrSuperseded) {
+			t.Fatalf("an outcome of a superseded term: %v", err)
+		}
+		if o, err := l.Finish(ctx, Outcome{ID: p.ID, Term: cur.Term, State: Failed, Error: "y"}); err != nil || o.Error != "y" {
+			t.Fatalf("the current term's outcome: %+v %v", o, err)
 		}
 	})
 }
@@ -101,7 +151,7 @@ func TestFinishOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		un, err := l.Unfinished(ctx)
+		un, err := l.Unfinished(ctx, 0)
 		if err != nil || len(un) != 3 {
 			t.Fatalf("unfinished %v %v", un, err)
 		}
@@ -127,7 +177,7 @@ func TestFinishOnce(t *testing.T) {
 		if _, err := l.Finish(ctx, Outcome{ID: 3, State: Failed, Error: "no rank stored a snapshot"}); err != nil {
 			t.Fatal(err)
 		}
-		un, err = l.Unfinished(ctx)
+		un, err = l.Unfinished(ctx, 0)
 		if err != nil || len(un) != 1 || un[0].ID != 1 {
 			t.Fatalf("unfinished after finishing 2 and 3: %v %v", un, err)
 		}
@@ -179,7 +229,7 @@ func TestMalformedPlanIsFinishedAsFailed(t *testing.T) {
 	ctx := context.Background()
 	l := New(st, "gpt")
 	st.Put(ctx, l.PlanKey(4), strings.NewReader(`{"version":1,"window":4,"kind":"window","start":9,"stop":3,"world_size":2,"leader_rank":0}`), store.PutOptions{})
-	un, err := l.Unfinished(ctx)
+	un, err := l.Unfinished(ctx, 0)
 	if err != nil || len(un) != 0 {
 		t.Fatalf("unfinished %v %v", un, err)
 	}

@@ -476,6 +476,13 @@ func getItems(ctx context.Context, st store.Store, key string, isPrefix bool, de
 		if err != nil {
 			return nil, err
 		}
+		if m.Failed() {
+			what := "the window"
+			if m.Window != nil {
+				what = fmt.Sprintf("window %d", m.Window.ID)
+			}
+			return nil, fmt.Errorf("%s failed, with no outputs to get: %s (its manifest: %s)", what, m.Error, st.URL(key))
+		}
 		p := merge.Published{Key: key, Manifest: m}
 		base := path.Dir(key) + "/"
 		if base == "./" {

@@ -150,7 +150,7 @@ func (d *Dir) place(k, src, p string, opts PutOptions, moved bool) (os.FileInfo,
 	var err error
 	switch {
 	case opts.IfMatch != "":
-		unlock, lerr := lockFolder(d.root)
+		unlock, lerr := lockFolder(filepath.Dir(p))
 		if lerr != nil {
 			return nil, fsErr("locking for", k, lerr)
 		}
@@ -179,9 +179,6 @@ func (d *Dir) place(k, src, p string, opts PutOptions, moved bool) (os.FileInfo,
 	}
 	return st, nil
 }
-
-// lockPath is the folder store's lock file (List passes it by).
-func lockPath(root string) string { return filepath.Join(root, tmpPrefix+"lock") }
 
 // PutFile moves a finished local file into place under key (a link, or a rename
 // with Overwrite) instead of copying it; the file must be on the store's file

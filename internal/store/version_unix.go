@@ -18,11 +18,11 @@ func fileTag(fi os.FileInfo) string {
 	return fmt.Sprintf("%x-%x", fi.Size(), fi.ModTime().UnixNano())
 }
 
-// lockFolder holds an exclusive lock on the folder store's lock file until
-// unlock is called: the conditional replaces of every process on this host
-// take it in turn.
-func lockFolder(root string) (unlock func(), err error) {
-	f, err := os.OpenFile(lockPath(root), os.O_CREATE|os.O_RDWR, 0o644)
+// lockFolder holds an exclusive lock on folder dir until unlock is called: the
+// conditional replaces of one folder, by every process on this host, take it in
+// turn. The lock is on the folder itself, so it leaves no file behind.
+func lockFolder(dir string) (unlock func(), err error) {
+	f, err := os.Open(dir)
 	if err != nil {
 		return nil, err
 	}
