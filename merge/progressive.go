@@ -165,7 +165,7 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 		return nil, err
 	}
 	man.Pending = pendingOutputs
-	if err := putManifest(ctx, cfg, b.tmp, keys[OutManifest], &man, ""); err != nil {
+	if err := putManifest(ctx, cfg, keys[OutManifest], &man, ""); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
 			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
@@ -228,7 +228,7 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	if len(cur.Pending) == 0 || cur.Claim != answered.Claim || tag == "" {
 		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
 	}
-	if err := putManifest(ctx, cfg, b.tmp, keys[OutManifest], &man, tag); errors.Is(err, store.ErrChanged) {
+	if err := putManifest(ctx, cfg, keys[OutManifest], &man, tag); errors.Is(err, store.ErrChanged) {
 		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
 	} else if err != nil {
 		return nil, err

@@ -313,7 +313,7 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 	if err := storeOutputs(ctx, cfg, &man, outs); err != nil {
 		return nil, err
 	}
-	if err := putManifest(ctx, cfg, tmp, keys[OutManifest], &man, ""); err != nil {
+	if err := putManifest(ctx, cfg, keys[OutManifest], &man, ""); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
 			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
@@ -343,30 +343,41 @@ func storeOutputs(ctx context.Context, cfg *Config, man *Manifest, outs []output
 	return nil
 }
 
-// putManifest stores a manifest, the merge's commit point, once cfg.Fence allows
-// it: created once (an error wrapping store.ErrExists when another is there), or
-// replacing the version ifMatch names (the second step of a progressive merge;
-// store.ErrChanged when another merge replaced it first).
-func putManifest(ctx context.Context, cfg *Config, tmp, key string, man *Manifest, ifMatch string) error {
-	mb, _ := json.MarshalIndent(man, "", "  ")
+// putManifest stores a manifest, the merge's commit point (CommitManifest).
+func putManifest(ctx context.Context, cfg *Config, key string, man *Manifest, ifMatch string) error {
+	_, err := CommitManifest(ctx, cfg.Out, key, man, ifMatch, cfg.fence)
+	return err
+}
+
+// CommitManifest stores m under key, the commit point of a merge (and of a
+// cluster's window), once fence (when not nil) allows it: created once, where
+// the store holding the same bytes already is no error (a retry of the same
+// commit), or replacing the version ifMatch names (a progressive merge's second
+// step; store.ErrChanged when another merge replaced it first). Another manifest
+// under key is an error wrapping store.ErrExists. It returns the stored version.
+func CommitManifest(ctx context.Context, st store.Store, key string, m *Manifest, ifMatch string, fence func(context.Context) error) (string, error) {
+	mb, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return "", err
+	}
 	mb = append(mb, '\n')
-	mpath := filepath.Join(tmp, OutManifest)
-	if err := os.WriteFile(mpath, mb, 0o644); err != nil {
-		return fmt.Errorf("merge: %w", err)
+	if fence != nil {
+		if err := fence(ctx); err != nil {
+			return "", err
+		}
 	}
-	if err := cfg.fence(ctx); err != nil {
-		return err
-	}
-	var err error
-	if ifMatch != "" {
-		_, err = store.PutFile(ctx, cfg.Out, key, mpath, store.PutOptions{IfMatch: ifMatch, ContentType: contentType(OutManifest)})
-	} else {
-		_, err = putOnce(ctx, cfg, key, mpath, sha256Hex(mb), OutManifest)
+	sum := sha256Hex(mb)
+	opts := store.PutOptions{Size: int64(len(mb)), SHA256: sum, IfMatch: ifMatch, ContentType: contentType(OutManifest)}
+	info, err := st.Put(ctx, key, bytes.NewReader(mb), opts)
+	if errors.Is(err, store.ErrExists) {
+		if cur, serr := st.Stat(ctx, key); serr == nil && strings.EqualFold(cur.SHA256, sum) {
+			return cur.ETag, nil
+		}
 	}
 	if err != nil {
-		return fmt.Errorf("merge: storing %s: %w", key, err)
+		return "", fmt.Errorf("merge: storing %s: %w", key, err)
 	}
-	return nil
+	return info.ETag, nil
 }
 
 // fence asks Config.Fence whether this merge may still commit.
@@ -409,22 +420,20 @@ func CommitFailed(ctx context.Context, st store.Store, key string, f FailedWindo
 	if m.MissingRanks == nil {
 		m.MissingRanks = []int{}
 	}
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	b = append(b, '\n')
-	if fence != nil {
-		if err := fence(ctx); err != nil {
-			return nil, fmt.Errorf("merge: not committing the window as failed: %w", err)
+	if outer := fence; outer != nil {
+		fence = func(ctx context.Context) error {
+			if err := outer(ctx); err != nil {
+				return fmt.Errorf("merge: not committing the window as failed: %w", err)
+			}
+			return nil
 		}
 	}
-	_, err = st.Put(ctx, key, bytes.NewReader(b), store.PutOptions{Size: int64(len(b)), ContentType: contentType(OutManifest)})
+	_, err := CommitManifest(ctx, st, key, m, "", fence)
 	if errors.Is(err, store.ErrExists) {
 		return ReadManifest(ctx, st, key)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("merge: storing %s: %w", key, err)
+		return nil, err
 	}
 	return m, nil
 }

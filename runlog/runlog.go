@@ -469,7 +469,8 @@ func (l *Log) PutReport(ctx context.Context, r Report) error {
 }
 
 // Reports reads every rank's report for window id, by rank. A report that does not
-// parse is left out (and named in the error list returned beside).
+// parse is left out (and named in the error list returned beside); a store that
+// fails to read one is an error.
 func (l *Log) Reports(ctx context.Context, id uint64) (map[int]*Report, []error, error) {
 	objs, err := l.st.List(ctx, l.reportsKey(id))
 	if err != nil {
@@ -484,6 +485,12 @@ func (l *Log) Reports(ctx context.Context, id uint64) (map[int]*Report, []error,
 			continue
 		}
 		b, err := l.read(ctx, o.Key)
+		if errors.Is(err, store.ErrNotFound) {
+			continue // removed since the listing
+		}
+		if err != nil && !errors.Is(err, ErrMalformed) {
+			return nil, nil, err // the store failed: a report not read is not a report absent
+		}
 		if err != nil {
 			bad = append(bad, err)
 			continue
