@@ -120,7 +120,7 @@ func (s *modelStore) List(ctx context.Context, prefix string) ([]store.ObjectInf
 // mrank is one rank as the model plays it.
 type mrank struct {
 	id      int
-	took    bool      // it has the window
+	took    bool // it has the window
 	refuse  pb.AckCode
 	readyAt time.Time // when its trainer's snapshot is taken (zero: never)
 	dead    bool
