@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/memsnap/memsnap/internal/pb"
 )
 
@@ -120,12 +122,23 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 	check := time.NewTicker(500 * time.Millisecond)
 	defer check.Stop()
 	unknown := 0
-	heard := time.Now()     // when the leader last said something about the window
-	var answered uint64     // the window whose answer came (its pickles still being written)
-	answeredBy := int32(-1) // the rank of the leader that sent it
+	var answer *pb.WindowResult // the answer, once published (its pickles still to come)
+	lastWord := ""              // what the leader last said of a store it cannot use
+	heard := time.Now()         // when the leader last said something about the window
+	var answered uint64         // the window whose answer came (its pickles still being written)
+	answeredBy := int32(-1)     // the rank of the leader that sent it
 	for {
 		select {
 		case <-ctx.Done():
+			if answer != nil {
+				// the answer is out: that is what the window published so far
+				res := proto.Clone(answer).(*pb.WindowResult)
+				res.Error = "gave up waiting for the merged pickles and the timeline: " + ctx.Err().Error()
+				if lastWord != "" {
+					res.Error += " (the leader last said: " + lastWord + ")"
+				}
+				return res, nil
+			}
 			if unreachable != nil {
 				return nil, fmt.Errorf("%w (the leader was last unreachable: %v)", ctx.Err(), unreachable)
 			}
@@ -141,9 +154,11 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 			c.mu.Lock()
 			now := c.leaderName
 			c.mu.Unlock()
-			if now == leader && window != 0 && time.Since(heard) > rewatchAfter {
-				// nothing heard for a while: ask again (a message may have been
-				// lost, or the job was relaunched under the same member names)
+			if now == leader && time.Since(heard) > rewatchAfter {
+				// nothing heard for a while: ask again, the same request (a
+				// message may have been lost, the leader's agent restarted with
+				// the request queued, or the job was relaunched under the same
+				// member names); a leader that has it already says so
 				heard = time.Now()
 				if err := try(); err != nil {
 					return nil, err
@@ -192,11 +207,17 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 			case *pb.Envelope_WindowResult:
 				r := b.WindowResult
 				if r.State == pb.Outcome_OUTCOME_UNKNOWN && window != 0 {
-					// a leader that cannot tell yet (its store is away): ask again a few times
-					if unknown++; unknown >= unknownTries {
+					// a leader that cannot tell yet (its store is away): ask again a
+					// few times; with the answer out, until the rest comes or the
+					// caller stops waiting (the answer is the truth so far)
+					lastWord = r.Error
+					if unknown++; unknown >= unknownTries && answer == nil {
 						return r, nil
 					}
-					again = time.After(time.Duration(unknown) * time.Second)
+					again = time.After(min(time.Duration(unknown)*time.Second, 10*time.Second))
+					if progress != nil {
+						progress(Update{Window: window, Rank: -1, Reason: "the leader cannot tell yet (" + r.Error + "); asking again", Received: time.Now()})
+					}
 					continue
 				}
 				if r.Window == 0 {
@@ -204,7 +225,7 @@ func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOp
 				}
 				if r.Pending && r.State == pb.Outcome_OUTCOME_PUBLISHED && r.Error == "" && !opts.AnswerFirst {
 					// the answer: the rest of the window is still being written
-					answered, answeredBy = r.Window, env.SenderRank
+					answered, answeredBy, answer = r.Window, env.SenderRank, r
 					if progress != nil {
 						progress(Update{Window: r.Window, Rank: -1, State: pb.Step_STEP_PUBLISHING, Leader: int(env.SenderRank),
 							Reason: "the answer is published; writing the merged pickles and the timeline", Received: time.Now(), Answer: r})

@@ -93,7 +93,11 @@ type Coordinator struct {
 	leaderName string
 	lead       *leaderRun // this member's leader loop, while it leads
 	lastWindow uint64     // the newest window id seen
-	term       uint64     // the newest leadership term seen
+	term       uint64     // the newest leadership term the run's log holds, as far as this member knows (belief.go)
+	claimed    uint64     // the newest term another member claims, looked up in the log
+	claims     chan struct{}
+	inLog      uint64          // the newest window id this rank looked up and found in the run's log
+	looking    map[uint64]bool // windows being looked up (checkNewest)
 	metaSent   metaKey    // what the gossiped metadata last said
 	offset     clockState
 	waiting    map[uint64]*waiter // replies a request waits for, by its random seq
@@ -142,7 +146,7 @@ func New(cfg Config, rec Recorder) (*Coordinator, error) {
 		return nil, errors.New("coordinator: a rank needs its recorder")
 	}
 	c := &Coordinator{cfg: cfg, rec: rec, inbox: make(chan []byte, 4096), members: map[string]*member{}, seenAddrs: map[string]string{}, gone: map[string]goneMember{},
-		waiting: map[uint64]*waiter{}, changed: make(chan struct{}, 1), termBump: make(chan struct{}, 1),
+		waiting: map[uint64]*waiter{}, changed: make(chan struct{}, 1), termBump: make(chan struct{}, 1), claims: make(chan struct{}, 1),
 		leaderSig: make(chan struct{}, 1), down: make(chan struct{})}
 	if cfg.Client {
 		var b [4]byte
@@ -201,6 +205,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.spawn(func() { c.watchLeader(ctx) })
 	c.out.start(ctx)
 	if !c.cfg.Client {
+		c.spawn(func() { c.verifyTerms(ctx) })
 		c.spawn(func() { c.clockLoop(ctx) })
 		c.spawn(func() { c.rep.run(ctx) })
 		c.spawn(func() { c.incidentLoop(ctx) })
@@ -500,7 +505,7 @@ func before(r1 int32, n1 string, r2 int32, n2 string) bool {
 
 // memberChanged records a member's arrival, update or departure.
 func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
-	bump := false
+	claim := uint64(0)
 	c.mu.Lock()
 	if n == nil {
 		// nothing changed but whether this member may lead
@@ -516,9 +521,7 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 		nn := *n
 		c.setMember(n.Name, &member{node: &nn, meta: meta})
 		c.lastWindow = max(c.lastWindow, meta.LastWindow)
-		if meta.Term > c.term {
-			c.term, bump = meta.Term, true
-		}
+		claim = meta.Term
 		if meta.Rank >= 0 && len(c.seenAddrs) < maxSeenAddrs {
 			c.seenAddrs[n.Name] = nn.Address()
 		}
@@ -529,8 +532,8 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 	case c.changed <- struct{}{}:
 	default:
 	}
-	if bump {
-		c.termBumped()
+	if claim > 0 {
+		c.claimTerm(claim)
 	}
 }
 
@@ -581,20 +584,6 @@ func (g goneMember) lastHeard(ml *memberlist.Config, now time.Time) time.Time {
 func suspicionTimeout(mult, n int, interval time.Duration) time.Duration {
 	scale := math.Max(1, math.Log10(math.Max(1, float64(n))))
 	return time.Duration(mult) * time.Duration(scale*1000) * interval / 1000
-}
-
-// noteTerm records a term seen in a message; it reports whether it was newer.
-func (c *Coordinator) noteTerm(t uint64) bool {
-	c.mu.Lock()
-	newer := t > c.term
-	if newer {
-		c.term = t
-	}
-	c.mu.Unlock()
-	if newer {
-		c.termBumped()
-	}
-	return newer
 }
 
 // termBumped wakes the leader loop (a leader with an older term renews it). Only

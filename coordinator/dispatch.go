@@ -160,7 +160,7 @@ func (c *Coordinator) commandAllowed(env *pb.Envelope) (pb.AckCode, string) {
 	case env.WindowId > seen+maxIDJump:
 		return pb.AckCode_ACK_BAD_REQUEST, "window id " + itoa(env.WindowId) + " is far past the newest seen (" + itoa(seen) + ")"
 	}
-	c.noteTerm(env.Term)
+	c.claimTerm(env.Term)
 	return pb.AckCode_ACK_OK, ""
 }
 

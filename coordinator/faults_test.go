@@ -383,29 +383,47 @@ func refuseWrites(c *Config, refuse func(key string) error) {
 	wrapStores(c, func(st store.Store) store.Store { return refusingStore{st, refuse} })
 }
 
-// TestFailedOutcomeNotWritten: a window fails, and its outcome cannot be written
-// into the run's log; a later leader could then finish it from what the ranks
-// stored, so the member waiting is told both: that it failed, and that this may
-// not be how it ends.
+// TestFailedOutcomeNotWritten: a window nothing was stored for is committed as
+// failed by its manifest; an outcome the store refuses changes nothing (it is
+// an index of the commit), and a failure that cannot be committed is told as
+// unfinished, not failed.
 func TestFailedOutcomeNotWritten(t *testing.T) {
-	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5,
-		replay: func(rank int, rc *rankagent.ReplayConfig) { rc.HangInWindow = true }}
-	tc.startRank(0, 1, func(c *Config, a *rankagent.Config) {
-		// the window's outcome, as a full store does
-		refuseWrites(c, func(key string) error {
-			if strings.Contains(key, "/memsnap/outcomes/") {
-				return fmt.Errorf("%w: no space left on device", store.ErrAccess)
+	for _, what := range []string{"outcome", "manifest"} {
+		t.Run(what, func(t *testing.T) {
+			tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5,
+				replay: func(rank int, rc *rankagent.ReplayConfig) { rc.HangInWindow = true }}
+			tc.startRank(0, 1, func(c *Config, a *rankagent.Config) {
+				c.PublishTimeout = 3 * time.Second
+				// the window's outcome, or its commit, as a full store refuses it
+				refuseWrites(c, func(key string) error {
+					if what == "outcome" && strings.Contains(key, "/memsnap/outcomes/") || what == "manifest" && strings.HasSuffix(key, ".manifest.json") {
+						return fmt.Errorf("%w: no space left on device", store.ErrAccess)
+					}
+					return nil
+				})
+			})
+			tc.holding()
+			res, err := tc.client().Snapshot(testutil.Context(t, 2*time.Minute), 3, nil, nil)
+			if err != nil {
+				t.Fatal(err)
 			}
-			return nil
+			switch what {
+			case "outcome":
+				// the commit is the failed manifest: the outcome is only its index
+				if res.State != pb.Outcome_OUTCOME_FAILED || !strings.Contains(res.Error, "no rank stored") {
+					t.Fatalf("result %+v", res)
+				}
+				st, _ := store.OpenDir(tc.dir, false)
+				if m, err := merge.ReadManifest(context.Background(), st, strings.TrimPrefix(res.Manifest, tc.dir+"/")); err != nil || !m.Failed() {
+					t.Fatalf("the failed window's manifest: %+v %v", m, err)
+				}
+			case "manifest":
+				// its failure cannot be committed: it is not finished, and not failed
+				if res.State != pb.Outcome_OUTCOME_UNFINISHED || !strings.Contains(res.Error, "cannot be committed") {
+					t.Fatalf("result %+v", res)
+				}
+			}
 		})
-	})
-	tc.holding()
-	res, err := tc.client().Snapshot(testutil.Context(t, 2*time.Minute), 3, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.State != pb.Outcome_OUTCOME_FAILED || !strings.Contains(res.Error, "could not be written into the run's log") {
-		t.Fatalf("result %+v", res)
 	}
 }
 

@@ -1,10 +1,7 @@
 package coordinator
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"maps"
 	"net"
 	"testing"
@@ -38,34 +35,6 @@ func TestLastHeard(t *testing.T) {
 	}
 }
 
-// TestTickWithoutPollKeepsMembersAlive: between status polls the leader checks
-// only what needs no answer. A member whose last sign is older than
-// CollectTimeout may have advanced since the last poll (the next poll would say
-// so), so a tick without a poll must not call it missing; a rank not a member
-// now, whose grace has run out, is missing at once, poll or not.
-func TestTickWithoutPollKeepsMembersAlive(t *testing.T) {
-	cfg := DefaultLocalConfig(rankagent.Identity{RunName: "tick", Rank: 0, WorldSize: 3})
-	cfg.CollectTimeout = time.Second
-	c := &Coordinator{cfg: cfg, members: map[string]*member{}, gone: map[string]goneMember{}}
-	for _, r := range []int{0, 1} {
-		name := NodeName("tick", r)
-		c.members[name] = &member{node: &memberlist.Node{Name: name}, meta: &pb.NodeMeta{Run: "tick", Rank: int32(r)}}
-	}
-	l := &leaderRun{c: c, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	old := time.Now().Add(-2 * time.Second) // past CollectTimeout
-	w := &win{id: 7, kind: pb.WindowKind_WINDOW_KIND_WINDOW, world: 3, ranks: map[int]*rankState{
-		1: {acked: true, lastSign: old, batch: 4},                                  // a live member, silent since the last poll
-		2: {acked: true, lastSign: old, gone: "not a member now, and no snapshot"}, // gone, its grace over
-	}}
-	l.checkAlive(context.Background(), w, false)
-	if m := w.ranks[1].missing; m != "" {
-		t.Errorf("a member was called missing at a tick without a poll: %q", m)
-	}
-	if m := w.ranks[2].missing; m == "" {
-		t.Errorf("a rank gone from the cluster, its grace over, is still waited for")
-	}
-}
-
 // TestGoneRemembersRanksOnly: what is remembered of members gone is bounded by
 // the ranks, not by every client that ever came and went (each `memsnap
 // snapshot` is one): 2^16 clients leaving must not stop a rank's death from
@@ -88,59 +57,6 @@ func TestGoneRemembersRanksOnly(t *testing.T) {
 	}
 	if len(c.gone) != 1 {
 		t.Fatalf("%d members remembered as gone, want the one rank", len(c.gone))
-	}
-}
-
-// TestResendWaitsForARankGoneAMoment: a rank that refused the plan (it saw
-// another leader) and is not a member at the moment of the re-send (a relaunched
-// job's earlier agents' gossip takes ranks away for a moment) is asked again at
-// a later tick, not dropped from the re-sends: nothing else would ever arm it,
-// and it would be merged as missing (TestFaultRelaunch failed so, once in 30
-// runs under load).
-func TestResendWaitsForARankGoneAMoment(t *testing.T) {
-	cfg := DefaultLocalConfig(rankagent.Identity{RunName: "rs", Rank: 0, WorldSize: 3})
-	c := &Coordinator{cfg: cfg, members: map[string]*member{}, gone: map[string]goneMember{}}
-	name := NodeName("rs", 0)
-	c.members[name] = &member{node: &memberlist.Node{Name: name}, meta: &pb.NodeMeta{Run: "rs", Rank: 0}}
-	l := &leaderRun{c: c, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	w := &win{id: 3, kind: pb.WindowKind_WINDOW_KIND_WINDOW, world: 3, ranks: map[int]*rankState{
-		2: {lastSign: time.Now(), retryAt: time.Now().Add(-time.Millisecond)}, // refused; not a member now
-	}}
-	l.resend(w, time.Now().Add(time.Minute))
-	if s := w.ranks[2]; s.retryAt.IsZero() || s.missing != "" {
-		t.Fatalf("a rank not a member at the re-send is never asked again: %+v", s)
-	}
-	// past the ack deadline it is told apart, as before
-	w.ranks[2].retryAt = time.Now().Add(-time.Millisecond)
-	l.resend(w, time.Now().Add(-time.Second))
-	if w.ranks[2].missing == "" {
-		t.Fatal("a rank that never took the plan by the ack deadline is still waited for")
-	}
-}
-
-// TestWindowWaiting: waiting says whether any rank is still outstanding, as
-// outstanding lists them, whichever rank is resolved first.
-func TestWindowWaiting(t *testing.T) {
-	w := &win{ranks: map[int]*rankState{}}
-	for r := 0; r < 50; r++ {
-		w.ranks[r] = &rankState{}
-	}
-	w.ranks[7].missing = "gone"
-	for r := 49; r >= 0; r-- {
-		if got, want := w.waiting(), len(w.outstanding()) > 0; got != want {
-			t.Fatalf("with ranks up to %d in: waiting %v, outstanding %v", r, got, w.outstanding())
-		}
-		if r != 7 {
-			w.ranks[r].result = &pb.RankResult{}
-		}
-		w.hint = r // the hint names a rank that has just come in
-	}
-	if w.waiting() {
-		t.Fatalf("every rank is in or missing, and waiting says one is outstanding")
-	}
-	w.ranks[3].result = nil
-	if !w.waiting() || w.hint != 3 {
-		t.Fatalf("rank 3 is outstanding again: waiting %v, hint %d", w.waiting(), w.hint)
 	}
 }
 

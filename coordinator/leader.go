@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
@@ -49,6 +50,7 @@ type leaderRun struct {
 	pending  map[uint64][]*pb.Envelope // members waiting for a window this leader finishes from the log
 	sweepAt  time.Time                 // when the next sweep of the log is due
 	stash    []*pb.Envelope            // ranks' messages about a window a post-mortem interrupted
+	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
 }
 
 // postmortemQuiet is how long after a post-mortem further reports (other ranks
@@ -63,7 +65,7 @@ func (l *leaderRun) busy() bool {
 
 func newLeader(c *Coordinator) *leaderRun {
 	l := &leaderRun{c: c, log: c.log.With("role", "leader"), msgs: make(chan *pb.Envelope, 1<<14), wakeCh: make(chan struct{}, 1),
-		done: make(chan struct{}), next: -1, pending: map[uint64][]*pb.Envelope{}}
+		done: make(chan struct{}), next: -1, pending: map[uint64][]*pb.Envelope{}, seen: map[uint64]time.Time{}}
 	if c.cfg.Schedule.Enabled {
 		l.next = c.cfg.Schedule.Skip
 	}
@@ -138,7 +140,7 @@ func (l *leaderRun) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case env := <-l.msgs:
-			l.idle(env)
+			l.idle(ctx, env)
 		case <-tick.C:
 		case <-l.wakeCh:
 		}
@@ -163,11 +165,24 @@ func (l *leaderRun) pushFront(req *pb.Envelope) {
 	l.mu.Unlock()
 }
 
-func (l *leaderRun) queue(req *pb.Envelope) {
+// queue queues req, unless the same request (a member asking again) is queued
+// already; it reports whether it queued it.
+func (l *leaderRun) queue(req *pb.Envelope) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if req.Seq != 0 && watching(l.requests, req) {
+		return false
+	}
+	if len(l.requests) >= maxQueued {
+		l.log.Warn("dropping a request: too many are queued", "from", req.Sender)
+		return false
+	}
 	l.requests = append(l.requests, req)
-	l.mu.Unlock()
+	return true
 }
+
+// maxQueued bounds the requests a leader holds.
+const maxQueued = 4096
 
 // backoff sleeps a jittered wait (doubling up to 10 s); it reports false when ctx ended.
 func backoff(ctx context.Context, wait *time.Duration) bool {
@@ -216,7 +231,7 @@ func (l *leaderRun) renewTerm(ctx context.Context) bool {
 		if err == nil {
 			prev := l.term
 			l.term, l.renew = t.Term, time.Now()
-			l.c.noteTerm(t.Term)
+			l.c.believe(t.Term)
 			l.c.updateMeta() // the cluster learns the term from its leader's metadata
 			l.log.Info("leadership term taken", "term", t.Term, "previous", prev)
 			l.sweep(ctx)
@@ -269,8 +284,17 @@ func (l *leaderRun) refuseWhileDown(ctx context.Context, cause error) {
 }
 
 // idle handles a message that arrives while no window is in progress.
-func (l *leaderRun) idle(env *pb.Envelope) {
-	if env.GetRequest() != nil {
+func (l *leaderRun) idle(ctx context.Context, env *pb.Envelope) {
+	r := env.GetRequest()
+	switch {
+	case r == nil:
+	case env.WindowId != 0 && r.Kind != pb.WindowKind_WINDOW_KIND_OOM && r.Kind != pb.WindowKind_WINDOW_KIND_CRASH:
+		// how a window ended: answered at once from the log, never queued behind
+		// new windows
+		if !l.c.spawn(func() { l.answerWatch(ctx, env) }) {
+			l.queue(env)
+		}
+	default:
 		l.queue(env)
 	}
 }
@@ -330,16 +354,16 @@ func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) uint64 {
 		if p.Request != id {
 			continue
 		}
-		o, err := l.rl.ReadOutcome(ctx, p.ID)
-		if errors.Is(err, store.ErrNotFound) {
+		res, done, err := l.windowEnd(ctx, p)
+		if err == nil && !done {
 			// unfinished: finish it first (a window its dead leader never sent
 			// to the ranks fails at once)
 			l.recoverPlan(ctx, p)
-			o, err = l.rl.ReadOutcome(ctx, p.ID)
+			res, _, err = l.windowEnd(ctx, p)
 		}
-		if err == nil && o.State == runlog.Failed && len(o.Ranks) == 0 {
+		if err == nil && res != nil && res.State == pb.Outcome_OUTCOME_FAILED && len(res.Ranks) == 0 {
 			// nothing of it was recorded: the request is planned again
-			l.log.Info("the request's window failed with no snapshot; planning the request again", "from", req.Sender, "window", p.ID, "why", o.Error)
+			l.log.Info("the request's window failed with no snapshot; planning the request again", "from", req.Sender, "window", p.ID, "why", res.Error)
 			return 0
 		}
 		return p.ID
@@ -361,17 +385,19 @@ func (l *leaderRun) answer(req *pb.Envelope, code pb.AckCode, why string) {
 }
 
 // answerWatch tells a member that asks about a window not in progress how it
-// ended, from the run's log; a window the log holds unfinished is finished by
-// this leader, which answers then.
+// ended, from its commit in the store; a window the log holds unfinished is
+// finished by this leader, which answers then.
 func (l *leaderRun) answerWatch(ctx context.Context, req *pb.Envelope) {
 	id := req.WindowId
 	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_UNKNOWN, Window: id, Store: l.st.String()}
-	o, err := l.rl.ReadOutcome(ctx, id)
+	p, err := l.rl.ReadPlan(ctx, id)
 	switch {
 	case err == nil:
-		res = l.resultOfOutcome(ctx, o)
-	case errors.Is(err, store.ErrNotFound):
-		if _, perr := l.rl.ReadPlan(ctx, id); perr == nil {
+		got, done, err := l.windowEnd(ctx, p)
+		switch {
+		case err != nil:
+			res.Error = "the run's log cannot be read: " + err.Error()
+		case !done:
 			l.mu.Lock()
 			if !watching(l.pending[id], req) {
 				l.pending[id] = append(l.pending[id], req)
@@ -379,12 +405,16 @@ func (l *leaderRun) answerWatch(ctx context.Context, req *pb.Envelope) {
 			l.sweepAt = time.Time{} // finish it now
 			l.mu.Unlock()
 			l.answer(req, pb.AckCode_ACK_OK, "")
+			if got != nil { // answered: the rest is to come
+				l.tellAnswer(id, []*pb.Envelope{req}, got)
+			}
+			l.wake()
 			return
-		} else if errors.Is(perr, store.ErrNotFound) {
-			res.Error = fmt.Sprintf("the run's log holds no window %d", id)
-		} else {
-			res.Error = "the run's log cannot be read: " + perr.Error()
+		default:
+			res = got
 		}
+	case errors.Is(err, store.ErrNotFound):
+		res.Error = fmt.Sprintf("the run's log holds no window %d", id)
 	default:
 		res.Error = "the run's log cannot be read: " + err.Error()
 	}
@@ -393,19 +423,57 @@ func (l *leaderRun) answerWatch(ctx context.Context, req *pb.Envelope) {
 	l.c.reply(req, env, true)
 }
 
-// resultOfOutcome is a finished window's result as a member that asks sees it.
-func (l *leaderRun) resultOfOutcome(ctx context.Context, o *runlog.Outcome) *pb.WindowResult {
-	if o.Manifest != "" { // a published manifest is the truth, whatever the outcome says
-		if m, err := merge.ReadManifest(ctx, l.st, o.Manifest); err == nil {
-			res := resultFromManifest(o.Manifest, m, l.st)
-			res.Window = o.ID
-			if res.Pending {
-				res.Error = o.Error // why the rest was not written
-			}
-			return res
+// windowEnd is how window p stands as its commit and outcome say: done when it
+// ended (res says how), or not yet (res is its answer when it has one).
+func (l *leaderRun) windowEnd(ctx context.Context, p *runlog.Plan) (res *pb.WindowResult, done bool, err error) {
+	var c *window.Commit
+	var m *merge.Manifest
+	if p.Manifest != "" {
+		m, err = merge.ReadManifest(ctx, l.st, p.Manifest)
+		switch {
+		case err == nil:
+			c = commitOf(m)
+		case errors.Is(err, store.ErrNotFound):
+		default:
+			return nil, false, err
 		}
 	}
+	o, err := l.rl.ReadOutcome(ctx, p.ID)
+	state := ""
+	switch {
+	case err == nil:
+		state = o.State
+	case errors.Is(err, store.ErrNotFound):
+	default:
+		return nil, false, err
+	}
+	phase, final := window.Derive(c, state)
+	switch {
+	case m != nil:
+		res = l.resultOfManifest(p.Manifest, m)
+		res.Window = p.ID
+		if res.Start == 0 && res.Stop == 0 {
+			res.Start, res.Stop = p.Start, p.Stop
+		}
+		if res.Pending && final && o != nil {
+			res.Error = o.Error // why the rest was not written
+		}
+	case o != nil:
+		res = l.resultOfOutcome(ctx, o)
+	}
+	return res, phase.Ended() || final, nil
+}
+
+// resultOfOutcome is a window's result as its outcome alone says (a log of an
+// earlier version, or a plan no leader could read).
+func (l *leaderRun) resultOfOutcome(ctx context.Context, o *runlog.Outcome) *pb.WindowResult {
 	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: o.ID, Error: o.Error, Store: l.st.String(), Missing: map[int32]string{}, Kind: kindOf(o.Kind)}
+	if o.State == runlog.Published {
+		res.State = pb.Outcome_OUTCOME_PUBLISHED
+		if o.Manifest != "" {
+			res.Manifest = l.st.URL(o.Manifest)
+		}
+	}
 	for _, r := range o.Ranks {
 		res.Ranks = append(res.Ranks, int32(r))
 	}
@@ -449,7 +517,7 @@ func (l *leaderRun) scheduleDue(ctx context.Context) bool {
 	}
 	res := l.window(ctx, plan{length: l.c.cfg.WindowBatches, minStart: next, reason: "schedule"})
 	if res == nil {
-		return true // served again once the leader renewed its term
+		return true // left for later, or served again once the leader renewed its term
 	}
 	l.mu.Lock()
 	if sch := l.c.cfg.Schedule; sch.Every > 0 {
@@ -503,11 +571,13 @@ func (l *leaderRun) sweep(ctx context.Context) {
 	}
 	l.mu.Unlock()
 	for _, id := range ids {
-		o, err := l.rl.ReadOutcome(ctx, id)
+		p, err := l.rl.ReadPlan(ctx, id)
 		if err != nil {
 			continue
 		}
-		l.tellResult(id, nil, l.resultOfOutcome(ctx, o))
+		if res, done, err := l.windowEnd(ctx, p); err == nil && done && res != nil {
+			l.tellResult(id, nil, res)
+		}
 	}
 }
 

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"sort"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
@@ -20,10 +20,10 @@ import (
 
 // retryable reports whether a store or merge error may go away by itself (the
 // store is unreachable, a connection broke), so the operation is retried within
-// its bound; an error the store will give again (refused credentials, a bad name)
-// or a rank's input that cannot be read as it is are not.
+// its bound; an error the store will give again (refused credentials, a bad name),
+// a superseded term, or a rank's input that cannot be read as it is are not.
 func retryable(err error) bool {
-	if err == nil || store.Permanent(err) || errors.Is(err, runlog.ErrMalformed) || errors.Is(err, merge.ErrOtherInputs) {
+	if err == nil || store.Permanent(err) || errors.Is(err, runlog.ErrMalformed) || errors.Is(err, merge.ErrOtherInputs) || isSuperseded(err) {
 		return false
 	}
 	if errors.Is(err, store.ErrUnreachable) || errors.Is(err, store.ErrNoBucket) || errors.Is(err, io.ErrUnexpectedEOF) ||
@@ -38,158 +38,265 @@ func retryable(err error) bool {
 	return !errors.As(err, &ie)
 }
 
-// finish checks what the ranks stored and merges it: a rank whose snapshot does not
-// cover exactly the window's batches is reported missing, never merged. A store
-// that fails meanwhile is retried for up to PublishTimeout; a rank whose stored
-// snapshot cannot be merged is left out with the reason.
-func (l *leaderRun) finish(ctx context.Context, w *win) *pb.WindowResult {
-	log := l.log.With("window", w.id)
-	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Kind: w.kind, Start: w.start, Stop: w.stop, Store: l.st.String()}
-	key, _ := l.manifestKey(w.id, w.stop)
-	give := time.Now().Add(l.c.cfg.PublishTimeout)
+// isSuperseded reports whether err says a newer term is in the run's log.
+func isSuperseded(err error) bool { return errors.Is(err, runlog.ErrSuperseded) }
+
+// fence is what every commit of this leader asks first: no newer term may be in
+// the run's log.
+func (l *leaderRun) fence(ctx context.Context) error { return l.rl.Fence(ctx, l.term) }
+
+// attempt names this leadership's publication.
+func (l *leaderRun) attempt() string { return "t" + strconv.FormatUint(l.term, 10) }
+
+// commitOf is a manifest as the machine reads it.
+func commitOf(m *merge.Manifest) *window.Commit {
+	return &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
+}
+
+// held reads the commit another leader made under w's manifest, for a
+// publication refused because of it.
+func (l *leaderRun) held(ctx context.Context, w *win, cause error) window.Publication {
+	m, err := merge.ReadManifest(ctx, l.st, w.manifest)
+	if err != nil {
+		return window.Publication{At: time.Now(), Err: fmt.Sprintf("%v (and its manifest cannot be read: %v)", cause, err), Retryable: true}
+	}
+	return window.Publication{At: time.Now(), Held: commitOf(m)}
+}
+
+// publicationOf is what a merge's error means for the window.
+func (l *leaderRun) publicationOf(ctx context.Context, w *win, inputs map[int]merge.Input, err error) window.Publication {
+	now := time.Now()
+	var ie *merge.InputError
+	switch {
+	case isSuperseded(err):
+		return window.Publication{At: now, Superseded: true}
+	case errors.Is(err, store.ErrExists) || errors.Is(err, merge.ErrOtherInputs) && w.m.Phase == window.Merging:
+		return l.held(ctx, w, err)
+	case errors.As(err, &ie) && !retryable(err) && inputs[ie.Rank].Source == ie.Source:
+		l.log.Warn("a rank's snapshot cannot be merged; merging without it", "window", w.id(), "left_out", ie.Rank, "err", err)
+		if ch := w.pre[ie.Rank]; ch != nil {
+			delete(w.pre, ie.Rank)
+		}
+		return window.Publication{At: now, Unfit: map[int]string{ie.Rank: "its snapshot cannot be merged: " + err.Error()}}
+	}
+	return window.Publication{At: now, Err: err.Error(), Retryable: retryable(err)}
+}
+
+// publish merges the stored snapshots of the given ranks and commits the window:
+// the answer first (the machine hears AnswerCommitted), then the rest.
+func (l *leaderRun) publish(ctx context.Context, w *win, ranks []int) {
+	if m, err := merge.ReadManifest(ctx, l.st, w.manifest); err == nil {
+		// committed already (an earlier try of this leader's, or another leader)
+		l.step(ctx, w, window.Publication{At: time.Now(), Held: commitOf(m)})
+		return
+	} else if !errors.Is(err, store.ErrNotFound) {
+		l.step(ctx, w, window.Publication{At: time.Now(), Err: err.Error(), Retryable: retryable(err)})
+		return
+	}
+	inputs, unfit, err := l.inputs(ctx, w, ranks)
+	switch {
+	case err != nil:
+		l.step(ctx, w, window.Publication{At: time.Now(), Err: err.Error(), Retryable: retryable(err)})
+		return
+	case len(unfit) > 0:
+		l.step(ctx, w, window.Publication{At: time.Now(), Unfit: unfit})
+		return
+	}
+	l.merge(ctx, w, inputs)
+}
+
+// complete writes the merged pickles and the timeline of the answer the store
+// holds, from the snapshots it names, whoever answered.
+func (l *leaderRun) complete(ctx context.Context, w *win) {
+	m, err := merge.ReadManifest(ctx, l.st, w.manifest)
+	switch {
+	case err != nil:
+		l.step(ctx, w, window.Publication{At: time.Now(), Err: err.Error(), Retryable: retryable(err) || errors.Is(err, store.ErrNotFound)})
+		return
+	case len(m.Pending) == 0:
+		l.step(ctx, w, window.Publication{At: time.Now(), Held: commitOf(m)})
+		return
+	}
+	l.log.Info("the window's answer is published with outputs pending; completing it", "window", w.id(), "manifest", w.manifest, "answered_by", m.Attempt)
+	inputs := map[int]merge.Input{}
+	for _, in := range merge.AnswerInputs(l.st, m) {
+		inputs[in.Rank] = in
+	}
+	l.merge(ctx, w, inputs)
+}
+
+// merge runs the merge of inputs under this leader's fence and steps what came
+// of it.
+func (l *leaderRun) merge(ctx context.Context, w *win, inputs map[int]merge.Input) {
+	cfg := l.mergeConfig(w, inputs)
+	cfg.OnAnswer = func(a merge.Answer) {
+		ans := resultFromManifest(a.Manifest, a.M, l.st)
+		ans.Window, ans.Kind, ans.Start, ans.Stop, ans.Pending = w.id(), w.m.Kind, w.m.Start, w.m.Stop, true
+		w.answer = ans
+		l.log.Info("window answered", "window", w.id(), "manifest", ans.Manifest, "ranks", len(ans.Ranks), "missing", len(ans.Missing))
+		l.step(ctx, w, window.AnswerCommitted{At: time.Now()})
+	}
+	out, err := merge.Merge(ctx, cfg)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		ev := l.publicationOf(ctx, w, inputs, err)
+		if ev.Err != "" {
+			l.log.Warn("the window's publication failed", "window", w.id(), "err", err, "retryable", ev.Retryable)
+		}
+		l.step(ctx, w, ev)
+		return
+	}
+	res := resultFromManifest(out.Outputs[merge.OutManifest], out.Manifest, l.st)
+	res.Window, res.Kind, res.Start, res.Stop = w.id(), w.m.Kind, w.m.Start, w.m.Stop
+	w.res = res
+	l.log.Info("window published", "window", w.id(), "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String())
+	l.step(ctx, w, window.Publication{At: time.Now(), Done: true})
+}
+
+// commitFailure commits the window as failed: its manifest, created once and
+// fenced by this leader's term.
+func (l *leaderRun) commitFailure(ctx context.Context, w *win, e window.CommitFailure) {
+	ev := window.FailureCommitted{At: time.Now()}
+	if w.manifest == "" {
+		// a plan of an earlier version names no manifest: its outcome is its commit
+		_, err := l.rl.Finish(ctx, runlog.Outcome{ID: w.id(), Term: l.term, Kind: kindName(w.m.Kind), State: runlog.Failed, Error: e.Why, Leader: l.c.name, Missing: missingStrings(e.Missing)})
+		if err != nil {
+			ev.Superseded, ev.Err, ev.Retryable = isSuperseded(err), err.Error(), retryable(err)
+		}
+		l.step(ctx, w, ev)
+		return
+	}
+	f := merge.FailedWindow{Error: e.Why, WorldSize: w.m.World, MissingReasons: e.Missing, Reason: w.reason, Kind: kindName(w.m.Kind), Attempt: l.attempt(),
+		Window: &merge.WindowInfo{ID: w.id(), Start: w.m.Start, Stop: w.m.Stop}}
+	held, err := merge.CommitFailed(ctx, l.st, w.manifest, f, l.fence)
+	switch {
+	case isSuperseded(err):
+		ev.Superseded = true
+	case err != nil:
+		ev.Err, ev.Retryable = err.Error(), retryable(err)
+	case !held.Failed() || held.Attempt != l.attempt():
+		ev.Held = commitOf(held) // another leader committed first: that is how it ended
+	default:
+		l.log.Error("window failed", "window", w.id(), "why", e.Why, "missing", len(e.Missing))
+	}
+	l.step(ctx, w, ev)
+}
+
+func missingStrings(m map[int]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for r, why := range m {
+		out[strconv.Itoa(r)] = why
+	}
+	return out
+}
+
+// writeOutcome writes how the window ended into the run's log, as its commit
+// says (the log is an index of the commits), retrying a failing store for up to
+// 30 s (PublishTimeout when shorter); a later sweep writes one this could not.
+func (l *leaderRun) writeOutcome(ctx context.Context, w *win, e window.WriteOutcome) {
+	o := runlog.Outcome{ID: w.id(), Term: l.term, Kind: kindName(w.m.Kind), State: runlog.Published, Error: e.Why, Leader: l.c.name,
+		Manifest: w.manifest, Missing: missingStrings(w.m.MissingReasons())}
+	if e.Phase == window.Failed {
+		o.State, o.Manifest = runlog.Failed, w.manifest
+	}
+	o.Ranks = w.m.Mergeable()
+	give := time.Now().Add(min(l.c.cfg.PublishTimeout, 30*time.Second))
 	wait := 500 * time.Millisecond
-	told, answered := false, false
-	for attempt := 1; ; attempt++ {
-		// an answer published with outputs pending (by this leader's earlier
-		// try, or a leader that died or stalled) is completed from the
-		// snapshots it names, whatever this leader collected
-		var inputs map[int]merge.Input
-		var err error
-		completing := false
-		if m, merr := merge.ReadManifest(ctx, l.st, key); merr == nil && len(m.Pending) > 0 {
-			completing, inputs = true, map[int]merge.Input{}
-			for _, in := range merge.AnswerInputs(l.st, m) {
-				inputs[in.Rank] = in
-			}
-		} else {
-			inputs, err = l.inputs(ctx, w)
-		}
-		if err == nil && len(inputs) == 0 && !completing {
-			res.Error = "no rank stored a snapshot of the window"
-			if w.postmortem() {
-				res.Error = "no rank had a snapshot to give: every trainer was stopped with no allocator history recorded (--record-always keeps one for post-mortems)"
-			}
-			res.Missing = missingOf(w)
-			log.Error(res.Error, "missing", len(res.Missing))
-			l.conclude(ctx, w, res, false)
-			return res
-		}
+	for {
+		got, err := l.rl.Finish(ctx, o)
 		if err == nil {
-			if !told {
-				l.tell(w, -1, pb.Step_STEP_PUBLISHING, -1, fmt.Sprintf("merging %d ranks", len(inputs)))
-				told = true
+			if got.Term != o.Term || got.State != o.State {
+				l.log.Info("the window's outcome was written by another leader", "window", w.id(), "state", got.State, "leader", got.Leader)
 			}
-			cfg := l.mergeConfig(w, inputs)
-			cfg.OnAnswer = func(a merge.Answer) {
-				if answered {
-					return // the members waiting heard it from an earlier try
-				}
-				answered = true
-				ans := resultFromManifest(a.Manifest, a.M, l.st)
-				ans.Window, ans.Kind, ans.Start, ans.Stop, ans.Pending = w.id, w.kind, w.start, w.stop, true
-				log.Info("window answered", "manifest", ans.Manifest, "ranks", len(ans.Ranks), "missing", len(ans.Missing), "attempt", attempt)
-				l.tellAnswer(w.id, w.watchers, ans) // (a member waiting says the step itself)
-			}
-			var out *merge.Result
-			if out, err = merge.Merge(ctx, cfg); err == nil {
-				res = resultFromManifest(out.Outputs[merge.OutManifest], out.Manifest, l.st)
-				res.Window, res.Kind, res.Start, res.Stop = w.id, w.kind, w.start, w.stop
-				log.Info("window published", "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String(), "attempt", attempt)
-				break
-			}
+			return
 		}
-		if ctx.Err() != nil {
-			return &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Error: "the leader stopped"}
+		if ctx.Err() != nil || !retryable(err) || time.Now().After(give) {
+			l.log.Warn("cannot write the window's outcome into the run's log; a later sweep does", "window", w.id(), "err", err)
+			return
 		}
-		// whoever published it, the manifest in the store is the truth; an
-		// answer with outputs pending is finished by merging again, unless
-		// that cannot succeed: then the answer is what the window published
-		m, merr := merge.ReadManifest(ctx, l.st, key)
-		if merr == nil && len(m.Pending) == 0 {
-			log.Info("the window was published by another leader", "manifest", key)
-			res = resultFromManifest(key, m, l.st)
-			res.Window, res.Kind = w.id, w.kind
-			break
-		}
-		// another attempt's claim or answer, stored first, is completed (or
-		// superseded) by merging again
-		retry := retryable(err) || errors.Is(err, store.ErrExists)
-		if merr == nil && !completing && time.Now().Before(give) {
-			log.Info("the window's answer is published with outputs pending; completing it", "manifest", key)
-			continue
-		}
-		if merr == nil && !retry {
-			log.Error("the window's answer is published, and its merged pickles and timeline cannot be written", "manifest", key, "err", err)
-			res = resultFromManifest(key, m, l.st)
-			res.Window, res.Kind, res.Pending = w.id, w.kind, true
-			res.Error = "the answer is published; the merged pickles and the timeline were not written: " + err.Error()
-			break
-		}
-		var ie *merge.InputError
-		if errors.As(err, &ie) && !retry && inputs[ie.Rank].Source == ie.Source {
-			log.Warn("a rank's snapshot cannot be merged; merging without it", "left_out", ie.Rank, "err", err)
-			w.ranks[ie.Rank].result, w.ranks[ie.Rank].pre = nil, nil
-			w.ranks[ie.Rank].missing = "its snapshot cannot be merged: " + err.Error()
-			continue
-		}
-		if !retry {
-			res.Error = err.Error()
-			res.Missing = missingOf(w)
-			log.Error("the merge failed", "err", err)
-			l.conclude(ctx, w, res, false)
-			return res
-		}
-		if time.Now().After(give) {
-			res.Error = fmt.Sprintf("the store failed for %v while the window was published (%v); the window stays unfinished in the run's log, and the leader publishes it once the store is back", l.c.cfg.PublishTimeout, err)
-			res.Missing = missingOf(w)
-			if merr == nil {
-				// its answer is out: that is what the window published so far
-				res = resultFromManifest(key, m, l.st)
-				res.Window, res.Kind, res.Start, res.Stop, res.Pending = w.id, w.kind, w.start, w.stop, true
-				res.Error = fmt.Sprintf("the answer is published; the store failed for %v while the merged pickles and the timeline were written (%v): the leader writes them once the store is back", l.c.cfg.PublishTimeout, err)
-			}
-			log.Error("publication given up for now", "err", err)
-			l.mu.Lock()
-			l.sweepAt = time.Now().Add(l.c.cfg.SweepInterval)
-			l.mu.Unlock()
-			l.tellResult(w.id, w.watchers, res) // no outcome: a sweep publishes it later
-			return res
-		}
-		log.Warn("the store failed while publishing the window; retrying", "err", err, "attempt", attempt)
-		l.tell(w, -1, pb.Step_STEP_RETRYING, -1, err.Error())
 		if !backoff(ctx, &wait) {
-			return &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id, Error: "the leader stopped"}
+			return
 		}
 	}
-	l.conclude(ctx, w, res, false)
+}
+
+// tellEnd tells every member waiting for w how it ended, from its commit.
+func (l *leaderRun) tellEnd(ctx context.Context, w *win) {
+	if w.res == nil || w.m.Phase != window.Published {
+		w.res = l.resultOfCommit(ctx, w)
+	}
+	if w.quiet {
+		return
+	}
+	l.tellResult(w.id(), w.watchers, w.res)
+	w.watchers = nil
+}
+
+// resultOfCommit is w's result as its commit says (the machine's word where the
+// commit cannot be read).
+func (l *leaderRun) resultOfCommit(ctx context.Context, w *win) *pb.WindowResult {
+	m, err := merge.ReadManifest(ctx, l.st, w.manifest)
+	if err == nil {
+		res := l.resultOfManifest(w.manifest, m)
+		res.Window, res.Kind = w.id(), w.m.Kind
+		if res.Start == 0 && res.Stop == 0 {
+			res.Start, res.Stop = w.m.Start, w.m.Stop
+		}
+		if res.Pending && w.m.Final {
+			res.Error = w.m.Why // why the rest was not written
+		}
+		return res
+	}
+	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: w.id(), Kind: w.m.Kind, Start: w.m.Start, Stop: w.m.Stop, Store: l.st.String(),
+		Error: w.m.Why, Missing: map[int32]string{}}
+	switch w.m.Phase {
+	case window.Published, window.Answered:
+		res = resultFromManifest(w.manifest, nil, l.st)
+		res.Window, res.Kind, res.Start, res.Stop, res.Pending = w.id(), w.m.Kind, w.m.Start, w.m.Stop, w.m.Phase == window.Answered
+	}
+	for r, why := range w.m.MissingReasons() {
+		res.Missing[int32(r)] = why
+	}
+	for _, r := range w.m.Mergeable() {
+		res.Ranks = append(res.Ranks, int32(r))
+	}
 	return res
 }
 
-// inputs checks what the ranks stored and returns what can be merged: a rank
-// whose snapshot does not cover exactly the window's batches is missing, with the
-// reason. A store that cannot be read is an error (retried), not a missing rank.
-// The ranks' sidecars are read coverageReaders at a time (at 1,024 ranks, one
-// after another, a store's latency alone would hold the answer for a second), and
-// the merge takes the bytes read rather than reading them again.
-func (l *leaderRun) inputs(ctx context.Context, w *win) (map[int]merge.Input, error) {
+// resultOfManifest is a committed window's result: published (or answered), or
+// failed with its reason.
+func (l *leaderRun) resultOfManifest(key string, m *merge.Manifest) *pb.WindowResult {
+	if !m.Failed() {
+		return resultFromManifest(key, m, l.st)
+	}
+	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Manifest: l.st.URL(key), Store: l.st.String(), Error: m.Error, Missing: map[int32]string{}, Kind: kindOf(m.Kind)}
+	for r, why := range m.MissingReasons {
+		if n, err := strconv.Atoi(r); err == nil {
+			res.Missing[int32(n)] = why
+		}
+	}
+	if m.Window != nil {
+		res.Start, res.Stop, res.Window = m.Window.Start, m.Window.Stop, m.Window.ID
+	}
+	return res
+}
+
+// inputs checks what the given ranks stored and returns what can be merged, and
+// the ranks whose sidecars say their snapshots do not cover exactly the window's
+// batches, with the reason. A store that cannot be read is an error (retried),
+// not a missing rank. The sidecars are read coverageReaders at a time (at 1,024
+// ranks, one after another, a store's latency alone would hold the answer for a
+// second), and the merge takes the bytes read rather than reading them again.
+func (l *leaderRun) inputs(ctx context.Context, w *win, ranks []int) (map[int]merge.Input, map[int]string, error) {
 	inputs := map[int]merge.Input{}
+	unfit := map[int]string{}
 	var check []int
-	for r := 0; r < w.world; r++ {
-		s := w.ranks[r]
-		switch {
-		case s.result == nil:
-			if s.missing == "" {
-				s.missing = "no snapshot"
-			}
-		case s.result.Error != "":
-			s.missing = "its snapshot was not stored: " + s.result.Error
-		case w.postmortem():
-			inputs[r] = l.input(s.result, r)
-		case s.result.Partial != "":
-			s.missing = "its snapshot does not cover the window: " + s.result.Partial
-		case s.result.Start != w.start || s.result.Stop != w.stop:
-			s.missing = fmt.Sprintf("its snapshot covers [%d, %d), the window is [%d, %d)", s.result.Start, s.result.Stop, w.start, w.stop)
-		default:
+	for _, r := range ranks {
+		if w.m.Postmortem() {
+			inputs[r] = l.input(w.m.Ranks[r].Result, r)
+		} else {
 			check = append(check, r)
 		}
 	}
@@ -203,12 +310,11 @@ func (l *leaderRun) inputs(ctx context.Context, w *win) (map[int]merge.Input, er
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, coverageReaders)
 	for i, r := range check {
-		s := w.ranks[r]
-		if s.pre != nil {
+		if ch := w.pre[r]; ch != nil {
 			// preloaded while the window was collected (preload)
 			select {
-			case in := <-s.pre:
-				s.pre <- in // for a later try
+			case in := <-ch:
+				ch <- in // for a later try
 				if m := in.Meta(); m != nil {
 					pre[i] = in
 					got[i].why = l.coverageOf(m, r, w)
@@ -216,12 +322,12 @@ func (l *leaderRun) inputs(ctx context.Context, w *win) (map[int]merge.Input, er
 				}
 			case <-ctx.Done():
 				wg.Wait()
-				return nil, ctx.Err()
+				return nil, nil, ctx.Err()
 			}
 		}
 		wg.Add(1)
 		sem <- struct{}{}
-		res := s.result
+		res := w.m.Ranks[r].Result
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
@@ -232,124 +338,52 @@ func (l *leaderRun) inputs(ctx context.Context, w *win) (map[int]merge.Input, er
 	for i, r := range check {
 		switch g := got[i]; {
 		case g.err != nil:
-			return nil, g.err
+			return nil, nil, g.err
 		case g.why != "":
-			w.ranks[r].missing = g.why
+			unfit[r] = g.why
 		case pre[i].Meta() != nil:
 			inputs[r] = pre[i]
 		default:
-			inputs[r] = l.input(w.ranks[r].result, r).WithMeta(g.meta)
+			inputs[r] = l.input(w.m.Ranks[r].Result, r).WithMeta(g.meta)
 		}
 	}
-	return inputs, nil
+	return inputs, unfit, nil
 }
 
 // coverageReaders is how many ranks' sidecars the leader reads at once.
 const coverageReaders = 32
 
-// mergeConfig is the merge of w's inputs, published under this leader's attempt.
+// mergeConfig is the merge of w's inputs, published under this leader's attempt
+// and fenced by its term.
 func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config {
 	var ins []merge.Input
 	for _, in := range inputs {
 		ins = append(ins, in)
 	}
 	sort.Slice(ins, func(i, j int) bool { return ins[i].Rank < ins[j].Rank })
-	reasons := map[int]string{}
-	for r, s := range w.ranks {
-		if s.missing != "" {
-			reasons[r] = s.missing
-		}
-	}
 	run := l.c.cfg.Identity.RunName
-	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(w.id, w.stop), WorldSize: w.world, Progressive: true,
-		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, w.id, w.start, w.stop-1),
-		Window: &merge.WindowInfo{ID: w.id, Start: w.start, Stop: w.stop}, MissingReasons: reasons, Logger: l.log.With("window", w.id),
-		Reason: w.reason, Kind: kindName(w.kind), FromAnalyses: true, Supersede: true, Attempt: "t" + strconv.FormatUint(l.term, 10)}
-	if w.world > l.c.cfg.FullDetailRanks {
+	id, start, stop := w.id(), w.m.Start, w.m.Stop
+	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(id, stop), WorldSize: w.m.World, Progressive: true,
+		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, id, start, stop-1),
+		Window: &merge.WindowInfo{ID: id, Start: start, Stop: stop}, MissingReasons: w.m.MissingReasons(), Logger: l.log.With("window", id),
+		Reason: w.reason, Kind: kindName(w.m.Kind), FromAnalyses: true, Supersede: true, Attempt: l.attempt(), Fence: l.fence}
+	if w.m.World > l.c.cfg.FullDetailRanks {
 		cfg.Detail = merge.DetailDiff // the pickles hold the ranks the diff compares; the rest is in the summary and report
 	}
-	if w.postmortem() {
+	if w.m.Postmortem() {
 		what := "OOM"
-		if w.kind == pb.WindowKind_WINDOW_KIND_CRASH {
+		if w.m.Kind == pb.WindowKind_WINDOW_KIND_CRASH {
 			what = "crash"
 		}
 		if r, f, ok := w.first(); ok {
-			cfg.Title = fmt.Sprintf("%s, %s post-mortem (window %d): rank %d failed first (%s)", run, what, w.id, r, f.cause)
+			cfg.Title = fmt.Sprintf("%s, %s post-mortem (window %d): rank %d failed first (%s)", run, what, id, r, f.cause)
 			cfg.Reason = fmt.Sprintf("%s post-mortem: rank %d failed first (%s)", what, r, f.cause)
 		} else {
-			cfg.Title = fmt.Sprintf("%s, %s post-mortem (window %d)", run, what, w.id)
+			cfg.Title = fmt.Sprintf("%s, %s post-mortem (window %d)", run, what, id)
 			cfg.Reason = what + " post-mortem"
 		}
 	}
 	return cfg
-}
-
-// conclude writes how w ended into the run's log (once: another leader's outcome,
-// when it wrote one first, is the truth) and tells every member waiting for it.
-// With quiet, nobody is told (the window was planned again under another id).
-func (l *leaderRun) conclude(ctx context.Context, w *win, res *pb.WindowResult, quiet bool) {
-	o := runlog.Outcome{ID: w.id, Term: l.term, Kind: kindName(w.kind), State: runlog.Failed, Error: res.Error, Leader: l.c.name, Missing: map[string]string{},
-		Manifest: manifestKeyOf(l, w)}
-	if res.State == pb.Outcome_OUTCOME_PUBLISHED {
-		o.State = runlog.Published
-	}
-	for _, r := range res.Ranks {
-		o.Ranks = append(o.Ranks, int(r))
-	}
-	for r, why := range res.Missing {
-		o.Missing[strconv.Itoa(int(r))] = why
-	}
-	// The members waiting for a published window hear it first; the log is
-	// written after (a store that fails here leaves the window to a later sweep,
-	// which finds the manifest). A failed window's outcome is written first: were
-	// it not written, a later leader could finish the window again from what the
-	// ranks stored, and a member told "failed" would have been told wrong; it is
-	// then told that too.
-	published := res.State == pb.Outcome_OUTCOME_PUBLISHED
-	if !quiet && published {
-		l.tellResult(w.id, w.watchers, res)
-		w.watchers = nil
-	}
-	got, err := l.writeOutcome(ctx, w, o)
-	if !quiet && !published {
-		switch {
-		case err != nil:
-			res.Error = fmt.Sprintf("%s (this outcome could not be written into the run's log: %v; a later leader may still finish the window from what the ranks stored: memsnap ls shows how it ends)", res.Error, err)
-		case got.State == runlog.Published:
-			res = l.resultOfOutcome(ctx, &got) // another leader published it first: that is how it ended
-		}
-		l.tellResult(w.id, w.watchers, res)
-		w.watchers = nil
-	}
-}
-
-// writeOutcome writes o into the run's log, retrying a failing store for up to
-// 30 s (PublishTimeout when shorter).
-// It returns the outcome the log holds: another leader's, when it wrote one first.
-func (l *leaderRun) writeOutcome(ctx context.Context, w *win, o runlog.Outcome) (runlog.Outcome, error) {
-	give := time.Now().Add(min(l.c.cfg.PublishTimeout, 30*time.Second))
-	wait := 500 * time.Millisecond
-	for {
-		got, err := l.rl.Finish(ctx, o)
-		if err == nil {
-			if got.Term != o.Term || got.State != o.State {
-				l.log.Info("the window's outcome was written by another leader", "window", w.id, "state", got.State, "leader", got.Leader)
-			}
-			return got, nil
-		}
-		if ctx.Err() != nil || !retryable(err) || time.Now().After(give) {
-			l.log.Warn("cannot write the window's outcome into the run's log; a later sweep does", "window", w.id, "err", err)
-			return o, err
-		}
-		if !backoff(ctx, &wait) {
-			return o, ctx.Err()
-		}
-	}
-}
-
-func manifestKeyOf(l *leaderRun, w *win) string {
-	k, _ := l.manifestKey(w.id, w.stop)
-	return k
 }
 
 // input is rank r's stored snapshot as a merge input, with the rank's own
@@ -388,18 +422,19 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank in
 // coverageOf says why a rank's sidecar does not cover exactly the window's
 // batches ("" when it does).
 func (l *leaderRun) coverageOf(m *merge.RankMeta, rank int, w *win) string {
-	if m.Window == nil || m.Window.ID != w.id {
+	start, stop := w.m.Start, w.m.Stop
+	if m.Window == nil || m.Window.ID != w.id() {
 		return "its metadata names another window"
 	}
 	if m.Rank != rank || (m.RunName != "" && m.RunName != l.c.cfg.Identity.RunName) {
 		return fmt.Sprintf("its metadata is rank %d's of run %q", m.Rank, m.RunName)
 	}
-	if len(m.Batches) != int(w.stop-w.start) {
-		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), w.stop-w.start)
+	if len(m.Batches) != int(stop-start) {
+		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), stop-start)
 	}
 	for i, bm := range m.Batches {
-		if bm.Batch != w.start+int64(i) {
-			return fmt.Sprintf("it recorded batch %d where batch %d belongs", bm.Batch, w.start+int64(i))
+		if bm.Batch != start+int64(i) {
+			return fmt.Sprintf("it recorded batch %d where batch %d belongs", bm.Batch, start+int64(i))
 		}
 	}
 	return ""
@@ -455,35 +490,48 @@ func resultFromManifest(key string, m *merge.Manifest, st store.Store) *pb.Windo
 	return res
 }
 
-// recoverPlan finishes a window the run's log holds unfinished: from the
-// manifest, when it was published and its outcome never written; else from the
-// ranks' reports in the log and the live ranks' status, waiting for ranks that
-// still record it (until its deadline).
+// recoverPlan finishes a window the run's log holds unfinished: from its commit,
+// when it has one and its outcome was never written; else from the ranks'
+// reports in the log and the live ranks' status, waiting for ranks that still
+// record it (until its deadline, counted on this leader's clock from when it
+// found the window).
 func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	c := l.c
 	log := l.log.With("window", p.ID)
-	w := &win{id: p.ID, start: p.Start, stop: p.Stop, reason: nonEmpty(p.Reason, "recovered"), kind: kindOf(p.Kind), ranks: map[int]*rankState{},
-		world: p.WorldSize, failed: map[int]failure{}, deadline: p.Deadline, planned: p.Created}
-	if p.FailedRank != nil {
-		w.failed[*p.FailedRank] = failure{cause: p.Cause, at: p.Created}
+	found := l.firstSeen(p)
+	asked := map[int]int64{}
+	for _, r := range p.Ranks {
+		if r >= 0 && r < p.WorldSize {
+			asked[r] = -1
+		}
 	}
-	if !l.mayRecover(p) {
-		log.Debug("an unfinished window of another leader whose ranks this member cannot reach; left to it until its deadline", "deadline", p.Deadline)
-		return
+	cfg := window.Config{ID: p.ID, Term: l.term, Kind: kindOf(p.Kind), Start: p.Start, Stop: p.Stop, World: p.WorldSize, Asked: asked,
+		Planned: found, Deadline: found.Add(max(p.Deadline.Sub(p.Created), 0)), Timers: l.timers()}
+	mk := func(m *window.Window) *win {
+		w := newWin(m, nonEmpty(p.Reason, "recovered"), nil, p.Manifest)
+		if p.FailedRank != nil {
+			w.failed[*p.FailedRank] = failure{cause: p.Cause, at: found}
+		}
+		return w
 	}
-	if m, err := merge.ReadManifest(ctx, l.st, p.Manifest); err == nil && len(m.Pending) == 0 {
-		log.Info("the window was published; recording its outcome", "manifest", p.Manifest)
-		res := resultFromManifest(p.Manifest, m, l.st)
-		res.Window = p.ID
-		l.conclude(ctx, w, res, false)
-		return
-	} else if err == nil {
-		// its answer is out: the snapshots it names are all the rest needs
-		log.Info("finishing a window whose answer an earlier leader published", "manifest", p.Manifest, "pending", m.Pending, "planned_by", p.Leader, "term", p.Term)
-		l.finish(ctx, w)
-		return
-	} else if !errors.Is(err, store.ErrNotFound) {
-		log.Warn("cannot read the window's manifest; trying again later", "err", err)
+	if p.Manifest != "" {
+		m, err := merge.ReadManifest(ctx, l.st, p.Manifest)
+		switch {
+		case err == nil:
+			// committed, and its outcome never written (or its answer's detail is to come)
+			log.Info("taking over a committed window", "manifest", p.Manifest, "failed", m.Failed(), "pending", m.Pending, "planned_by", p.Leader, "term", p.Term)
+			w := mk(window.Recover(window.Resume{Config: cfg, At: time.Now()}))
+			l.step(ctx, w, window.Publication{At: time.Now(), Held: commitOf(m)})
+			l.drive(ctx, w)
+			l.finishRecovery(w)
+			return
+		case !errors.Is(err, store.ErrNotFound):
+			log.Warn("cannot read the window's manifest; trying again later", "err", err)
+			return
+		}
+	}
+	if !l.mayRecover(p, cfg.Deadline) {
+		log.Debug("an unfinished window of another leader whose ranks this member cannot reach; left to it until its deadline", "deadline", cfg.Deadline)
 		return
 	}
 	reports, bad, err := l.rl.Reports(ctx, p.ID)
@@ -494,81 +542,80 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	for _, e := range bad {
 		log.Warn("a rank's report in the run's log is malformed; ignored", "err", e)
 	}
-	asked := map[int]bool{}
-	for _, r := range p.Ranks {
-		asked[r] = true
-	}
-	nodes := c.rankNodes()
 	var live []int
-	for r := range nodes {
-		if r < w.world {
+	for r := range c.rankNodes() {
+		if r < p.WorldSize {
 			live = append(live, r)
 		}
 	}
-	sts := c.status(ctx, live)
-	pending := false
+	sts := statusesOf(c.status(ctx, live), p.ID)
 	now := time.Now()
-	for r := 0; r < w.world; r++ {
-		s := &rankState{}
-		w.ranks[r] = s
-		st, ok := sts[r]
-		switch rep := reports[r]; {
-		case !asked[r]:
-			s.missing, s.leftOut = "not asked to record the window (its leader did not have it as a member)", true
-		case rep != nil:
-			s.result = resultOfReport(rep)
-		case ok && st.st.Window == p.ID && st.st.Result != nil:
-			s.result = st.st.Result
-		case ok && slices.Contains(st.st.Spooled, p.ID):
-			// its snapshot waits in its spool (the store was away): it comes
-			s.lastSign, s.batch, s.acked = now, st.st.Batch, true
-			pending = true
-		case ok && st.st.Window == p.ID && !terminal(st.st.State) && time.Now().Before(p.Deadline.Add(c.cfg.CollectTimeout)):
-			s.lastSign, s.batch, s.state, s.acked = now, st.st.Batch, st.st.State, true
-			pending = true
-		case ok && st.st.Window == p.ID:
-			s.missing = "the window ended on the rank without a snapshot (" + stepName(st.st.State) + ")"
-		case !ok && now.Before(p.Deadline):
-			// not a member now, but it may be rejoining (a restarted member's
-			// name is taken for dead a moment): it has RejoinGrace from when it was
-			// last heard from to show up (the leader that died is one such: its
-			// death took failure detection's suspicion timeout to be declared)
-			heard := c.lastHeard(NodeName(c.cfg.Identity.RunName, r), now)
-			s.lastSign, s.acked = heard.Add(min(c.cfg.RejoinGrace-c.cfg.CollectTimeout, 0)), true
-			s.gone = "not a member now, and no snapshot of it in the run's log"
-			pending = true
-		case !ok:
-			s.missing = "not a member now, and no snapshot of it in the run's log"
-		default:
-			s.missing = "no snapshot of it in the run's log or the rank's spool (the rank stopped before storing one)"
+	fs := map[int]window.Found{}
+	for r := range asked {
+		f := window.Found{}
+		if rep := reports[r]; rep != nil {
+			f.Report = resultOfReport(rep)
 		}
+		if st, ok := sts[r]; ok {
+			f.Status = &st
+		} else {
+			f.LastHeard = c.lastHeard(NodeName(c.cfg.Identity.RunName, r), now)
+		}
+		fs[r] = f
 	}
+	w := mk(window.Recover(window.Resume{Config: cfg, Found: fs, At: now, RejoinGrace: c.cfg.RejoinGrace}))
+	pending := len(w.m.Outstanding()) > 0
 	log.Info("finishing a window an earlier leader left unfinished", "kind", p.Kind, "start", p.Start, "stop", p.Stop, "reports", len(reports),
 		"waiting", pending, "planned_by", p.Leader, "term", p.Term)
-	if pending {
-		if dl := now.Add(c.cfg.StatusTimeout); w.deadline.Before(dl) {
-			w.deadline = dl.Add(c.cfg.CollectTimeout)
-		}
-		ch, seq := c.expect(16, c.fromRanks())
-		l.collect(ctx, w, ch, nil, false)
-		c.forget(seq)
-		if ctx.Err() != nil {
-			return
-		}
-	}
-	l.finish(ctx, w)
-	if pending && w.kind == pb.WindowKind_WINDOW_KIND_WINDOW {
+	ch, seq := c.expect(16, c.fromRanks())
+	l.collect(ctx, w, ch, nil)
+	c.forget(seq)
+	l.drive(ctx, w)
+	l.finishRecovery(w)
+	if pending && w.m.Kind == pb.WindowKind_WINDOW_KIND_WINDOW && w.end != steppedDown {
 		l.cancelWindow(w, "finished by a later leader")
 	}
 }
 
+// finishRecovery hands over what a taken-over window leaves: its members
+// waiting keep waiting for a later try when it did not end here.
+func (l *leaderRun) finishRecovery(w *win) {
+	if w.end == ended {
+		l.mu.Lock()
+		delete(l.seen, w.id())
+		l.mu.Unlock()
+		return
+	}
+	l.keepWaiting(w)
+}
+
+// firstSeen is when this leader first found window p unfinished, on its own
+// clock: a window taken over is given its planned duration from then, never
+// judged by comparing another host's clock with this one's.
+func (l *leaderRun) firstSeen(p *runlog.Plan) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p.Term == l.term && p.Leader == l.c.name {
+		// its own window, planned under this term: planned on this clock
+		return p.Created
+	}
+	t, ok := l.seen[p.ID]
+	if !ok {
+		t = time.Now()
+		if len(l.seen) < 1<<16 {
+			l.seen[p.ID] = t
+		}
+	}
+	return t
+}
+
 // mayRecover says whether this leader finishes plan p now: its own, or one whose
 // leader or ranks it can reach (a dead leader's, a stale leader's), or one whose
-// deadline has passed. A window of another leader none of whose ranks is a member
-// here is being recorded on the other side of a partition: it is left to its
-// leader until its deadline.
-func (l *leaderRun) mayRecover(p *runlog.Plan) bool {
-	if p.Term == l.term || time.Now().After(p.Deadline.Add(l.c.cfg.CollectTimeout)) {
+// deadline (on this leader's clock) has passed. A window of another leader none
+// of whose ranks is a member here is being recorded on the other side of a
+// partition: it is left to its leader until its deadline.
+func (l *leaderRun) mayRecover(p *runlog.Plan, deadline time.Time) bool {
+	if p.Term == l.term || time.Now().After(deadline.Add(l.c.cfg.CollectTimeout)) {
 		return true
 	}
 	if l.c.node(p.Leader) != nil {
@@ -583,25 +630,4 @@ func (l *leaderRun) mayRecover(p *runlog.Plan) bool {
 	return false
 }
 
-func resultOfReport(r *runlog.Report) *pb.RankResult {
-	return &pb.RankResult{Key: r.Key, MetaKey: r.MetaKey, AnalysisKey: r.AnalysisKey, Size: r.Size, Sha256: r.SHA256, Events: r.Events,
-		Start: r.Start, Stop: r.Stop, Reason: r.Reason, Partial: r.Partial, Error: r.Error, Cause: r.Cause}
-}
-
-func stepName(s pb.Step) string {
-	n := s.String()
-	if len(n) > 5 && n[:5] == "STEP_" {
-		n = n[5:]
-	}
-	return toLower(n)
-}
-
-func toLower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if c >= 'A' && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
-}
+func stepName(s pb.Step) string { return window.StepName(s) }

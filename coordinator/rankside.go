@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -132,6 +133,9 @@ func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
 			err = nil
 		}
 	}
+	if (errors.Is(err, rankagent.ErrStale) || errors.Is(err, rankagent.ErrBusy)) && c.checkNewest(env, w) {
+		return // the newest window this rank has seen is looked up in the log first; the ack comes then
+	}
 	switch {
 	case err == nil:
 		c.mu.Lock()
@@ -163,6 +167,73 @@ func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
 	r := c.envelope(w.ID)
 	r.Body = &pb.Envelope_Ack{Ack: ack}
 	c.reply(env, r, true)
+}
+
+// forgetter is what of the agent undoes a forged plan (rankagent.Agent).
+type forgetter interface {
+	LastWindow() uint64
+	Forget(id, floor uint64)
+}
+
+// checkNewest looks up, when the leader's plan w is refused as older than a
+// window this rank has seen, whether the run's log holds that window: a plan a
+// member forged under the leader's name (with a far id) would otherwise make
+// this rank refuse every real window after it. It reports whether a lookup was
+// started: the lookup answers the plan.
+func (c *Coordinator) checkNewest(env *pb.Envelope, w rankagent.Window) bool {
+	f, ok := c.rec.(forgetter)
+	if !ok || c.cfg.OpenStore == nil {
+		return false
+	}
+	newest := f.LastWindow()
+	if cur, _, ok := c.rec.Current(); ok {
+		newest = max(newest, cur.ID)
+	}
+	c.mu.Lock()
+	if newest <= w.ID || newest <= c.inLog || c.looking[newest] {
+		c.mu.Unlock()
+		return false
+	}
+	if c.looking == nil {
+		c.looking = map[uint64]bool{}
+	}
+	c.looking[newest] = true
+	c.mu.Unlock()
+	return c.spawn(func() {
+		defer func() {
+			c.mu.Lock()
+			delete(c.looking, newest)
+			c.mu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := c.cfg.OpenStore(ctx)
+		var p *runlog.Plan
+		if err == nil {
+			p, err = runlog.New(st, c.cfg.Identity.RunName).ReadPlan(ctx, newest)
+			st.Close()
+		}
+		switch {
+		case err == nil && p.ID == newest:
+			c.mu.Lock()
+			c.inLog = max(c.inLog, newest)
+			c.mu.Unlock()
+		case errors.Is(err, store.ErrNotFound) || errors.Is(err, runlog.ErrMalformed):
+			c.log.Warn("a window this rank took is not in the run's log (a forged plan); it is withdrawn", "window", newest, "plan", w.ID)
+			f.Forget(newest, w.ID-1)
+			c.mu.Lock()
+			if c.last.w.ID == newest {
+				c.last = lastWindow{}
+			}
+			c.mu.Unlock()
+		default:
+			c.log.Warn("cannot look up in the run's log a window newer than the leader's plan", "window", newest, "plan", w.ID, "err", err)
+			c.mu.Lock()
+			c.inLog = max(c.inLog, newest) // not looked up again: the plan is refused as before
+			c.mu.Unlock()
+		}
+		c.handleLocal(env) // the plan again, now against what the log holds
+	})
 }
 
 func (c *Coordinator) onCancel(env *pb.Envelope, x *pb.Cancel) {

@@ -120,7 +120,7 @@ type limitedTransport struct {
 
 	// counters: streams handed on, refused for each reason, and message bytes
 	// delivered after the headers
-	admitted, refused, tooLarge, busy, delivered atomic.Int64
+	admitted, refused, tooLarge, busy, evicted, delivered atomic.Int64
 
 	mu       sync.Mutex
 	open     map[*limitedConn]struct{} // streams handed on and not yet closed
@@ -137,6 +137,7 @@ const (
 	refusedMany  streamRefusal = iota // Streams are in flight already
 	refusedLarge                      // it declares more than MessageBytes
 	refusedBusy                       // it would take InflightBytes over
+	refusedIdle                       // it sent nothing for idleEvict while every place was taken
 	nStreamRefusals
 )
 
@@ -235,26 +236,59 @@ func (t *limitedTransport) forward(in <-chan net.Conn) {
 
 func (t *limitedTransport) handOn(conn net.Conn) {
 	c := &limitedConn{Conn: conn, t: t}
+	now := t.now()
+	c.active.Store(now.UnixNano())
 	t.mu.Lock()
+	var idle *limitedConn
 	switch {
 	case t.stopping:
 		t.mu.Unlock()
 		conn.Close()
 		return
 	case len(t.open) >= t.lim.Streams:
-		t.mu.Unlock()
-		conn.Close()
-		t.noteRefusal(refusedMany)
-		return
+		// every place is taken: the stream that has sent nothing for longest goes,
+		// if it has been quiet for idleEvict (a flood of connections that never
+		// speak must not shut out a member with something to say)
+		idle = t.idlest(now)
+		if idle == nil {
+			t.mu.Unlock()
+			conn.Close()
+			t.noteRefusal(refusedMany)
+			return
+		}
+		delete(t.open, idle)
+		t.inflight -= idle.reserved
+		idle.reserved = 0
 	}
 	t.open[c] = struct{}{}
 	t.mu.Unlock()
+	if idle != nil {
+		idle.Close()
+		t.noteRefusal(refusedIdle)
+	}
 	t.admitted.Add(1)
 	select {
 	case t.out <- c:
 	case <-t.stop:
 		c.Close()
 	}
+}
+
+// idleEvict is how long a stream must have sent nothing before a new one may
+// take its place when every place is taken.
+const idleEvict = time.Second
+
+// idlest is the open stream quiet for longest, if quiet for idleEvict; t.mu is
+// held.
+func (t *limitedTransport) idlest(now time.Time) *limitedConn {
+	var best *limitedConn
+	oldest := now.Add(-idleEvict).UnixNano()
+	for c := range t.open {
+		if a := c.active.Load(); a <= oldest {
+			best, oldest = c, a
+		}
+	}
+	return best
 }
 
 // reserve admits a stream whose header has been read, and returns how many
@@ -297,7 +331,7 @@ func (t *limitedTransport) release(c *limitedConn) {
 // most once per streamWarnEvery (refusals after a warning wait for the next).
 // It counts this one last, so that whoever sees the count sees the warning.
 func (t *limitedTransport) noteRefusal(why streamRefusal) {
-	defer [nStreamRefusals]*atomic.Int64{&t.refused, &t.tooLarge, &t.busy}[why].Add(1)
+	defer [nStreamRefusals]*atomic.Int64{&t.refused, &t.tooLarge, &t.busy, &t.evicted}[why].Add(1)
 	t.mu.Lock()
 	t.pending[why]++
 	now := t.now()
@@ -310,7 +344,7 @@ func (t *limitedTransport) noteRefusal(why streamRefusal) {
 	t.lastWarn = now
 	t.mu.Unlock()
 	t.log.Warn("closed inbound gossip streams unread: a burst of members, or a sender flooding the gossip port",
-		"refused_streams", p[refusedMany], "too_large_streams", p[refusedLarge], "busy_streams", p[refusedBusy],
+		"refused_streams", p[refusedMany], "too_large_streams", p[refusedLarge], "busy_streams", p[refusedBusy], "idle_streams_closed", p[refusedIdle],
 		"max_streams", t.lim.Streams, "max_message_bytes", t.lim.MessageBytes, "max_inflight_bytes", t.lim.InflightBytes)
 }
 
@@ -327,6 +361,7 @@ type limitedConn struct {
 	err    error // why it was refused; every later Read returns it
 
 	reserved int64 // declared bytes reserved by reserve; under t.mu
+	active   atomic.Int64 // when it last delivered a byte (t.now, Unix nanoseconds)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -335,10 +370,15 @@ type limitedConn struct {
 // Read delivers the stream as it comes, reading its header on the way through;
 // once the header is complete the stream is admitted or closed, and delivers at
 // most the bytes it was allowed.
-func (c *limitedConn) Read(p []byte) (int, error) {
+func (c *limitedConn) Read(p []byte) (n int, err error) {
 	if c.err != nil {
 		return 0, c.err
 	}
+	defer func() {
+		if n > 0 {
+			c.active.Store(c.t.now().UnixNano())
+		}
+	}()
 	if c.parsed {
 		if c.left <= 0 {
 			return 0, io.EOF
@@ -346,12 +386,12 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 		if int64(len(p)) > c.left {
 			p = p[:c.left]
 		}
-		n, err := c.Conn.Read(p)
+		n, err = c.Conn.Read(p)
 		c.left -= int64(n)
 		c.t.delivered.Add(int64(n))
 		return n, err
 	}
-	n, err := c.Conn.Read(p)
+	n, err = c.Conn.Read(p)
 	used, done := c.hdr.feed(p[:n])
 	if !done {
 		return n, err

@@ -272,8 +272,25 @@ func TestLimitStreamsInFlight(t *testing.T) {
 	start := time.Now()
 	tr.now = func() time.Time { return start.Add(time.Duration(clock.Load()) * time.Second) }
 
-	a := through(t, tr, inner, &scriptConn{})
-	b := through(t, tr, inner, &scriptConn{})
+	// a and b speak (a byte at a time, in the clear) whenever the clock moves:
+	// neither is idle, so nothing makes room for a third
+	speaking := func() *scriptConn {
+		sc := &scriptConn{}
+		for i := 0; i < 8; i++ {
+			sc.chunks = append(sc.chunks, []byte{'x'})
+		}
+		return sc
+	}
+	a := through(t, tr, inner, speaking())
+	b := through(t, tr, inner, speaking())
+	speak := func() {
+		for _, c := range []net.Conn{a, b} {
+			if _, err := c.Read(make([]byte, 1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	speak()
 	// a third is closed at once, unread, and never reaches memberlist
 	refuse := func() *scriptConn {
 		t.Helper()
@@ -293,11 +310,13 @@ func TestLimitStreamsInFlight(t *testing.T) {
 		t.Fatalf("want one warning for the first refusal, got %q", got)
 	}
 	clock.Add(9)
+	speak()
 	refuse()
 	if got := logs.lines("refused_streams="); len(got) != 1 {
 		t.Fatalf("warned again within 10 s: %q", got)
 	}
 	clock.Add(1)
+	speak()
 	refuse()
 	if got := logs.lines("refused_streams="); len(got) != 2 || !strings.Contains(got[1], "refused_streams=4 ") {
 		t.Fatalf("want a second warning counting the 4 refusals since the first, got %q", got)
@@ -312,6 +331,39 @@ func TestLimitStreamsInFlight(t *testing.T) {
 	if n := tr.admitted.Load(); n != 3 {
 		t.Errorf("%d streams admitted, want 3", n)
 	}
+	checkIdle(t, tr)
+}
+
+// TestIdleStreamsMakeRoom: with every place taken, a new stream takes the
+// place of the one that has sent nothing for longest, once it has been quiet
+// for idleEvict: connections that never speak (3,000 of them, from anyone who
+// reaches the port) cannot shut out a member with a request to make. A stream
+// that speaks keeps its place.
+func TestIdleStreamsMakeRoom(t *testing.T) {
+	tr, inner := newChanLimited(t, streamLimits{Streams: 2, MessageBytes: 64}, testutil.Logger(t))
+	var clock atomic.Int64 // milliseconds after an arbitrary start
+	start := time.Now()
+	tr.now = func() time.Time { return start.Add(time.Duration(clock.Load()) * time.Millisecond) }
+	quiet := &scriptConn{}
+	through(t, tr, inner, quiet)
+	clock.Add(500)
+	talker := &scriptConn{chunks: [][]byte{{'x'}, {'x'}}}
+	talking := through(t, tr, inner, talker)
+	// not quiet for long enough yet: a third is refused
+	sc := &scriptConn{}
+	inner.ch <- sc
+	testutil.Eventually(t, 5*time.Second, "the third stream refused", func() bool { return tr.refused.Load() == 1 })
+	clock.Add(1000) // the first has now been quiet for 1.5 s, the talker for 1 s
+	if _, err := talking.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	newcomer := through(t, tr, inner, &scriptConn{})
+	testutil.Eventually(t, 5*time.Second, "the quiet stream closed", func() bool { return quiet.closed.Load() })
+	if talker.closed.Load() || tr.evicted.Load() != 1 {
+		t.Fatalf("the talking stream closed %v, %d evicted", talker.closed.Load(), tr.evicted.Load())
+	}
+	newcomer.Close()
+	talking.Close()
 	checkIdle(t, tr)
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -106,7 +107,7 @@ func TestAnotherRanksSnapshotIsNotTaken(t *testing.T) {
 	put("r0.json", merge.RankMeta{Version: 1, RunName: "gpt", Rank: 0, WorldSize: 2, Window: &merge.WindowInfo{ID: 5, Start: 10, Stop: 12}, Batches: marks})
 	put("other.json", merge.RankMeta{Version: 1, RunName: "bert", Rank: 1, WorldSize: 2, Window: &merge.WindowInfo{ID: 5, Start: 10, Stop: 12}, Batches: marks})
 	l := &leaderRun{c: &Coordinator{cfg: Config{Identity: rankagent.Identity{RunName: "gpt"}}}, st: st}
-	w := &win{id: 5, start: 10, stop: 12}
+	w := newWin(window.New(window.Config{ID: 5, Start: 10, Stop: 12, World: 2}), "", nil, "")
 	for _, c := range []struct {
 		key  string
 		rank int

@@ -2,18 +2,16 @@ package coordinator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -27,44 +25,50 @@ type plan struct {
 	req      *pb.Envelope // the request it serves (served again if the leader's term was stale)
 }
 
-// rankState is where one rank stands in the window in progress.
-type rankState struct {
-	acked    bool
-	state    pb.Step
-	result   *pb.RankResult
-	missing  string // why it is not merged ("" while it may still be)
-	lastSign time.Time
-	batch    int64
-	retryAt  time.Time // when to send the command again (it saw another leader)
-	leftOut  bool      // not in the window's plan: nothing of it is taken
-	gone     string    // why it is missing if it shows no sign of life in time (else the silence is the reason)
-	// pre receives the rank's input with its sidecar and analysis read and parsed
-	// (merge.Preload), started when its result arrived; nil until then
-	pre chan merge.Input
-}
-
 // failure is a rank's trainer failing, as a post-mortem records it.
 type failure struct {
 	cause string
 	at    time.Time // on the leader's clock
 }
 
-// win is the window in progress: the collection registered before the plan is sent.
+// win is a window this leader runs: its state machine (coordinator/window), and
+// what carrying out the machine's effects needs.
 type win struct {
-	id          uint64
-	start, stop int64
-	reason      string
-	kind        pb.WindowKind
-	failed      map[int]failure // a post-mortem: the ranks that failed, how and when
-	ranks       map[int]*rankState
-	preSem      chan struct{} // bounds the ranks' preloads (preload)
-	hint        int           // a rank waiting found outstanding
-	watchers    []*pb.Envelope
-	world       int
-	deadline    time.Time
-	planned     time.Time      // when the window was planned (zero: unknown)
-	cmd         *pb.Envelope   // the plan or dump sent to every rank
-	steps       []*pb.RankStep // ranks' steps not told to the watchers yet (leaderRun.gathersSteps)
+	m        *window.Window
+	reason   string
+	failed   map[int]failure // a post-mortem: the ranks that failed, how and when
+	watchers []*pb.Envelope
+	cmd      *pb.Envelope   // the plan or dump sent to every rank
+	steps    []*pb.RankStep // ranks' steps not told to the watchers yet (leaderRun.gathersSteps)
+	manifest string         // its manifest's key: its commit point
+	// pre receives a rank's input with its sidecar and analysis read and parsed
+	// (merge.Preload), started when its result arrived
+	pre    map[int]chan merge.Input
+	preSem chan struct{}
+	answer *pb.WindowResult // its answer, once committed
+	res    *pb.WindowResult // how it ended, once it has
+	end    ending           // why the leader stopped running it
+	why    string           // deferred: why
+	passed []int            // replan: the ranks past the start
+	retry  time.Duration    // a Retry's wait, not yet waited
+	quiet  bool             // abandoned: its end is told to nobody
+}
+
+// ending is why a leader stopped running a window.
+type ending int
+
+const (
+	goingOn     ending = iota
+	ended              // it ended, and the members waiting were told
+	replanned          // ranks were past the start: planned again
+	deferred           // the store failed: left unfinished for a later sweep
+	steppedDown        // a newer term is in the log: left to it
+)
+
+func (w *win) id() uint64 { return w.m.ID }
+
+func newWin(m *window.Window, reason string, watchers []*pb.Envelope, manifest string) *win {
+	return &win{m: m, reason: reason, watchers: watchers, manifest: manifest, failed: map[int]failure{}, pre: map[int]chan merge.Input{}}
 }
 
 // A window of more than stepsGathered ranks tells its watchers the ranks' steps
@@ -84,7 +88,7 @@ func (l *leaderRun) gathersSteps(w *win) bool {
 	if n == 0 {
 		n = stepsGathered
 	}
-	return len(w.ranks) > n
+	return len(w.m.Ranks) > n
 }
 
 // stepMessages cuts steps into messages of at most stepsPerMessage steps and about
@@ -100,36 +104,6 @@ func stepMessages(steps []*pb.RankStep) [][]*pb.RankStep {
 		out = append(out, steps[:n:n])
 		steps = steps[n:]
 	}
-	return out
-}
-
-func (w *win) postmortem() bool { return w.kind != pb.WindowKind_WINDOW_KIND_WINDOW }
-
-// waiting reports whether a rank of w is outstanding, without listing them: the
-// leader's loop asks after every message, and at 1,024 ranks listing and sorting
-// them each time took most of the time the acks waited. The rank found last time
-// is looked at first.
-func (w *win) waiting() bool {
-	if s := w.ranks[w.hint]; s != nil && s.missing == "" && s.result == nil {
-		return true
-	}
-	for r, s := range w.ranks {
-		if s.missing == "" && s.result == nil {
-			w.hint = r
-			return true
-		}
-	}
-	return false
-}
-
-func (w *win) outstanding() []int {
-	var out []int
-	for r, s := range w.ranks {
-		if s.missing == "" && s.result == nil {
-			out = append(out, r)
-		}
-	}
-	sort.Ints(out)
 	return out
 }
 
@@ -151,9 +125,16 @@ type status struct {
 	when time.Time // when the answer arrived
 }
 
+// timers are the bounds the leader's windows run under.
+func (l *leaderRun) timers() window.Timers {
+	c := l.c.cfg
+	return window.Timers{Ack: c.AckTimeout, Silence: c.CollectTimeout, Poll: c.StatusTimeout, Spool: c.PublishTimeout, Publish: c.PublishTimeout,
+		Postmortem: c.PostmortemDeadline}
+}
+
 // window records one window and tells the members that asked for it how it
-// ended. It returns nil when the request is to be served again (this leader's
-// term turned out stale).
+// ended. It returns how it ended, or nil when it has not (the request is served
+// again, or the window was left for later).
 func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
 	l.mu.Lock()
 	l.working++
@@ -163,19 +144,13 @@ func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
 		l.working--
 		l.mu.Unlock()
 	}()
-	w, res := l.record(ctx, p, false)
-	if res == nil || ctx.Err() != nil {
-		return res // served again, or the leader stopped: the watchers ask the next one
-	}
-	l.tellResult(res.Window, p.watchers, res)
-	_ = w
-	return res
+	return l.record(ctx, p, false)
 }
 
 // record plans a window, collects it, merges and publishes it. A rank past the
 // start makes the leader plan once more with a longer lead; the second time the
 // window goes on without it.
-func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) (*win, *pb.WindowResult) {
+func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowResult {
 	c := l.c
 	world := c.cfg.Identity.WorldSize
 	// ranks still joining (agents start at different times) get a moment to arrive
@@ -189,38 +164,54 @@ func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) (*win, *
 	}
 	sort.Ints(ranks)
 	sts := c.status(ctx, ranks)
-	w := &win{reason: p.reason, kind: pb.WindowKind_WINDOW_KIND_WINDOW, ranks: map[int]*rankState{}, watchers: p.watchers, world: world}
-	for r := 0; r < world; r++ {
-		w.ranks[r] = &rankState{missing: "not a member of the cluster", leftOut: true}
-	}
-	rs := l.plausible(w, ranks, sts)
-	if len(rs) == 0 {
-		return w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: "no rank answered the leader with a plausible batch", Store: l.st.String()}
+	rs, leftOut, why := l.plausible(ranks, sts)
+	if why != "" {
+		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: why, Store: l.st.String(), Missing: map[int32]string{}}
+		for r, x := range leftOut {
+			res.Missing[int32(r)] = x
+		}
+		l.log.Warn("no window planned", "why", why)
+		l.tellResult(0, p.watchers, res)
+		return res
 	}
 	margin := c.cfg.LeadMargin
-	if replanned {
+	if again {
 		margin *= 3
 	}
-	w.start, w.stop = PlanWindow(rs, p.length, p.minStart, margin)
-	w.deadline, w.planned = l.windowDeadline(rs, w.start, w.stop), time.Now()
+	start, stop := PlanWindow(rs, p.length, p.minStart, margin)
+	deadline, planned := l.windowDeadline(rs, start, stop), time.Now()
+	asked := map[int]int64{}
 	expected := make([]int, 0, len(rs))
 	for _, r := range rs {
+		asked[r.Rank] = r.Batch
 		expected = append(expected, r.Rank)
 	}
-	rp := runlog.Plan{Kind: runlog.KindWindow, Reason: p.reason, Start: w.start, Stop: w.stop, Ranks: expected, Deadline: w.deadline}
+	rp := runlog.Plan{Kind: runlog.KindWindow, Reason: p.reason, Start: start, Stop: stop, Ranks: expected, Deadline: deadline}
 	if p.req != nil {
 		rp.Request = requestID(p.req)
 	}
 	pl, err := l.createPlan(ctx, rp)
 	if err != nil {
-		return w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: w.start, Stop: w.stop, Store: l.st.String(),
+		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: start, Stop: stop, Store: l.st.String(),
 			Error: "the window's plan could not be recorded in the run's log: " + err.Error()}
+		if isSuperseded(err) {
+			// a newer term: this leader takes one and serves the request again
+			l.c.believeTerm(ctx, l.rl)
+			if p.req != nil {
+				l.pushFront(p.req)
+			}
+			return nil
+		}
+		l.tellResult(0, p.watchers, res)
+		return res
 	}
-	w.id = pl.ID
-	log := l.log.With("window", w.id)
-	log.Info("window planned", "start", w.start, "stop", w.stop, "ranks", len(rs), "world_size", world, "reason", p.reason, "term", l.term,
-		"deadline", w.deadline.Format(time.RFC3339))
-	l.tellPlanned(w, fmt.Sprintf("batches [%d, %d) on %d of %d ranks", w.start, w.stop, len(rs), world))
+	m := window.New(window.Config{ID: pl.ID, Term: l.term, Kind: pb.WindowKind_WINDOW_KIND_WINDOW, Start: start, Stop: stop, World: world,
+		Asked: asked, LeftOut: leftOut, Planned: planned, Deadline: deadline, Timers: l.timers(), CanReplan: !again})
+	w := newWin(m, p.reason, p.watchers, pl.Manifest)
+	log := l.log.With("window", w.id())
+	log.Info("window planned", "start", start, "stop", stop, "ranks", len(rs), "world_size", world, "reason", p.reason, "term", l.term,
+		"deadline", deadline.Format(time.RFC3339))
+	l.tellPlanned(w, fmt.Sprintf("batches [%d, %d) on %d of %d ranks", start, stop, len(rs), world))
 
 	ranks32 := make([]int32, len(expected))
 	for i, r := range expected {
@@ -228,72 +219,89 @@ func (l *leaderRun) record(ctx context.Context, p plan, replanned bool) (*win, *
 	}
 	ch, seq := c.expect(4*len(rs)+64, c.fromRanks())
 	defer c.forget(seq)
-	w.cmd = c.envelope(w.id)
+	w.cmd = c.envelope(w.id())
 	w.cmd.Seq, w.cmd.Term = seq, l.term
-	w.cmd.Body = &pb.Envelope_Plan{Plan: &pb.Plan{Start: w.start, Stop: w.stop, Reason: p.reason, WorldSize: int32(world), Ranks: ranks32}}
+	w.cmd.Body = &pb.Envelope_Plan{Plan: &pb.Plan{Start: start, Stop: stop, Reason: p.reason, WorldSize: int32(world), Ranks: ranks32}}
 	// the acks are collected while the plan still goes out: at 1,024 ranks the
 	// first ranks have acked long before the last is sent to
 	sent := l.sendAsync(w.cmd, expected)
 	c.gossip(w.cmd)
-
-	out := l.collect(ctx, w, ch, sent, !replanned)
+	l.collect(ctx, w, ch, sent)
+	l.drive(ctx, w)
 	switch {
 	case ctx.Err() != nil:
 		// the leader stopped: the window stays unfinished in the log, and the next
 		// leader finishes it
-		return w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: "the leader stopped", Start: w.start, Stop: w.stop}
-	case out.stale:
-		log.Warn("a rank has seen a newer leadership term; this leader takes a new term and plans the window again")
-		l.cancelWindow(w, "its leader's term was superseded")
-		l.conclude(ctx, w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: w.start, Stop: w.stop,
-			Error: "planned under a leadership term that was superseded; the request is planned again as a later window"}, true)
-		if p.req != nil {
-			l.pushFront(p.req)
-		}
-		return w, nil
-	case len(out.passed) > 0 && !replanned:
-		log.Warn("ranks were past the window's start; planning again with a longer lead", "ranks", out.passed)
+		return nil
+	case w.end == replanned:
+		log.Warn("ranks were past the window's start; planning again with a longer lead", "ranks", w.passed)
 		l.cancelWindow(w, "re-planned: some ranks were past the start")
-		l.conclude(ctx, w, &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: w.start, Stop: w.stop,
-			Error: fmt.Sprintf("ranks %v were past the start; planned again as a later window", out.passed)}, true)
+		w.quiet = true
+		l.step(ctx, w, window.Abandon{At: time.Now(), Quiet: true,
+			Why: fmt.Sprintf("ranks %v were past the start; planned again as a later window", w.passed)})
+		l.drive(ctx, w)
 		return l.record(ctx, p, true)
+	case w.end == steppedDown:
+		log.Warn("a newer leadership term is in the run's log; this leader leaves the window to it, and serves the request again under a new term")
+		if p.req != nil && len(w.m.Mergeable()) == 0 {
+			l.pushFront(p.req)
+		} else {
+			l.keepWaiting(w)
+		}
+		return nil
+	case w.end == deferred:
+		l.keepWaiting(w)
+		return nil
 	}
-	return w, l.finish(ctx, w)
+	return w.res
+}
+
+// keepWaiting hands the members waiting for w to the sweep that finishes it
+// later (a later leader's watchers re-ask it).
+func (l *leaderRun) keepWaiting(w *win) {
+	l.mu.Lock()
+	for _, wt := range w.watchers {
+		if !watching(l.pending[w.id()], wt) {
+			l.pending[w.id()] = append(l.pending[w.id()], wt)
+		}
+	}
+	l.sweepAt = time.Now().Add(l.c.cfg.SweepInterval)
+	l.mu.Unlock()
+	w.watchers = nil
 }
 
 // plausible turns the ranks' status answers into what PlanWindow needs, leaving
-// out (and saying why) a rank that did not answer and one whose batch is far from
-// the others' (a trainer reporting batch 10^9, or counting backwards, must not
-// make a window that no healthy rank reaches).
-func (l *leaderRun) plausible(w *win, ranks []int, sts map[int]status) []RankStatus {
-	var batches []int64
+// out (and saying why) a rank that did not answer and one whose batch is far
+// from a majority's. With no majority that agrees, it says why no window can be
+// planned.
+func (l *leaderRun) plausible(ranks []int, sts map[int]status) ([]RankStatus, map[int]string, string) {
+	batches := map[int]int64{}
+	leftOut := map[int]string{}
 	for _, r := range ranks {
-		if s, ok := sts[r]; ok && s.st.Batch >= 0 {
-			batches = append(batches, s.st.Batch)
+		if s, ok := sts[r]; ok {
+			batches[r] = s.st.Batch
+		} else {
+			leftOut[r] = "did not answer the leader"
 		}
 	}
-	sort.Slice(batches, func(i, j int) bool { return batches[i] < batches[j] })
-	med := int64(-1)
-	if len(batches) > 0 {
-		med = batches[len(batches)/2]
+	keep, far, ok, why := Plausible(batches, l.c.cfg.MaxBatchSpread)
+	if !ok {
+		return nil, leftOut, why
+	}
+	if len(keep) == 0 {
+		return nil, leftOut, "no rank answered the leader"
+	}
+	for r, x := range far {
+		leftOut[r] = x
+		l.log.Warn("a rank's progress is implausible; it is left out of the window", "left_out", r, "batch", batches[r], "why", x)
 	}
 	now := time.Now()
-	var rs []RankStatus
-	for _, r := range ranks {
-		s, ok := sts[r]
-		if !ok {
-			w.ranks[r].missing = "did not answer the leader"
-			continue
-		}
-		if b := s.st.Batch; b >= 0 && med >= 0 && (b > med+l.c.cfg.MaxBatchSpread || b < med-l.c.cfg.MaxBatchSpread) {
-			w.ranks[r].missing = fmt.Sprintf("left out: its trainer reports batch %d, more than %d batches from the other ranks' (median %d)", b, l.c.cfg.MaxBatchSpread, med)
-			l.log.Warn("a rank's progress is implausible; it is left out of the window", "left_out", r, "batch", b, "median", med)
-			continue
-		}
-		w.ranks[r] = &rankState{lastSign: now, batch: s.st.Batch}
+	rs := make([]RankStatus, 0, len(keep))
+	for _, r := range keep {
+		s := sts[r]
 		rs = append(rs, RankStatus{Rank: r, Batch: s.st.Batch, Step: time.Duration(s.st.StepUs) * time.Microsecond, Delay: now.Sub(s.when) + s.rtt})
 	}
-	return rs
+	return rs, leftOut, ""
 }
 
 // windowDeadline is when the leader gives up on a window: time for the slowest
@@ -317,18 +325,16 @@ func (l *leaderRun) windowDeadline(rs []RankStatus, start, stop int64) time.Time
 	return time.Now().Add(min(d, limit))
 }
 
-// createPlan records a window's plan in the run's log, which gives it its id; a
-// store that is away is retried for up to AckTimeout.
+// createPlan records a window's plan in the run's log, which gives it its id
+// (the log alone decides ids: one a member announces is never taken on trust);
+// a store that is away is retried for up to AckTimeout.
 func (l *leaderRun) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan, error) {
 	c := l.c
 	p.Term, p.Leader, p.LeaderRank, p.WorldSize, p.Run = l.term, c.name, int(c.rank()), c.cfg.Identity.WorldSize, c.cfg.Identity.RunName
-	c.mu.Lock()
-	atLeast := c.lastWindow + 1
-	c.mu.Unlock()
 	deadline := time.Now().Add(c.cfg.AckTimeout)
 	wait := 200 * time.Millisecond
 	for {
-		out, err := l.rl.CreatePlan(ctx, p, atLeast, func(id uint64) (string, error) { return l.manifestKey(id, p.Stop) })
+		out, err := l.rl.CreatePlan(ctx, p, 0, func(id uint64) (string, error) { return l.manifestKey(id, p.Stop) })
 		if err == nil {
 			c.mu.Lock()
 			c.lastWindow = max(c.lastWindow, out.ID)
@@ -393,47 +399,46 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 		l.mu.Unlock()
 	}()
 	world := c.cfg.Identity.WorldSize
-	w := &win{kind: r.Kind, reason: r.Cause, ranks: map[int]*rankState{}, world: world, failed: map[int]failure{}}
-	if failedRank >= 0 && failedRank < world {
-		w.failed[failedRank] = failure{cause: r.Cause, at: failureTime(r.AtUs)}
-	}
 	nodes := c.rankNodes()
 	var ranks []int
+	asked := map[int]int64{}
 	now := time.Now()
 	for rk := 0; rk < world; rk++ {
 		if _, ok := nodes[rk]; ok || rk == failedRank {
-			w.ranks[rk] = &rankState{lastSign: now}
+			asked[rk] = -1
 			ranks = append(ranks, rk)
-		} else {
-			w.ranks[rk] = &rankState{missing: "not a member of the cluster", leftOut: true}
 		}
 	}
-	w.deadline = now.Add(c.cfg.PostmortemDeadline)
+	deadline := now.Add(c.cfg.PostmortemDeadline)
 	fr := failedRank
-	pl, err := l.createPlan(ctx, runlog.Plan{Kind: kindName(r.Kind), Reason: r.Cause, Ranks: ranks, Deadline: w.deadline, FailedRank: &fr, Cause: r.Cause})
+	pl, err := l.createPlan(ctx, runlog.Plan{Kind: kindName(r.Kind), Reason: r.Cause, Ranks: ranks, Deadline: deadline, FailedRank: &fr, Cause: r.Cause})
 	if err != nil {
 		l.log.Error("cannot record the post-mortem's plan in the run's log; no post-mortem", "failed_rank", failedRank, "err", err)
 		return
 	}
-	w.id = pl.ID
+	m := window.New(window.Config{ID: pl.ID, Term: l.term, Kind: r.Kind, World: world, Asked: asked, Planned: now, Deadline: deadline, Timers: l.timers()})
+	w := newWin(m, r.Cause, nil, pl.Manifest)
+	if failedRank >= 0 && failedRank < world {
+		w.failed[failedRank] = failure{cause: r.Cause, at: failureTime(r.AtUs)}
+	}
 	l.mu.Lock()
-	l.lastPMID = w.id
+	l.lastPMID = w.id()
 	l.mu.Unlock()
-	l.log.Warn("post-mortem: asking every rank for its allocator state", "window", w.id, "kind", kindName(r.Kind), "failed_rank", failedRank,
+	l.log.Warn("post-mortem: asking every rank for its allocator state", "window", w.id(), "kind", kindName(r.Kind), "failed_rank", failedRank,
 		"cause", r.Cause, "ranks", len(ranks))
 	ch, seq := c.expect(4*len(ranks)+64, c.fromRanks())
 	defer c.forget(seq)
-	w.cmd = c.envelope(w.id)
+	w.cmd = c.envelope(w.id())
 	w.cmd.Seq, w.cmd.Term = seq, l.term
 	w.cmd.Body = &pb.Envelope_Dump{Dump: &pb.Dump{Reason: r.Cause, FailedRank: int32(failedRank), Kind: r.Kind}}
 	sent := l.sendAsync(w.cmd, ranks)
 	// the rank that failed may be gone: its snapshot is in the store already, or
 	// arrives when its agent uploads it
-	l.collect(ctx, w, ch, sent, false)
-	if ctx.Err() != nil {
-		return
+	l.collect(ctx, w, ch, sent)
+	l.drive(ctx, w)
+	if w.end == deferred {
+		l.keepWaiting(w)
 	}
-	l.finish(ctx, w)
 }
 
 // failureTime reads a failure's time (the leader's clock, microseconds).
@@ -444,7 +449,7 @@ func failureTime(us int64) time.Time {
 	return time.UnixMicro(us)
 }
 
-// planSenders is how many ranks sendAll sends to at once. Each send opens a
+// planSenders is how many ranks send sends to at once. Each send opens a
 // stream of its own: over TCP a connection's round trip, and for a rank that
 // cannot be reached memberlist's TCP timeout, for which it holds its sender; 256
 // keep a few such ranks from holding up the plan to the others. The acks come
@@ -452,26 +457,18 @@ func failureTime(us int64) time.Time {
 // stream limit (1,024, defaultStreamLimits).
 const planSenders = 256
 
-// sendAll sends the window's command to each rank directly (over TCP, planSenders
-// at a time) and returns once every send is done; a rank it cannot reach is
-// missing.
-func (l *leaderRun) sendAll(w *win, ranks []int) {
-	for _, f := range l.send(w.cmd, ranks) {
-		l.unreachable(w, f)
-	}
-}
-
 // sendFailure is a rank a command could not be sent to.
 type sendFailure struct {
 	rank int
 	err  error
 }
 
-// unreachable marks the rank of f missing, unless it is in already.
-func (l *leaderRun) unreachable(w *win, f sendFailure) {
-	if s := w.ranks[f.rank]; s != nil && s.missing == "" && s.result == nil {
-		s.missing = "unreachable: " + f.err.Error()
+func unreachableOf(fs []sendFailure) map[int]string {
+	out := map[int]string{}
+	for _, f := range fs {
+		out[f.rank] = f.err.Error()
 	}
+	return out
 }
 
 // send sends cmd to each rank directly (over TCP, planSenders at a time), this
@@ -534,346 +531,62 @@ func (l *leaderRun) sendAsync(cmd *pb.Envelope, ranks []int) <-chan []sendFailur
 
 // cancelWindow withdraws w from every rank.
 func (l *leaderRun) cancelWindow(w *win, reason string) {
-	env := l.c.envelope(w.id)
+	env := l.c.envelope(w.id())
 	env.Term = l.term
 	env.Body = &pb.Envelope_Cancel{Cancel: &pb.Cancel{Reason: reason}}
-	var ranks []int
-	for r := range w.ranks {
+	ranks := make([]int, 0, w.m.World)
+	for r := 0; r < w.m.World; r++ {
 		ranks = append(ranks, r)
 	}
-	l.sendAll(&win{ranks: map[int]*rankState{}, cmd: env}, ranks)
+	l.send(env, ranks)
 	l.c.gossip(env)
 }
 
-// collectOut is how a collection ended early.
-type collectOut struct {
-	passed []int // ranks past the window's start (it may be planned again)
-	stale  bool  // a rank has seen a newer term than this leader's
-}
-
-// collect waits until every rank of w has stored its snapshot or is missing: a
-// rank that shows no sign of life (no progress, no batch advancing) for
-// CollectTimeout is missing, and so is every rank not in by the window's
-// deadline. With canReplan, it returns as soon as a rank says it is past the
-// window's start, naming those ranks.
-func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope, sent <-chan []sendFailure, canReplan bool) collectOut {
-	c := l.c
-	tick := time.NewTicker(min(c.cfg.StatusTimeout, 500*time.Millisecond))
-	defer tick.Stop()
-	lastPoll := time.Now()
-	ackDeadline := time.Now().Add(c.cfg.AckTimeout)
-	deadline := time.NewTimer(time.Until(w.deadline))
-	defer deadline.Stop()
-	var out collectOut
-	var flush <-chan time.Time
-	if l.gathersSteps(w) {
-		t := time.NewTicker(stepsEvery)
-		defer t.Stop()
-		flush = t.C
-	}
-	defer l.flushSteps(w)
-	defer func() {
-		// the command has gone out to every rank before the window is given up,
-		// planned again or merged: a cancel must not overtake it
-		if sent != nil {
-			select {
-			case fs := <-sent:
-				for _, f := range fs {
-					l.unreachable(w, f)
-				}
-			case <-ctx.Done():
-			}
-		}
-	}()
-	allAcked := func() bool {
-		for _, s := range w.ranks {
-			if s.missing == "" && !s.acked && s.result == nil {
-				return false
-			}
-		}
-		return true
-	}
-	for w.waiting() && !out.stale {
-		if canReplan && len(out.passed) > 0 && (allAcked() || time.Now().After(ackDeadline)) {
-			return out
-		}
-		select {
-		case <-ctx.Done():
-			return out
-		case <-deadline.C:
-			why := fmt.Sprintf("not in by the window's deadline (%s)", w.deadline.Format(time.TimeOnly))
-			if !w.planned.IsZero() {
-				why = fmt.Sprintf("not in by the window's deadline (%s, %v after it was planned)", w.deadline.Format(time.TimeOnly), w.deadline.Sub(w.planned).Round(time.Second))
-			}
-			if w.postmortem() {
-				why = fmt.Sprintf("no snapshot within the post-mortem's deadline of %v", c.cfg.PostmortemDeadline)
-			}
-			// a result that never reached this leader may be in the run's log
-			l.reportedAll(ctx, w, w.outstanding())
-			for _, r := range w.outstanding() {
-				w.ranks[r].missing = why
-				l.tell(w, r, pb.Step_STEP_MISSING, w.ranks[r].batch, why)
-			}
-			return out
-		case <-flush:
-			l.flushSteps(w)
-		case fs := <-sent:
-			for _, f := range fs {
-				l.unreachable(w, f)
-			}
-			sent = nil
-			// at 1,024 ranks the plan takes a moment to go out: the ranks have
-			// AckTimeout from the moment it has
-			ackDeadline = time.Now().Add(c.cfg.AckTimeout)
-		case env := <-acks:
-			if a := env.GetAck(); a != nil && env.WindowId == w.id {
-				l.onAck(w, env, a, &out, ackDeadline)
-			}
-			l.preload(ctx, w, int(env.SenderRank))
-		case env := <-l.msgs:
-			if env.GetRequest() != nil {
-				if l.onRequestDuring(w, env) {
-					// a post-mortem now, while the window goes on: every rank's
-					// state at the failure, not when the window ends (in a
-					// synchronous job the other ranks hang in their next collective)
-					l.postmortem(ctx, env)
-					if ctx.Err() != nil {
-						return out
-					}
-					l.unstash(w, &out)
-				}
-				continue
-			}
-			if env.WindowId == w.id {
-				l.onRankMessage(w, env, &out)
-				l.preload(ctx, w, int(env.SenderRank))
-			} else if a := env.GetAck(); a != nil && a.Code == pb.AckCode_ACK_STALE_TERM {
-				l.c.noteTerm(a.Term)
-				out.stale = true
-			} else if w.postmortem() {
-				l.stash = append(l.stash, env) // for the window this post-mortem interrupted
-			}
-		case <-tick.C:
-			l.resend(w, ackDeadline)
-			// ranks are asked every StatusTimeout; a silence's end (a rank gone
-			// from the cluster, whose grace ends) is seen at the next tick
-			poll := time.Since(lastPoll) >= c.cfg.StatusTimeout
-			if poll {
-				lastPoll = time.Now()
-			}
-			l.checkAlive(ctx, w, poll)
-			for r := range w.ranks {
-				l.preload(ctx, w, r)
-			}
-		}
-	}
-	return out
-}
-
-// preloaders is how many ranks' sidecars and analyses a leader reads at once
-// while it collects.
-const preloaders = 16
-
-// preload starts reading and parsing rank r's sidecar and analysis once its
-// result is in, preloaders at a time, while the other ranks still record and
-// upload: at 1,024 ranks the answer then waits for none of it (merge.Preload).
-// What cannot be read now is read again when the window is merged.
-func (l *leaderRun) preload(ctx context.Context, w *win, r int) {
-	s := w.ranks[r]
-	if s == nil || s.pre != nil || s.result == nil || s.result.Error != "" || s.result.MetaKey == "" || w.postmortem() ||
-		s.result.Partial != "" || s.result.Start != w.start || s.result.Stop != w.stop { // inputs drops these
-		return
-	}
-	if w.preSem == nil {
-		w.preSem = make(chan struct{}, preloaders)
-	}
-	ch, in, sem := make(chan merge.Input, 1), l.input(s.result, r), w.preSem
-	s.pre = ch
-	if !l.c.spawn(func() {
-		select {
-		case sem <- struct{}{}:
-			defer func() { <-sem }()
-			in = merge.Preload(ctx, in)
-		case <-ctx.Done():
-		}
-		ch <- in
-	}) {
-		ch <- in
-	}
-}
-
-// unstash handles what arrived for w while a post-mortem interrupted it.
-func (l *leaderRun) unstash(w *win, out *collectOut) {
-	var keep []*pb.Envelope
-	for _, env := range l.stash {
-		if env.WindowId == w.id {
-			if a := env.GetAck(); a != nil {
-				l.onAck(w, env, a, out, time.Now().Add(time.Hour))
-			} else {
-				l.onRankMessage(w, env, out)
-			}
-		} else {
-			keep = append(keep, env)
-		}
-	}
-	l.stash = keep
-	if len(l.stash) > 1<<16 {
-		l.stash = nil
-	}
-}
-
-// resend sends the window's command again to the ranks that saw another leader
-// when it first arrived (their membership had not caught up yet). A rank that is
-// not a member at this moment (gossip of a relaunched job's previous agents can
-// take a rank away for a moment) is asked again at a later tick: sendAll would
-// skip it, and nothing would ever ask it again.
-func (l *leaderRun) resend(w *win, ackDeadline time.Time) {
-	now := time.Now()
-	var again []int
-	var nodes map[int]*memberlist.Node
-	for r, s := range w.ranks {
-		if s.retryAt.IsZero() || now.Before(s.retryAt) || s.missing != "" || s.result != nil {
-			continue
-		}
-		s.retryAt = time.Time{}
-		if now.After(ackDeadline) {
-			s.missing = "refused the window: it sees another member as leader"
-			l.tell(w, r, pb.Step_STEP_REFUSED, s.batch, s.missing)
-			continue
-		}
-		if nodes == nil {
-			nodes = l.c.rankNodes()
-		}
-		if nodes[r] == nil && int32(r) != l.c.rank() {
-			s.retryAt = now.Add(200 * time.Millisecond)
-			continue
-		}
-		again = append(again, r)
-	}
-	if len(again) > 0 {
-		l.sendAll(w, again)
-	}
-}
-
-func (l *leaderRun) onAck(w *win, env *pb.Envelope, a *pb.Ack, out *collectOut, ackDeadline time.Time) {
-	r := int(env.SenderRank)
-	s := w.ranks[r]
-	if s == nil || s.missing != "" {
-		return
-	}
-	s.lastSign = time.Now()
-	switch {
-	case a.Ok && s.acked:
-	case a.Ok:
-		s.acked = true
-		l.tell(w, r, pb.Step_STEP_ACKED, a.Batch, "")
-	case a.Code == pb.AckCode_ACK_PASSED:
-		out.passed = append(out.passed, r)
-		s.missing = "past the window's start: " + a.Message
-		l.tell(w, r, pb.Step_STEP_PASSED, a.Batch, a.Message)
-	case a.Code == pb.AckCode_ACK_NOT_LEADER && time.Now().Before(ackDeadline):
-		s.retryAt = time.Now().Add(200 * time.Millisecond)
-	case a.Code == pb.AckCode_ACK_STALE_TERM:
-		l.c.noteTerm(a.Term)
-		out.stale = true
-	default:
-		s.missing = fmt.Sprintf("refused the window (%s): %s", ackName(a.Code), a.Message)
-		l.tell(w, r, pb.Step_STEP_REFUSED, a.Batch, a.Message)
-	}
-}
-
-func ackName(c pb.AckCode) string {
-	switch c {
-	case pb.AckCode_ACK_PASSED:
-		return "passed"
-	case pb.AckCode_ACK_BUSY:
-		return "busy"
-	case pb.AckCode_ACK_STALE:
-		return "stale"
-	case pb.AckCode_ACK_NOT_LEADER:
-		return "not the leader"
-	case pb.AckCode_ACK_STALE_TERM:
-		return "stale term"
-	case pb.AckCode_ACK_BAD_REQUEST:
-		return "bad request"
-	}
-	return "error"
-}
-
-func (l *leaderRun) onRankMessage(w *win, env *pb.Envelope, out *collectOut) {
-	r := int(env.SenderRank)
-	s := w.ranks[r]
-	if s == nil || s.leftOut {
-		return // a rank the plan left out took it from gossip: nothing of it is merged
-	}
-	s.lastSign = time.Now()
-	if res := env.GetResult(); res != nil {
-		if s.result == nil {
-			s.result = res
-			s.missing = ""
-			state, why := pb.Step_STEP_UPLOADED, res.Partial
-			if res.Error != "" {
-				state, why = pb.Step_STEP_FAILED, res.Error
-			}
-			l.tell(w, r, state, -1, why)
-		}
-		return
-	}
-	p := env.GetProgress()
-	if p == nil || s.result != nil {
-		return
-	}
-	s.state = p.State
-	s.batch = max(s.batch, p.Batch)
-	switch p.State {
-	case pb.Step_STEP_MISSED:
-		if s.missing == "" {
-			out.passed = append(out.passed, r)
-			s.missing = "past the window's start: " + p.Reason
-		}
-	case pb.Step_STEP_FAILED:
-		s.missing = "failed: " + p.Reason
-	case pb.Step_STEP_CANCELLED:
-		s.missing = "cancelled: " + p.Reason
-	}
-	l.tell(w, r, p.State, p.Batch, p.Reason)
-}
-
-// onRequestDuring answers a request that arrives while w records: a watch of w
-// joins its watchers; a rank's OOM or crash during a window asks for a
-// post-mortem now (it reports true), and during a post-mortem joins it as
-// another failure of the same incident; anything else waits its turn.
-func (l *leaderRun) onRequestDuring(w *win, env *pb.Envelope) bool {
+// onRequestDuring answers a request that arrives while w records: a watch of w,
+// or a request w serves asked again, joins its watchers; a watch of another
+// window is answered from the run's log at once; a rank's OOM or crash during a
+// window asks for a post-mortem now (it reports true), and during a post-mortem
+// joins it as another failure of the same incident; anything else waits its turn.
+func (l *leaderRun) onRequestDuring(ctx context.Context, w *win, env *pb.Envelope) bool {
 	r := env.GetRequest()
 	incident := r.Kind == pb.WindowKind_WINDOW_KIND_CRASH || r.Kind == pb.WindowKind_WINDOW_KIND_OOM
 	switch {
-	case env.WindowId == w.id:
+	case env.WindowId == w.id() || env.WindowId == 0 && env.Seq != 0 && slices.ContainsFunc(w.watchers, func(x *pb.Envelope) bool { return x.Sender == env.Sender && x.Seq == env.Seq }):
 		if !watching(w.watchers, env) {
 			w.watchers = append(w.watchers, env)
 		}
 		l.answer(env, pb.AckCode_ACK_OK, "")
+		if env.WindowId == 0 {
+			l.tellPlanned(&win{m: w.m, watchers: []*pb.Envelope{env}}, fmt.Sprintf("batches [%d, %d) (asked again)", w.m.Start, w.m.Stop))
+		}
 		return false
-	case incident && w.postmortem():
+	case env.WindowId != 0 && !incident:
+		// how another window ended: the log says, at once
+		if !l.c.spawn(func() { l.answerWatch(ctx, env) }) {
+			l.queue(env)
+		}
+		return false
+	case incident && w.m.Postmortem():
 		rk := int(r.FailedRank)
-		if rk >= 0 && rk < w.world && l.c.isRankMember(env) {
+		if rk >= 0 && rk < w.m.World && l.c.isRankMember(env) {
 			if _, ok := w.failed[rk]; !ok {
 				w.failed[rk] = failure{cause: r.Cause, at: failureTime(r.AtUs)}
 			}
-			if s := w.ranks[rk]; s != nil && s.result == nil {
+			if s := w.m.Ranks[rk]; s != nil && s.Result == nil && s.Phase != window.LeftOut {
 				// its snapshot of the failure is its part of this post-mortem:
 				// ask again, so it hands that over
-				s.missing, s.lastSign = "", time.Now()
-				l.sendAll(w, []int{rk})
+				l.step(ctx, w, window.Rejoined{Rank: rk, At: time.Now()})
 				return false
 			}
 		}
-		l.answer(env, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", w.id))
+		l.answer(env, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", w.id()))
 		return false
 	case incident:
 		return true
 	}
-	l.queue(env)
-	l.tellQueued(w, env)
+	if l.queue(env) {
+		l.tellQueued(w, env)
+	}
 	return false
 }
 
@@ -888,130 +601,14 @@ func (l *leaderRun) tellQueued(w *win, req *pb.Envelope) {
 	r.Seq = req.Seq
 	r.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_UNSPECIFIED, Rank: -1, Batch: -1,
 		Reason: fmt.Sprintf("waiting: window %d is in progress (the leader gives up on it at %s); this request is planned after it",
-			w.id, w.deadline.Format(time.TimeOnly))}}
+			w.id(), w.m.Deadline.Format(time.TimeOnly))}}
 	l.c.post(req.Sender, req.ReplyAddr, r, true)
-}
-
-// checkAlive asks the outstanding ranks where they stand (with poll): a result
-// that never arrived is taken from the answer, a batch that advanced is a sign of
-// life; and a rank silent for CollectTimeout is missing. Without poll only ranks
-// that are not members can be missing: a member may have advanced since the last
-// poll, and only the next one can say (a rank gone from the cluster, whose grace
-// ends, is seen at once; one that came back is asked first).
-func (l *leaderRun) checkAlive(ctx context.Context, w *win, poll bool) {
-	out := w.outstanding()
-	if len(out) == 0 {
-		return
-	}
-	var sts map[int]status
-	var nodes map[int]*memberlist.Node
-	if poll {
-		sts = l.c.status(ctx, out)
-	} else {
-		nodes = l.c.rankNodes()
-	}
-	now := time.Now()
-	lost := map[int]string{} // ranks to call missing, and why, unless the run's log has their report
-	for _, r := range out {
-		s := w.ranks[r]
-		if !poll && nodes[r] != nil {
-			continue // a member: the next poll says whether it lives
-		}
-		if st, ok := sts[r]; ok {
-			if st.st.Term > l.term {
-				l.c.noteTerm(st.st.Term)
-			}
-			if st.st.Window == w.id && st.st.Result != nil && s.result == nil {
-				s.result = st.st.Result
-				l.tell(w, r, pb.Step_STEP_UPLOADED, st.st.Batch, st.st.Result.Partial)
-				continue
-			}
-			if st.st.Window > w.id && !w.postmortem() {
-				s.missing = fmt.Sprintf("moved on to window %d", st.st.Window)
-				continue
-			}
-			if s.acked && st.st.Window < w.id && !w.postmortem() && !slices.Contains(st.st.Spooled, w.id) {
-				// it took the window, and its agent no longer knows it: the agent
-				// was restarted (its trainer's batches are no sign of this window's
-				// life). What it stored before is in the run's log.
-				lost[r] = "its agent was restarted and has no record of the window (no snapshot of it in the run's log or the rank's spool)"
-				continue
-			}
-			if st.st.Batch > s.batch || st.st.State != s.state {
-				s.batch, s.state, s.lastSign = st.st.Batch, st.st.State, now
-			}
-		}
-		if now.Sub(s.lastSign) > l.c.cfg.CollectTimeout && !w.postmortem() { // a post-mortem has its own short deadline
-			lost[r] = nonEmpty(s.gone, fmt.Sprintf("no sign of life for %v", l.c.cfg.CollectTimeout))
-		}
-	}
-	if len(lost) == 0 {
-		return
-	}
-	// a result that never reached this leader (the rank was not a member then,
-	// say) is in the run's log. A log that cannot be read (the store is away)
-	// does not keep a silent rank in: the window would wait for its deadline, and
-	// its publication waits for the store anyway
-	ranks := make([]int, 0, len(lost))
-	for r := range lost {
-		ranks = append(ranks, r)
-	}
-	sort.Ints(ranks)
-	l.reportedAll(ctx, w, ranks)
-	for _, r := range ranks {
-		if s := w.ranks[r]; s.result == nil {
-			s.missing = lost[r]
-			l.tell(w, r, pb.Step_STEP_MISSING, s.batch, s.missing)
-		}
-	}
-}
-
-// reportedAll takes the results of ranks from their reports in the run's log,
-// where they wrote one: a result may never have reached this leader (a leader
-// restarted under its old name took a moment to find the cluster again, and
-// refused the results of ranks it did not yet see as members). A few ranks' reports
-// are read one by one, more by one listing. It reports false when the log could
-// not be read.
-func (l *leaderRun) reportedAll(ctx context.Context, w *win, ranks []int) bool {
-	if l.rl == nil || len(ranks) == 0 {
-		return true
-	}
-	take := func(r int, rep *runlog.Report) {
-		s := w.ranks[r]
-		s.result, s.missing = resultOfReport(rep), ""
-		l.tell(w, r, pb.Step_STEP_UPLOADED, s.batch, s.result.Partial)
-	}
-	if len(ranks) <= 8 {
-		ok := true
-		for _, r := range ranks {
-			rep, err := l.rl.Report(ctx, w.id, r)
-			switch {
-			case err == nil:
-				take(r, rep)
-			case !errors.Is(err, store.ErrNotFound):
-				l.log.Warn("cannot read a rank's report from the run's log", "window", w.id, "of_rank", r, "err", err)
-				ok = false
-			}
-		}
-		return ok
-	}
-	reps, _, err := l.rl.Reports(ctx, w.id)
-	if err != nil {
-		l.log.Warn("cannot read the ranks' reports from the run's log", "window", w.id, "err", err)
-		return false
-	}
-	for _, r := range ranks {
-		if rep := reps[r]; rep != nil {
-			take(r, rep)
-		}
-	}
-	return true
 }
 
 // tell logs a step of the window and passes it on to the members watching it
 // (rank steps as datagrams: a lost one is shown by the next).
 func (l *leaderRun) tell(w *win, rank int, state pb.Step, batch int64, reason string) {
-	l.log.Debug("window progress", "window", w.id, "of_rank", rank, "state", stepName(state), "batch", batch, "reason", reason)
+	l.log.Debug("window progress", "window", w.id(), "of_rank", rank, "state", window.StepName(state), "batch", batch, "reason", reason)
 	watchers := l.watchersOf(w)
 	if len(watchers) == 0 {
 		return
@@ -1022,7 +619,7 @@ func (l *leaderRun) tell(w *win, rank int, state pb.Step, batch int64, reason st
 	}
 	l.flushSteps(w) // the ranks' steps come before the window's
 	for _, wt := range watchers {
-		env := l.c.envelope(w.id)
+		env := l.c.envelope(w.id())
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: state, Batch: batch, Reason: reason, Rank: int32(rank)}}
 		env.Seq = wt.Seq
 		l.c.post(wt.Sender, wt.ReplyAddr, env, rank < 0)
@@ -1032,7 +629,7 @@ func (l *leaderRun) tell(w *win, rank int, state pb.Step, batch int64, reason st
 func (l *leaderRun) watchersOf(w *win) []*pb.Envelope {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append(append([]*pb.Envelope(nil), w.watchers...), l.pending[w.id]...)
+	return append(append([]*pb.Envelope(nil), w.watchers...), l.pending[w.id()]...)
 }
 
 // flushSteps tells the watchers of w the ranks' steps gathered since the last
@@ -1046,7 +643,7 @@ func (l *leaderRun) flushSteps(w *win) {
 	watchers := l.watchersOf(w)
 	for _, part := range stepMessages(steps) {
 		for _, wt := range watchers {
-			env := l.c.envelope(w.id)
+			env := l.c.envelope(w.id())
 			env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Batch: -1, Steps: part}}
 			env.Seq = wt.Seq
 			l.c.post(wt.Sender, wt.ReplyAddr, env, true)
@@ -1057,8 +654,8 @@ func (l *leaderRun) flushSteps(w *win) {
 // tellPlanned says the window is planned, with the time the leader gives up on it.
 func (l *leaderRun) tellPlanned(w *win, what string) {
 	for _, wt := range w.watchers {
-		env := l.c.envelope(w.id)
-		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_PLANNED, Batch: -1, Reason: what, Rank: -1, DeadlineUs: w.deadline.UnixMicro()}}
+		env := l.c.envelope(w.id())
+		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_PLANNED, Batch: -1, Reason: what, Rank: -1, DeadlineUs: w.m.Deadline.UnixMicro()}}
 		env.Seq = wt.Seq
 		l.c.post(wt.Sender, wt.ReplyAddr, env, true)
 	}
@@ -1072,14 +669,4 @@ func watching(ws []*pb.Envelope, env *pb.Envelope) bool {
 		}
 	}
 	return false
-}
-
-func missingOf(w *win) map[int32]string {
-	out := map[int32]string{}
-	for r, s := range w.ranks {
-		if s.missing != "" {
-			out[int32(r)] = s.missing
-		}
-	}
-	return out
 }

@@ -170,6 +170,9 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
 			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
 		}
+		if errors.Is(err, ErrFenced) {
+			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
+		}
 		return nil, err
 	}
 	return &man, nil

@@ -315,8 +315,22 @@ func TestFenceStopsPublication(t *testing.T) {
 	if left := readAll(t, dir); len(left) != 0 {
 		t.Fatalf("a fenced merge stored %v", left)
 	}
+	// refused at the answer's manifest: what it stored goes
 	calls := 0
 	fence := func(context.Context) error {
+		if calls++; calls > 1 { // the claim passes
+			return no
+		}
+		return nil
+	}
+	if _, err := Merge(ctx, Config{Inputs: ins, Out: d, Progressive: true, Fence: fence}); !errors.Is(err, no) {
+		t.Fatalf("a merge fenced at its answer: %v", err)
+	}
+	if left := readAll(t, dir); len(left) != 0 {
+		t.Fatalf("a merge fenced at its answer left %d objects", len(left))
+	}
+	calls = 0
+	fence = func(context.Context) error {
 		if calls++; calls > 2 { // the claim, the answer's manifest
 			return no
 		}

@@ -318,6 +318,9 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
 			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
 		}
+		if errors.Is(err, ErrFenced) {
+			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
+		}
 		return nil, err
 	}
 	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
@@ -386,10 +389,14 @@ func (c *Config) fence(ctx context.Context) error {
 		return nil
 	}
 	if err := c.Fence(ctx); err != nil {
-		return fmt.Errorf("merge: not publishing: %w", err)
+		return fmt.Errorf("%w: %w", ErrFenced, err)
 	}
 	return nil
 }
+
+// ErrFenced: Config.Fence refused the merge's commit; what the merge stored is
+// removed (another merge's commit names none of it).
+var ErrFenced = errors.New("merge: not publishing")
 
 // FailedWindow is how a window ended with no outputs, for its manifest.
 type FailedWindow struct {
@@ -438,20 +445,24 @@ func CommitFailed(ctx context.Context, st store.Store, key string, f FailedWindo
 	return m, nil
 }
 
-// unpublish removes, after another merge published first, what this one stored
-// and the published manifest does not name (best effort: what stays behind is
+// unpublish removes, after another merge published first (or the fence refused
+// this one's commit), what this one stored and the published manifest, if any,
+// does not name (best effort: what stays behind is
 // never named by a manifest, so no reader finds it).
 func unpublish(ctx context.Context, cfg *Config, manifest, claim string, outs []output) {
+	named := map[string]bool{}
 	m, err := ReadManifest(ctx, cfg.Out, manifest)
-	if err != nil {
-		return
-	}
-	named := map[string]bool{m.Claim.Name: true}
-	for _, o := range m.Outputs {
-		named[o.Name] = true
-	}
-	for _, p := range m.Pickles {
-		named[p.Name] = true
+	switch {
+	case err == nil:
+		named[m.Claim.Name] = true
+		for _, o := range m.Outputs {
+			named[o.Name] = true
+		}
+		for _, p := range m.Pickles {
+			named[p.Name] = true
+		}
+	case !errors.Is(err, store.ErrNotFound):
+		return // what it names cannot be told: nothing is removed
 	}
 	keys := []string{claim}
 	for _, o := range outs {

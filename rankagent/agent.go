@@ -453,6 +453,26 @@ func (a *Agent) Cancel(id uint64, reason string) error {
 	return nil
 }
 
+// Forget withdraws window id, which the run's log does not hold (a plan forged
+// by a member that holds the gossip key), and lowers the newest window id the
+// agent has seen back to floor, so the real windows after it are not stale.
+func (a *Agent) Forget(id, floor uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.win != nil && a.win.w.ID == id {
+		if a.conn != nil && a.win.sent {
+			a.conn.send(&Message{Type: "cancel", ID: id})
+		}
+		a.log.Warn("window withdrawn: the run's log holds no such window", "window", id)
+		a.eventLocked(WindowCancelled, "the run's log holds no such window (a forged plan)")
+		a.win = nil
+		a.stopSamplingLocked()
+	}
+	if a.lastID == id {
+		a.lastID = floor
+	}
+}
+
 // Dump asks the trainer for a snapshot of its allocator now, under window id (a
 // post-mortem of another rank's OOM); it comes back as a window event like any
 // snapshot, with reason "postmortem".

@@ -309,8 +309,12 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		for _, r := range sortedMissing(res.Missing) {
 			fmt.Fprintf(stdout, "  rank %d missing: %s\n", r, res.Missing[int32(r)])
 		}
-		if p.window == 0 {
+		switch {
+		case p.window == 0:
 			return fmt.Errorf("the window failed before it was planned: %s", res.Error)
+		case res.State == pb.Outcome_OUTCOME_UNFINISHED || res.State == pb.Outcome_OUTCOME_UNKNOWN:
+			// not failed: the leader finishes it once it can
+			return fmt.Errorf("window %d is not finished: %s (memsnap ls shows how it ends)", p.window, res.Error)
 		}
 		return fmt.Errorf("window %d failed: %s", p.window, res.Error)
 	}
@@ -374,6 +378,8 @@ func outcomeName(o pb.Outcome) string {
 		return "published"
 	case pb.Outcome_OUTCOME_FAILED:
 		return "failed"
+	case pb.Outcome_OUTCOME_UNFINISHED:
+		return "unfinished"
 	}
 	return "unknown"
 }

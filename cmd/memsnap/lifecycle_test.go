@@ -538,3 +538,56 @@ func TestFaultRankRestartedMidWindow(t *testing.T) {
 	}
 	checkPublished(t, dir, res, 1)
 }
+
+// TestFaultQueuedRequestsSurviveLeaderRestart: eight members ask for a window
+// at once; the leader serves one and queues the rest, and its agent is killed
+// and started again at once (the others never see it die). The requests it
+// held are not lost: each member asks again after a silence and every one ends
+// with its window published, long before its own time-out.
+func TestFaultQueuedRequestsSurviveLeaderRestart(t *testing.T) {
+	dir := t.TempDir()
+	pc := startProcCluster(t, 3, []string{"--store", dir})
+	const n = 8
+	clients := make([]*coordinator.Coordinator, n)
+	for i := range clients {
+		clients[i] = pc.client(3)
+	}
+	var queued atomic.Int32
+	var restarted sync.Once
+	type result struct {
+		res *pb.WindowResult
+		err error
+		at  time.Duration
+	}
+	results := make(chan result, n)
+	start := time.Now()
+	for i, c := range clients {
+		go func() {
+			var told atomic.Bool
+			res, err := c.Snapshot(testutil.Context(t, 4*time.Minute), 2, func(u coordinator.Update) {
+				if strings.HasPrefix(u.Reason, "waiting:") && told.CompareAndSwap(false, true) && queued.Add(1) >= n/2 {
+					restarted.Do(func() { go func() { pc.kill(0); pc.start(0) }() })
+				}
+			}, nil)
+			if err != nil {
+				err = fmt.Errorf("member %d: %w", i, err)
+			}
+			results <- result{res, err, time.Since(start)}
+		}()
+	}
+	windows := map[uint64]bool{}
+	for range n {
+		r := <-results
+		if r.err != nil || r.res.State != pb.Outcome_OUTCOME_PUBLISHED {
+			t.Fatalf("a request made before the leader restarted: %+v %v", r.res, r.err)
+		}
+		windows[r.res.Window] = true
+		t.Logf("window %d published after %v", r.res.Window, r.at.Round(time.Second))
+	}
+	if queued.Load() < n/2 {
+		t.Fatalf("only %d requests were queued", queued.Load())
+	}
+	if len(windows) != n {
+		t.Fatalf("%d requests ended in %d windows", n, len(windows))
+	}
+}

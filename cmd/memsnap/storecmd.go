@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/naming"
@@ -185,25 +186,28 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 			} else {
 				row.state, row.kind = "unreadable: "+err.Error(), "?"
 			}
+			outcome := ""
 			if o, err := rl.ReadOutcome(ctx, id); err == nil {
-				row.outcome, row.state, row.when = o, o.State, o.Finished
+				row.outcome, outcome, row.when = o, o.State, o.Finished
 				if o.Manifest != "" {
 					row.manifest = root + o.Manifest
 				}
 			} else if errors.Is(err, runlog.ErrMalformed) {
 				row.state = "outcome unreadable: " + err.Error()
 			}
+			// the manifest, the window's commit, is the truth when it is this
+			// window's; the state is derived as the leader derives it
+			var commit *window.Commit
 			if row.manifest != "" {
 				claimed[row.manifest] = true
-				// the manifest is the truth, when it is this window's
 				if m, err := merge.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
 					row.pub = &merge.Published{Key: row.manifest, Manifest: m}
-					row.state = publishedState(m)
-					if len(m.Pending) > 0 && row.outcome != nil {
-						// the window ended with its answer alone
-						row.state = "answered (" + strings.Join(m.Pending, ", ") + " not written)"
-					}
+					commit = &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
 				}
+			}
+			if commit != nil || outcome != "" || !strings.HasPrefix(row.state, "unreadable") && !strings.HasPrefix(row.state, "outcome unreadable") {
+				phase, final := window.Derive(commit, outcome)
+				row.state = stateName(phase, final, row.pub)
 			}
 			rows = append(rows, row)
 		}
@@ -237,13 +241,36 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 	return rows, nil
 }
 
-// publishedState is a manifest's state for ls: published, or answered while the
-// merged pickles and the timeline are still being written.
+// publishedState is a manifest's state for ls: published, failed, or answered
+// while the merged pickles and the timeline are still being written.
 func publishedState(m *merge.Manifest) string {
-	if len(m.Pending) > 0 {
+	switch {
+	case m.Failed():
+		return runlog.Failed
+	case len(m.Pending) > 0:
 		return "answered (" + strings.Join(m.Pending, ", ") + " pending)"
 	}
 	return runlog.Published
+}
+
+// stateName is a window's state as ls prints it (window.Derive's phase).
+func stateName(p window.Phase, final bool, pub *merge.Published) string {
+	switch p {
+	case window.Published:
+		return runlog.Published
+	case window.Failed:
+		return runlog.Failed
+	case window.Answered:
+		pending := "pickle, pb"
+		if pub != nil && pub.Manifest != nil && len(pub.Manifest.Pending) > 0 {
+			pending = strings.Join(pub.Manifest.Pending, ", ")
+		}
+		if final {
+			return "answered (" + pending + " not written)"
+		}
+		return "answered (" + pending + " pending)"
+	}
+	return "unfinished"
 }
 
 func (r windowRow) line() string {
@@ -258,7 +285,17 @@ func (r windowRow) line() string {
 	if p := r.plan; p != nil && p.Stop > p.Start {
 		batches = fmt.Sprintf("%d-%d", p.Start, p.Stop-1)
 	}
-	if r.pub != nil && r.pub.Manifest != nil {
+	if r.pub != nil && r.pub.Manifest != nil && r.pub.Manifest.Failed() {
+		m := r.pub.Manifest
+		if m.Window != nil && m.Window.Stop > m.Window.Start {
+			batches = fmt.Sprintf("%d-%d", m.Window.Start, m.Window.Stop-1)
+		}
+		ranks = fmt.Sprintf("0/%d", m.WorldSize)
+		if len(m.MissingRanks) > 0 {
+			missing = rankList(m.MissingRanks)
+		}
+		where = m.Error
+	} else if r.pub != nil && r.pub.Manifest != nil {
 		m := r.pub.Manifest
 		if m.Window != nil && m.Window.Stop > m.Window.Start {
 			batches = fmt.Sprintf("%d-%d", m.Window.Start, m.Window.Stop-1)

@@ -389,10 +389,13 @@ func (s *stepper) sent(at time.Time, unreachable map[int]string, first bool) {
 func (s *stepper) ack(a Ack) {
 	w := s.w
 	r := w.Ranks[a.Rank]
-	if r == nil || !r.out() || w.Phase != Collecting && w.Phase != Planned {
+	if r == nil || r.Phase == Missing || r.Phase == LeftOut || w.Phase != Collecting && w.Phase != Planned {
 		return
 	}
 	r.LastSign = a.At
+	if r.Phase == Uploaded && a.Code != pb.AckCode_ACK_OK {
+		return // its snapshot is in: a late refusal changes nothing
+	}
 	switch {
 	case a.Code == pb.AckCode_ACK_OK && r.Acked:
 	case a.Code == pb.AckCode_ACK_OK:
@@ -450,11 +453,11 @@ func (s *stepper) progress(p Progress) {
 		}
 	case pb.Step_STEP_SPOOLED:
 		if out {
-			r.Phase, r.Acked = Spooled, true
+			r.Phase = Spooled
 		}
 	case pb.Step_STEP_QUEUED, pb.Step_STEP_SENT, pb.Step_STEP_ARMED, pb.Step_STEP_RECORDING, pb.Step_STEP_PARTIAL, pb.Step_STEP_STOPPING:
 		if out && r.Phase < Recording {
-			r.Phase, r.Acked = Recording, true
+			r.Phase = Recording
 		}
 	}
 	if out {
@@ -542,14 +545,14 @@ func (s *stepper) alive(at time.Time, sts map[int]Status, isMember func(int) boo
 			case st.Window > w.ID && !pm && !st.Spooled:
 				s.miss(rank, fmt.Sprintf("moved on to window %d", st.Window), pb.Step_STEP_MISSING)
 				continue
-			case r.Acked && st.Window < w.ID && !pm && !st.Spooled:
+			case (r.Acked || r.Phase == Recording || r.Phase == Spooled) && st.Window < w.ID && !pm && !st.Spooled:
 				// it took the window, and its agent no longer knows it: the agent
 				// was restarted. What it stored before is in the run's log.
 				w.lost[rank] = "its agent was restarted and has no record of the window (no snapshot of it in the run's log or the rank's spool)"
 				lost = append(lost, rank)
 				continue
 			case st.Spooled:
-				r.Phase, r.Acked, r.LastSign = Spooled, true, at
+				r.Phase, r.LastSign = Spooled, at
 			case st.Batch > r.Batch || st.Step != r.Step:
 				r.Batch, r.Step, r.LastSign = max(r.Batch, st.Batch), st.Step, at
 			}

@@ -248,6 +248,7 @@ const (
 	Outcome_OUTCOME_PUBLISHED   Outcome = 1
 	Outcome_OUTCOME_FAILED      Outcome = 2
 	Outcome_OUTCOME_UNKNOWN     Outcome = 3 // not in progress here and not in the store's log
+	Outcome_OUTCOME_UNFINISHED  Outcome = 4 // left unfinished for a later try (the store failed): not failed; error says why
 )
 
 // Enum value maps for Outcome.
@@ -257,12 +258,14 @@ var (
 		1: "OUTCOME_PUBLISHED",
 		2: "OUTCOME_FAILED",
 		3: "OUTCOME_UNKNOWN",
+		4: "OUTCOME_UNFINISHED",
 	}
 	Outcome_value = map[string]int32{
 		"OUTCOME_UNSPECIFIED": 0,
 		"OUTCOME_PUBLISHED":   1,
 		"OUTCOME_FAILED":      2,
 		"OUTCOME_UNKNOWN":     3,
+		"OUTCOME_UNFINISHED":  4,
 	}
 )
 
@@ -1963,12 +1966,13 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\tACK_ERROR\x10\x04\x12\x12\n" +
 	"\x0eACK_NOT_LEADER\x10\x05\x12\x12\n" +
 	"\x0eACK_STALE_TERM\x10\x06\x12\x13\n" +
-	"\x0fACK_BAD_REQUEST\x10\a*b\n" +
+	"\x0fACK_BAD_REQUEST\x10\a*z\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11OUTCOME_PUBLISHED\x10\x01\x12\x12\n" +
 	"\x0eOUTCOME_FAILED\x10\x02\x12\x13\n" +
-	"\x0fOUTCOME_UNKNOWN\x10\x03B(Z&github.com/memsnap/memsnap/internal/pbb\x06proto3"
+	"\x0fOUTCOME_UNKNOWN\x10\x03\x12\x16\n" +
+	"\x12OUTCOME_UNFINISHED\x10\x04B(Z&github.com/memsnap/memsnap/internal/pbb\x06proto3"
 
 var (
 	file_internal_pb_cluster_proto_rawDescOnce sync.Once
