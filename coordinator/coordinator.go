@@ -98,7 +98,7 @@ type Coordinator struct {
 	claims     chan struct{}
 	inLog      uint64          // the newest window id this rank looked up and found in the run's log
 	looking    map[uint64]bool // windows being looked up (checkNewest)
-	metaSent   metaKey    // what the gossiped metadata last said
+	metaSent   metaKey         // what the gossiped metadata last said
 	offset     clockState
 	waiting    map[uint64]*waiter // replies a request waits for, by its random seq
 	last       lastWindow         // the rank's latest window, for status answers

@@ -360,7 +360,7 @@ type limitedConn struct {
 	left   int64 // bytes it may still deliver, once parsed
 	err    error // why it was refused; every later Read returns it
 
-	reserved int64 // declared bytes reserved by reserve; under t.mu
+	reserved int64        // declared bytes reserved by reserve; under t.mu
 	active   atomic.Int64 // when it last delivered a byte (t.now, Unix nanoseconds)
 
 	closeOnce sync.Once
