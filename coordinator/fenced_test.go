@@ -334,10 +334,14 @@ func TestWaitAllNotToldFailed(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	var answered atomic.Bool
+	var unsure atomic.Int32 // times the new leader said it cannot tell yet
 	go func() {
 		res, err := c.Request(testutil.Context(t, 3*time.Minute), 2, RequestOptions{Progress: func(u Update) {
 			if u.Answer != nil {
 				answered.Store(true)
+			}
+			if strings.HasPrefix(u.Reason, "the leader cannot tell yet") {
+				unsure.Add(1)
 			}
 		}})
 		done <- result{res, err}
@@ -348,10 +352,16 @@ func TestWaitAllNotToldFailed(t *testing.T) {
 	tc.ranks[0].Coord.Shutdown() // no goodbye: it dies
 	tc.stops[0]()
 	testutil.Eventually(t, 30*time.Second, "rank 1 to lead", func() bool { return tc.ranks[1].Coord.IsLeader() })
-	select {
-	case r := <-done:
-		t.Fatalf("the member stopped waiting while the store refused writes: %+v %v", r.res, r.err)
-	case <-time.After(5 * time.Second):
+	// more times than a member asks a leader that cannot tell before it gives up
+	// on a window it has no answer of
+	for wait := time.After(2 * time.Minute); unsure.Load() <= unknownTries; {
+		select {
+		case r := <-done:
+			t.Fatalf("the member stopped waiting while the store refused writes: %+v %v", r.res, r.err)
+		case <-wait:
+			t.Fatalf("the new leader said %d times that it cannot tell", unsure.Load())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	readOnly.Store(false)
 	r := <-done
@@ -376,6 +386,7 @@ func TestStaleLeaderPlansNothing(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				t.Cleanup(func() { st.Close() })
 			} else {
 				st, _ = store.OpenDir(t.TempDir(), true)
 			}
@@ -402,5 +413,32 @@ func TestStaleLeaderPlansNothing(t *testing.T) {
 				t.Fatalf("a stale leader committed: %v", err)
 			}
 		})
+	}
+}
+
+// TestTakeoverNeverComparesClocks: a leader finding another leader's window
+// unfinished, none of its ranks reachable (the other side of a partition), gives
+// it the window's planned duration from when it found it, on its own clock: a
+// planner whose clock is two hours behind (its deadline long past, read on this
+// host's clock) does not make its live window look abandoned.
+func TestTakeoverNeverComparesClocks(t *testing.T) {
+	c := &Coordinator{cfg: DefaultLocalConfig(rankagent.Identity{RunName: "skew", Rank: 0, WorldSize: 4}), members: map[string]*member{}}
+	l := &leaderRun{c: c, term: 5, seen: map[uint64]time.Time{}, log: testutil.Logger(t)}
+	behind := time.Now().Add(-2 * time.Hour) // the planner's clock
+	p := &runlog.Plan{ID: 9, Term: 4, Leader: "skew/rank2", Ranks: []int{2, 3}, WorldSize: 4, Created: behind, Deadline: behind.Add(time.Minute)}
+	found := l.firstSeen(p)
+	deadline := found.Add(p.Deadline.Sub(p.Created))
+	if time.Until(deadline) < 50*time.Second {
+		t.Fatalf("the window's deadline on this clock: %v from now", time.Until(deadline))
+	}
+	if l.mayRecover(p, deadline) {
+		t.Fatal("a live window across a partition is taken over because another host's clock is behind")
+	}
+	if again := l.firstSeen(p); !again.Equal(found) {
+		t.Fatalf("found again at %v, first at %v", again, found)
+	}
+	// past its duration on this clock (plus the collection time-out), it is taken over
+	if !l.mayRecover(p, time.Now().Add(-c.cfg.CollectTimeout-time.Second)) {
+		t.Fatal("a window past its deadline on this clock is not taken over")
 	}
 }

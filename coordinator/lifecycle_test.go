@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -97,12 +97,21 @@ func TestLeaderDiesDuringPublication(t *testing.T) {
 	for _, k := range []int{2, 6, 7, 9} {
 		t.Run("stalls after the "+publicationWrites[k-1], func(t *testing.T) { leaderStopsDuringPublication(t, int32(k), true, true) })
 	}
+	// the fence and the conditional writes hold on MinIO as on a folder
+	for _, k := range []int{2, 6, 7} {
+		t.Run("on MinIO, stalls after the "+publicationWrites[k-1], func(t *testing.T) {
+			leaderStopsDuringPublication(t, int32(k), true, true, withMinIO(t, testutil.RequireMinIO(t)))
+		})
+	}
+	t.Run("on MinIO, dies after the pickle", func(t *testing.T) {
+		leaderStopsDuringPublication(t, int32(slices.Index(publicationWrites, "pickle")+1), false, false, withMinIO(t, testutil.RequireMinIO(t)))
+	})
 }
 
-func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
+func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool, opts ...clusterOpt) {
 	trip := &trip{n: n, tripped: make(chan struct{}), release: make(chan struct{})}
 	p := &partition{group: map[string]int{}}
-	tc := startCluster(t, 3, func(c *Config, a *rankagent.Config) {
+	tc := startCluster(t, 3, append(opts, func(c *Config, a *rankagent.Config) {
 		if c.Client {
 			return
 		}
@@ -112,8 +121,9 @@ func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
 		if c.Identity.Rank == 0 {
 			trip.wrap(c)
 		}
-	})
+	})...)
 	tc.holding()
+	st := tc.storeOf(t, 1)
 	ccfg := DefaultLocalConfig(rankagent.Identity{RunName: tc.run})
 	ccfg.Client, ccfg.SecretKey, ccfg.Logger = true, tc.key, testutil.Logger(t).With("member", "client")
 	if stall {
@@ -170,9 +180,8 @@ func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
 	// the window published is the one asked for; a leader that died before it told
 	// the client the window's id leaves that window failed (nobody recorded it),
 	// and the client's request was planned again by the next leader
-	folder := filepath.Join(tc.dir, tc.run, "torch_memory_traces", fmt.Sprintf("window%d", r.res.Window))
-	checkOnePublication(t, folder)
-	st, _ := store.OpenDir(tc.dir, false)
+	folder := fmt.Sprintf("%s/torch_memory_traces/window%d/", tc.run, r.res.Window)
+	checkOnePublication(t, st, folder)
 	rl := runlog.New(st, tc.run)
 	// the outcome is written just after the members waiting were told
 	var o *runlog.Outcome
@@ -208,9 +217,10 @@ func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
 	}
 	// nothing the old leader wrote after waking mixes into the published set
 	testutil.Eventually(t, 30*time.Second, "only the published set in the window's folder", func() bool {
-		return extraFiles(t, folder) == nil
+		return extraFiles(t, st, folder) == nil
 	})
-	checkOnePublication(t, folder)
+	checkOnePublication(t, st, folder)
+	checkLog(t, st, tc.run)
 	if un, err := rl.Unfinished(context.Background(), runlog.MaxID); err != nil || len(un) != 0 {
 		t.Fatalf("unfinished windows in the run's log: %v %v", un, err)
 	}
@@ -222,17 +232,30 @@ func leaderStopsDuringPublication(t *testing.T, n int32, stall, back bool) {
 	}
 }
 
-// checkOnePublication: the folder holds one manifest, and every output it names
-// is there, whole.
-func checkOnePublication(t *testing.T, folder string) {
+// checkOnePublication: the window's folder (a prefix in st) holds one
+// manifest, and every output it names is there, whole.
+func checkOnePublication(t *testing.T, st store.Store, folder string) {
 	t.Helper()
-	ms, _ := filepath.Glob(filepath.Join(folder, "*.manifest.json"))
+	ctx := testutil.Context(t, time.Minute)
+	var ms []string
+	objs, err := st.List(ctx, folder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if strings.HasSuffix(o.Key, ".manifest.json") {
+			ms = append(ms, o.Key)
+		}
+	}
 	if len(ms) != 1 {
 		t.Fatalf("manifests %v", ms)
 	}
-	m := readManifest(t, ms[0])
+	m, err := merge.ReadManifest(ctx, st, ms[0])
+	if err != nil {
+		t.Fatal(err)
+	}
 	for kind, o := range m.Outputs {
-		b, err := os.ReadFile(filepath.Join(folder, o.Name))
+		b, err := store.ReadAll(ctx, st, folder+o.Name)
 		if err != nil {
 			t.Fatalf("output %s: %v", kind, err)
 		}
@@ -242,22 +265,35 @@ func checkOnePublication(t *testing.T, folder string) {
 	}
 }
 
-// extraFiles lists what the window's folder holds beyond the published set.
-func extraFiles(t *testing.T, folder string) []string {
-	ms, _ := filepath.Glob(filepath.Join(folder, "*.manifest.json"))
+// extraFiles lists what the window's folder (a prefix in st) holds beyond the
+// published set.
+func extraFiles(t *testing.T, st store.Store, folder string) []string {
+	ctx := testutil.Context(t, time.Minute)
+	objs, err := st.List(ctx, folder)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var ms []string
+	for _, o := range objs {
+		if strings.HasSuffix(o.Key, ".manifest.json") {
+			ms = append(ms, o.Key)
+		}
+	}
 	if len(ms) != 1 {
 		return ms
 	}
-	m := readManifest(t, ms[0])
-	named := map[string]bool{filepath.Base(ms[0]): true, m.Claim.Name: true}
+	m, err := merge.ReadManifest(ctx, st, ms[0])
+	if err != nil {
+		return []string{err.Error()}
+	}
+	named := map[string]bool{path.Base(ms[0]): true, m.Claim.Name: true}
 	for _, o := range m.Outputs {
 		named[o.Name] = true
 	}
-	ents, _ := os.ReadDir(folder)
 	var extra []string
-	for _, e := range ents {
-		if !named[e.Name()] && !strings.HasPrefix(e.Name(), ".") {
-			extra = append(extra, e.Name())
+	for _, o := range objs {
+		if name := strings.TrimPrefix(o.Key, folder); !named[name] && !strings.HasPrefix(name, ".") {
+			extra = append(extra, name)
 		}
 	}
 	sort.Strings(extra)
@@ -312,6 +348,8 @@ func TestAnswerBeforeThePickles(t *testing.T) {
 	}
 	folder := filepath.Join(tc.dir, tc.run, "torch_memory_traces", fmt.Sprintf("window%d", ans.Window))
 	m := readManifest(t, filepath.Join(folder, "merged.manifest.json"))
+	st, _ := store.OpenDir(tc.dir, false)
+	prefix := fmt.Sprintf("%s/torch_memory_traces/window%d/", tc.run, ans.Window)
 	if len(m.Pending) != 2 || m.Outputs[merge.OutSummary].Name == "" || m.Outputs[merge.OutPickle].Name != "" {
 		t.Fatalf("the manifest while the pickles are written: %+v", m)
 	}
@@ -325,8 +363,8 @@ func TestAnswerBeforeThePickles(t *testing.T) {
 	if res == nil || res.Pending || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Outputs) != 5 || res.Window != ans.Window {
 		t.Fatalf("the result %+v", res)
 	}
-	checkOnePublication(t, folder)
-	if extra := extraFiles(t, folder); extra != nil {
+	checkOnePublication(t, st, prefix)
+	if extra := extraFiles(t, st, prefix); extra != nil {
 		t.Fatalf("files no manifest names: %v", extra)
 	}
 	if r := late.Load(); r != nil {

@@ -539,15 +539,17 @@ func TestFaultRankRestartedMidWindow(t *testing.T) {
 	checkPublished(t, dir, res, 1)
 }
 
-// TestFaultQueuedRequestsSurviveLeaderRestart: eight members ask for a window
+// TestFaultQueuedRequestsSurviveLeaderRestart: five members ask for a window
 // at once; the leader serves one and queues the rest, and its agent is killed
 // and started again at once (the others never see it die). The requests it
 // held are not lost: each member asks again after a silence and every one ends
-// with its window published, long before its own time-out.
+// with its window published, long before its own time-out. (Each window after
+// the restart waits about 10 s for the restarted trainer to catch up with the
+// others' batches.)
 func TestFaultQueuedRequestsSurviveLeaderRestart(t *testing.T) {
 	dir := t.TempDir()
 	pc := startProcCluster(t, 3, []string{"--store", dir})
-	const n = 8
+	const n = 5
 	clients := make([]*coordinator.Coordinator, n)
 	for i := range clients {
 		clients[i] = pc.client(3)
@@ -565,7 +567,7 @@ func TestFaultQueuedRequestsSurviveLeaderRestart(t *testing.T) {
 		go func() {
 			var told atomic.Bool
 			res, err := c.Snapshot(testutil.Context(t, 4*time.Minute), 2, func(u coordinator.Update) {
-				if strings.HasPrefix(u.Reason, "waiting:") && told.CompareAndSwap(false, true) && queued.Add(1) >= n/2 {
+				if strings.HasPrefix(u.Reason, "waiting:") && told.CompareAndSwap(false, true) && queued.Add(1) >= n-2 {
 					restarted.Do(func() { go func() { pc.kill(0); pc.start(0) }() })
 				}
 			}, nil)
@@ -584,7 +586,7 @@ func TestFaultQueuedRequestsSurviveLeaderRestart(t *testing.T) {
 		windows[r.res.Window] = true
 		t.Logf("window %d published after %v", r.res.Window, r.at.Round(time.Second))
 	}
-	if queued.Load() < n/2 {
+	if queued.Load() < n-2 {
 		t.Fatalf("only %d requests were queued", queued.Load())
 	}
 	if len(windows) != n {
