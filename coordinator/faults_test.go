@@ -88,7 +88,7 @@ func TestLeaderDiesMidWindow(t *testing.T) {
 		t.Fatalf("result %+v", res)
 	}
 	manifests, _ := filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "window*", "*.manifest.json"))
-	if len(manifests) != 1 {
+	if manifests = publishedOnly(t, manifests); len(manifests) != 1 {
 		t.Fatalf("manifests: %v", manifests)
 	}
 	if l, _ := tc.ranks[1].Coord.Leader(); l != 1 {
@@ -259,7 +259,7 @@ func TestOOMPostmortem(t *testing.T) {
 	var m *merge.Manifest
 	testutil.Eventually(t, time.Minute, "a published post-mortem", func() bool {
 		ms, _ := filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "window*", "merged.manifest.json"))
-		if len(ms) != 1 {
+		if ms = publishedOnly(t, ms); len(ms) != 1 {
 			return false
 		}
 		m = readManifest(t, ms[0])
@@ -295,6 +295,7 @@ func TestSchedule(t *testing.T) {
 			var ms []string
 			testutil.Eventually(t, 2*time.Minute, fmt.Sprintf("%d scheduled windows", want), func() bool {
 				ms, _ = filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "window*", "merged.manifest.json"))
+				ms = publishedOnly(t, ms)
 				return len(ms) >= want
 			})
 			var starts []int64

@@ -80,6 +80,18 @@ func checkLog(t *testing.T, st store.Store, run string) map[uint64]window.Phase 
 	return out
 }
 
+// publishedOnly leaves out of paths the manifests of failed windows (a window
+// planned again commits its failure under its own name).
+func publishedOnly(t *testing.T, paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		if m := readManifest(t, p); !m.Failed() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // TestForgedTermAndIDTakeNothing: a member holding the key sends the ranks one
 // message naming the leader with term 2^53, and one plan naming the leader with
 // a window id 2^31 past the newest. The term is not believed (the run's log does

@@ -77,182 +77,213 @@ func decodeEnvelope(b []byte) (*pb.Envelope, error) {
 	return &e, nil
 }
 
+// checkEnvelope checks one message: its header, then its body, one check per
+// message type.
 func checkEnvelope(e *pb.Envelope) error {
-	bad := func(f string, a ...any) error { return fmt.Errorf("%w: %s", errMalformed, fmt.Sprintf(f, a...)) }
-	if e.Body == nil {
-		return bad("no body")
-	}
-	if e.Sender == "" || len(e.Sender) > 512 {
-		return bad("sender %q", e.Sender)
-	}
-	if e.SenderRank < -1 || e.SenderRank >= merge.MaxRanks {
-		return bad("sender rank %d", e.SenderRank)
-	}
-	if e.WindowId > maxWindowID || e.Term > maxWindowID {
-		return bad("window id %d, term %d", e.WindowId, e.Term)
-	}
-	if len(e.ReplyAddr) > 128 {
-		return bad("reply address of %d bytes", len(e.ReplyAddr))
-	}
-	enum := func(what string, v int32, names map[int32]string) error {
-		if _, ok := names[v]; !ok {
-			return bad("%s %d", what, v)
-		}
-		return nil
-	}
-	window := func(start, stop int64) error {
-		if start < 0 || stop <= start {
-			return bad("window [%d, %d)", start, stop)
-		}
-		return nil
-	}
-	long := func(ss ...string) error {
-		for _, s := range ss {
-			if len(s) > maxString {
-				return bad("a field of %d bytes", len(s))
-			}
-		}
-		return nil
-	}
-	// rank checks a rank a message names; -1 stands for none where allowed
-	rank := func(what string, r int32, none bool) error {
-		if r >= merge.MaxRanks || r < 0 && !(none && r == -1) {
-			return bad("%s %d", what, r)
-		}
-		return nil
-	}
-	result := func(r *pb.RankResult) error {
-		if r.Size < 0 || r.Events < 0 || r.Start < 0 || r.Stop < 0 {
-			return bad("negative result figures")
-		}
-		return long(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason, r.AnalysisKey, r.Cause)
+	if err := checkHeader(e); err != nil {
+		return err
 	}
 	switch b := e.Body.(type) {
 	case *pb.Envelope_Plan:
-		if e.WindowId == 0 {
-			return bad("plan without a window id")
-		}
-		if err := window(b.Plan.Start, b.Plan.Stop); err != nil {
-			return err
-		}
-		if b.Plan.WorldSize < 0 || b.Plan.WorldSize > merge.MaxRanks {
-			return bad("plan for world size %d", b.Plan.WorldSize)
-		}
-		if len(b.Plan.Ranks) > merge.MaxRanks {
-			return bad("plan for %d ranks", len(b.Plan.Ranks))
-		}
-		for _, r := range b.Plan.Ranks {
-			if err := rank("plan for rank", r, false); err != nil {
-				return err
-			}
-		}
-		return long(b.Plan.Reason)
+		return checkPlan(e.WindowId, b.Plan)
 	case *pb.Envelope_Status:
-		if b.Status.Window > maxWindowID || b.Status.Seen > maxWindowID || b.Status.Term > maxWindowID {
-			return bad("status naming window %d, seen %d, term %d", b.Status.Window, b.Status.Seen, b.Status.Term)
-		}
-		if err := enum("status state", int32(b.Status.State), pb.Step_name); err != nil {
-			return err
-		}
-		if len(b.Status.Spooled) > 64 {
-			return bad("status naming %d spooled windows", len(b.Status.Spooled))
-		}
-		if b.Status.Batch < -1 || b.Status.StepUs < 0 || b.Status.StepUs > maxStepUs {
-			return bad("status of batch %d, step time %d us", b.Status.Batch, b.Status.StepUs)
-		}
-		if b.Status.Result != nil {
-			if err := result(b.Status.Result); err != nil {
-				return err
-			}
-		}
-		return nil
+		return checkStatus(b.Status)
 	case *pb.Envelope_Ack:
-		if b.Ack.Term > maxWindowID {
-			return bad("ack of term %d", b.Ack.Term)
-		}
-		if err := enum("ack code", int32(b.Ack.Code), pb.AckCode_name); err != nil {
-			return err
-		}
-		return long(b.Ack.Message)
+		return checkAck(b.Ack)
 	case *pb.Envelope_Progress:
-		if err := rank("progress of rank", b.Progress.Rank, true); err != nil {
-			return err
-		}
-		if err := enum("progress state", int32(b.Progress.State), pb.Step_name); err != nil {
-			return err
-		}
-		if b.Progress.DeadlineUs < 0 {
-			return bad("a deadline of %d", b.Progress.DeadlineUs)
-		}
-		if len(b.Progress.Steps) > merge.MaxRanks {
-			return bad("progress of %d steps", len(b.Progress.Steps))
-		}
-		for _, st := range b.Progress.Steps {
-			if err := rank("progress of rank", st.Rank, false); err != nil {
-				return err
-			}
-			if err := enum("progress state", int32(st.State), pb.Step_name); err != nil {
-				return err
-			}
-			if err := long(st.Reason); err != nil {
-				return err
-			}
-		}
-		return long(b.Progress.Reason)
+		return checkProgress(b.Progress)
 	case *pb.Envelope_Result:
-		return result(b.Result)
+		return checkResult(b.Result)
 	case *pb.Envelope_Request:
-		if b.Request.Batches < 0 || b.Request.Batches > 1<<20 {
-			return bad("a window of %d batches", b.Request.Batches)
-		}
-		if err := rank("request naming rank", b.Request.FailedRank, true); err != nil {
-			return err
-		}
-		if err := enum("request kind", int32(b.Request.Kind), pb.WindowKind_name); err != nil {
-			return err
-		}
-		return long(b.Request.Reason, b.Request.Cause)
+		return checkRequest(b.Request)
 	case *pb.Envelope_WindowResult:
-		w := b.WindowResult
-		if len(w.Missing) > merge.MaxRanks || len(w.Ranks) > merge.MaxRanks || len(w.Outputs) > 64 {
-			return bad("a result naming too much")
-		}
-		for _, r := range w.Ranks {
-			if err := rank("result naming rank", r, false); err != nil {
-				return err
-			}
-		}
-		for r, why := range w.Missing {
-			if err := rank("result naming rank", r, false); err != nil {
-				return err
-			}
-			if err := long(why); err != nil {
-				return err
-			}
-		}
-		if err := long(w.Outputs...); err != nil {
-			return err
-		}
-		if w.Window > maxWindowID {
-			return bad("a result of window %d", w.Window)
-		}
-		if err := enum("result state", int32(w.State), pb.Outcome_name); err != nil {
-			return err
-		}
-		if err := enum("result kind", int32(w.Kind), pb.WindowKind_name); err != nil {
-			return err
-		}
-		return long(w.Manifest, w.Error, w.Store)
+		return checkWindowResult(b.WindowResult)
 	case *pb.Envelope_Cancel:
-		return long(b.Cancel.Reason)
+		return checkLong(b.Cancel.Reason)
 	case *pb.Envelope_Dump:
-		if err := rank("dump naming rank", b.Dump.FailedRank, true); err != nil {
-			return err
-		}
-		if err := enum("dump kind", int32(b.Dump.Kind), pb.WindowKind_name); err != nil {
-			return err
-		}
-		return long(b.Dump.Reason)
+		return checkDump(b.Dump)
 	}
 	return nil
+}
+
+// bad is a malformed message's error.
+func bad(f string, a ...any) error { return fmt.Errorf("%w: %s", errMalformed, fmt.Sprintf(f, a...)) }
+
+// checkHeader checks what every message carries: a body, a sender, ids in range.
+func checkHeader(e *pb.Envelope) error {
+	switch {
+	case e.Body == nil:
+		return bad("no body")
+	case e.Sender == "" || len(e.Sender) > 512:
+		return bad("sender %q", e.Sender)
+	case e.SenderRank < -1 || e.SenderRank >= merge.MaxRanks:
+		return bad("sender rank %d", e.SenderRank)
+	case e.WindowId > maxWindowID || e.Term > maxWindowID:
+		return bad("window id %d, term %d", e.WindowId, e.Term)
+	case len(e.ReplyAddr) > 128:
+		return bad("reply address of %d bytes", len(e.ReplyAddr))
+	}
+	return nil
+}
+
+// checkEnum checks that v is one of an enum's values.
+func checkEnum(what string, v int32, names map[int32]string) error {
+	if _, ok := names[v]; !ok {
+		return bad("%s %d", what, v)
+	}
+	return nil
+}
+
+// checkLong checks that no string is longer than maxString.
+func checkLong(ss ...string) error {
+	for _, s := range ss {
+		if len(s) > maxString {
+			return bad("a field of %d bytes", len(s))
+		}
+	}
+	return nil
+}
+
+// checkRank checks a rank a message names; -1 stands for none where none is allowed.
+func checkRank(what string, r int32, none bool) error {
+	if r >= merge.MaxRanks || r < 0 && !(none && r == -1) {
+		return bad("%s %d", what, r)
+	}
+	return nil
+}
+
+func checkPlan(id uint64, p *pb.Plan) error {
+	switch {
+	case id == 0:
+		return bad("plan without a window id")
+	case p.Start < 0 || p.Stop <= p.Start:
+		return bad("window [%d, %d)", p.Start, p.Stop)
+	case p.WorldSize < 0 || p.WorldSize > merge.MaxRanks:
+		return bad("plan for world size %d", p.WorldSize)
+	case len(p.Ranks) > merge.MaxRanks:
+		return bad("plan for %d ranks", len(p.Ranks))
+	}
+	for _, r := range p.Ranks {
+		if err := checkRank("plan for rank", r, false); err != nil {
+			return err
+		}
+	}
+	return checkLong(p.Reason)
+}
+
+func checkStatus(s *pb.Status) error {
+	switch {
+	case s.Window > maxWindowID || s.Seen > maxWindowID || s.Term > maxWindowID:
+		return bad("status naming window %d, seen %d, term %d", s.Window, s.Seen, s.Term)
+	case len(s.Spooled) > 64:
+		return bad("status naming %d spooled windows", len(s.Spooled))
+	case s.Batch < -1 || s.StepUs < 0 || s.StepUs > maxStepUs:
+		return bad("status of batch %d, step time %d us", s.Batch, s.StepUs)
+	}
+	if err := checkEnum("status state", int32(s.State), pb.Step_name); err != nil {
+		return err
+	}
+	if s.Result != nil {
+		return checkResult(s.Result)
+	}
+	return nil
+}
+
+func checkAck(a *pb.Ack) error {
+	if a.Term > maxWindowID {
+		return bad("ack of term %d", a.Term)
+	}
+	if err := checkEnum("ack code", int32(a.Code), pb.AckCode_name); err != nil {
+		return err
+	}
+	return checkLong(a.Message)
+}
+
+func checkProgress(p *pb.Progress) error {
+	if err := checkRank("progress of rank", p.Rank, true); err != nil {
+		return err
+	}
+	if err := checkEnum("progress state", int32(p.State), pb.Step_name); err != nil {
+		return err
+	}
+	if p.DeadlineUs < 0 {
+		return bad("a deadline of %d", p.DeadlineUs)
+	}
+	if len(p.Steps) > merge.MaxRanks {
+		return bad("progress of %d steps", len(p.Steps))
+	}
+	for _, st := range p.Steps {
+		if err := checkRank("progress of rank", st.Rank, false); err != nil {
+			return err
+		}
+		if err := checkEnum("progress state", int32(st.State), pb.Step_name); err != nil {
+			return err
+		}
+		if err := checkLong(st.Reason); err != nil {
+			return err
+		}
+	}
+	return checkLong(p.Reason)
+}
+
+func checkResult(r *pb.RankResult) error {
+	if r.Size < 0 || r.Events < 0 || r.Start < 0 || r.Stop < 0 {
+		return bad("negative result figures")
+	}
+	return checkLong(r.Key, r.MetaKey, r.Sha256, r.Partial, r.Error, r.Reason, r.AnalysisKey, r.Cause)
+}
+
+func checkRequest(r *pb.SnapshotRequest) error {
+	if r.Batches < 0 || r.Batches > 1<<20 {
+		return bad("a window of %d batches", r.Batches)
+	}
+	if err := checkRank("request naming rank", r.FailedRank, true); err != nil {
+		return err
+	}
+	if err := checkEnum("request kind", int32(r.Kind), pb.WindowKind_name); err != nil {
+		return err
+	}
+	return checkLong(r.Reason, r.Cause)
+}
+
+func checkWindowResult(w *pb.WindowResult) error {
+	if len(w.Missing) > merge.MaxRanks || len(w.Ranks) > merge.MaxRanks || len(w.Outputs) > 64 {
+		return bad("a result naming too much")
+	}
+	for _, r := range w.Ranks {
+		if err := checkRank("result naming rank", r, false); err != nil {
+			return err
+		}
+	}
+	for r, why := range w.Missing {
+		if err := checkRank("result naming rank", r, false); err != nil {
+			return err
+		}
+		if err := checkLong(why); err != nil {
+			return err
+		}
+	}
+	if err := checkLong(w.Outputs...); err != nil {
+		return err
+	}
+	if w.Window > maxWindowID {
+		return bad("a result of window %d", w.Window)
+	}
+	if err := checkEnum("result state", int32(w.State), pb.Outcome_name); err != nil {
+		return err
+	}
+	if err := checkEnum("result kind", int32(w.Kind), pb.WindowKind_name); err != nil {
+		return err
+	}
+	return checkLong(w.Manifest, w.Error, w.Store)
+}
+
+func checkDump(d *pb.Dump) error {
+	if err := checkRank("dump naming rank", d.FailedRank, true); err != nil {
+		return err
+	}
+	if err := checkEnum("dump kind", int32(d.Kind), pb.WindowKind_name); err != nil {
+		return err
+	}
+	return checkLong(d.Reason)
 }

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,11 +19,13 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator"
+	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/rankagent"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // procCluster is a cluster of real `memsnap agent` processes on loopback, each
@@ -325,6 +329,43 @@ func TestFaultStoreDownDuringUploads(t *testing.T) {
 	}
 }
 
+// checkLsAgrees checks that `memsnap ls` says of every window what its commit
+// (the manifest) and its outcome say, and that they agree.
+func checkLsAgrees(t *testing.T, dir string) {
+	t.Helper()
+	code, out, errOut := runCLI(t, "ls", "--json", dir)
+	if code != 0 {
+		t.Fatalf("ls: %d %s", code, errOut)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var row struct {
+			Window   uint64
+			State    string
+			Manifest *merge.Manifest
+			Outcome  *runlog.Outcome
+		}
+		if err := json.Unmarshal([]byte(line), &row); err != nil {
+			t.Fatalf("ls --json: %v: %s", err, line)
+		}
+		var c *window.Commit
+		if m := row.Manifest; m != nil {
+			c = &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
+		}
+		state := ""
+		if row.Outcome != nil {
+			state = row.Outcome.State
+		}
+		if !window.Agrees(c, state) {
+			t.Fatalf("window %d: its outcome says %q, its manifest %+v", row.Window, state, c)
+		}
+		p, _ := window.Derive(c, state)
+		want := map[window.Phase]string{window.Published: "published", window.Failed: "failed", window.Answered: "answered", window.Collecting: "unfinished"}[p]
+		if !strings.HasPrefix(row.State, want) {
+			t.Fatalf("ls says window %d is %q; its commit and outcome say %v", row.Window, row.State, p)
+		}
+	}
+}
+
 // countRetries counts the agents' logged upload retries.
 func countRetries(pc *procCluster) int {
 	n := 0
@@ -339,10 +380,19 @@ func countRetries(pc *procCluster) int {
 // checkPublished: exactly n manifests under the folder store, the result's among them.
 func checkPublished(t *testing.T, dir string, res *pb.WindowResult, n int) {
 	t.Helper()
-	ms, _ := filepath.Glob(filepath.Join(dir, "*", "torch_memory_traces", "window*", "merged.manifest.json"))
-	if len(ms) != n {
-		t.Fatalf("%d manifests: %v", len(ms), ms)
+	all, _ := filepath.Glob(filepath.Join(dir, "*", "torch_memory_traces", "window*", "merged.manifest.json"))
+	var ms []string
+	for _, p := range all {
+		if b, err := os.ReadFile(p); err == nil {
+			if m, err := merge.ParseManifest(b); err == nil && !m.Failed() {
+				ms = append(ms, p)
+			}
+		}
 	}
+	if len(ms) != n {
+		t.Fatalf("%d published manifests: %v", len(ms), ms)
+	}
+	checkLsAgrees(t, dir)
 	b, err := os.ReadFile(res.Manifest)
 	if err != nil {
 		t.Fatal(err)
