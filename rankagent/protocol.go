@@ -9,7 +9,7 @@ import (
 )
 
 // The trainer socket protocol, version 1: newline-delimited JSON objects over a Unix
-// socket, at most MaxLine bytes each. See the README for the full description.
+// socket, at most MaxLine bytes each. docs/protocol.md describes it in full.
 const (
 	ProtocolVersion = 1
 	MaxLine         = 64 << 10

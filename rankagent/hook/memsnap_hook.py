@@ -29,7 +29,7 @@ tells the agent why ("stopping"), dumps what history it holds (reason "crash"),
 waits a bounded time for both messages to leave, and lets the stop go on as it
 would have: the previous SIGTERM handler or excepthook is called.
 
-Protocol: newline-delimited JSON, version 1 (see the memsnap README).
+Protocol: newline-delimited JSON, version 1 (see docs/protocol.md in memsnap).
 """
 
 import atexit
