@@ -30,7 +30,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/internal/synth"
+	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/snapshot"

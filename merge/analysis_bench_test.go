@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/memsnap/memsnap/internal/synth"
+	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/internal/synth"
+	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )

@@ -10,7 +10,7 @@
 #     whole process; and the leader's merge of RANKS_A ranks from their analyses
 #     into summary, report and diff (`merge --from-analyses --detail diff`), which
 #     decodes only the outlier and the median rank.
-# Snapshots are synthesised from a recorded one (internal/synth via benchtool),
+# Snapshots are synthesised from a recorded one (merge/synth via benchtool),
 # with sidecars of 3 batch marks; one rank of each set holds a planted 96 MiB
 # buffer, which the summary's diff must name. Timed commands run N (default 5)
 # times, medians are printed (the machine is shared: compare within one run);

@@ -3,7 +3,7 @@ package snapshot_test
 import (
 	"testing"
 
-	"github.com/memsnap/memsnap/internal/synth"
+	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/memsnap/memsnap/internal/synth"
+	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )

@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/internal/synth"
+	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
