@@ -73,169 +73,209 @@ type RequestOptions struct {
 
 // Request is Snapshot with options.
 func (c *Coordinator) Request(ctx context.Context, batches int64, opts RequestOptions) (*pb.WindowResult, error) {
-	progress, detach := opts.Progress, opts.Detach
 	if batches < 0 || batches > MaxWindowBatches {
 		return nil, fmt.Errorf("%w: a window of %d batches (1 to %d)", ErrRefused, batches, MaxWindowBatches)
 	}
 	ch, seq := c.expect(1<<16, c.fromRanks())
 	defer c.forget(seq)
-	var window uint64
-	leader := ""
-	ask := func() error {
-		name, err := c.waitLeader(ctx)
-		if err != nil {
-			return err
-		}
-		leader = name
-		env := c.envelope(window)
-		env.Seq = seq
-		req := &pb.SnapshotRequest{Batches: batches, Reason: "request", Watch: true, Kind: pb.WindowKind_WINDOW_KIND_WINDOW}
-		if dl, ok := ctx.Deadline(); ok {
-			req.ExpiresUs = dl.UnixMicro() // a leader that gets to it later does not plan it
-		}
-		env.Body = &pb.Envelope_Request{Request: req}
-		return c.send(name, env, true)
-	}
-	// A leader that cannot be reached (it is dying, and gossip has not yet said
-	// so) is asked again until ctx ends: its successor takes the request over.
-	var again <-chan time.Time
-	var unreachable error // the last failure to reach the leader
-	try := func() error {
-		err := ask()
-		switch {
-		case err == nil:
-			unreachable = nil
-			return nil
-		case errors.Is(err, ErrStopped) || errors.Is(err, ErrNoLeader) || ctx.Err() != nil:
-			return err
-		}
-		if unreachable == nil && progress != nil {
-			progress(Update{Window: window, Rank: -1, Reason: fmt.Sprintf("could not reach the leader (%v); asking again", err), Received: time.Now()})
-		}
-		unreachable = err
-		again = time.After(retryReachAfter)
-		return nil
-	}
-	if err := try(); err != nil {
+	q := &request{c: c, ctx: ctx, opts: opts, batches: batches, seq: seq, heard: time.Now(), answeredBy: -1}
+	if err := q.try(); err != nil {
 		return nil, err
 	}
 	check := time.NewTicker(500 * time.Millisecond)
 	defer check.Stop()
-	unknown := 0
-	var answer *pb.WindowResult // the answer, once published (its pickles still to come)
-	lastWord := ""              // what the leader last said of a store it cannot use
-	heard := time.Now()         // when the leader last said something about the window
-	var answered uint64         // the window whose answer came (its pickles still being written)
-	answeredBy := int32(-1)     // the rank of the leader that sent it
 	for {
+		var res *pb.WindowResult
+		var err error
 		select {
 		case <-ctx.Done():
-			if answer != nil {
-				// the answer is out: that is what the window published so far
-				res := proto.Clone(answer).(*pb.WindowResult)
-				res.Error = "gave up waiting for the merged pickles and the timeline: " + ctx.Err().Error()
-				if lastWord != "" {
-					res.Error += " (the leader last said: " + lastWord + ")"
-				}
-				return res, nil
-			}
-			if unreachable != nil {
-				return nil, fmt.Errorf("%w (the leader was last unreachable: %v)", ctx.Err(), unreachable)
-			}
-			return nil, ctx.Err()
-		case <-detach:
+			return q.gaveUp()
+		case <-opts.Detach:
 			return nil, ErrDetached
-		case <-again:
-			again = nil
-			if err := try(); err != nil {
-				return nil, err
-			}
+		case <-q.again:
+			q.again = nil
+			err = q.try()
 		case <-check.C:
-			c.mu.Lock()
-			now := c.leaderName
-			c.mu.Unlock()
-			if now == leader && time.Since(heard) > rewatchAfter {
-				// nothing heard for a while: ask again, the same request (a
-				// message may have been lost, the leader's agent restarted with
-				// the request queued, or the job was relaunched under the same
-				// member names); a leader that has it already says so
-				heard = time.Now()
-				if err := try(); err != nil {
-					return nil, err
-				}
-			}
-			if now != leader && now != "" {
-				if progress != nil {
-					progress(Update{Window: window, Rank: -1, State: pb.Step_STEP_UNSPECIFIED, Reason: "the leader changed; asking the new one", Received: time.Now()})
-				}
-				if err := try(); err != nil {
-					return nil, err
-				}
-			}
+			err = q.check()
 		case env := <-ch:
-			heard = time.Now()
-			if env.WindowId != 0 {
-				window = env.WindowId
-			}
-			switch b := env.Body.(type) {
-			case *pb.Envelope_Ack:
-				switch {
-				case b.Ack.Code == pb.AckCode_ACK_NOT_LEADER:
-					again = time.After(100 * time.Millisecond) // membership is converging; ask again
-				case !b.Ack.Ok:
-					return nil, fmt.Errorf("%w: %s", ErrRefused, b.Ack.Message)
-				}
-			case *pb.Envelope_Progress:
-				if progress == nil || overtaken(env, answered, answeredBy) {
-					break // (overtaken: told before the answer, which came first: old news)
-				}
-				if len(b.Progress.Steps) > 0 {
-					// many ranks' steps, gathered by the leader of a large window
-					now := time.Now()
-					for _, st := range b.Progress.Steps {
-						progress(Update{Window: env.WindowId, Rank: int(st.Rank), State: st.State, Batch: st.Batch,
-							Reason: st.Reason, Leader: int(env.SenderRank), Received: now})
-					}
-				} else {
-					u := Update{Window: env.WindowId, Rank: int(b.Progress.Rank), State: b.Progress.State, Batch: b.Progress.Batch,
-						Reason: b.Progress.Reason, Leader: int(env.SenderRank), Received: time.Now()}
-					if b.Progress.DeadlineUs > 0 {
-						u.Deadline = time.UnixMicro(b.Progress.DeadlineUs)
-					}
-					progress(u)
-				}
-			case *pb.Envelope_WindowResult:
-				r := b.WindowResult
-				if r.State == pb.Outcome_OUTCOME_UNKNOWN && window != 0 {
-					// a leader that cannot tell yet (its store is away): ask again a
-					// few times; with the answer out, until the rest comes or the
-					// caller stops waiting (the answer is the truth so far)
-					lastWord = r.Error
-					if unknown++; unknown >= unknownTries && answer == nil {
-						return r, nil
-					}
-					again = time.After(min(time.Duration(unknown)*time.Second, 10*time.Second))
-					if progress != nil {
-						progress(Update{Window: window, Rank: -1, Reason: "the leader cannot tell yet (" + r.Error + "); asking again", Received: time.Now()})
-					}
-					continue
-				}
-				if r.Window == 0 {
-					r.Window = window
-				}
-				if r.Pending && r.State == pb.Outcome_OUTCOME_PUBLISHED && r.Error == "" && !opts.AnswerFirst {
-					// the answer: the rest of the window is still being written
-					answered, answeredBy, answer = r.Window, env.SenderRank, r
-					if progress != nil {
-						progress(Update{Window: r.Window, Rank: -1, State: pb.Step_STEP_PUBLISHING, Leader: int(env.SenderRank),
-							Reason: "the answer is published; writing the merged pickles and the timeline", Received: time.Now(), Answer: r})
-					}
-					continue
-				}
-				return r, nil
-			}
+			res, err = q.onReply(env)
+		}
+		if res != nil || err != nil {
+			return res, err
 		}
 	}
+}
+
+// request is one Request in progress: a member asking the leader for a window,
+// asking again (a new leader, a silence), and hearing how it goes.
+type request struct {
+	c       *Coordinator
+	ctx     context.Context
+	opts    RequestOptions
+	batches int64
+	seq     uint64
+	window  uint64 // the window it serves, once the leader said
+	leader  string // the member last asked
+	again   <-chan time.Time
+	// unreachable is the last failure to reach the leader
+	unreachable error
+	unknown     int              // answers that the leader cannot tell yet
+	answer      *pb.WindowResult // the answer, once published (its pickles still to come)
+	lastWord    string           // what the leader last said of a store it cannot use
+	heard       time.Time        // when the leader last said something about the window
+	answered    uint64           // the window whose answer came (its pickles still being written)
+	answeredBy  int32            // the rank of the leader that sent it
+}
+
+func (q *request) progress(u Update) {
+	if q.opts.Progress != nil {
+		q.opts.Progress(u)
+	}
+}
+
+// ask sends the request (a watch of its window once it has one) to the leader.
+func (q *request) ask() error {
+	name, err := q.c.waitLeader(q.ctx)
+	if err != nil {
+		return err
+	}
+	q.leader = name
+	env := q.c.envelope(q.window)
+	env.Seq = q.seq
+	req := &pb.SnapshotRequest{Batches: q.batches, Reason: "request", Watch: true, Kind: pb.WindowKind_WINDOW_KIND_WINDOW}
+	if dl, ok := q.ctx.Deadline(); ok {
+		req.ExpiresUs = dl.UnixMicro() // a leader that gets to it later does not plan it
+	}
+	env.Body = &pb.Envelope_Request{Request: req}
+	return q.c.send(name, env, true)
+}
+
+// try asks; a leader that cannot be reached (it is dying, and gossip has not
+// yet said so) is asked again until the context ends: its successor takes the
+// request over.
+func (q *request) try() error {
+	err := q.ask()
+	switch {
+	case err == nil:
+		q.unreachable = nil
+		return nil
+	case errors.Is(err, ErrStopped) || errors.Is(err, ErrNoLeader) || q.ctx.Err() != nil:
+		return err
+	}
+	if q.unreachable == nil {
+		q.progress(Update{Window: q.window, Rank: -1, Reason: fmt.Sprintf("could not reach the leader (%v); asking again", err), Received: time.Now()})
+	}
+	q.unreachable = err
+	q.again = time.After(retryReachAfter)
+	return nil
+}
+
+// check asks again after a silence, and asks a new leader.
+func (q *request) check() error {
+	q.c.mu.Lock()
+	now := q.c.leaderName
+	q.c.mu.Unlock()
+	if now == q.leader && time.Since(q.heard) > rewatchAfter {
+		// nothing heard for a while: ask again, the same request (a message may
+		// have been lost, the leader's agent restarted with the request queued,
+		// or the job was relaunched under the same member names); a leader that
+		// has it already says so
+		q.heard = time.Now()
+		return q.try()
+	}
+	if now != q.leader && now != "" {
+		q.progress(Update{Window: q.window, Rank: -1, State: pb.Step_STEP_UNSPECIFIED, Reason: "the leader changed; asking the new one", Received: time.Now()})
+		return q.try()
+	}
+	return nil
+}
+
+// gaveUp is what the request ends with when its context ends: the answer, when
+// it is out (that is what the window published so far), else the context's error.
+func (q *request) gaveUp() (*pb.WindowResult, error) {
+	err := q.ctx.Err()
+	if q.answer != nil {
+		res := proto.Clone(q.answer).(*pb.WindowResult)
+		res.Error = "gave up waiting for the merged pickles and the timeline: " + err.Error()
+		if q.lastWord != "" {
+			res.Error += " (the leader last said: " + q.lastWord + ")"
+		}
+		return res, nil
+	}
+	if q.unreachable != nil {
+		return nil, fmt.Errorf("%w (the leader was last unreachable: %v)", err, q.unreachable)
+	}
+	return nil, err
+}
+
+// onReply takes the leader's word: an ack, a step, or a result (which ends the
+// request, unless it is the answer of a window whose rest is awaited).
+func (q *request) onReply(env *pb.Envelope) (*pb.WindowResult, error) {
+	q.heard = time.Now()
+	if env.WindowId != 0 {
+		q.window = env.WindowId
+	}
+	switch b := env.Body.(type) {
+	case *pb.Envelope_Ack:
+		switch {
+		case b.Ack.Code == pb.AckCode_ACK_NOT_LEADER:
+			q.again = time.After(100 * time.Millisecond) // membership is converging; ask again
+		case !b.Ack.Ok:
+			return nil, fmt.Errorf("%w: %s", ErrRefused, b.Ack.Message)
+		}
+	case *pb.Envelope_Progress:
+		q.onProgress(env, b.Progress)
+	case *pb.Envelope_WindowResult:
+		return q.onResult(env, b.WindowResult), nil
+	}
+	return nil, nil
+}
+
+func (q *request) onProgress(env *pb.Envelope, p *pb.Progress) {
+	if q.opts.Progress == nil || overtaken(env, q.answered, q.answeredBy) {
+		return // (overtaken: told before the answer, which came first: old news)
+	}
+	now := time.Now()
+	if len(p.Steps) > 0 {
+		// many ranks' steps, gathered by the leader of a large window
+		for _, st := range p.Steps {
+			q.progress(Update{Window: env.WindowId, Rank: int(st.Rank), State: st.State, Batch: st.Batch,
+				Reason: st.Reason, Leader: int(env.SenderRank), Received: now})
+		}
+		return
+	}
+	u := Update{Window: env.WindowId, Rank: int(p.Rank), State: p.State, Batch: p.Batch, Reason: p.Reason, Leader: int(env.SenderRank), Received: now}
+	if p.DeadlineUs > 0 {
+		u.Deadline = time.UnixMicro(p.DeadlineUs)
+	}
+	q.progress(u)
+}
+
+// onResult is how the window ended, or nil while the request waits on.
+func (q *request) onResult(env *pb.Envelope, r *pb.WindowResult) *pb.WindowResult {
+	if r.State == pb.Outcome_OUTCOME_UNKNOWN && q.window != 0 {
+		// a leader that cannot tell yet (its store is away): ask again a few
+		// times; with the answer out, until the rest comes or the caller stops
+		// waiting (the answer is the truth so far)
+		q.lastWord = r.Error
+		if q.unknown++; q.unknown >= unknownTries && q.answer == nil {
+			return r
+		}
+		q.again = time.After(min(time.Duration(q.unknown)*time.Second, 10*time.Second))
+		q.progress(Update{Window: q.window, Rank: -1, Reason: "the leader cannot tell yet (" + r.Error + "); asking again", Received: time.Now()})
+		return nil
+	}
+	if r.Window == 0 {
+		r.Window = q.window
+	}
+	if r.Pending && r.State == pb.Outcome_OUTCOME_PUBLISHED && r.Error == "" && !q.opts.AnswerFirst {
+		// the answer: the rest of the window is still being written
+		q.answered, q.answeredBy, q.answer = r.Window, env.SenderRank, r
+		q.progress(Update{Window: r.Window, Rank: -1, State: pb.Step_STEP_PUBLISHING, Leader: int(env.SenderRank),
+			Reason: "the answer is published; writing the merged pickles and the timeline", Received: time.Now(), Answer: r})
+		return nil
+	}
+	return r
 }
 
 // overtaken reports whether env, a leader's progress of a window, was told before

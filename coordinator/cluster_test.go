@@ -18,6 +18,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -319,11 +320,8 @@ func TestClusterGathersRankSteps(t *testing.T) {
 		}
 		done <- res
 	}()
-	<-trip.tripped // collected and answered; the pickles are held
-	deadline := time.Now().Add(time.Minute)
-	for !all() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	<-trip.tripped                                     // collected and answered; the pickles are held
+	wait.Until(context.Background(), time.Minute, all) // (what is missing is said below)
 	close(trip.release)
 	res := <-done
 	if res == nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != 4 {

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"regexp"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/merge"
 )
 
@@ -209,7 +209,7 @@ func (c *Coordinator) join(ctx context.Context) error {
 	if len(c.joinTargets(nil)) == 0 {
 		return nil
 	}
-	wait := 200 * time.Millisecond
+	wait := retry.Backoff{Min: 200 * time.Millisecond, Max: 5 * time.Second}
 	var give <-chan time.Time
 	if c.cfg.JoinTimeout > 0 {
 		t := time.NewTimer(c.cfg.JoinTimeout)
@@ -239,9 +239,8 @@ func (c *Coordinator) join(ctx context.Context) error {
 			return ctx.Err()
 		case <-give:
 			return diagnoseJoin(targets, err, c.cfg.JoinTimeout)
-		case <-time.After(wait):
+		case <-time.After(wait.Next()):
 		}
-		wait = min(wait*2, 5*time.Second)
 	}
 }
 
@@ -357,7 +356,7 @@ func isSelf(addr, self string) bool {
 func (c *Coordinator) rejoinLoop(ctx context.Context) {
 	wait := c.cfg.RejoinInterval
 	for {
-		d := wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
+		d := retry.Jitter(wait)
 		select {
 		case <-ctx.Done():
 			return

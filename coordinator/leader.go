@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/naming"
@@ -184,20 +184,8 @@ func (l *leaderRun) queue(req *pb.Envelope) bool {
 // maxQueued bounds the requests a leader holds.
 const maxQueued = 4096
 
-// backoff sleeps a jittered wait (doubling up to 10 s); it reports false when ctx ended.
-func backoff(ctx context.Context, wait *time.Duration) bool {
-	d := *wait/2 + time.Duration(rand.Int64N(int64(*wait/2)+1))
-	*wait = min(2**wait, 10*time.Second)
-	select {
-	case <-ctx.Done():
-		return false
-	case <-time.After(d):
-		return true
-	}
-}
-
 func (l *leaderRun) openStore(ctx context.Context) (store.Store, error) {
-	wait := 500 * time.Millisecond
+	wait := retry.Backoff{Min: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		st, err := l.c.cfg.OpenStore(ctx)
 		if err == nil {
@@ -208,7 +196,7 @@ func (l *leaderRun) openStore(ctx context.Context) (store.Store, error) {
 		}
 		l.log.Warn("the leader cannot open the store yet; retrying", "err", err)
 		l.refuseWhileDown(ctx, err)
-		if !backoff(ctx, &wait) {
+		if !wait.Wait(ctx) {
 			return nil, ctx.Err()
 		}
 	}
@@ -225,7 +213,7 @@ func (l *leaderRun) renewTerm(ctx context.Context) bool {
 		case <-time.After(d):
 		}
 	}
-	wait := 200 * time.Millisecond
+	wait := retry.Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		t, err := l.rl.NewTerm(ctx, runlog.Term{Leader: l.c.name, Rank: int(l.c.rank())}, l.c.Term()+1)
 		if err == nil {
@@ -242,7 +230,7 @@ func (l *leaderRun) renewTerm(ctx context.Context) bool {
 		}
 		l.log.Warn("the leader cannot record its term in the store; retrying", "err", err)
 		l.refuseWhileDown(ctx, err)
-		if !backoff(ctx, &wait) {
+		if !wait.Wait(ctx) {
 			return false
 		}
 	}
@@ -637,24 +625,16 @@ func nonEmpty(s, dflt string) string {
 	return s
 }
 
+// kindOf is a window kind as the run's log names it ("window", "oom", "crash").
 func kindOf(k string) pb.WindowKind {
-	switch k {
-	case runlog.KindOOM:
-		return pb.WindowKind_WINDOW_KIND_OOM
-	case runlog.KindCrash:
-		return pb.WindowKind_WINDOW_KIND_CRASH
-	case runlog.KindWindow:
-		return pb.WindowKind_WINDOW_KIND_WINDOW
-	}
-	return pb.WindowKind_WINDOW_KIND_UNSPECIFIED
+	kind, _ := pb.Parse[pb.WindowKind](k)
+	return kind
 }
 
+// kindName is a kind as the run's log names it (a window where none is said).
 func kindName(k pb.WindowKind) string {
-	switch k {
-	case pb.WindowKind_WINDOW_KIND_OOM:
-		return runlog.KindOOM
-	case pb.WindowKind_WINDOW_KIND_CRASH:
-		return runlog.KindCrash
+	if k == pb.WindowKind_WINDOW_KIND_UNSPECIFIED {
+		k = pb.WindowKind_WINDOW_KIND_WINDOW
 	}
-	return runlog.KindWindow
+	return pb.Name(k)
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -63,14 +64,14 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (*LocalCluster, error) {
 		lc.wg.Add(1)
 		go func() { defer lc.wg.Done(); rk.Run(ctx) }()
 		if r == 0 {
-			if _, err := poll(ctx, 10*time.Second, func() bool { return rk.Coord.Addr() != "" }); err != nil {
+			if _, err := wait.Until(ctx, 10*time.Second, func() bool { return rk.Coord.Addr() != "" }); err != nil {
 				lc.Stop()
 				return nil, fmt.Errorf("coordinator: rank 0 did not start gossip: %w", err)
 			}
 			join = []string{rk.Coord.Addr()}
 		}
 	}
-	if _, err := poll(ctx, 30*time.Second, func() bool {
+	if _, err := wait.Until(ctx, 30*time.Second, func() bool {
 		for _, rk := range lc.Ranks {
 			if len(rk.Coord.Members()) < cfg.Ranks {
 				return false
@@ -100,7 +101,7 @@ func (lc *LocalCluster) Client(ctx context.Context) (*Coordinator, func(), error
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx) }()
 	stop := func() { cancel(); <-done }
-	if _, err := poll(ctx, 30*time.Second, func() bool { _, ok := c.Leader(); return ok }); err != nil {
+	if _, err := wait.Until(ctx, 30*time.Second, func() bool { _, ok := c.Leader(); return ok }); err != nil {
 		stop()
 		return nil, nil, fmt.Errorf("coordinator: the client found no leader: %w", err)
 	}
@@ -111,20 +112,4 @@ func (lc *LocalCluster) Client(ctx context.Context) (*Coordinator, func(), error
 func (lc *LocalCluster) Stop() {
 	lc.cancel()
 	lc.wg.Wait()
-}
-
-// poll waits until cond holds, up to timeout.
-func poll(ctx context.Context, timeout time.Duration, cond func() bool) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-t.C:
-		}
-	}
-	return true, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -46,11 +47,9 @@ func TestAccessorsDuringChurn(t *testing.T) {
 			}
 		}()
 	}
-	wait := func(what string, cond func() bool) error {
-		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				return fmt.Errorf("timed out waiting for %s", what)
-			}
+	waitFor := func(what string, cond func() bool) error {
+		if ok, _ := wait.Until(context.Background(), 30*time.Second, cond); !ok {
+			return fmt.Errorf("timed out waiting for %s", what)
 		}
 		return nil
 	}
@@ -58,13 +57,13 @@ func TestAccessorsDuringChurn(t *testing.T) {
 	go func() {
 		for range 15 {
 			other, stopOther := member([]string{seed.Addr()})
-			err := wait("the seed to see the member join", func() bool { return len(seed.Members()) == 2 })
+			err := waitFor("the seed to see the member join", func() bool { return len(seed.Members()) == 2 })
 			if err == nil {
-				err = wait("the member to see the seed", func() bool { return len(other.Members()) == 2 })
+				err = waitFor("the member to see the seed", func() bool { return len(other.Members()) == 2 })
 			}
 			stopOther()
 			if err == nil {
-				err = wait("the seed to see the member leave", func() bool { return len(seed.Members()) == 1 })
+				err = waitFor("the seed to see the member leave", func() bool { return len(seed.Members()) == 1 })
 			}
 			if err != nil {
 				done <- err

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"sort"
 	"strconv"
 	"sync"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/runlog"
@@ -23,16 +22,14 @@ import (
 // its bound; an error the store will give again (refused credentials, a bad name),
 // a superseded term, or a rank's input that cannot be read as it is are not.
 func retryable(err error) bool {
-	if err == nil || store.Permanent(err) || errors.Is(err, runlog.ErrMalformed) || errors.Is(err, merge.ErrOtherInputs) || isSuperseded(err) {
+	if err == nil || errors.Is(err, runlog.ErrMalformed) || errors.Is(err, merge.ErrOtherInputs) || isSuperseded(err) {
 		return false
 	}
-	if errors.Is(err, store.ErrUnreachable) || errors.Is(err, store.ErrNoBucket) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, context.DeadlineExceeded) {
+	if retry.Transient(err) {
 		return true
 	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
+	if store.Permanent(err) {
+		return false
 	}
 	var ie *merge.InputError
 	return !errors.As(err, &ie)
@@ -203,7 +200,7 @@ func (l *leaderRun) writeOutcome(ctx context.Context, w *win, e window.WriteOutc
 	}
 	o.Ranks = w.m.Mergeable()
 	give := time.Now().Add(min(l.c.cfg.PublishTimeout, 30*time.Second))
-	wait := 500 * time.Millisecond
+	wait := retry.Backoff{Min: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		got, err := l.rl.Finish(ctx, o)
 		if err == nil {
@@ -216,7 +213,7 @@ func (l *leaderRun) writeOutcome(ctx context.Context, w *win, e window.WriteOutc
 			l.log.Warn("cannot write the window's outcome into the run's log; a later sweep does", "window", w.id(), "err", err)
 			return
 		}
-		if !backoff(ctx, &wait) {
+		if !wait.Wait(ctx) {
 			return
 		}
 	}
@@ -542,6 +539,27 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	for _, e := range bad {
 		log.Warn("a rank's report in the run's log is malformed; ignored", "err", e)
 	}
+	fs := l.found(ctx, p, reports, asked)
+	now := time.Now()
+	w := mk(window.Recover(window.Resume{Config: cfg, Found: fs, At: now, RejoinGrace: c.cfg.RejoinGrace}))
+	pending := len(w.m.Outstanding()) > 0
+	log.Info("finishing a window an earlier leader left unfinished", "kind", p.Kind, "start", p.Start, "stop", p.Stop, "reports", len(reports),
+		"waiting", pending, "planned_by", p.Leader, "term", p.Term)
+	ch, seq := c.expect(16, c.fromRanks())
+	l.collect(ctx, w, ch, nil)
+	c.forget(seq)
+	l.drive(ctx, w)
+	l.finishRecovery(w)
+	if pending && w.m.Kind == pb.WindowKind_WINDOW_KIND_WINDOW && w.end != steppedDown {
+		l.cancelWindow(w, "finished by a later leader")
+	}
+}
+
+// found is what a leader taking window p over finds of each rank asked: its
+// report in the run's log, and its answer to a poll (or when it was last heard
+// of, for one that is not a member now).
+func (l *leaderRun) found(ctx context.Context, p *runlog.Plan, reports map[int]*runlog.Report, asked map[int]int64) map[int]window.Found {
+	c := l.c
 	var live []int
 	for r := range c.rankNodes() {
 		if r < p.WorldSize {
@@ -563,18 +581,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 		}
 		fs[r] = f
 	}
-	w := mk(window.Recover(window.Resume{Config: cfg, Found: fs, At: now, RejoinGrace: c.cfg.RejoinGrace}))
-	pending := len(w.m.Outstanding()) > 0
-	log.Info("finishing a window an earlier leader left unfinished", "kind", p.Kind, "start", p.Start, "stop", p.Stop, "reports", len(reports),
-		"waiting", pending, "planned_by", p.Leader, "term", p.Term)
-	ch, seq := c.expect(16, c.fromRanks())
-	l.collect(ctx, w, ch, nil)
-	c.forget(seq)
-	l.drive(ctx, w)
-	l.finishRecovery(w)
-	if pending && w.m.Kind == pb.WindowKind_WINDOW_KIND_WINDOW && w.end != steppedDown {
-		l.cancelWindow(w, "finished by a later leader")
-	}
+	return fs
 }
 
 // finishRecovery hands over what a taken-over window leaves: its members
@@ -630,4 +637,4 @@ func (l *leaderRun) mayRecover(p *runlog.Plan, deadline time.Time) bool {
 	return false
 }
 
-func stepName(s pb.Step) string { return window.StepName(s) }
+func stepName(s pb.Step) string { return pb.Name(s) }

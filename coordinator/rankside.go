@@ -18,33 +18,11 @@ import (
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
 
-// stepOf is a rank's window state as it travels.
+// stepOf is a rank's window state as it travels (the agent's states are the
+// steps' names).
 func stepOf(s rankagent.WindowState) pb.Step {
-	switch s {
-	case rankagent.WindowQueued:
-		return pb.Step_STEP_QUEUED
-	case rankagent.WindowSent:
-		return pb.Step_STEP_SENT
-	case rankagent.WindowArmed:
-		return pb.Step_STEP_ARMED
-	case rankagent.WindowRecording:
-		return pb.Step_STEP_RECORDING
-	case rankagent.WindowSpooled:
-		return pb.Step_STEP_SPOOLED
-	case rankagent.WindowPartial:
-		return pb.Step_STEP_PARTIAL
-	case rankagent.WindowUploaded:
-		return pb.Step_STEP_UPLOADED
-	case rankagent.WindowMissed:
-		return pb.Step_STEP_MISSED
-	case rankagent.WindowFailed:
-		return pb.Step_STEP_FAILED
-	case rankagent.WindowCancelled:
-		return pb.Step_STEP_CANCELLED
-	case rankagent.WindowStopping:
-		return pb.Step_STEP_STOPPING
-	}
-	return pb.Step_STEP_UNSPECIFIED
+	step, _ := pb.Parse[pb.Step](string(s))
+	return step
 }
 
 // terminal reports whether a rank's window state is an end.

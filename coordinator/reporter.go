@@ -2,11 +2,11 @@ package coordinator
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -90,7 +90,7 @@ func (r *reporter) run(ctx context.Context) {
 
 // write stores one report, retrying a store that is away.
 func (r *reporter) write(ctx context.Context, rep runlog.Report) {
-	wait := 200 * time.Millisecond
+	wait := retry.Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
 	for try := 1; ; try++ {
 		err := r.writeOnce(ctx, rep)
 		if err == nil || ctx.Err() != nil {
@@ -100,13 +100,9 @@ func (r *reporter) write(ctx context.Context, rep runlog.Report) {
 			r.c.log.Warn("could not write this rank's report into the run's log; the leader has it from the message", "window", rep.Window, "err", err)
 			return
 		}
-		d := wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
-		select {
-		case <-ctx.Done():
+		if !wait.Wait(ctx) {
 			return
-		case <-time.After(d):
 		}
-		wait = min(2*wait, 10*time.Second)
 	}
 }
 

@@ -30,10 +30,11 @@ import (
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -1107,26 +1108,16 @@ func processCPU() time.Duration {
 
 // waitFor polls cond until it holds or timeout passes, and reports which.
 func (sc *simCluster) waitFor(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
+	ok, _ := wait.Until(context.Background(), timeout, cond)
+	return ok
 }
 
 // wait polls cond until it holds; past timeout the test fails, saying what the
 // members logged.
 func (sc *simCluster) wait(timeout time.Duration, what string, cond func() bool) {
 	sc.tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			sc.tb.Fatalf("timed out after %v waiting for %s; %d packets dropped at full queues; warnings logged: %v", timeout, what, sc.net.dropped(), sc.log.Warnings())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if ok, _ := wait.Until(context.Background(), timeout, cond); !ok {
+		sc.tb.Fatalf("timed out after %v waiting for %s; %d packets dropped at full queues; warnings logged: %v", timeout, what, sc.net.dropped(), sc.log.Warnings())
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/retry"
+	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -152,48 +154,18 @@ func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
 // window goes on without it.
 func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowResult {
 	c := l.c
-	world := c.cfg.Identity.WorldSize
-	// ranks still joining (agents start at different times) get a moment to arrive
-	poll(ctx, c.cfg.JoinGrace, func() bool { return len(c.rankNodes()) >= world })
-	nodes := c.rankNodes()
-	ranks := make([]int, 0, len(nodes))
-	for r := range nodes {
-		if r < world {
-			ranks = append(ranks, r)
-		}
+	cfg, expected, why := l.choose(ctx, p, again)
+	if why != nil {
+		l.log.Warn("no window planned", "why", why.Error)
+		l.tellResult(0, p.watchers, why)
+		return why
 	}
-	sort.Ints(ranks)
-	sts := c.status(ctx, ranks)
-	rs, leftOut, why := l.plausible(ranks, sts)
-	if why != "" {
-		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: why, Store: l.st.String(), Missing: map[int32]string{}}
-		for r, x := range leftOut {
-			res.Missing[int32(r)] = x
-		}
-		l.log.Warn("no window planned", "why", why)
-		l.tellResult(0, p.watchers, res)
-		return res
-	}
-	margin := c.cfg.LeadMargin
-	if again {
-		margin *= 3
-	}
-	start, stop := PlanWindow(rs, p.length, p.minStart, margin)
-	deadline, planned := l.windowDeadline(rs, start, stop), time.Now()
-	asked := map[int]int64{}
-	expected := make([]int, 0, len(rs))
-	for _, r := range rs {
-		asked[r.Rank] = r.Batch
-		expected = append(expected, r.Rank)
-	}
-	rp := runlog.Plan{Kind: runlog.KindWindow, Reason: p.reason, Start: start, Stop: stop, Ranks: expected, Deadline: deadline}
+	rp := runlog.Plan{Kind: runlog.KindWindow, Reason: p.reason, Start: cfg.Start, Stop: cfg.Stop, Ranks: expected, Deadline: cfg.Deadline}
 	if p.req != nil {
 		rp.Request = requestID(p.req)
 	}
 	pl, err := l.createPlan(ctx, rp)
 	if err != nil {
-		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: start, Stop: stop, Store: l.st.String(),
-			Error: "the window's plan could not be recorded in the run's log: " + err.Error()}
 		if isSuperseded(err) {
 			// a newer term: this leader takes one and serves the request again
 			l.c.believeTerm(ctx, l.rl)
@@ -202,32 +174,80 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 			}
 			return nil
 		}
+		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: cfg.Start, Stop: cfg.Stop, Store: l.st.String(),
+			Error: "the window's plan could not be recorded in the run's log: " + err.Error()}
 		l.tellResult(0, p.watchers, res)
 		return res
 	}
-	m := window.New(window.Config{ID: pl.ID, Term: l.term, Kind: pb.WindowKind_WINDOW_KIND_WINDOW, Start: start, Stop: stop, World: world,
-		Asked: asked, LeftOut: leftOut, Planned: planned, Deadline: deadline, Timers: l.timers(), CanReplan: !again})
-	w := newWin(m, p.reason, p.watchers, pl.Manifest)
-	log := l.log.With("window", w.id())
-	log.Info("window planned", "start", start, "stop", stop, "ranks", len(rs), "world_size", world, "reason", p.reason, "term", l.term,
-		"deadline", deadline.Format(time.RFC3339))
-	l.tellPlanned(w, fmt.Sprintf("batches [%d, %d) on %d of %d ranks", start, stop, len(rs), world))
+	cfg.ID = pl.ID
+	w := newWin(window.New(cfg), p.reason, p.watchers, pl.Manifest)
+	l.log.Info("window planned", "window", w.id(), "start", cfg.Start, "stop", cfg.Stop, "ranks", len(expected), "world_size", cfg.World,
+		"reason", p.reason, "term", l.term, "deadline", cfg.Deadline.Format(time.RFC3339))
+	l.tellPlanned(w, fmt.Sprintf("batches [%d, %d) on %d of %d ranks", cfg.Start, cfg.Stop, len(expected), cfg.World))
 
 	ranks32 := make([]int32, len(expected))
 	for i, r := range expected {
 		ranks32[i] = int32(r)
 	}
-	ch, seq := c.expect(4*len(rs)+64, c.fromRanks())
+	ch, seq := c.expect(4*len(expected)+64, c.fromRanks())
 	defer c.forget(seq)
 	w.cmd = c.envelope(w.id())
 	w.cmd.Seq, w.cmd.Term = seq, l.term
-	w.cmd.Body = &pb.Envelope_Plan{Plan: &pb.Plan{Start: start, Stop: stop, Reason: p.reason, WorldSize: int32(world), Ranks: ranks32}}
+	w.cmd.Body = &pb.Envelope_Plan{Plan: &pb.Plan{Start: cfg.Start, Stop: cfg.Stop, Reason: p.reason, WorldSize: int32(cfg.World), Ranks: ranks32}}
 	// the acks are collected while the plan still goes out: at 1,024 ranks the
 	// first ranks have acked long before the last is sent to
 	sent := l.sendAsync(w.cmd, expected)
 	c.gossip(w.cmd)
 	l.collect(ctx, w, ch, sent)
 	l.drive(ctx, w)
+	return l.ended(ctx, w, p)
+}
+
+// choose picks a window's ranks and batches: the ranks that answer with a
+// plausible batch (every rank of the world gets a moment to join first), and a
+// start every one of them is still before when the plan reaches it. It returns
+// the window's configuration (its id to come), the ranks asked, or, when no
+// window can be planned, the result that says why.
+func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Config, []int, *pb.WindowResult) {
+	c := l.c
+	world := c.cfg.Identity.WorldSize
+	// ranks still joining (agents start at different times) get a moment to arrive
+	wait.Until(ctx, c.cfg.JoinGrace, func() bool { return len(c.rankNodes()) >= world })
+	nodes := c.rankNodes()
+	ranks := make([]int, 0, len(nodes))
+	for r := range nodes {
+		if r < world {
+			ranks = append(ranks, r)
+		}
+	}
+	sort.Ints(ranks)
+	rs, leftOut, why := l.plausible(ranks, l.c.status(ctx, ranks))
+	if why != "" {
+		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: why, Store: l.st.String(), Missing: map[int32]string{}}
+		for r, x := range leftOut {
+			res.Missing[int32(r)] = x
+		}
+		return window.Config{}, nil, res
+	}
+	margin := c.cfg.LeadMargin
+	if again {
+		margin *= 3
+	}
+	start, stop := PlanWindow(rs, p.length, p.minStart, margin)
+	asked := map[int]int64{}
+	expected := make([]int, 0, len(rs))
+	for _, r := range rs {
+		asked[r.Rank] = r.Batch
+		expected = append(expected, r.Rank)
+	}
+	return window.Config{Term: l.term, Kind: pb.WindowKind_WINDOW_KIND_WINDOW, Start: start, Stop: stop, World: world, Asked: asked, LeftOut: leftOut,
+		Planned: time.Now(), Deadline: l.windowDeadline(rs, start, stop), Timers: l.timers(), CanReplan: !again}, expected, nil
+}
+
+// ended carries out how the leader stopped running w: planned again, left to a
+// newer term or for later, or ended (its members told).
+func (l *leaderRun) ended(ctx context.Context, w *win, p plan) *pb.WindowResult {
+	log := l.log.With("window", w.id())
 	switch {
 	case ctx.Err() != nil:
 		// the leader stopped: the window stays unfinished in the log, and the next
@@ -332,7 +352,7 @@ func (l *leaderRun) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan,
 	c := l.c
 	p.Term, p.Leader, p.LeaderRank, p.WorldSize, p.Run = l.term, c.name, int(c.rank()), c.cfg.Identity.WorldSize, c.cfg.Identity.RunName
 	deadline := time.Now().Add(c.cfg.AckTimeout)
-	wait := 200 * time.Millisecond
+	wait := retry.Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		out, err := l.rl.CreatePlan(ctx, p, 0, func(id uint64) (string, error) { return l.manifestKey(id, p.Stop) })
 		if err == nil {
@@ -345,7 +365,7 @@ func (l *leaderRun) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan,
 			return runlog.Plan{}, err
 		}
 		l.log.Warn("cannot record the window's plan in the store yet; retrying", "err", err)
-		if !backoff(ctx, &wait) {
+		if !wait.Wait(ctx) {
 			return runlog.Plan{}, ctx.Err()
 		}
 	}
@@ -361,33 +381,8 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 	c := l.c
 	r := req.GetRequest()
 	failedRank := int(r.FailedRank)
-	if r.Kind == pb.WindowKind_WINDOW_KIND_OOM && !c.cfg.OnOOM {
-		l.log.Info("a rank hit an OOM; post-mortems are off", "failed_rank", failedRank)
-		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, "post-mortems are off (--no-postmortem)")
+	if l.declined(ctx, req) {
 		return
-	}
-	l.mu.Lock()
-	if time.Since(l.lastPM) < postmortemQuiet {
-		id := l.lastPMID
-		l.mu.Unlock()
-		l.log.Info("a rank failed during a recent post-mortem; no new one", "failed_rank", failedRank, "cause", r.Cause, "postmortem", id)
-		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", id))
-		return
-	}
-	l.mu.Unlock()
-	// a post-mortem another leader took of the same incident moments ago (the
-	// leader of a job torn down rank by rank is stopped too): this one is part of it
-	if recent, err := l.rl.Latest(ctx, 4); err == nil {
-		for _, p := range recent {
-			if (p.Kind == runlog.KindCrash || p.Kind == runlog.KindOOM) && time.Since(p.Created) < postmortemQuiet {
-				l.mu.Lock()
-				l.lastPM, l.lastPMID = p.Created, p.ID
-				l.mu.Unlock()
-				l.log.Info("a rank failed during a recent post-mortem of another leader; no new one", "failed_rank", failedRank, "cause", r.Cause, "postmortem", p.ID)
-				l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", p.ID))
-				return
-			}
-		}
 	}
 	l.mu.Lock()
 	l.lastPM = time.Now()
@@ -439,6 +434,41 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 	if w.end == deferred {
 		l.keepWaiting(w)
 	}
+}
+
+// declined answers a request for a post-mortem that is not taken: post-mortems
+// are off, or the failure is part of one taken moments ago (by this leader, or
+// another: the leader of a job torn down rank by rank is stopped too).
+func (l *leaderRun) declined(ctx context.Context, req *pb.Envelope) bool {
+	r := req.GetRequest()
+	failedRank := int(r.FailedRank)
+	if r.Kind == pb.WindowKind_WINDOW_KIND_OOM && !l.c.cfg.OnOOM {
+		l.log.Info("a rank hit an OOM; post-mortems are off", "failed_rank", failedRank)
+		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, "post-mortems are off (--no-postmortem)")
+		return true
+	}
+	l.mu.Lock()
+	if time.Since(l.lastPM) < postmortemQuiet {
+		id := l.lastPMID
+		l.mu.Unlock()
+		l.log.Info("a rank failed during a recent post-mortem; no new one", "failed_rank", failedRank, "cause", r.Cause, "postmortem", id)
+		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", id))
+		return true
+	}
+	l.mu.Unlock()
+	if recent, err := l.rl.Latest(ctx, 4); err == nil {
+		for _, p := range recent {
+			if (p.Kind == runlog.KindCrash || p.Kind == runlog.KindOOM) && time.Since(p.Created) < postmortemQuiet {
+				l.mu.Lock()
+				l.lastPM, l.lastPMID = p.Created, p.ID
+				l.mu.Unlock()
+				l.log.Info("a rank failed during a recent post-mortem of another leader; no new one", "failed_rank", failedRank, "cause", r.Cause, "postmortem", p.ID)
+				l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("part of post-mortem window %d", p.ID))
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // failureTime reads a failure's time (the leader's clock, microseconds).

@@ -3,7 +3,6 @@ package merge
 import (
 	"context"
 	"fmt"
-	"io"
 	"path"
 	"sort"
 	"strings"
@@ -55,17 +54,9 @@ func ReadManifest(ctx context.Context, st store.Store, key string) (*Manifest, e
 // ReadManifestVersion reads and parses one manifest, with the version (ETag) of
 // what it read, for a conditional replace.
 func ReadManifestVersion(ctx context.Context, st store.Store, key string) (*Manifest, string, error) {
-	rc, info, err := st.Get(ctx, key)
+	b, info, err := store.ReadObject(ctx, st, key, maxManifest)
 	if err != nil {
 		return nil, "", err
-	}
-	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, maxManifest+1))
-	if err != nil {
-		return nil, "", fmt.Errorf("merge: reading %s: %w", key, err)
-	}
-	if len(b) > maxManifest {
-		return nil, "", fmt.Errorf("merge: %s is larger than %d bytes", key, maxManifest)
 	}
 	m, err := ParseManifest(b)
 	if err != nil {

@@ -129,14 +129,7 @@ func fileAnalysis(p string) func(ctx context.Context) ([]byte, error) {
 
 // readBounded reads r whole, refusing more than limit bytes.
 func readBounded(r io.Reader, name string, limit int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("merge: reading %s: %w", name, err)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("merge: %s is larger than %d bytes", name, limit)
-	}
-	return b, nil
+	return store.ReadLimited(r, name, limit)
 }
 
 // Resolver turns command-line inputs into Inputs.

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"path"
 	"path/filepath"
 	"sort"
@@ -15,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
 )
 
@@ -344,12 +343,7 @@ func (b *builder) decodeRanks(ctx context.Context, ranks []int) (map[string]stri
 // away by itself (the store is unreachable, a connection broke), as opposed to
 // an input that is not what it should be.
 func transientRead(err error) bool {
-	if errors.Is(err, store.ErrUnreachable) || errors.Is(err, store.ErrNoBucket) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne)
+	return retry.Transient(err) || errors.Is(err, context.Canceled)
 }
 
 // cutReason bounds a reason kept in a manifest.

@@ -48,7 +48,7 @@ func checkPublished(t *testing.T, dir string) *Manifest {
 	}
 	want := []string{"merged.manifest.json", m.Claim.Name}
 	for kind, o := range m.Outputs {
-		sum, size, err := hashFile(filepath.Join(dir, o.Name))
+		sum, size, err := store.HashFile(filepath.Join(dir, o.Name))
 		if err != nil || sum != o.SHA256 || size != o.Size {
 			t.Fatalf("%s: %s has %s (%d bytes), the manifest says %s (%d)", kind, o.Name, sum, size, o.SHA256, o.Size)
 		}

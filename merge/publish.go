@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -61,17 +60,12 @@ var errBadClaim = errors.New("merge: malformed claim")
 
 // readClaim reads the claim under key (store.ErrNotFound when there is none).
 func readClaim(ctx context.Context, st store.Store, key string) (*Claim, error) {
-	rc, _, err := st.Get(ctx, key)
-	if err != nil {
+	b, _, err := store.ReadObject(ctx, st, key, maxManifest)
+	if err != nil && !errors.Is(err, store.ErrTooLarge) {
 		return nil, err
 	}
-	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, maxManifest+1))
-	if err != nil {
-		return nil, fmt.Errorf("merge: reading %s: %w", key, err)
-	}
 	var c Claim
-	if len(b) > maxManifest || json.Unmarshal(b, &c) != nil {
+	if err != nil || json.Unmarshal(b, &c) != nil {
 		return nil, fmt.Errorf("%w: %s", errBadClaim, key)
 	}
 	return &c, nil
@@ -253,20 +247,6 @@ func isSHA256(s string) bool {
 func sha256Hex(b []byte) string {
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])
-}
-
-func hashFile(p string) (string, int64, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, err
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
 // putOnce stores a file under key unless the store holds it already with the same

@@ -98,7 +98,7 @@ func TestInterruptedMergeIsFinishedByARerun(t *testing.T) {
 		t.Fatalf("manifest %s", mb)
 	}
 	for kind, o := range m.Outputs {
-		sum, size, err := hashFile(filepath.Join(dir, o.Name))
+		sum, size, err := store.HashFile(filepath.Join(dir, o.Name))
 		if err != nil || sum != o.SHA256 || size != o.Size {
 			t.Fatalf("%s: %s has %s (%d bytes), the manifest says %s (%d)", kind, o.Name, sum, size, o.SHA256, o.Size)
 		}

@@ -304,7 +304,7 @@ func New(cfg Config) (*Agent, error) {
 	a.tmpl.remote = naming.MustParse(cfg.RemoteFileName)
 	a.tmpl.file = naming.MustParse(cfg.Filename)
 	a.up = &uploader{sp: sp, open: cfg.OpenStore, log: a.log, minWait: cfg.RetryMin, maxWait: cfg.RetryMax,
-		wake: make(chan struct{}, 1), tries: map[string]*retry{}, onResult: a.uploaded, onRetry: a.uploadRetried}
+		wake: make(chan struct{}, 1), tries: map[string]*attempts{}, onResult: a.uploaded, onRetry: a.uploadRetried}
 	return a, nil
 }
 

@@ -7,10 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
 )
@@ -133,7 +132,7 @@ func (s *spool) incomingMessage(name string) *Message {
 		return nil
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxMessageFile+1))
+	b, err := store.ReadLimited(f, name, MaxMessageFile)
 	if err != nil {
 		return nil
 	}
@@ -142,20 +141,6 @@ func (s *spool) incomingMessage(name string) *Message {
 		return nil
 	}
 	return m
-}
-
-func hashFile(p string) (string, int64, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", 0, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return "", 0, err
-	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
 func writeFileSync(p string, b []byte) error {
@@ -301,12 +286,12 @@ type uploader struct {
 	mu    sync.Mutex
 	st    store.Store
 	busy  bool
-	tries map[string]*retry
+	tries map[string]*attempts
 	stats uploadStats
 }
 
-// retry is one job's backoff state.
-type retry struct {
+// attempts is one job's backoff state.
+type attempts struct {
 	attempts int
 	next     time.Time
 }
@@ -386,12 +371,7 @@ func (u *uploader) run(ctx context.Context) {
 // backoff is the wait before attempt n+1: doubling from minWait up to maxWait, with
 // jitter, so agents that lost one store do not all come back at once.
 func (u *uploader) backoff(attempts int) time.Duration {
-	d := u.minWait
-	for i := 1; i < attempts && d < u.maxWait; i++ {
-		d *= 2
-	}
-	d = min(d, u.maxWait)
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+	return retry.After(attempts, u.minWait, u.maxWait)
 }
 
 // drain tries every pending job that is due; it returns when the next one is due
@@ -447,7 +427,7 @@ func (u *uploader) drain(ctx context.Context) time.Time {
 		}
 		u.mu.Lock()
 		if r == nil {
-			r = &retry{}
+			r = &attempts{}
 			u.tries[id] = r
 		}
 		r.attempts++
@@ -479,7 +459,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 	res := UploadResult{Key: j.Key, MetaKey: j.MetaKey, AnalysisKey: j.AnalysisKey, Size: j.Size, SHA256: j.SHA256, Events: j.Events,
 		Window: Window{ID: j.Window, Start: j.Start, Stop: j.Stop}, Reason: j.Reason, Partial: j.Partial, Cause: j.Cause}
 	snap := filepath.Join(dir, "snapshot.pickle")
-	if sum, _, err := hashFile(snap); err != nil {
+	if sum, _, err := store.HashFile(snap); err != nil {
 		return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
 	} else if !strings.EqualFold(sum, j.SHA256) {
 		return res, fmt.Errorf("%w: %s has SHA-256 %s, spooled as %s", errSpoolCorrupt, snap, sum, j.SHA256)
@@ -522,7 +502,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 	if err != nil {
 		return res, err
 	}
-	metaSum, _, err := hashFile(filepath.Join(dir, "meta.json"))
+	metaSum, _, err := store.HashFile(filepath.Join(dir, "meta.json"))
 	if err != nil {
 		return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
 	}
@@ -531,7 +511,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 	}
 	if j.AnalysisKey != "" {
 		p := filepath.Join(dir, "analysis.json")
-		anSum, _, err := hashFile(p)
+		anSum, _, err := store.HashFile(p)
 		if err != nil {
 			return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
 		}

@@ -23,7 +23,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"strconv"
 	"strings"
@@ -264,19 +263,11 @@ func (l *Log) put(ctx context.Context, key string, v any, overwrite bool) error 
 
 // read reads and parses the record under key into v (bounded).
 func (l *Log) read(ctx context.Context, key string) ([]byte, error) {
-	rc, _, err := l.st.Get(ctx, key)
-	if err != nil {
-		return nil, err
+	b, _, err := store.ReadObject(ctx, l.st, key, maxRecord)
+	if errors.Is(err, store.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, maxRecord+1))
-	if err != nil {
-		return nil, fmt.Errorf("runlog: reading %s: %w", key, err)
-	}
-	if len(b) > maxRecord {
-		return nil, fmt.Errorf("%w: %s is larger than %d bytes", ErrMalformed, key, maxRecord)
-	}
-	return b, nil
+	return b, err
 }
 
 // Terms lists the terms in the log, ascending.

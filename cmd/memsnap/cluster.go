@@ -19,6 +19,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -171,7 +172,7 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&mf.join, "agent", "", "an agent's gossip address (same as --join)")
 	run := fs.String("run", "", "the run's name (default: $MEMSNAP_RUN_NAME or the launcher's job id)")
 	batches := fs.Int64("batches", 0, "batches in the window (default: the leader's --interval)")
-	wait := fs.Bool("wait", false, "wait until the window's answer is published: the summary, the report and the findings (default: return once it is planned)")
+	waitAnswer := fs.Bool("wait", false, "wait until the window's answer is published: the summary, the report and the findings (default: return once it is planned)")
 	waitAll := fs.Bool("wait-all", false, "wait until the merged pickles and the timeline are published too")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long (the leader's own bound on the window is printed when it is planned)")
@@ -192,7 +193,7 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return errors.New("no run name: pass --run (the agents' --run-name)")
 	}
 	if *waitAll {
-		*wait = true
+		*waitAnswer = true
 	}
 	if *timeout <= 0 || *joinTimeout <= 0 {
 		return fmt.Errorf("--timeout %v, --join-timeout %v: both must be more than zero", *timeout, *joinTimeout)
@@ -234,7 +235,7 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	// joined and a leader known, or why not (Run returns the join's diagnosis)
 	leader := make(chan struct{})
 	go func() {
-		waitFor(ctx, *timeout, func() bool { _, ok := c.Leader(); return ok })
+		wait.Until(ctx, *timeout, func() bool { _, ok := c.Leader(); return ok })
 		close(leader)
 	}()
 	select {
@@ -256,7 +257,7 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	var once, answerOnce sync.Once
 	res, err := c.Request(ctx, *batches, coordinator.RequestOptions{Progress: func(u coordinator.Update) {
 		p.update(u)
-		if u.State == pb.Step_STEP_PLANNED && !*wait {
+		if u.State == pb.Step_STEP_PLANNED && !*waitAnswer {
 			once.Do(func() { close(planned) })
 		}
 		if u.Answer != nil && !*asJSON {
@@ -372,17 +373,7 @@ func sortedMissing(m map[int32]string) []int {
 	return out
 }
 
-func outcomeName(o pb.Outcome) string {
-	switch o {
-	case pb.Outcome_OUTCOME_PUBLISHED:
-		return "published"
-	case pb.Outcome_OUTCOME_FAILED:
-		return "failed"
-	case pb.Outcome_OUTCOME_UNFINISHED:
-		return "unfinished"
-	}
-	return "unknown"
-}
+func outcomeName(o pb.Outcome) string { return pb.Name(o) }
 
 func resultJSON(r *pb.WindowResult, window uint64) any {
 	missing := map[string]string{}
@@ -407,22 +398,6 @@ func resultJSON(r *pb.WindowResult, window uint64) any {
 		// Pending: the answer is published; the merged pickles and the timeline are being written
 		Pending bool `json:"pending,omitempty"`
 	}{window, outcomeName(r.State), r.Start, r.Stop, r.Manifest, r.Outputs, ranks, missing, r.Error, r.Findings, r.Pending}
-}
-
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-t.C:
-		}
-	}
-	return true, nil
 }
 
 // progressPrinter shows a window's progress: a line per rank and step for small

@@ -17,6 +17,7 @@ import (
 	"github.com/memsnap/memsnap/internal/demodata"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -110,7 +111,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 				HoldAt: []int64{demoHold}, Rank: r, UUID: fmt.Sprintf("GPU-demo-%d", r)})
 		}()
 	}
-	if _, err := waitFor(ctx, time.Minute, func() bool {
+	if _, err := wait.Until(ctx, time.Minute, func() bool {
 		for _, rk := range lc.Ranks {
 			if rk.Agent.Batch() != demoHold-1 {
 				return false

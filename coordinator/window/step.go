@@ -412,7 +412,7 @@ func (s *stepper) ack(a Ack) {
 	case a.Code == pb.AckCode_ACK_STALE_TERM:
 		s.checkTerm(a.Term)
 	default:
-		why := fmt.Sprintf("refused the window (%s): %s", ackName(a.Code), a.Message)
+		why := fmt.Sprintf("refused the window (%s): %s", pb.Name(a.Code), a.Message)
 		r.Phase, r.Reason = Missing, why
 		s.tell(a.Rank, pb.Step_STEP_REFUSED, a.Batch, a.Message)
 	}
@@ -857,24 +857,6 @@ func (s *stepper) storeFailed(at time.Time, err string) {
 	}
 	w.Why = why
 	s.do(Defer{Why: why})
-}
-
-func ackName(c pb.AckCode) string {
-	switch c {
-	case pb.AckCode_ACK_PASSED:
-		return "passed"
-	case pb.AckCode_ACK_BUSY:
-		return "busy"
-	case pb.AckCode_ACK_STALE:
-		return "stale"
-	case pb.AckCode_ACK_NOT_LEADER:
-		return "not the leader"
-	case pb.AckCode_ACK_STALE_TERM:
-		return "stale term"
-	case pb.AckCode_ACK_BAD_REQUEST:
-		return "bad request"
-	}
-	return "error"
 }
 
 func sortedKeys[V any](m map[int]V) []int {

@@ -25,7 +25,6 @@
 package window
 
 import (
-	"strings"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
@@ -268,12 +267,7 @@ func terminal(s pb.Step) bool {
 }
 
 // StepName is a step as people read it ("recording", "planned").
-func StepName(s pb.Step) string {
-	if s == pb.Step_STEP_UNSPECIFIED {
-		return "unspecified"
-	}
-	return strings.ToLower(strings.TrimPrefix(s.String(), "STEP_"))
-}
+func StepName(s pb.Step) string { return pb.Name(s) }
 
 // Config starts a window.
 type Config struct {

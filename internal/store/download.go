@@ -51,7 +51,7 @@ func CheckDestination(path, sum string, overwrite bool) (same bool, err error) {
 		return false, fmt.Errorf("%w: %s is not a regular file", ErrLocalExists, path)
 	}
 	if sum != "" {
-		if h, _, err := hashLocal(path); err == nil && strings.EqualFold(h, sum) {
+		if h, _, err := HashFile(path); err == nil && strings.EqualFold(h, sum) {
 			return true, nil
 		}
 	}
@@ -61,7 +61,8 @@ func CheckDestination(path, sum string, overwrite bool) (same bool, err error) {
 	return false, fmt.Errorf("%w: %s holds other content (pass --overwrite to replace it)", ErrLocalExists, path)
 }
 
-func hashLocal(p string) (string, int64, error) {
+// HashFile is the hex SHA-256 and the size of the local file at p.
+func HashFile(p string) (string, int64, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return "", 0, err
@@ -69,7 +70,10 @@ func hashLocal(p string) (string, int64, error) {
 	defer f.Close()
 	h := sha256.New()
 	n, err := io.Copy(h, f)
-	return hex.EncodeToString(h.Sum(nil)), n, err
+	if err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
 // Download copies key to the local file path: into a temporary file beside it,

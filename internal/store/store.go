@@ -283,3 +283,29 @@ func ReadAll(ctx context.Context, s Store, key string) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// ReadLimited reads r whole, refusing more than limit bytes (an error wrapping
+// ErrTooLarge that names what was read): the one bounded read of untrusted
+// records, manifests and messages.
+func ReadLimited(r io.Reader, name string, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("store: reading %s: %w", name, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%w: %s is larger than %d bytes", ErrTooLarge, name, limit)
+	}
+	return b, nil
+}
+
+// ReadObject reads key whole, refusing more than limit bytes, with the version
+// of what it read.
+func ReadObject(ctx context.Context, s Store, key string, limit int64) ([]byte, ObjectInfo, error) {
+	rc, info, err := s.Get(ctx, key)
+	if err != nil {
+		return nil, ObjectInfo{}, err
+	}
+	defer rc.Close()
+	b, err := ReadLimited(rc, key, limit)
+	return b, info, err
+}

@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/memsnap/memsnap/internal/wait"
 )
 
 var ports struct {
@@ -156,15 +158,11 @@ func Python(t testing.TB) string {
 	return py
 }
 
-// Eventually polls cond until it is true or the deadline passes.
+// Eventually polls cond until it is true or the deadline passes (wait.Until).
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if ok, _ := wait.Until(context.Background(), timeout, cond); !ok {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
 	}
 }
 

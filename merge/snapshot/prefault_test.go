@@ -2,13 +2,14 @@ package snapshot_test
 
 import (
 	"bytes"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
 
-	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/merge/synth"
 )
 
 // TestPrefaultedDecodeIsTheSame: a decode that takes its arrays from a prefaulter
@@ -71,13 +72,9 @@ func TestPrefaultedDecodeIsTheSame(t *testing.T) {
 	} else if c, _ := snapshot.EncodeBytes(s); !bytes.Equal(a, c) {
 		t.Fatal("Decode differs from a decode without a prefaulter")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > g0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines after the decodes, %d before", runtime.NumGoroutine(), g0)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("the goroutines after the decodes to be as many as before (%d)", g0), func() bool {
+		return runtime.NumGoroutine() <= g0
+	})
 }
 
 // TestNoPrefaulterUnlessItPays: an input under PrefaultMin starts no prefaulter,
