@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/merge/synth"
 )
 
 // BenchmarkAnswer times what a leader does once every rank of a large window has

@@ -3,9 +3,9 @@ package snapshot_test
 import (
 	"testing"
 
-	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/merge/synth"
 )
 
 func benchData(b *testing.B, events int) []byte {

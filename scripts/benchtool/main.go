@@ -25,9 +25,9 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/naming"
 )
 
