@@ -222,6 +222,7 @@ func (l *leaderRun) renewTerm(ctx context.Context) bool {
 			l.c.believe(t.Term)
 			l.c.updateMeta() // the cluster learns the term from its leader's metadata
 			l.log.Info("leadership term taken", "term", t.Term, "previous", prev)
+			l.loadSchedule(ctx)
 			l.sweep(ctx)
 			return true
 		}
@@ -516,8 +517,34 @@ func (l *leaderRun) scheduleDue(ctx context.Context) bool {
 	} else {
 		l.next = -1
 	}
+	next = l.next
 	l.mu.Unlock()
+	// the run's log keeps where the schedule stands, for a leader that starts later
+	if err := l.rl.PutSchedule(ctx, runlog.Schedule{Next: next, Term: l.term}); err != nil && ctx.Err() == nil {
+		l.log.Warn("cannot record where the schedule stands in the run's log", "next", next, "err", err)
+	}
 	return true
+}
+
+// loadSchedule takes where the run's schedule stands from the run's log: a
+// leader restarted, or a job relaunched, neither repeats a once-only window nor
+// loses its place on the grid.
+func (l *leaderRun) loadSchedule(ctx context.Context) {
+	if !l.c.cfg.Schedule.Enabled {
+		return
+	}
+	sc, err := l.rl.ReadSchedule(ctx)
+	switch {
+	case err == nil:
+		l.mu.Lock()
+		l.next = sc.Next
+		l.mu.Unlock()
+		if sc.Next < 0 {
+			l.log.Info("the scheduled window was recorded already (the run's log says so); no schedule", "by_term", sc.Term)
+		}
+	case !errors.Is(err, store.ErrNotFound):
+		l.log.Warn("cannot read where the schedule stands from the run's log", "err", err)
+	}
 }
 
 func (l *leaderRun) sweepDue() bool {

@@ -9,6 +9,7 @@
 //	plans/window{ID}.json             a window planned by a leader (created once)
 //	reports/window{ID}/rank{R}.json   what rank R stored for that window
 //	outcomes/window{ID}.json          how the window ended: published or failed (created once)
+//	schedule.json                     where the run's schedule stands (replaced by each leader)
 //
 // Window ids and terms are therefore unique over the run's whole life, across
 // relaunches under the same run name and across partitions: a leader takes the
@@ -185,6 +186,17 @@ type Outcome struct {
 	Finished time.Time         `json:"finished"`
 }
 
+// Schedule is where a run's schedule stands, so that a leader that starts
+// later (restarted, or a relaunched job) neither repeats a once-only window nor
+// loses its place on the grid.
+type Schedule struct {
+	Version int `json:"version"`
+	// Next is the next scheduled window's start; -1 once a once-only schedule is done.
+	Next int64     `json:"next"`
+	Term uint64    `json:"term"`
+	At   time.Time `json:"at"`
+}
+
 // Log is one run's log in a store.
 type Log struct {
 	st   store.Store
@@ -268,6 +280,36 @@ func (l *Log) read(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	return b, err
+}
+
+// ScheduleKey names the schedule's record.
+func (l *Log) ScheduleKey() string { return l.root + "schedule.json" }
+
+// ReadSchedule reads where the run's schedule stands (store.ErrNotFound before
+// any scheduled window).
+func (l *Log) ReadSchedule(ctx context.Context) (*Schedule, error) {
+	b, err := l.read(ctx, l.ScheduleKey())
+	if err != nil {
+		return nil, err
+	}
+	var sc Schedule
+	if err := json.Unmarshal(b, &sc); err != nil || sc.Version != Version || sc.Next < -1 {
+		return nil, fmt.Errorf("%w: %s", ErrMalformed, l.ScheduleKey())
+	}
+	return &sc, nil
+}
+
+// PutSchedule records where the run's schedule stands, under the leader's term
+// (ErrSuperseded when a newer one is in the log).
+func (l *Log) PutSchedule(ctx context.Context, sc Schedule) error {
+	sc.Version = Version
+	if sc.At.IsZero() {
+		sc.At = time.Now().UTC()
+	}
+	if err := l.Fence(ctx, sc.Term); err != nil {
+		return err
+	}
+	return l.put(ctx, l.ScheduleKey(), sc, true)
 }
 
 // Terms lists the terms in the log, ascending.
