@@ -16,9 +16,10 @@ import (
 // snapshot under TensorsKey. The analysis assigns each block alive at a moment to
 // the category of the watched tensors inside it, when the block is the one that
 // still holds them at the snapshot (it was never freed after); the rest by the
-// phase of its allocation's stack (forward: activations; backward or optimizer:
-// temporaries); and what nothing says to "unknown" (allocated before recording,
-// or with no Python stack). Two more rules name blocks freed before the snapshot:
+// phase of its allocation's stack (a module's forward: activations; backward or
+// optimizer: temporaries; the training loop's own code, outside all three: other,
+// named by its site: buffers, caches, data on the device, a leak); and what
+// nothing says to "unknown" (allocated before recording, or with no Python stack). Two more rules name blocks freed before the snapshot:
 // a block at the address of a gradient the hook saw autograd make during the
 // window, of its size, allocated in the batch the hook saw it made in, is that
 // gradient (the caching allocator hands the same addresses to other blocks of that
@@ -42,11 +43,21 @@ const (
 	CatOptimizerState = "optimizer_state"
 	CatActivations    = "activations"
 	CatTemporaries    = "temporaries"
+	CatOther          = "other"
 	CatUnknown        = "unknown"
 )
 
+// CategoryText is a category as a sentence says it ("optimizer state", "other
+// allocations").
+func CategoryText(c string) string {
+	if c == CatOther {
+		return "other allocations"
+	}
+	return strings.ReplaceAll(c, "_", " ")
+}
+
 // categoryNames are the categories in the order they are shown.
-var categoryNames = [...]string{CatParameters, CatGradients, CatOptimizerState, CatActivations, CatTemporaries, CatUnknown}
+var categoryNames = [...]string{CatParameters, CatGradients, CatOptimizerState, CatActivations, CatTemporaries, CatOther, CatUnknown}
 
 const (
 	cParams = iota
@@ -54,6 +65,7 @@ const (
 	cOptim
 	cActs
 	cTemps
+	cOther
 	cUnknown
 	nCats
 )
@@ -381,12 +393,15 @@ func (c *phaseCache) kind(f *snapshot.Frame) uint8 {
 }
 
 // classify is the category of a recorded block that holds no watched tensor, by
-// its allocation's stack (see stackPhase), and for activations the module whose
-// forward made it: the innermost forward frame outside torch itself (the user's
-// module), else the innermost one. Each frame is classified once.
+// its allocation's stack (see stackPhase), with what made it: for activations the
+// module whose forward made it (the innermost forward frame outside torch itself,
+// the user's module, else the innermost one); for a block the training loop made
+// outside any forward, backward or optimizer step (a buffer, a cache, data moved
+// to the device), the site that made it: the innermost Python frame outside torch.
+// Each frame is classified once.
 func (c *phaseCache) classify(frames []*snapshot.Frame) (int, string) {
 	python := false
-	var fwd, torchFwd *snapshot.Frame
+	var fwd, torchFwd, site *snapshot.Frame
 	for _, f := range frames {
 		if f == nil {
 			continue
@@ -403,6 +418,9 @@ func (c *phaseCache) classify(frames []*snapshot.Frame) (int, string) {
 		if k&fkTorchForward != 0 && torchFwd == nil {
 			torchFwd = f
 		}
+		if k&fkPython != 0 && site == nil && !strings.Contains(f.Filename, "torch/") {
+			site = f
+		}
 	}
 	if !python {
 		return cUnknown, ""
@@ -411,8 +429,16 @@ func (c *phaseCache) classify(frames []*snapshot.Frame) (int, string) {
 		fwd = torchFwd
 	}
 	if fwd == nil {
-		return cActs, ""
+		if site == nil {
+			return cOther, ""
+		}
+		return cOther, c.nameOf(site)
 	}
+	return cActs, c.nameOf(fwd)
+}
+
+// nameOf is frame f as a module's or a site's name, made once.
+func (c *phaseCache) nameOf(fwd *snapshot.Frame) string {
 	name, ok := c.names[fwd]
 	if !ok {
 		name = cutName(frameName(fwd))
@@ -421,7 +447,7 @@ func (c *phaseCache) classify(frames []*snapshot.Frame) (int, string) {
 		}
 		c.names[fwd] = name
 	}
-	return cActs, name
+	return name
 }
 
 func (c *phaseCache) cat(frames []*snapshot.Frame) (int, string) {
@@ -720,7 +746,7 @@ func (c *Categories) Line() string {
 	var parts []string
 	for _, n := range categoryNames {
 		if v := c.AtPeak[n]; v > 0 {
-			parts = append(parts, strings.ReplaceAll(n, "_", " ")+" "+HumanBytes(v))
+			parts = append(parts, CategoryText(n)+" "+HumanBytes(v))
 		}
 	}
 	if len(parts) == 0 {

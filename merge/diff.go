@@ -214,7 +214,7 @@ func (d *RankDiff) CategoryHeadline() string {
 	if n < 0 {
 		more, n = "less", -n
 	}
-	s := fmt.Sprintf("%s holds %s %s %s than %s", d.Other.Label, human(n), more, strings.ReplaceAll(c.Category, "_", " "), d.Base.Label)
+	s := fmt.Sprintf("%s holds %s %s %s than %s", d.Other.Label, human(n), more, CategoryText(c.Category), d.Base.Label)
 	if c.Module != "" && (c.ModuleDeltaBytes > 0) == (c.DeltaBytes > 0) {
 		s += fmt.Sprintf(", %s of it in %s", human(absI64(c.ModuleDeltaBytes)), c.Module)
 	}
@@ -325,7 +325,7 @@ func (d *RankDiff) WriteTable(w io.Writer, top int) error {
 			if c.Module != "" {
 				mod = fmt.Sprintf("  (most in %s: %s)", c.Module, signed(c.ModuleDeltaBytes))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t  %s%s\n", human(c.BaseBytes), human(c.OtherBytes), signed(c.DeltaBytes), strings.ReplaceAll(c.Category, "_", " "), mod)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t  %s%s\n", human(c.BaseBytes), human(c.OtherBytes), signed(c.DeltaBytes), CategoryText(c.Category), mod)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

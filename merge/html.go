@@ -12,7 +12,6 @@ import (
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 )
 
 // maxLines is the most ranks the report draws as individual lines; above it, the
@@ -154,7 +153,7 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 	}
 	v.Findings = s.Findings()
 	for _, n := range categoryNames {
-		v.CatNames = append(v.CatNames, strings.ReplaceAll(n, "_", " "))
+		v.CatNames = append(v.CatNames, CategoryText(n))
 	}
 	for _, r := range s.Ranks {
 		if r.Leak != nil && len(r.Leak.Sites) > 0 && len(v.Leaks) < 8 {
@@ -359,5 +358,5 @@ func human(n int64) string {
 var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"human": human, "signed": signed, "batch": batchText, "dash": orDash,
 	"only": func(d *RankDiff, s SiteDiff) string { return onlyText(d, s) },
-	"cat":  func(c string) string { return strings.ReplaceAll(c, "_", " ") },
+	"cat":  CategoryText,
 }).Parse(reportHTML))
