@@ -16,7 +16,8 @@ func init() {
 		summary: "why does one rank (or window) differ: allocation sites alive at each peak, side by side",
 		usage: `[flags] A [B]
   A B                   B against A: two snapshots (.pickle, .gz, .zst), rank analyses
-                        (.analysis.json) or merged timelines (.memsnap.pb, with --rank)
+                        (.analysis.json) or merged timelines (.memsnap.pb, with --rank),
+                        files or s3:// URLs
   MERGED.memsnap.pb     one merged window: --rank (default: the outlier) against --vs
                         (default: the median rank)`,
 		run: runDiff,
@@ -24,7 +25,7 @@ func init() {
 	register(&command{
 		name:    "analyze",
 		summary: "analyse one rank's snapshot as a rank agent does (peak, sites, curve, batches) and print it as JSON",
-		usage:   "[--rank R] [-o FILE] SNAPSHOT   (its .memsnap.json sidecar is used when it lies beside it)",
+		usage:   "[--rank R] [-o FILE] SNAPSHOT   (a file or an s3:// URL; its .memsnap.json sidecar is used when it lies beside it)",
 		run:     runAnalyze,
 	})
 }
@@ -35,6 +36,8 @@ func runDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	vs := fs.Int("vs", -1, "with one merged timeline: the rank compared against (default: the median rank)")
 	asJSON := fs.Bool("json", false, "print the diff as JSON")
 	top := fs.Int("top", 20, "sites shown in the table (0: all)")
+	var sf storeFlags
+	sf.register(fs)
 	files, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -43,6 +46,14 @@ func runDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.Usage()
 		return errUsage
 	}
+	var fetch fetched
+	defer fetch.done()
+	labels := append([]string(nil), files...)
+	for i := range files {
+		if files[i], err = fetch.local(ctx, &sf, files[i]); err != nil {
+			return err
+		}
+	}
 	gc := pauseGC()
 	defer gc.resume()
 	var d *merge.RankDiff
@@ -50,6 +61,9 @@ func runDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		d, err = diffOneTimeline(ctx, files[0], *rank, *vs)
 	} else {
 		d, err = diffTwo(ctx, files[0], files[1], *rank)
+		if err == nil && d != nil {
+			d.Base.Source, d.Other.Source = labels[0], labels[1] // where they are, not their fetched copies
+		}
 	}
 	if err != nil {
 		return err
@@ -112,6 +126,8 @@ func runAnalyze(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlags(commands["analyze"], stderr)
 	rank := fs.Int("rank", -1, "the rank (default: the sidecar's, else 0)")
 	out := fs.String("o", "-", "where the analysis goes ('-': standard output)")
+	var sf storeFlags
+	sf.register(fs)
 	files, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -119,6 +135,11 @@ func runAnalyze(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(files) != 1 {
 		fs.Usage()
 		return errUsage
+	}
+	var fetch fetched
+	defer fetch.done()
+	if files[0], err = fetch.local(ctx, &sf, files[0]); err != nil {
+		return err
 	}
 	gc := pauseGC()
 	defer gc.resume()

@@ -15,7 +15,7 @@ func init() {
 	register(&command{
 		name:    "inspect",
 		summary: "print a snapshot's figures: events by action, segments, reserved and allocated bytes, peaks",
-		usage:   "[--json] FILE...",
+		usage:   "[--json] FILE|s3://URL...",
 		run:     runInspect,
 	})
 }
@@ -32,6 +32,8 @@ type inspectLine struct {
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags(commands["inspect"], stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object per file")
+	var sf storeFlags
+	sf.register(fs)
 	files, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -44,11 +46,19 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	enc := json.NewEncoder(stdout)
 	gc := pauseGC()
 	defer gc.resume()
+	var fetch fetched
+	defer fetch.done()
 	for i, f := range files {
 		if i > 0 {
 			gc.between()
 		}
-		fig, trunc, err := merge.InspectFileHistory(ctx, f)
+		local, err := fetch.local(ctx, &sf, f)
+		if err != nil {
+			fmt.Fprintf(stderr, "memsnap inspect: %v\n", err)
+			failed++
+			continue
+		}
+		fig, trunc, err := merge.InspectFileHistory(ctx, local)
 		if ctx.Err() != nil {
 			return fmt.Errorf("stopped at %s: %w", f, ctx.Err())
 		}

@@ -53,9 +53,29 @@ func init() {
 	register(&command{
 		name:    "get",
 		summary: "download a published merge (its manifest), one object, or every object under a prefix; checksums verified",
-		usage:   "[flags] s3://bucket/key-or-prefix [DEST]",
+		usage:   "[flags] s3://bucket/key-or-prefix | FOLDER | FILE [DEST]",
 		run:     runGet,
 	})
+}
+
+// getLocation opens what `get` copies from: an s3:// key or prefix, or a local
+// folder (a shared filesystem's store) or file in one, whose copy is checked
+// against the checksums a manifest names all the same.
+func getLocation(ctx context.Context, sf *storeFlags, loc string) (store.Store, string, bool, error) {
+	if naming.IsS3(loc) {
+		st, key, err := openLocation(ctx, sf, loc)
+		return st, key, strings.HasSuffix(loc, "/"), err
+	}
+	fi, err := os.Stat(loc)
+	if err != nil {
+		return nil, "", false, err
+	}
+	if fi.IsDir() {
+		st, err := store.OpenDir(loc, false)
+		return st, "", true, err
+	}
+	st, err := store.OpenDir(filepath.Dir(loc), false)
+	return st, filepath.Base(loc), false, err
 }
 
 // openLocation opens the store holding loc (an s3:// URL or a folder) at its root
@@ -124,9 +144,9 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tWINDOW\tKIND\tSTATE\tBATCHES\tRANKS\tMISSING\tOUTLIER\tTIME\tOUTPUTS / WHY")
+	fmt.Fprintln(tw, "RUN\tWINDOW\tKIND\tSTATE\tBATCHES\tRANKS\tMISSING\tOUTLIER\tTIME (UTC)\tOUTPUTS / WHY")
 	for _, r := range rows {
-		fmt.Fprintln(tw, r.line())
+		fmt.Fprintln(tw, r.line(st))
 	}
 	return tw.Flush()
 }
@@ -273,7 +293,8 @@ func stateName(p window.Phase, final bool, pub *merge.Published) string {
 	return "unfinished"
 }
 
-func (r windowRow) line() string {
+// line is the row as ls prints it; its outputs are a URL `get` takes.
+func (r windowRow) line(st store.Store) string {
 	win, batches, ranks, missing, outlier, where := "-", "-", "-", "-", "-", ""
 	if r.id != 0 {
 		win = strconv.FormatUint(r.id, 10)
@@ -307,10 +328,20 @@ func (r windowRow) line() string {
 		if m.OutlierRank != nil {
 			outlier = strconv.Itoa(*m.OutlierRank)
 		}
-		where = r.pub.Base() + ".*"
+		where = st.URL(r.pub.Base()) + ".*"
 	} else if o := r.outcome; o != nil {
 		ranks = fmt.Sprintf("%d/%d", len(o.Ranks), r.world())
 		where = o.Error
+		var ms []int
+		for k := range o.Missing {
+			if n, err := strconv.Atoi(k); err == nil {
+				ms = append(ms, n)
+			}
+		}
+		if len(ms) > 0 {
+			sort.Ints(ms)
+			missing = rankList(ms)
+		}
 	}
 	if r.plan != nil && r.plan.FailedRank != nil && (r.kind == runlog.KindOOM || r.kind == runlog.KindCrash) && where == "" {
 		where = fmt.Sprintf("rank %d failed first (%s)", *r.plan.FailedRank, r.plan.Cause)
@@ -421,14 +452,12 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if len(rest) == 2 {
 		dest = rest[1]
 	}
-	if !naming.IsS3(rest[0]) {
-		return fmt.Errorf("%q is not an s3:// URL (local files need no get)", rest[0])
-	}
-	st, key, err := openLocation(ctx, &sf, rest[0])
+	st, key, isPrefix, err := getLocation(ctx, &sf, rest[0])
 	if err != nil {
 		return err
 	}
-	items, err := getItems(ctx, st, key, strings.HasSuffix(rest[0], "/"), dest)
+	defer st.Close()
+	items, err := getItems(ctx, st, key, isPrefix, dest)
 	if err != nil {
 		return err
 	}

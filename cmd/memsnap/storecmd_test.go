@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,5 +88,66 @@ func TestLsAndGetPublishedMerge(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dest2, "merged.trace.json")); err == nil {
 		t.Fatal("a file that failed its checksum was kept")
+	}
+}
+
+// TestCommandsOnBothStores: get copies a folder store's window (checksums
+// checked) as it does an S3 one; diff, inspect and analyze read s3:// URLs as
+// they read files; ls's outputs column is a URL get takes, and its times say
+// they are UTC.
+func TestCommandsOnBothStores(t *testing.T) {
+	m := testutil.RequireMinIO(t)
+	bucket := testutil.BucketName(t)
+	creds := []string{"--endpoint", m.Endpoint, "--access-key", m.AccessKey, "--secret-key", m.SecretKey}
+	ddp := filepath.Dir(testutil.Snapshot(t, "ddp4/rank0.5.memory_snapshot.pickle"))
+	// a folder store: get a window from it
+	dir := t.TempDir()
+	if code, out, errOut := runCLI(t, "merge", "-q", "--out", filepath.Join(dir, "run", "merged"), ddp); code != 0 {
+		t.Fatalf("merge into a folder: %d %s %s", code, out, errOut)
+	}
+	dest := t.TempDir()
+	code, out, errOut := runCLI(t, "get", filepath.Join(dir, "run", "merged", "merged.manifest.json"), dest)
+	if code != 0 || strings.Count(errOut, "sha256 verified") != 7 {
+		t.Fatalf("get from a folder store: %d %q %q", code, out, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(dest, "merged.html")); err != nil {
+		t.Fatal(err)
+	}
+	// S3: a merge, then ls's outputs as get takes them
+	if code, out, errOut := runCLI(t, append([]string{"merge", "-q", "--out", "s3://" + bucket + "/run/merged", ddp}, creds...)...); code != 0 {
+		t.Fatalf("merge into S3: %d %s %s", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, append([]string{"ls", "s3://" + bucket + "/run"}, creds...)...)
+	if code != 0 || !strings.Contains(out, "TIME (UTC)") {
+		t.Fatalf("ls: %d %q %q", code, out, errOut)
+	}
+	var outputs string
+	for _, f := range strings.Fields(out) {
+		if strings.HasPrefix(f, "s3://") && strings.HasSuffix(f, ".*") {
+			outputs = f
+		}
+	}
+	if outputs != "s3://"+bucket+"/run/merged/merged.*" {
+		t.Fatalf("ls's outputs column: %q", out)
+	}
+	if code, _, errOut := runCLI(t, append([]string{"get", strings.TrimSuffix(outputs, ".*") + ".manifest.json", t.TempDir()}, creds...)...); code != 0 {
+		t.Fatalf("get of what ls says: %d %q", code, errOut)
+	}
+	// snapshots in S3: inspect, analyze and diff read them
+	for r := 0; r < 4; r++ {
+		src := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r))
+		if code, _, errOut := runCLI(t, append([]string{"merge", "-q", "--rank", fmt.Sprintf("%d=%s", r, src), "--out", fmt.Sprintf("s3://%s/one%d/merged", bucket, r)}, creds...)...); code != 0 {
+			t.Fatalf("merge of rank %d: %q", r, errOut)
+		}
+	}
+	a, b := "s3://"+bucket+"/one1/merged/merged.memory_snapshot.pickle", "s3://"+bucket+"/one3/merged/merged.memory_snapshot.pickle"
+	if code, out, errOut := runCLI(t, append([]string{"inspect", "--json", a}, creds...)...); code != 0 || !strings.Contains(out, `"events"`) {
+		t.Fatalf("inspect of an s3:// URL: %d %q %q", code, out, errOut)
+	}
+	if code, out, errOut := runCLI(t, append([]string{"analyze", a}, creds...)...); code != 0 || !strings.Contains(out, "peak_allocated_bytes") {
+		t.Fatalf("analyze of an s3:// URL: %d %q %q", code, out, errOut)
+	}
+	if code, out, errOut := runCLI(t, append([]string{"diff", "--json", a, b}, creds...)...); code != 0 || !strings.Contains(out, `"source": "s3://`) {
+		t.Fatalf("diff of two s3:// URLs: %d %q %q", code, out, errOut)
 	}
 }
