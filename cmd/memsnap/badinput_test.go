@@ -45,6 +45,10 @@ func runProc(t *testing.T, timeout time.Duration, env []string, args ...string) 
 // whose store does not answer yet warns and runs on.
 func TestBadStoresFailAtOnce(t *testing.T) {
 	m := testutil.RequireMinIO(t)
+	file := filepath.Join(t.TempDir(), "a-file")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		store []string
 		want  string
@@ -55,6 +59,10 @@ func TestBadStoresFailAtOnce(t *testing.T) {
 		{[]string{"--store", "s3://ab/x"}, "3 to 63 characters"},
 		{[]string{"--run-name", "../x"}, `the run name "../x" holds '/'`},
 		{[]string{"--store", "s3://" + testutil.BucketName(t) + "/x", "--endpoint", m.Endpoint, "--access-key", m.AccessKey, "--secret-key", "wrong"}, "access denied"},
+		// folders that can never be one: through a file, a file itself, a pseudo-filesystem
+		{[]string{"--store", filepath.Join(file, "store")}, "a part of the path is a file, not a folder"},
+		{[]string{"--store", file}, "is a file, not a folder"},
+		{[]string{"--store", "/proc/memsnap-store"}, "no folder can be made there"},
 	}
 	for _, c := range cases {
 		dir := t.TempDir()

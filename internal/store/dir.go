@@ -51,16 +51,23 @@ func OpenDir(root string, create bool) (*Dir, error) {
 	case err != nil:
 		return nil, dirErr("folder "+abs, err)
 	case !st.IsDir():
-		return nil, fmt.Errorf("store: %s is not a folder", abs)
+		return nil, fmt.Errorf("%w: %s is a file, not a folder", ErrBadURL, abs)
 	}
 	return &Dir{root: abs}, nil
 }
 
 // dirErr wraps an error about the store's folder: one of permission (or a
-// read-only file system) wraps ErrAccess.
+// read-only file system) wraps ErrAccess; a path through a file, or one that can
+// never be made a folder (under /proc or /sys), wraps ErrBadURL: no wait cures
+// either.
 func dirErr(what string, err error) error {
-	if errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) {
+	switch {
+	case errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS):
 		return fmt.Errorf("%w: %s: %w", ErrAccess, what, err)
+	case errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("%w: %s: a part of the path is a file, not a folder: %w", ErrBadURL, what, err)
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.EOPNOTSUPP):
+		return fmt.Errorf("%w: %s: no folder can be made there: %w", ErrBadURL, what, err)
 	}
 	return fmt.Errorf("store: %s: %w", what, err)
 }
