@@ -27,6 +27,7 @@ func init() {
 		name:    "agent",
 		summary: "run a rank agent beside one training process (optionally launching it: memsnap agent [flags] -- python train.py)",
 		usage:   "[flags] [-- COMMAND ARGS...]",
+		exits:   "with a COMMAND, the trainer's when it failed (128+N when signal N ended it); else 1 when a window was missed or a snapshot was not uploaded, or at start-up when the store, a name template or the run name can never work (the last line says why); 0 otherwise; 2 a usage error",
 		run:     runAgent,
 	})
 	register(&command{

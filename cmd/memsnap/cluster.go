@@ -27,7 +27,8 @@ func init() {
 	register(&command{
 		name:    "snapshot",
 		summary: "ask a running cluster for a window now; show every rank's progress; print where the merged outputs are",
-		usage:   "[--join ADDR] [--run NAME] [--batches N] [--wait | --wait-all] [--json]",
+		usage:   "--join HOST[:PORT] --run NAME (--key-file FILE | --key KEY | $MEMSNAP_KEY) [--batches N] [--wait | --wait-all] [--json]",
+		exits:   "0 the window is published (or planned, without --wait); 1 it failed, is not finished, or could not be asked for (the last line says why); 2 a usage error",
 		run:     runSnapshot,
 	})
 	register(&command{

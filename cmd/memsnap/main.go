@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -22,8 +23,12 @@ type command struct {
 	name    string
 	summary string
 	usage   string // the argument synopsis after the command name
+	exits   string // the exit statuses, when not exitStatuses
 	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
+
+// exitStatuses are most commands' exit statuses.
+const exitStatuses = "0 done; 1 it could not (the last line says why); 2 a usage error"
 
 var commands = map[string]*command{}
 
@@ -137,10 +142,35 @@ func newFlags(c *command, stderr io.Writer) *flag.FlagSet {
 		fs.VisitAll(func(*flag.Flag) { has = true })
 		if has {
 			fmt.Fprintln(stderr, "\nFlags:")
-			fs.PrintDefaults()
+			printFlags(stderr, fs)
 		}
+		exits := c.exits
+		if exits == "" {
+			exits = exitStatuses
+		}
+		fmt.Fprintf(stderr, "\nExit status: %s.\n", exits)
 	}
 	return fs
+}
+
+// printFlags lists fs's flags as --name, each with its help, and its default
+// where the help does not already say what it is.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		fmt.Fprintf(w, "%s\n    \t%s", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
+		if d := f.DefValue; !strings.Contains(strings.ToLower(usage), "default") && d != "" && d != "0" && d != "false" && d != "-1" && d != "[]" {
+			if _, isString := f.Value.(interface{ IsBoolFlag() bool }); !isString && name == "string" {
+				d = strconv.Quote(d)
+			}
+			fmt.Fprintf(w, " (default %s)", d)
+		}
+		fmt.Fprintln(w)
+	})
 }
 
 // parse parses flags, allowing them after positional arguments too.

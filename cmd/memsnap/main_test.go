@@ -48,7 +48,24 @@ func TestHelp(t *testing.T) {
 		t.Fatalf("--help: %d %q", code, out)
 	}
 	code, _, errOut := runCLI(t, "name", "--help")
-	if code != 0 || !strings.Contains(errOut, "Usage: memsnap name") || !strings.Contains(errOut, "-template") {
+	if code != 0 || !strings.Contains(errOut, "Usage: memsnap name") || !strings.Contains(errOut, "--template") {
 		t.Fatalf("name --help: %d %q", code, errOut)
+	}
+	// every command says its exit statuses, and no default that its help explains
+	// (or that means "not given") is printed after it
+	for name := range commands {
+		code, _, errOut := runCLI(t, name, "--help")
+		if code != 0 || !strings.Contains(errOut, "\nExit status: ") || strings.Contains(errOut, "(default -1)") {
+			t.Errorf("%s --help: %d\n%s", name, code, errOut)
+		}
+		for _, line := range strings.Split(errOut, "\n") {
+			if strings.Count(line, "default") > 1 && strings.Contains(line, "(default ") {
+				t.Errorf("%s --help says a default twice: %q", name, line)
+			}
+		}
+	}
+	// a usage line names the flags a command cannot do without
+	if _, _, errOut := runCLI(t, "snapshot", "--help"); !strings.Contains(errOut, "Usage: memsnap snapshot --join HOST[:PORT] --run NAME (--key-file FILE") {
+		t.Errorf("snapshot's usage line: %q", strings.SplitN(errOut, "\n", 2)[0])
 	}
 }

@@ -494,11 +494,16 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	tty := !*quiet && isTerminal(stderr)
-	for _, it := range items {
+	for k, it := range items {
 		var progress func(done, total int64)
 		if tty {
+			var last time.Time
 			progress = func(done, total int64) {
-				fmt.Fprintf(stderr, "\r%s  %s / %s ", it.key, humanBytes(done), humanBytes(total))
+				// a few times a second, and at the end: not at every chunk read
+				if now := time.Now(); done == total || now.Sub(last) >= progressEvery {
+					last = now
+					fmt.Fprintf(stderr, "\rfile %d of %d  %s  %s / %s \033[K", k+1, len(items), it.key, humanBytes(done), humanBytes(total))
+				}
 			}
 		}
 		r, err := store.Download(ctx, st, it.key, it.dest, store.DownloadOptions{Overwrite: *overwrite, SHA256: it.sha, Progress: progress})
@@ -601,6 +606,9 @@ func getItems(ctx context.Context, st store.Store, key string, isPrefix bool, de
 	}
 	return items, nil
 }
+
+// progressEvery is how often get redraws its progress on a terminal.
+const progressEvery = 250 * time.Millisecond
 
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
