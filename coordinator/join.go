@@ -217,6 +217,7 @@ func (c *Coordinator) join(ctx context.Context) error {
 		give = t.C
 	}
 	var targets []string
+	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		m := c.memberlist()
 		if m == nil {
@@ -230,6 +231,14 @@ func (c *Coordinator) join(ctx context.Context) error {
 		if m.NumMembers() > 1 {
 			c.log.Info("joined the cluster", "via", targets, "members", m.NumMembers())
 			return nil
+		}
+		// a member that gives up (a client: JoinTimeout) hears at once what no
+		// wait can change: agents of another key or run, as soon as they answer;
+		// no agent at any address, or no address that resolves, after a second
+		if give != nil {
+			if cause, ok := definitiveJoin(err); ok && (cause == joinKey || cause == joinRun || time.Since(start) >= joinSettle) {
+				return diagnoseJoin(targets, err, time.Since(start).Round(100*time.Millisecond))
+			}
 		}
 		if attempt == 1 || attempt%10 == 0 {
 			c.log.Info("no member answered yet; retrying", "join", targets, "err", err)
@@ -247,28 +256,78 @@ func (c *Coordinator) join(ctx context.Context) error {
 // ErrJoin is wrapped by every join that gave up.
 var ErrJoin = errors.New("coordinator: could not join")
 
+// joinSettle is how long a member that gives up keeps trying addresses where
+// nothing listens, or that do not resolve, before it says so: an agent started a
+// moment after its client is still found.
+const joinSettle = time.Second
+
+// Why a join failed, from memberlist's error.
+type joinCause int
+
+const (
+	joinUnknown joinCause = iota
+	joinResolve           // the address does not resolve
+	joinRefused           // nothing listens there
+	joinSilent            // no answer
+	joinKey               // the agents there use another key
+	joinRun               // the agents there are of another run
+)
+
+var joinWhy = [...]string{
+	joinUnknown: "no member answered",
+	joinResolve: "the join address does not resolve (a typo in the host name?)",
+	joinRefused: "nothing listens at the join address (is the agent running, and is the port its --gossip-port + local rank?)",
+	joinSilent:  "no answer at the join address (a firewall, or the wrong host?)",
+	joinKey:     "the agents there use another key (--key, --key-file or $MEMSNAP_KEY must be the agents' own)",
+	joinRun:     "the agents there closed the connection: they belong to another run (check --run: the run's name labels its gossip)",
+}
+
+// joinCauseOf reads why one join attempt failed.
+func joinCauseOf(msg string) joinCause {
+	low := strings.ToLower(msg)
+	switch {
+	case strings.Contains(low, "no such host") || strings.Contains(low, "lookup "):
+		return joinResolve
+	case strings.Contains(low, "connection refused"):
+		return joinRefused
+	case strings.Contains(low, "i/o timeout") || strings.Contains(low, "no route") || strings.Contains(low, "deadline exceeded"):
+		return joinSilent
+	case strings.Contains(low, "decrypt") || strings.Contains(low, "encrypt"):
+		return joinKey
+	case strings.Contains(low, "eof") || strings.Contains(low, "reset by peer") || strings.Contains(low, "label"):
+		return joinRun
+	}
+	return joinUnknown
+}
+
+// definitiveJoin says whether every address of a failed join failed for a
+// reason no wait can change (the same one for all), and which.
+func definitiveJoin(err error) (joinCause, bool) {
+	if err == nil {
+		return joinUnknown, false
+	}
+	var cause joinCause
+	n := 0
+	for _, l := range strings.Split(oneLine(err.Error()), "; ") {
+		if strings.TrimSpace(l) == "" {
+			continue
+		}
+		c := joinCauseOf(l)
+		if c == joinUnknown || c == joinSilent || n > 0 && c != cause {
+			return joinUnknown, false
+		}
+		cause, n = c, n+1
+	}
+	return cause, n > 0
+}
+
 // diagnoseJoin says why no member answered, from memberlist's last error.
 func diagnoseJoin(targets []string, err error, after time.Duration) error {
 	msg := ""
 	if err != nil {
 		msg = err.Error()
 	}
-	low := strings.ToLower(msg)
-	var why string
-	switch {
-	case strings.Contains(low, "no such host") || strings.Contains(low, "lookup "):
-		why = "the join address does not resolve (a typo in the host name?)"
-	case strings.Contains(low, "connection refused"):
-		why = "nothing listens at the join address (is the agent running, and is the port its --gossip-port + local rank?)"
-	case strings.Contains(low, "i/o timeout") || strings.Contains(low, "no route") || strings.Contains(low, "deadline exceeded"):
-		why = "no answer at the join address (a firewall, or the wrong host?)"
-	case strings.Contains(low, "decrypt") || strings.Contains(low, "encrypt"):
-		why = "the agents there use another key (--key, --key-file or $MEMSNAP_KEY must be the agents' own)"
-	case strings.Contains(low, "eof") || strings.Contains(low, "reset by peer") || strings.Contains(low, "label"):
-		why = "the agents there closed the connection: they belong to another run (check --run: the run's name labels its gossip)"
-	default:
-		why = "no member answered"
-	}
+	why := joinWhy[joinCauseOf(msg)]
 	return fmt.Errorf("%w through %s within %v: %s (%s)", ErrJoin, strings.Join(targets, ", "), after, why, oneLine(msg))
 }
 

@@ -167,6 +167,34 @@ func runKeygen(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var asJSON bool
+	jout := &jsonOut{w: stdout}
+	err := snapshotCmd(ctx, args, jout, stderr, &asJSON)
+	if err != nil && asJSON && !jout.wrote && !errors.Is(err, errUsage) && !errors.Is(err, flag.ErrHelp) {
+		// with --json, every failure is one JSON object on stdout too
+		var ee exitError
+		if !errors.As(err, &ee) {
+			json.NewEncoder(stdout).Encode(struct {
+				State string `json:"state"`
+				Error string `json:"error"`
+			}{"error", err.Error()})
+		}
+	}
+	return err
+}
+
+// jsonOut is stdout, noting whether a JSON result was written to it.
+type jsonOut struct {
+	w     io.Writer
+	wrote bool
+}
+
+func (j *jsonOut) Write(p []byte) (int, error) {
+	j.wrote = true
+	return j.w.Write(p)
+}
+
+func snapshotCmd(ctx context.Context, args []string, stdout io.Writer, stderr io.Writer, jsonFlag *bool) error {
 	fs := newFlags(commands["snapshot"], stderr)
 	var mf memberFlags
 	mf.register(fs)
@@ -175,13 +203,14 @@ func runSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	batches := fs.Int64("batches", 0, "batches in the window (default: the leader's --interval)")
 	waitAnswer := fs.Bool("wait", false, "wait until the window's answer is published: the summary, the report and the findings (default: return once it is planned)")
 	waitAll := fs.Bool("wait-all", false, "wait until the merged pickles and the timeline are published too")
-	asJSON := fs.Bool("json", false, "print the result as one JSON object")
+	asJSON := fs.Bool("json", false, "print the result as one JSON object (a failure too)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long (the leader's own bound on the window is printed when it is planned)")
 	joinTimeout := fs.Duration("join-timeout", 15*time.Second, "give up joining the cluster after this long, saying why")
 	verbose := fs.Bool("v", false, "log gossip")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
+	*jsonFlag = *asJSON
 	name := *run
 	if name == "" {
 		if id, found, _ := rankagent.IdentityFromEnv(nil); found && id.RunName != "" {
