@@ -685,6 +685,31 @@ func (c *Coordinator) memberMeta(name string) *pb.NodeMeta {
 	return nil
 }
 
+// absentRanks lists the ranks of the world that are not members now: those
+// this member saw as members before (gone, perhaps restarting), and those it
+// never saw (their agents never joined this cluster).
+func (c *Coordinator) absentRanks() (gone, never []int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	present := map[int]bool{}
+	for _, m := range c.members {
+		if m.meta.Rank >= 0 {
+			present[int(m.meta.Rank)] = true
+		}
+	}
+	for r := 0; r < c.cfg.Identity.WorldSize; r++ {
+		if present[r] {
+			continue
+		}
+		if _, seen := c.seenAddrs[NodeName(c.cfg.Identity.RunName, r)]; seen {
+			gone = append(gone, r)
+		} else {
+			never = append(never, r)
+		}
+	}
+	return gone, never
+}
+
 // rankNodes returns the live ranks' nodes by rank.
 func (c *Coordinator) rankNodes() map[int]*memberlist.Node {
 	c.mu.Lock()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -211,8 +213,7 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Config, []int, *pb.WindowResult) {
 	c := l.c
 	world := c.cfg.Identity.WorldSize
-	// ranks still joining (agents start at different times) get a moment to arrive
-	wait.Until(ctx, c.cfg.JoinGrace, func() bool { return len(c.rankNodes()) >= world })
+	l.awaitRanks(ctx, p)
 	nodes := c.rankNodes()
 	ranks := make([]int, 0, len(nodes))
 	for r := range nodes {
@@ -242,6 +243,72 @@ func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Conf
 	}
 	return window.Config{Term: l.term, Kind: pb.WindowKind_WINDOW_KIND_WINDOW, Start: start, Stop: stop, World: world, Asked: asked, LeftOut: leftOut,
 		Planned: time.Now(), Deadline: l.windowDeadline(rs, start, stop), Timers: l.timers(), CanReplan: !again}, expected, nil
+}
+
+// awaitRanks gives ranks of the world that are not members a moment to arrive
+// (agents start at different times, and one may be restarting), saying what it
+// awaits and until when. A request made now is not held for ranks whose agents
+// never joined this cluster: waiting cannot help them.
+func (l *leaderRun) awaitRanks(ctx context.Context, p plan) {
+	c := l.c
+	gone, never := c.absentRanks()
+	if len(gone)+len(never) == 0 {
+		return
+	}
+	awaited := gone
+	if p.req == nil { // a scheduled window: every rank may still be starting
+		awaited = append(append([]int(nil), gone...), never...)
+		sort.Ints(awaited)
+	} else if len(never) > 0 {
+		l.tellRequest(p.watchers, fmt.Sprintf("ranks %s never joined this cluster: planning without them", rankRange(never)))
+	}
+	if len(awaited) == 0 {
+		return
+	}
+	until := time.Now().Add(c.cfg.JoinGrace)
+	l.tellRequest(p.watchers, fmt.Sprintf("waiting for ranks %s to join (until %s); the window is planned without those still absent then",
+		rankRange(awaited), until.Format(time.TimeOnly)))
+	wait.Until(ctx, c.cfg.JoinGrace, func() bool {
+		nodes := c.rankNodes()
+		for _, r := range awaited {
+			if nodes[r] == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// tellRequest tells the members waiting for a request what the leader does with
+// it before it has a window.
+func (l *leaderRun) tellRequest(watchers []*pb.Envelope, what string) {
+	for _, wt := range watchers {
+		if wt.Seq == 0 {
+			continue
+		}
+		env := l.c.envelope(0)
+		env.Seq = wt.Seq
+		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_UNSPECIFIED, Rank: -1, Batch: -1, Reason: what}}
+		l.c.post(wt.Sender, wt.ReplyAddr, env, true)
+	}
+}
+
+// rankRange writes ranks compactly: 0-3,7.
+func rankRange(ranks []int) string {
+	var parts []string
+	for i := 0; i < len(ranks); {
+		j := i
+		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
+			j++
+		}
+		if i == j {
+			parts = append(parts, strconv.Itoa(ranks[i]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", ranks[i], ranks[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
 }
 
 // ended carries out how the leader stopped running w: planned again, left to a
