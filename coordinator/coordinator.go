@@ -111,6 +111,7 @@ type Coordinator struct {
 	leaderSig  chan struct{}      // the leader changed (for the clock loop)
 	joined     bool               // joined the cluster (or had no one to join)
 	stopRun    context.CancelFunc // ends Run's context, for Shutdown
+	began      time.Time          // when Run started: agents of one job join within JoinGrace of each other
 	down       chan struct{}      // closed once the first Shutdown is done
 	wg         sync.WaitGroup
 }
@@ -193,6 +194,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return errors.New("coordinator: Run called twice")
 	}
 	c.state = lifeRunning
+	c.began = time.Now()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	c.stopRun = cancel

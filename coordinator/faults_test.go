@@ -543,66 +543,106 @@ func TestScheduleNotRepeatedByARestartedLeader(t *testing.T) {
 	}
 }
 
-// TestNoSilentWaits: a request made while a rank of the world is absent is not
-// held for it when its agent never joined this cluster (waiting cannot help, and
-// the user asked now): it is planned at once and the member hears why. For a
-// rank that was a member, the leader waits its JoinGrace, and says what it waits
-// for and until when.
+// TestNoSilentWaits: while a rank of the world is absent the member that asked
+// hears what the leader waits for and until when. A rank whose agent has not
+// joined yet is waited for while the cluster is young (agents of one job start
+// seconds apart, and a script may ask at once): it arrives and is in the window.
+// Once the cluster is older than JoinGrace, a request is not held for a rank
+// that never joined (waiting cannot help, and the user asked now): it is planned
+// at once and the member hears why. For a rank that was a member, the leader
+// waits its JoinGrace, and says so.
 func TestNoSilentWaits(t *testing.T) {
-	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5}
-	grace := func(c *Config, a *rankagent.Config) { c.JoinGrace = 10 * time.Minute }
-	for r := 0; r < 3; r++ {
-		tc.startRank(r, 4, grace) // rank 3 of 4 never starts
-	}
-	testutil.Eventually(t, 20*time.Second, "three ranks to see each other", func() bool {
-		for _, rk := range tc.ranks {
-			if len(rk.Coord.Members()) < 3 {
-				return false
+	heard := func(c *Coordinator, got chan<- string) func(Update) {
+		return func(u Update) {
+			if u.Rank < 0 && u.State == pb.Step_STEP_UNSPECIFIED {
+				select {
+				case got <- u.Reason:
+				default:
+				}
 			}
 		}
-		return true
+	}
+	t.Run("young cluster", func(t *testing.T) {
+		tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5}
+		grace := func(c *Config, a *rankagent.Config) { c.JoinGrace = 10 * time.Minute }
+		for r := 0; r < 3; r++ {
+			tc.startRank(r, 4, grace) // rank 3 of 4 starts late
+		}
+		tc.holding()
+		c := tc.client()
+		got := make(chan string, 16)
+		type answer struct {
+			res *pb.WindowResult
+			err error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 2, heard(c, got), nil)
+			done <- answer{res, err}
+		}()
+		select {
+		case why := <-got:
+			if !strings.Contains(why, "waiting for ranks 3 to join (until ") {
+				t.Fatalf("the member heard %q", why)
+			}
+		case a := <-done:
+			t.Fatalf("answered before rank 3 was waited for: %+v %v", a.res, a.err)
+		}
+		tc.startRank(3, 4, grace)
+		a := <-done
+		if a.err != nil || a.res.State != pb.Outcome_OUTCOME_PUBLISHED || len(a.res.Ranks) != 4 {
+			t.Fatalf("the window with rank 3 late: %+v %v", a.res, a.err)
+		}
 	})
-	tc.holding()
-	c := tc.client()
-	var heard []string
-	var mu sync.Mutex
-	res, err := c.Snapshot(testutil.Context(t, time.Minute), 2, func(u Update) {
-		if u.Rank < 0 && u.State == pb.Step_STEP_UNSPECIFIED {
-			mu.Lock()
-			heard = append(heard, u.Reason)
-			mu.Unlock()
+	t.Run("never joined", func(t *testing.T) {
+		tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5}
+		const joinGrace = 2 * time.Second
+		began := time.Now()
+		grace := func(c *Config, a *rankagent.Config) { c.JoinGrace = joinGrace }
+		for r := 0; r < 3; r++ {
+			tc.startRank(r, 4, grace) // rank 3 of 4 never starts
 		}
-	}, nil)
-	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != 3 || res.Missing[3] == "" {
-		t.Fatalf("a window with rank 3 never joined: %+v %v", res, err)
-	}
-	mu.Lock()
-	said := strings.Join(heard, "\n")
-	mu.Unlock()
-	if !strings.Contains(said, "ranks 3 never joined this cluster: planning without them") {
-		t.Fatalf("the member heard: %q", said)
-	}
-	// a rank that was a member goes away: the leader waits, and says so
-	tc.ranks[2].Coord.Shutdown()
-	tc.stops[2]()
-	testutil.Eventually(t, 30*time.Second, "rank 2 gone from the leader's view", func() bool { return len(tc.ranks[0].Coord.Members()) <= 3 })
-	told := make(chan string, 1)
-	ctx, cancel := context.WithCancel(testutil.Context(t, time.Minute))
-	defer cancel()
-	go c.Snapshot(ctx, 2, func(u Update) {
-		if u.Rank < 0 && strings.HasPrefix(u.Reason, "waiting for ranks") {
+		tc.holding()
+		testutil.Eventually(t, time.Minute, "the cluster older than its JoinGrace", func() bool { return time.Since(began) > joinGrace })
+		c := tc.client()
+		var heardAll []string
+		var mu sync.Mutex
+		res, err := c.Snapshot(testutil.Context(t, time.Minute), 2, func(u Update) {
+			if u.Rank < 0 && u.State == pb.Step_STEP_UNSPECIFIED {
+				mu.Lock()
+				heardAll = append(heardAll, u.Reason)
+				mu.Unlock()
+			}
+		}, nil)
+		if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != 3 || res.Missing[3] == "" {
+			t.Fatalf("a window with rank 3 never joined: %+v %v", res, err)
+		}
+		mu.Lock()
+		said := strings.Join(heardAll, "\n")
+		mu.Unlock()
+		if !strings.Contains(said, "ranks 3 never joined this cluster: planning without them") || strings.Contains(said, "waiting for") {
+			t.Fatalf("the member heard: %q", said)
+		}
+		// a rank that was a member goes away: the leader waits, and says so
+		tc.ranks[2].Coord.Shutdown()
+		tc.stops[2]()
+		testutil.Eventually(t, 30*time.Second, "rank 2 gone from the leader's view", func() bool { return len(tc.ranks[0].Coord.Members()) <= 3 })
+		got := make(chan string, 16)
+		ctx, cancel := context.WithCancel(testutil.Context(t, time.Minute))
+		defer cancel()
+		go c.Snapshot(ctx, 2, heard(c, got), nil)
+		for {
 			select {
-			case told <- u.Reason:
-			default:
+			case why := <-got:
+				if strings.HasPrefix(why, "waiting for ranks") {
+					if !strings.Contains(why, "waiting for ranks 2 to join (until ") {
+						t.Fatalf("the member heard %q", why)
+					}
+					return
+				}
+			case <-ctx.Done():
+				t.Fatal("the member heard nothing while the leader waits for rank 2")
 			}
 		}
-	}, nil)
-	select {
-	case why := <-told:
-		if !strings.Contains(why, "waiting for ranks 2 to join (until ") {
-			t.Fatalf("the member heard %q", why)
-		}
-	case <-ctx.Done():
-		t.Fatal("the member heard nothing while the leader waits for rank 2")
-	}
+	})
 }

@@ -247,36 +247,69 @@ func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Conf
 
 // awaitRanks gives ranks of the world that are not members a moment to arrive
 // (agents start at different times, and one may be restarting), saying what it
-// awaits and until when. A request made now is not held for ranks whose agents
-// never joined this cluster: waiting cannot help them.
+// awaits and until when: a rank that was a member, JoinGrace from now; a rank
+// whose agent never joined this cluster, only while the cluster is young (up to
+// JoinGrace after this member started; for a scheduled window, JoinGrace from
+// now). A request made later is not held for a rank that never joined: waiting
+// cannot help it.
 func (l *leaderRun) awaitRanks(ctx context.Context, p plan) {
 	c := l.c
 	gone, never := c.absentRanks()
 	if len(gone)+len(never) == 0 {
 		return
 	}
-	awaited := gone
-	if p.req == nil { // a scheduled window: every rank may still be starting
-		awaited = append(append([]int(nil), gone...), never...)
-		sort.Ints(awaited)
-	} else if len(never) > 0 {
-		l.tellRequest(p.watchers, fmt.Sprintf("ranks %s never joined this cluster: planning without them", rankRange(never)))
+	now := time.Now()
+	until := map[int]time.Time{}
+	for _, r := range gone {
+		until[r] = now.Add(c.cfg.JoinGrace)
 	}
-	if len(awaited) == 0 {
+	c.mu.Lock()
+	young := c.began.Add(c.cfg.JoinGrace)
+	c.mu.Unlock()
+	if p.req == nil {
+		young = now.Add(c.cfg.JoinGrace)
+	}
+	var left []int
+	for _, r := range never {
+		if now.Before(young) {
+			until[r] = young
+		} else {
+			left = append(left, r)
+		}
+	}
+	if len(left) > 0 {
+		l.tellRequest(p.watchers, fmt.Sprintf("ranks %s never joined this cluster: planning without them", rankRange(left)))
+	}
+	if len(until) == 0 {
 		return
 	}
-	until := time.Now().Add(c.cfg.JoinGrace)
-	l.tellRequest(p.watchers, fmt.Sprintf("waiting for ranks %s to join (until %s); the window is planned without those still absent then",
-		rankRange(awaited), until.Format(time.TimeOnly)))
-	wait.Until(ctx, c.cfg.JoinGrace, func() bool {
+	var last time.Time
+	for _, t := range until {
+		if t.After(last) {
+			last = t
+		}
+	}
+	l.tellRequest(p.watchers, fmt.Sprintf("waiting for ranks %s to join (until %s UTC); the window is planned without those still absent then",
+		rankRange(sortedRanks(until)), last.UTC().Format(time.TimeOnly)))
+	wait.Until(ctx, time.Until(last), func() bool {
 		nodes := c.rankNodes()
-		for _, r := range awaited {
-			if nodes[r] == nil {
+		now := time.Now()
+		for r, t := range until {
+			if nodes[r] == nil && now.Before(t) {
 				return false
 			}
 		}
 		return true
 	})
+}
+
+func sortedRanks(m map[int]time.Time) []int {
+	out := make([]int, 0, len(m))
+	for r := range m {
+		out = append(out, r)
+	}
+	sort.Ints(out)
+	return out
 }
 
 // tellRequest tells the members waiting for a request what the leader does with

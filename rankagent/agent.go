@@ -831,16 +831,33 @@ func (a *Agent) TrainerSignalled(sig os.Signal) {
 	defer a.mu.Unlock()
 	switch {
 	case a.stopped:
-	case a.win == nil && !a.cfg.RecordAlways:
-		// no window and no history kept: the trainer has nothing to give a
-		// post-mortem, and a job ended by its launcher (scancel, mpirun, a
-		// time limit) is no incident; a window that comes now is missed as usual
-		a.log.Info("the trainer is being stopped; it keeps no allocator history, so no crash post-mortem is asked for", "cause", signalCause(sig))
-		a.torn = true
+	case a.teardownLocked(true):
 	default:
 		a.noteStoppingLocked(signalCause(sig), time.Now())
 	}
 }
+
+// teardownLocked reports whether the trainer's stopping is a teardown, no
+// incident: it is stopped by a termination signal (signalled says so) with no
+// window in progress and no allocator history kept, so it has nothing to give a
+// post-mortem. A job ended by its launcher (scancel, a requeue, mpirun, a time
+// limit) signals the trainer and this agent at once, and which of the two hears of
+// it first is chance: the trainer's "stopping" message, this agent's own signal,
+// or the trainer's exit by SIGTERM may come first, and each alone settles it. A
+// window that comes afterwards is missed as usual.
+func (a *Agent) teardownLocked(signalled bool) bool {
+	if a.win != nil || a.cfg.RecordAlways || !(signalled || a.torn) {
+		return false
+	}
+	if !a.torn {
+		a.torn = true
+		a.log.Info("the trainer is being stopped (a teardown); it keeps no allocator history, so no crash post-mortem is asked for")
+	}
+	return true
+}
+
+// termination reports whether a stopping trainer's cause is a termination signal.
+func termination(cause string) bool { return cause == "SIGTERM" || cause == "SIGINT" }
 
 func signalCause(sig os.Signal) string {
 	if s, ok := sig.(syscall.Signal); ok {
@@ -879,9 +896,7 @@ func (a *Agent) TrainerExited(code int) {
 			a.noteStoppingLocked("the trainer "+how, time.Now())
 		}
 		a.missLocked(WindowFailed, why)
-	} else if code != 0 && !(a.torn && a.win == nil && !a.cfg.RecordAlways) {
-		// (a trainer its launcher stopped, with nothing recorded, dying of it is
-		// the teardown TrainerSignalled already let go)
+	} else if code != 0 && !a.teardownLocked(code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGINT)) {
 		a.noteStoppingLocked("the trainer "+how, time.Now())
 	}
 	if s := a.stopping; s != nil && !s.snapshot && a.working == 0 {
@@ -1006,8 +1021,8 @@ func (a *Agent) handle(m *Message) {
 		if m.Batch != nil {
 			a.noteBatchLocked(*m.Batch, m.TimeUS)
 		}
-		if a.torn && a.win == nil && !a.cfg.RecordAlways {
-			break // the launcher's teardown of a trainer with nothing recorded (TrainerSignalled)
+		if a.teardownLocked(termination(m.Cause)) {
+			break
 		}
 		a.noteStoppingLocked(m.Cause, at)
 	case "snapshot":

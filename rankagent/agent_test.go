@@ -622,13 +622,68 @@ func TestLongWindow(t *testing.T) {
 
 // TestTeardownWithoutHistoryIsNoIncident: a launcher stopping a trainer that keeps
 // no allocator history (no window, no --record-always) asks for no crash
-// post-mortem: it would hold nothing. With --record-always it does.
+// post-mortem, whichever the agent hears of first: its own signal, the trainer's
+// "stopping" message, or the trainer's death by SIGTERM (a launcher signals both
+// at once). With --record-always it does.
 func TestTeardownWithoutHistoryIsNoIncident(t *testing.T) {
-	for _, always := range []bool{false, true} {
+	for _, order := range []string{"signal first", "message first", "exit only", "message only"} {
+		for _, always := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/record-always=%v", order, always), func(t *testing.T) {
+				cfg := DefaultConfig(testID(0))
+				dir := t.TempDir()
+				cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
+				cfg.RecordAlways = always
+				var mu sync.Mutex
+				var states []WindowState
+				cfg.OnWindow = func(e WindowEvent) {
+					mu.Lock()
+					states = append(states, e.State)
+					mu.Unlock()
+				}
+				h := startAgent(t, cfg)
+				if order == "signal first" {
+					h.agent.TrainerSignalled(syscall.SIGTERM)
+				}
+				if order != "exit only" {
+					// its hook says it is being stopped, then it dies of it, as mpirun's and srun's do
+					c, err := net.Dial("unix", h.agent.Socket())
+					if err != nil {
+						t.Fatal(err)
+					}
+					c.Write([]byte(`{"v":1,"type":"hello","pid":1}` + "\n" + `{"type":"stopping","cause":"SIGTERM","t_us":1,"batch":5}` + "\n"))
+					testutil.Eventually(t, 10*time.Second, "the stopping message read", func() bool {
+						h.agent.mu.Lock()
+						defer h.agent.mu.Unlock()
+						return h.agent.batch == 5
+					})
+					c.Close()
+				}
+				if order == "message first" {
+					h.agent.TrainerSignalled(syscall.SIGTERM)
+				}
+				if order != "message only" {
+					h.agent.TrainerExited(128 + int(syscall.SIGTERM))
+				}
+				testutil.Eventually(t, 10*time.Second, "the agent idle", h.agent.Idle)
+				mu.Lock()
+				got := slices.Contains(states, WindowStopping)
+				mu.Unlock()
+				if got != always {
+					t.Errorf("events %v", states)
+				}
+			})
+		}
+	}
+}
+
+// TestKilledTrainerIsAnIncident: a trainer that dies of anything but a
+// termination signal (an exception, SIGKILL: the kernel's OOM killer), or is
+// stopped while it records a window, is an incident the cluster hears of.
+func TestKilledTrainerIsAnIncident(t *testing.T) {
+	for _, code := range []int{1, 128 + int(syscall.SIGKILL)} {
 		cfg := DefaultConfig(testID(0))
 		dir := t.TempDir()
 		cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
-		cfg.RecordAlways = always
 		var mu sync.Mutex
 		var states []WindowState
 		cfg.OnWindow = func(e WindowEvent) {
@@ -637,26 +692,13 @@ func TestTeardownWithoutHistoryIsNoIncident(t *testing.T) {
 			mu.Unlock()
 		}
 		h := startAgent(t, cfg)
-		h.agent.TrainerSignalled(syscall.SIGTERM)
-		// its hook says it is being stopped, then it dies of it, as mpirun's and srun's do
-		c, err := net.Dial("unix", h.agent.Socket())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Write([]byte(`{"v":1,"type":"hello","pid":1}` + "\n" + `{"type":"stopping","cause":"SIGTERM","t_us":1,"batch":5}` + "\n"))
-		testutil.Eventually(t, 10*time.Second, "the stopping message read", func() bool {
-			h.agent.mu.Lock()
-			defer h.agent.mu.Unlock()
-			return h.agent.batch == 5
-		})
-		c.Close()
-		h.agent.TrainerExited(128 + int(syscall.SIGTERM))
+		h.agent.TrainerExited(code)
 		testutil.Eventually(t, 10*time.Second, "the agent idle", h.agent.Idle)
 		mu.Lock()
 		got := slices.Contains(states, WindowStopping)
 		mu.Unlock()
-		if got != always {
-			t.Errorf("record-always %v: events %v", always, states)
+		if !got {
+			t.Errorf("exit %d: events %v", code, states)
 		}
 	}
 }

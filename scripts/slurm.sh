@@ -10,7 +10,10 @@
 # checking that identity, the join address (the first host of SLURM_JOB_NODELIST)
 # and the run name (SLURM_JOB_ID) come from SLURM's own environment. Needs root
 # (or the daemons' users) and Debian's slurm-wlm and munge (installed when missing).
-#   MEMSNAP=path/to/memsnap OUT=dir scripts/slurm.sh
+# Every job ends by scancel, which must be no incident (it ends in seconds and the
+# run's log gains no crash post-mortem); 1b tears CYCLES (4) jobs down at once.
+# The daemons it started (munged, slurmctld, slurmd, job steps) are stopped at its end.
+#   MEMSNAP=path/to/memsnap OUT=dir [CYCLES=4] scripts/slurm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
@@ -20,6 +23,7 @@ fi
 MEMSNAP="$(realpath "${MEMSNAP:-.devrun/memsnap}")"
 [ -x "$MEMSNAP" ] || { CGO_CFLAGS=-Wno-deprecated-declarations go build -o "$MEMSNAP" ./cmd/memsnap; }
 OUT="${OUT:-$(mktemp -d)}"; mkdir -p "$OUT"
+CYCLES="${CYCLES:-4}"
 D=$(mktemp -d /tmp/memsnap-slurm.XXXXXX); chmod 755 "$D"
 mkdir -p "$D/state" "$D/spool" "$D/log"
 SNAP="$PWD/testdata/snapshots/ddp4/rank0.5.memory_snapshot.pickle"
@@ -27,10 +31,23 @@ export SLURM_CONF="$D/slurm.conf" MEMSNAP_KEY="$("$MEMSNAP" keygen)"
 BASE=$((20000 + RANDOM % 20000))
 store="$OUT/store"; mkdir -p "$store"
 
+alive() { # whether any of the processes runs (a zombie does not)
+  local p st
+  for p in "$@"; do st=$(ps -o stat= -p "$p" 2>/dev/null) && [[ $st != Z* ]] && return 0; done
+  return 1
+}
+started=() # the daemons this script started, stopped (and waited for) at its end
 cleanup() {
   scancel --quiet --user "$(id -un)" 2>/dev/null || true
-  for p in "$D/slurmd.pid" "$D/slurmctld.pid"; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null || true; done
-  [ -n "${munge_pid:-}" ] && kill "$munge_pid" 2>/dev/null || true
+  local pids=()
+  for p in "$D/slurmd.pid" "$D/slurmctld.pid"; do [ -s "$p" ] && pids+=("$(cat "$p")"); done
+  # a job step's slurmstepd outlives slurmd unless stopped: only ours run here
+  [ ${#started[@]} -gt 0 ] && pids+=($(pgrep -x slurmstepd || true))
+  [ -n "${munge_pid:-}" ] && pids+=("$munge_pid")
+  [ ${#pids[@]} -gt 0 ] || return 0
+  kill "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 1 40); do alive "${pids[@]}" || break; sleep 0.25; done
+  kill -9 "${pids[@]}" 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -41,8 +58,10 @@ if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
     chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key
   fi
   mkdir -p /run/munge; chown munge:munge /run/munge
+  rm -f /run/munge/munged.pid
   runuser -u munge -- munged --force
-  munge_pid=$(pgrep -u munge munged | head -1)
+  for _ in $(seq 1 40); do [ -s /run/munge/munged.pid ] && break; sleep 0.25; done
+  munge_pid=$(cat /run/munge/munged.pid)
 fi
 munge -n | unmunge | grep -q Success
 
@@ -73,10 +92,19 @@ PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscr
 CONF
 slurmctld -f "$D/slurm.conf" -c
 slurmd -f "$D/slurm.conf" -c
+started=(slurmctld slurmd)
 for _ in $(seq 1 60); do sinfo -h -o %T 2>/dev/null | grep -q idle && break; sleep 0.5; done
 sinfo
 
 agent_cmd="$MEMSNAP agent --store $store --folder $D/w{run_name}-{rank} --no-schedule --collect-timeout 20s --gossip-port $BASE -- $MEMSNAP replay --snapshot $SNAP --batches 0 --pace 20ms --hold-at 5"
+
+listening() { # $1: a job's log, $2: how many "agent listening" lines to wait for
+  local n
+  for _ in $(seq 1 240); do
+    n=$(grep -c 'agent listening' "$1" 2>/dev/null || true); [ "${n:-0}" -ge "$2" ] && return; sleep 0.25
+  done
+  echo "the agents did not start:"; tail -30 "$1"; exit 1
+}
 
 window() { # $1: job id (the run name); $2: a label; prints the manifest
   local res="$OUT/$2.json"
@@ -92,12 +120,44 @@ job_id() { # waits for the job named $1 to run; prints its id
   echo "job $1 did not start" >&2; squeue >&2; exit 1
 }
 
+# teardown $1 (job id) [$2 (srun's pid)]: scancel the job, as a user or a
+# scheduler ends it, and check that it is no incident: the job ends within a few
+# seconds, no agent says its trainer's stopping is one, and the run's log holds no
+# window past the ones asked for (no crash post-mortem)
+plans() { { ls "$store/$1/memsnap/plans" 2>/dev/null || true; } | wc -l; }
+teardown() {
+  local id=$1 pid=${2:-} log=$3 t0 t1 windows
+  windows=$(plans "$id")
+  t0=$(date +%s.%N)
+  scancel "$id"
+  if [ -n "$pid" ]; then wait "$pid" || true
+  else for _ in $(seq 1 240); do squeue -h -j "$id" 2>/dev/null | grep -q . || break; sleep 0.25; done; fi
+  t1=$(date +%s.%N)
+  awk -v id="$id" -v a="$t0" -v b="$t1" 'BEGIN { printf "job %s ended %.1f s after scancel\n", id, b - a }'
+  if grep -E 'msg="(the trainer is being stopped|.*post-mortem)"' "$log"; then
+    echo "FAIL: the teardown of job $id was called an incident"; exit 1
+  fi
+  local now; now=$(plans "$id")
+  [ "$now" = "$windows" ] || { echo "FAIL: job $id's log gained $((now - windows)) window(s) at its teardown"; ls "$store/$id/memsnap/plans"; exit 1; }
+}
+
 echo "== 1. srun -n 4"
 srun --overcommit -n 4 -J ms-srun bash -c "$agent_cmd" >"$OUT/srun.job.log" 2>&1 &
+srun_pid=$!
 id=$(job_id ms-srun); echo "job $id"
+listening "$OUT/srun.job.log" 4
 window "$id" srun
 grep -h "agent listening" "$OUT/srun.job.log" | head -1
-scancel "$id"; wait || true
+teardown "$id" "$srun_pid" "$OUT/srun.job.log"
+
+echo "== 1b. srun jobs torn down at once, $CYCLES times"
+for c in $(seq 1 "$CYCLES"); do
+  srun --overcommit -n 4 -J ms-cycle bash -c "$agent_cmd" >"$OUT/cycle$c.job.log" 2>&1 &
+  srun_pid=$!
+  id=$(job_id ms-cycle)
+  listening "$OUT/cycle$c.job.log" 4
+  teardown "$id" "$srun_pid" "$OUT/cycle$c.job.log"
+done
 
 echo "== 2. sbatch"
 cat >"$D/job.sh" <<JOB
@@ -107,25 +167,29 @@ srun bash -c '$agent_cmd'
 JOB
 sbatch -Q "$D/job.sh"
 id=$(job_id ms-sbatch); echo "job $id"
+listening "$OUT/sbatch.job.log" 4
 window "$id" sbatch
-scancel "$id"
+teardown "$id" "" "$OUT/sbatch.job.log"
 
 echo "== 3. a requeued job"
 sed -e 's/-J ms-sbatch/-J ms-requeue --requeue/' -e "s#sbatch.job.log#requeue.job.log#" "$D/job.sh" >"$D/requeue.sh"
 sbatch -Q "$D/requeue.sh"
 id=$(job_id ms-requeue); echo "job $id"
+listening "$OUT/requeue.job.log" 4
 window "$id" before-requeue
 scontrol requeue "$id"
 # a requeued job, once its steps ended, waits out a begin time before it runs
 # again: now, here
 for _ in $(seq 1 120); do [ "$(squeue -h -j "$id" -o %T)" = PENDING ] && break; sleep 0.5; done
+mv "$OUT/requeue.job.log" "$OUT/requeue-first.job.log" # the second run writes it anew
 scontrol update JobId="$id" StartTime=now
 for _ in $(seq 1 240); do
   [ "$(scontrol show job "$id" | sed -n 's/.*Restarts=\([0-9]*\).*/\1/p')" = 1 ] && squeue -h -j "$id" -t R | grep -q . && break; sleep 0.5
 done
 scontrol show job "$id" | grep -o "Restarts=[0-9]*"
+listening "$OUT/requeue.job.log" 4
 window "$id" after-requeue
-scancel "$id"
+teardown "$id" "" "$OUT/requeue.job.log"
 python3 - "$OUT" <<'PY'
 import json, sys
 a, b = (json.load(open(sys.argv[1] + "/%s.json" % n)) for n in ("before-requeue", "after-requeue"))

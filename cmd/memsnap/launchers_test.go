@@ -8,12 +8,15 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator"
+	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // mpirunPath finds Open MPI's mpirun: a test that needs it fails under CI=true
@@ -30,9 +33,9 @@ func mpirunPath(t *testing.T) string {
 }
 
 // mpiJob starts `mpirun -np n memsnap agent ... -- memsnap replay ...` as a real
-// Open MPI job on this host and returns it with its output and its run's name,
-// read from what the agents say.
-func mpiJob(t *testing.T, n, base int, key string, store string) (*exec.Cmd, *syncBuffer, string) {
+// Open MPI job on this host and returns it with its output, its run's name, read
+// from what the agents say, and a channel closed when mpirun has exited.
+func mpiJob(t *testing.T, n, base int, key string, store string) (*exec.Cmd, *syncBuffer, string, <-chan struct{}) {
 	bin := mpirunPath(t)
 	work := t.TempDir()
 	snap := testutil.Snapshot(t, "ddp4/rank0.5.memory_snapshot.pickle")
@@ -72,7 +75,7 @@ func mpiJob(t *testing.T, n, base int, key string, store string) (*exec.Cmd, *sy
 		}
 		return run != ""
 	})
-	return cmd, out, run
+	return cmd, out, run, exited
 }
 
 // TestOpenMPIJob: `mpirun -np 3 memsnap agent -- <trainer>` as Open MPI runs it:
@@ -86,7 +89,7 @@ func TestOpenMPIJob(t *testing.T) {
 	copy(kb, fmt.Sprintf("%032d", time.Now().UnixNano()))
 	key := encodeKey(kb)
 	base := testutil.FreePorts(t, 3)
-	job, out, run := mpiJob(t, 3, base, key, store)
+	job, out, run, _ := mpiJob(t, 3, base, key, store)
 	if !regexp.MustCompile(`^mpi-\d`).MatchString(run) {
 		t.Fatalf("run name %q is not the job's", run)
 	}
@@ -105,8 +108,55 @@ func TestOpenMPIJob(t *testing.T) {
 		t.Fatalf("snapshot: exit %d, %v, %q\n%s\nmpirun:\n%s", code, err, sout.String(), serr.String(), out)
 	}
 	syscall.Kill(-job.Process.Pid, syscall.SIGTERM)
-	_, _, run2 := mpiJob(t, 3, testutil.FreePorts(t, 3), key, store)
+	_, _, run2, _ := mpiJob(t, 3, testutil.FreePorts(t, 3), key, store)
 	if run2 == run {
 		t.Fatalf("two Open MPI jobs share the run name %q", run)
+	}
+}
+
+// TestOpenMPITeardownIsNoIncident: mpirun ending its job (SIGTERM, as a
+// scheduler or Ctrl-C does) stops every trainer and agent at once; trainers that
+// keep no allocator history have nothing to give a post-mortem, so whichever hears
+// of it first, no agent calls it an incident and the run's log gains no crash
+// post-mortem: the one window asked for is all it holds. The agents go as soon as
+// their trainers have.
+func TestOpenMPITeardownIsNoIncident(t *testing.T) {
+	dir := t.TempDir()
+	kb := make([]byte, 32)
+	copy(kb, fmt.Sprintf("%032d", time.Now().UnixNano()))
+	key := encodeKey(kb)
+	base := testutil.FreePorts(t, 4)
+	for cycle := 1; cycle <= 2; cycle++ {
+		job, out, run, exited := mpiJob(t, 4, base, key, dir)
+		cli := memsnapCmd(t, "snapshot", "--join", fmt.Sprintf("127.0.0.1:%d", base), "--run", run, "--batches", "2", "--wait", "--json", "--timeout", "2m")
+		cli.Env = append(cli.Env, coordinator.KeyEnv+"="+key)
+		var sout, serr bytes.Buffer
+		cli.Stdout, cli.Stderr = &sout, &serr
+		if err := cli.Run(); err != nil {
+			t.Fatalf("snapshot: %v\n%s\n%s", err, sout.String(), serr.String())
+		}
+		// the trainers are past their window, recording nothing: tear the job down
+		start := time.Now()
+		job.Process.Signal(syscall.SIGTERM)
+		testutil.Eventually(t, 2*time.Minute, "mpirun to end", func() bool {
+			select {
+			case <-exited:
+				return true
+			default:
+				return false
+			}
+		})
+		t.Logf("cycle %d: mpirun ended %v after SIGTERM", cycle, time.Since(start).Round(10*time.Millisecond))
+		if strings.Contains(out.String(), "the trainer is being stopped\"") || strings.Contains(out.String(), "post-mortem\"") {
+			t.Errorf("cycle %d: the teardown was called an incident:\n%s", cycle, out)
+		}
+		st, err := store.OpenDir(dir, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := runlog.New(st, run).PlanIDs(testutil.Context(t, time.Minute))
+		if err != nil || len(ids) != 1 {
+			t.Fatalf("cycle %d: the run's log holds windows %v (%v), want only the one asked for\n%s", cycle, ids, err, out)
+		}
 	}
 }
