@@ -164,8 +164,6 @@ type Config struct {
 	// analyses, so the leader decodes a few snapshots, not all).
 	FullDetailRanks int
 
-	// stepsGathered, when not 0, stands for the constant of that name (tests)
-	stepsGathered int
 	// Now is the wall clock; tests give a member a skewed one.
 	Now func() time.Time
 	// Logger receives structured logs (memberlist's too); nil discards them.

@@ -127,7 +127,7 @@ func statusesOf(sts map[int]status, id uint64) map[int]window.Status {
 	out := make(map[int]window.Status, len(sts))
 	for r, s := range sts {
 		out[r] = window.Status{Window: s.st.Window, Step: s.st.State, Batch: s.st.Batch, Result: s.st.Result,
-			Spooled: slices.Contains(s.st.Spooled, id), Term: s.st.Term}
+			Spooled: slices.Contains(s.st.Spooled, id), Term: s.st.Term, Seen: s.st.Seen}
 	}
 	return out
 }
@@ -140,13 +140,13 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 	c := l.c
 	tick := time.NewTicker(min(c.cfg.StatusTimeout, 500*time.Millisecond))
 	defer tick.Stop()
-	var flush <-chan time.Time
-	if l.gathersSteps(w) {
-		t := time.NewTicker(stepsEvery)
-		defer t.Stop()
-		flush = t.C
-	}
-	defer l.flushSteps(w)
+	flush := time.NewTicker(stepsEvery)
+	defer flush.Stop()
+	w.gather = true
+	defer func() {
+		w.gather = false
+		l.flushSteps(w)
+	}()
 	defer func() {
 		// the command has gone out to every rank before the window is given up,
 		// planned again or merged: a cancel must not overtake it
@@ -180,7 +180,7 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 		select {
 		case <-ctx.Done():
 			return
-		case <-flush:
+		case <-flush.C:
 			l.flushSteps(w)
 		case fs := <-sent:
 			sent = nil

@@ -454,3 +454,39 @@ func TestTakeoverNeverComparesClocks(t *testing.T) {
 		t.Fatal("a window past its deadline on this clock is not taken over")
 	}
 }
+
+// TestCommandNeverSentIsSentAgain: a leader that dies after it recorded a
+// window's plan and before its command reached any rank leaves a window nobody
+// heard of. The next leader sends the command again to the ranks that never heard
+// of it and can still record it: the window asked for is recorded and published
+// (it was failed as "no rank stored a snapshot", and the request planned again).
+func TestCommandNeverSentIsSentAgain(t *testing.T) {
+	trip := &trip{n: 1, tripped: make(chan struct{}), release: make(chan struct{})} // the plan
+	tc := startCluster(t, 3, func(c *Config, a *rankagent.Config) {
+		if !c.Client && c.Identity.Rank == 0 {
+			trip.wrap(c)
+		}
+	})
+	tc.holding()
+	c := tc.client()
+	type result struct {
+		res *pb.WindowResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := c.Snapshot(testutil.Context(t, 3*time.Minute), 3, nil, nil)
+		done <- result{res, err}
+	}()
+	<-trip.tripped // the plan is in the log; its command has gone nowhere
+	tc.ranks[0].Coord.Shutdown()
+	tc.stops[0]()
+	r := <-done
+	if r.err != nil || r.res.State != pb.Outcome_OUTCOME_PUBLISHED || r.res.Window != 1 || fmt.Sprint(r.res.Ranks) != "[1 2]" {
+		t.Fatalf("the window asked for: %+v %v", r.res, r.err)
+	}
+	st := tc.storeOf(t, 1)
+	if got := checkLog(t, st, tc.run); len(got) != 1 || got[1] != window.Published {
+		t.Fatalf("the run's log: %v", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -48,6 +49,7 @@ type leaderRun struct {
 	lastPM   time.Time                 // when the last post-mortem started
 	lastPMID uint64                    // and its window
 	pending  map[uint64][]*pb.Envelope // members waiting for a window this leader finishes from the log
+	orders   map[string]uint64         // the last Envelope.Order told each request (by its sender and seq)
 	sweepAt  time.Time                 // when the next sweep of the log is due
 	stash    []*pb.Envelope            // ranks' messages about a window a post-mortem interrupted
 	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
@@ -268,7 +270,7 @@ func (l *leaderRun) refuseWhileDown(ctx context.Context, cause error) {
 		}
 		env := l.c.envelope(req.WindowId)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
-		l.c.reply(req, env, true)
+		l.reply(req, env, true)
 	}
 }
 
@@ -370,7 +372,7 @@ func (l *leaderRun) answer(req *pb.Envelope, code pb.AckCode, why string) {
 	}
 	env := l.c.envelope(req.WindowId)
 	env.Body = &pb.Envelope_Ack{Ack: &pb.Ack{Ok: code == pb.AckCode_ACK_OK, Code: code, Message: why, Term: l.term}}
-	l.c.reply(req, env, true)
+	l.reply(req, env, code != pb.AckCode_ACK_OK)
 }
 
 // answerWatch tells a member that asks about a window not in progress how it
@@ -409,7 +411,7 @@ func (l *leaderRun) answerWatch(ctx context.Context, req *pb.Envelope) {
 	}
 	env := l.c.envelope(id)
 	env.Body = &pb.Envelope_WindowResult{WindowResult: res}
-	l.c.reply(req, env, true)
+	l.reply(req, env, true)
 }
 
 // windowEnd is how window p stands as its commit and outcome say: done when it
@@ -614,7 +616,7 @@ func (l *leaderRun) tellResult(id uint64, watchers []*pb.Envelope, res *pb.Windo
 	for _, w := range watchers {
 		env := l.c.envelope(id)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
-		l.c.reply(w, env, true)
+		l.reply(w, env, true)
 	}
 }
 
@@ -628,8 +630,29 @@ func (l *leaderRun) tellAnswer(id uint64, watchers []*pb.Envelope, res *pb.Windo
 	for _, w := range watchers {
 		env := l.c.envelope(id)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
-		l.c.reply(w, env, true)
+		l.reply(w, env, false)
 	}
+}
+
+// reply sends env to the member that made request req, reliably, as the next
+// message of what this leader tells it about req (Envelope.Order: each message
+// travels on a stream of its own, and the member puts them back in order). The
+// last, a request's result, forgets the count.
+func (l *leaderRun) reply(req, env *pb.Envelope, last bool) {
+	if req.Seq != 0 {
+		key := req.Sender + "\x00" + strconv.FormatUint(req.Seq, 10)
+		l.mu.Lock()
+		if l.orders == nil {
+			l.orders = map[string]uint64{}
+		}
+		l.orders[key]++
+		env.Order = l.orders[key]
+		if last {
+			delete(l.orders, key)
+		}
+		l.mu.Unlock()
+	}
+	l.c.reply(req, env, true)
 }
 
 // manifestKey renders the name of window id's manifest.

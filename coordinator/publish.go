@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -545,7 +547,18 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	pending := len(w.m.Outstanding()) > 0
 	log.Info("finishing a window an earlier leader left unfinished", "kind", p.Kind, "start", p.Start, "stop", p.Stop, "reports", len(reports),
 		"waiting", pending, "planned_by", p.Leader, "term", p.Term)
-	ch, seq := c.expect(16, c.fromRanks())
+	ch, seq := c.expect(4*len(asked)+16, c.fromRanks())
+	if w.m.Kind == pb.WindowKind_WINDOW_KIND_WINDOW {
+		// the command, for a rank that never heard of the window (its leader
+		// died before the command reached it): it is sent again
+		w.cmd = c.envelope(w.id())
+		w.cmd.Seq, w.cmd.Term = seq, l.term
+		ranks := make([]int32, 0, len(asked))
+		for _, r := range slices.Sorted(maps.Keys(asked)) {
+			ranks = append(ranks, int32(r))
+		}
+		w.cmd.Body = &pb.Envelope_Plan{Plan: &pb.Plan{Start: p.Start, Stop: p.Stop, Reason: nonEmpty(p.Reason, "recovered"), WorldSize: int32(p.WorldSize), Ranks: ranks}}
+	}
 	l.collect(ctx, w, ch, nil)
 	c.forget(seq)
 	l.drive(ctx, w)

@@ -162,19 +162,33 @@ func (c *Coordinator) post(to, addr string, env *pb.Envelope, reliable bool) {
 // outbox sends messages on a few workers, so that the dispatcher (and the leader's
 // loop) never waits on the network: one slow or vanished member delays only the
 // messages to it, and after a failure messages to it are dropped for a moment
-// rather than queued behind its time-out.
+// rather than queued behind its time-out. Messages to one member go in the order
+// they were posted, one at a time (a window's progress is its story: told in
+// order); messages to different members go in parallel.
 type outbox struct {
-	c    *Coordinator
-	q    chan outMsg
-	mu   sync.Mutex
-	down map[string]time.Time // members a send to failed, until when they are skipped
-	drop int
+	c      *Coordinator
+	mu     sync.Mutex
+	more   *sync.Cond
+	queues map[string][]outMsg // by destination, oldest first
+	ready  []string            // destinations with messages and no worker on them
+	busy   map[string]bool     // destinations a worker sends to now
+	queued int
+	closed bool
+	down   map[string]time.Time // members a send to failed, until when they are skipped
+	drop   int
 }
 
 type outMsg struct {
 	to, addr string
 	env      *pb.Envelope
 	reliable bool
+}
+
+func (m outMsg) dest() string {
+	if m.to != "" {
+		return m.to
+	}
+	return m.addr
 }
 
 const (
@@ -184,62 +198,115 @@ const (
 )
 
 func newOutbox(c *Coordinator) *outbox {
-	return &outbox{c: c, q: make(chan outMsg, outboxQueue), down: map[string]time.Time{}}
+	o := &outbox{c: c, queues: map[string][]outMsg{}, busy: map[string]bool{}, down: map[string]time.Time{}}
+	o.more = sync.NewCond(&o.mu)
+	return o
 }
 
 func (o *outbox) start(ctx context.Context) {
 	for i := 0; i < outboxWorkers; i++ {
-		o.c.spawn(func() { o.work(ctx) })
+		o.c.spawn(func() { o.work() })
 	}
+	o.c.spawn(func() {
+		<-ctx.Done()
+		o.mu.Lock()
+		o.closed = true
+		o.mu.Unlock()
+		o.more.Broadcast()
+	})
 }
 
 func (o *outbox) put(m outMsg) {
 	o.mu.Lock()
+	defer o.mu.Unlock()
 	until, down := o.down[m.to]
 	if down && time.Now().After(until) {
 		delete(o.down, m.to)
 		down = false
 	}
-	o.mu.Unlock()
-	if down && !m.reliable {
+	if down && !m.reliable || o.closed {
 		return
 	}
-	select {
-	case o.q <- m:
-	default:
-		o.mu.Lock()
+	if o.queued >= outboxQueue {
 		o.drop++
-		d := o.drop
-		o.mu.Unlock()
-		if d == 1 || d%1000 == 0 {
-			o.c.log.Warn("dropping outgoing cluster messages: the outbox is full", "dropped", d)
+		if o.drop == 1 || o.drop%1000 == 0 {
+			o.c.log.Warn("dropping outgoing cluster messages: the outbox is full", "dropped", o.drop)
 		}
+		return
+	}
+	d := m.dest()
+	o.queues[d] = append(o.queues[d], m)
+	o.queued++
+	if len(o.queues[d]) == 1 && !o.busy[d] {
+		o.ready = append(o.ready, d)
+		o.more.Signal()
 	}
 }
 
-func (o *outbox) work(ctx context.Context) {
+// next takes the oldest message of a destination no other worker sends to, and
+// marks that destination busy; ok is false once the outbox is closed.
+func (o *outbox) next() (m outMsg, ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for len(o.ready) == 0 && !o.closed {
+		o.more.Wait()
+	}
+	if o.closed {
+		return outMsg{}, false
+	}
+	d := o.ready[0]
+	o.ready = o.ready[1:]
+	q := o.queues[d]
+	m = q[0]
+	if len(q) == 1 {
+		delete(o.queues, d)
+	} else {
+		q[0] = outMsg{}
+		o.queues[d] = q[1:]
+	}
+	o.queued--
+	o.busy[d] = true
+	return m, true
+}
+
+// done ends a worker's send to d: d's next message, if any, is ready.
+func (o *outbox) done(d string, failed bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.busy, d)
+	if failed {
+		o.down[d] = time.Now().Add(downFor)
+	}
+	if len(o.queues[d]) > 0 {
+		o.ready = append(o.ready, d)
+		o.more.Signal()
+	}
+}
+
+func (o *outbox) work() {
 	for {
-		select {
-		case <-ctx.Done():
+		m, ok := o.next()
+		if !ok {
 			return
-		case m := <-o.q:
-			o.mu.Lock()
-			until, down := o.down[m.to]
-			o.mu.Unlock()
-			if down && time.Now().Before(until) {
-				continue // it failed a moment ago: do not wait on it again
-			}
-			if err := o.c.sendAddr(m.to, m.addr, m.env, m.reliable); err != nil {
-				o.c.log.Debug("could not send", "to", m.to, "err", err)
-				if err != ErrStopped {
-					o.mu.Lock()
-					o.down[m.to] = time.Now().Add(downFor)
-					o.mu.Unlock()
-				}
-			}
 		}
+		o.mu.Lock()
+		until, down := o.down[m.to]
+		o.mu.Unlock()
+		if down && time.Now().Before(until) {
+			o.done(m.dest(), false) // it failed a moment ago: do not wait on it again
+			continue
+		}
+		err := o.c.sendAddr(m.to, m.addr, m.env, m.reliable)
+		if err != nil {
+			o.c.log.Debug("could not send", "to", m.to, "err", err)
+		}
+		o.done(m.dest(), err != nil && err != ErrStopped && m.to != "")
 	}
 }
 
 // idle reports whether nothing waits to be sent.
-func (o *outbox) idle() bool { return len(o.q) == 0 }
+func (o *outbox) idle() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.queued == 0
+}

@@ -43,7 +43,9 @@ type win struct {
 	failed   map[int]failure // a post-mortem: the ranks that failed, how and when
 	watchers []*pb.Envelope
 	cmd      *pb.Envelope   // the plan or dump sent to every rank
-	steps    []*pb.RankStep // ranks' steps not told to the watchers yet (leaderRun.gathersSteps)
+	steps    []*pb.RankStep // ranks' steps not told to the watchers yet (while gathering)
+	gather   bool           // it is collected: its ranks' steps are told gathered
+	flushed  time.Time      // when they were last told
 	manifest string         // its manifest's key: its commit point
 	// pre receives a rank's input with its sidecar and analysis read and parsed
 	// (merge.Preload), started when its result arrived
@@ -75,25 +77,17 @@ func newWin(m *window.Window, reason string, watchers []*pb.Envelope, manifest s
 	return &win{m: m, reason: reason, watchers: watchers, manifest: manifest, failed: map[int]failure{}, pre: map[int]chan merge.Input{}}
 }
 
-// A window of more than stepsGathered ranks tells its watchers the ranks' steps
-// gathered, every stepsEvery, in messages of at most stepsPerMessage steps and
-// stepsBytes bytes of reasons: 1,024 ranks acking within a few milliseconds, each
-// ack a datagram to every watcher, overflowed a watching member's queues.
+// While a window is collected its ranks' steps are told to its watchers
+// gathered, every stepsEvery (the first after a quiet stepsEvery at once), in messages of at most stepsPerMessage steps and
+// stepsBytes bytes of reasons (1,024 ranks acking within a few milliseconds, each
+// ack a datagram to every watcher, overflowed a watching member's queues), and
+// reliably: with the window's own steps, on the one ordered way the outbox keeps
+// to each member, so a watcher hears the window's story complete and in order.
 const (
-	stepsGathered   = 64
 	stepsEvery      = 100 * time.Millisecond
 	stepsPerMessage = 512
 	stepsBytes      = 256 << 10
 )
-
-// gathersSteps reports whether w's watchers are told its ranks' steps gathered.
-func (l *leaderRun) gathersSteps(w *win) bool {
-	n := l.c.cfg.stepsGathered
-	if n == 0 {
-		n = stepsGathered
-	}
-	return len(w.m.Ranks) > n
-}
 
 // stepMessages cuts steps into messages of at most stepsPerMessage steps and about
 // stepsBytes bytes of reasons (a message's limit is maxMessage).
@@ -320,9 +314,8 @@ func (l *leaderRun) tellRequest(watchers []*pb.Envelope, what string) {
 			continue
 		}
 		env := l.c.envelope(0)
-		env.Seq = wt.Seq
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_UNSPECIFIED, Rank: -1, Batch: -1, Reason: what}}
-		l.c.post(wt.Sender, wt.ReplyAddr, env, true)
+		l.reply(wt, env, false)
 	}
 }
 
@@ -728,11 +721,10 @@ func (l *leaderRun) tellQueued(w *win, req *pb.Envelope) {
 		return
 	}
 	r := l.c.envelope(0) // not about the request's window, which it has not yet
-	r.Seq = req.Seq
 	r.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_UNSPECIFIED, Rank: -1, Batch: -1,
 		Reason: fmt.Sprintf("waiting: window %d is in progress (the leader gives up on it at %s); this request is planned after it",
 			w.id(), w.m.Deadline.Format(time.TimeOnly))}}
-	l.c.post(req.Sender, req.ReplyAddr, r, true)
+	l.reply(req, r, false)
 }
 
 // tell logs a step of the window and passes it on to the members watching it
@@ -743,16 +735,18 @@ func (l *leaderRun) tell(w *win, rank int, state pb.Step, batch int64, reason st
 	if len(watchers) == 0 {
 		return
 	}
-	if rank >= 0 && l.gathersSteps(w) {
+	if rank >= 0 && w.gather {
 		w.steps = append(w.steps, &pb.RankStep{Rank: int32(rank), State: state, Batch: batch, Reason: reason})
+		if time.Since(w.flushed) >= stepsEvery {
+			l.flushSteps(w) // the first of a burst goes at once; the rest every stepsEvery
+		}
 		return
 	}
 	l.flushSteps(w) // the ranks' steps come before the window's
 	for _, wt := range watchers {
 		env := l.c.envelope(w.id())
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: state, Batch: batch, Reason: reason, Rank: int32(rank)}}
-		env.Seq = wt.Seq
-		l.c.post(wt.Sender, wt.ReplyAddr, env, rank < 0)
+		l.reply(wt, env, false)
 	}
 }
 
@@ -769,14 +763,13 @@ func (l *leaderRun) flushSteps(w *win) {
 		return
 	}
 	steps := w.steps
-	w.steps = nil
+	w.steps, w.flushed = nil, time.Now()
 	watchers := l.watchersOf(w)
 	for _, part := range stepMessages(steps) {
 		for _, wt := range watchers {
 			env := l.c.envelope(w.id())
 			env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Batch: -1, Steps: part}}
-			env.Seq = wt.Seq
-			l.c.post(wt.Sender, wt.ReplyAddr, env, true)
+			l.reply(wt, env, false)
 		}
 	}
 }
@@ -786,8 +779,7 @@ func (l *leaderRun) tellPlanned(w *win, what string) {
 	for _, wt := range w.watchers {
 		env := l.c.envelope(w.id())
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_PLANNED, Batch: -1, Reason: what, Rank: -1, DeadlineUs: w.m.Deadline.UnixMicro()}}
-		env.Seq = wt.Seq
-		l.c.post(wt.Sender, wt.ReplyAddr, env, true)
+		l.reply(wt, env, false)
 	}
 }
 

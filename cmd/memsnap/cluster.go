@@ -12,12 +12,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator"
+	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/rankagent"
@@ -285,6 +287,7 @@ func snapshotCmd(ctx context.Context, args []string, stdout io.Writer, stderr io
 	p := newProgressPrinter(stderr, *asJSON)
 	planned := make(chan struct{})
 	var once, answerOnce sync.Once
+	var answered *pb.WindowResult // --wait-all: the answer, printed as it came
 	res, err := c.Request(ctx, *batches, coordinator.RequestOptions{Progress: func(u coordinator.Update) {
 		p.update(u)
 		if u.State == pb.Step_STEP_PLANNED && !*waitAnswer {
@@ -294,7 +297,8 @@ func snapshotCmd(ctx context.Context, args []string, stdout io.Writer, stderr io
 			// --wait-all: the answer now (once), the rest once published
 			answerOnce.Do(func() {
 				p.mu.Lock()
-				printAnswer(stdout, u.Answer, u.Window)
+				printAnswer(stdout, u.Answer, u.Window, true)
+				answered = u.Answer
 				p.mu.Unlock()
 			})
 		}
@@ -349,17 +353,43 @@ func snapshotCmd(ctx context.Context, args []string, stdout io.Writer, stderr io
 		}
 		return fmt.Errorf("window %d failed: %s", p.window, res.Error)
 	}
-	printAnswer(stdout, res, p.window)
+	p.mu.Lock()
+	first := answered
+	p.mu.Unlock()
+	if first != nil {
+		printRest(stdout, res, first, p.window) // the answer is printed already
+	} else {
+		printAnswer(stdout, res, p.window, false)
+	}
 	if incomplete {
 		return exitError{1}
 	}
 	return nil
 }
 
+// printRest prints what a published window adds to its answer, printed before:
+// that all of it is published, and the outputs the answer did not name.
+func printRest(w io.Writer, res, answer *pb.WindowResult, window uint64) {
+	if res.Pending {
+		fmt.Fprintf(w, "window %d: the merged pickles and the timeline were not written: %s\n", window, printableN(res.Error, 4096))
+		return
+	}
+	fmt.Fprintf(w, "window %d published: the merged pickles and the timeline too\n", window)
+	if res.Manifest != answer.Manifest {
+		fmt.Fprintf(w, "manifest: %s\n", res.Manifest)
+	}
+	for _, o := range res.Outputs {
+		if !slices.Contains(answer.Outputs, o) {
+			fmt.Fprintf(w, "  %s\n", o)
+		}
+	}
+}
+
 // printAnswer prints a published window's result: what it is, the findings,
 // the manifest and the outputs, and, when its merged pickles and timeline are
-// still being written (res.Pending), that they are coming.
-func printAnswer(w io.Writer, res *pb.WindowResult, window uint64) {
+// still being written (res.Pending), that they are coming (unless the command
+// waits for them: waiting).
+func printAnswer(w io.Writer, res *pb.WindowResult, window uint64, waiting bool) {
 	what := "window"
 	switch res.Kind {
 	case pb.WindowKind_WINDOW_KIND_OOM:
@@ -389,7 +419,7 @@ func printAnswer(w io.Writer, res *pb.WindowResult, window uint64) {
 	switch {
 	case res.Pending && res.Error != "":
 		fmt.Fprintf(w, "%s\n", printableN(res.Error, 4096))
-	case res.Pending:
+	case res.Pending && !waiting:
 		fmt.Fprintln(w, "the merged pickles and the timeline are being written: the manifest names them once published (memsnap ls; --wait-all waits for them)")
 	}
 }
@@ -472,7 +502,7 @@ func (p *progressPrinter) update(u coordinator.Update) {
 		return
 	}
 	// progress travels as datagrams: show a rank's steps only forwards, once each
-	if stepOrder(u.State) <= stepOrder(p.states[u.Rank]) && stepOrder(u.State) < stepOrder(pb.Step_STEP_UPLOADED) {
+	if window.StepOrder(u.State) <= window.StepOrder(p.states[u.Rank]) && window.StepOrder(u.State) < window.EndOrder {
 		return
 	}
 	p.states[u.Rank] = u.State
@@ -487,33 +517,12 @@ func (p *progressPrinter) update(u coordinator.Update) {
 		if u.Reason != "" {
 			line += "  " + u.Reason
 		}
-		fmt.Fprintln(p.w, line)
+		fmt.Fprintln(p.w, strings.TrimRight(line, " "))
 		return
 	}
 	if time.Since(p.last) >= time.Second {
 		p.summary()
 	}
-}
-
-// stepOrder orders a rank's steps in a window; the ends of a window share the last place.
-func stepOrder(s pb.Step) int {
-	switch s {
-	case pb.Step_STEP_QUEUED:
-		return 1
-	case pb.Step_STEP_SENT:
-		return 2
-	case pb.Step_STEP_ACKED:
-		return 3
-	case pb.Step_STEP_ARMED:
-		return 4
-	case pb.Step_STEP_RECORDING, pb.Step_STEP_STOPPING:
-		return 5
-	case pb.Step_STEP_SPOOLED, pb.Step_STEP_PARTIAL:
-		return 6
-	case pb.Step_STEP_UPLOADED, pb.Step_STEP_MISSED, pb.Step_STEP_PASSED, pb.Step_STEP_FAILED, pb.Step_STEP_CANCELLED, pb.Step_STEP_REFUSED, pb.Step_STEP_MISSING:
-		return 7
-	}
-	return 0
 }
 
 func (p *progressPrinter) summary() {

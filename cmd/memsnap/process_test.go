@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -157,6 +158,20 @@ func TestClusterCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// as a user reads it: the progress is the window's story, every rank's step
+	// once and in order, and the answer is printed once, then what the rest adds
+	plain := memsnapCmd(t, "snapshot", "--join", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--run", run, "--batches", "2", "--wait-all", "--timeout", "2m")
+	plain.Env = append(plain.Env, coordinator.KeyEnv+"="+key)
+	var pout, perr bytes.Buffer
+	plain.Stdout, plain.Stderr = &pout, &perr
+	if err := plain.Run(); err != nil {
+		t.Fatalf("snapshot --wait-all: %v\n%s\n%s", err, pout.String(), perr.String())
+	}
+	checkStory(t, perr.String(), 2)
+	if n := strings.Count(pout.String(), "peak allocated: median "); n != 1 || strings.Count(pout.String(), "manifest: ") != 1 ||
+		!regexp.MustCompile(`(?m)^window \d+ published: the merged pickles and the timeline too$`).MatchString(pout.String()) {
+		t.Fatalf("snapshot --wait-all printed:\n%s", pout.String())
+	}
 	code, out, _ := runCLI(t, "ls", storeDir)
 	if code != 0 || !strings.Contains(out, "2/2") || !strings.Contains(out, fmt.Sprintf("%d-%d", res.Start, res.Stop-1)) {
 		t.Fatalf("ls: %q", out)
@@ -174,6 +189,41 @@ func TestClusterCommands(t *testing.T) {
 			}
 		case <-time.After(60 * time.Second):
 			t.Fatalf("agent %d did not stop on SIGTERM\n%s", i, logs[i])
+		}
+	}
+}
+
+// checkStory checks a window's progress as memsnap snapshot prints it: the
+// window planned before any rank's line, each of n ranks acked, armed,
+// recording and uploaded in that order and once each, all before the leader
+// says it publishes.
+func checkStory(t *testing.T, progress string, n int) {
+	t.Helper()
+	lines := strings.Split(progress, "\n")
+	planned, publishing := -1, -1
+	steps := map[string][]string{}
+	rankLine := regexp.MustCompile(`^  rank (\d+) +(\S+)`)
+	for i, l := range lines {
+		switch m := rankLine.FindStringSubmatch(l); {
+		case regexp.MustCompile(`^window \d+ planned `).MatchString(l):
+			planned = i
+		case regexp.MustCompile(`^window \d+ publishing`).MatchString(l) && publishing < 0:
+			publishing = i
+		case m != nil:
+			if planned < 0 || publishing >= 0 {
+				t.Fatalf("line %d out of the story (planned at %d, publishing at %d):\n%s", i, planned, publishing, progress)
+			}
+			if m[2] != "spooled" {
+				steps[m[1]] = append(steps[m[1]], m[2])
+			}
+		}
+	}
+	if planned < 0 || publishing < 0 || len(steps) != n {
+		t.Fatalf("planned at %d, publishing at %d, %d ranks:\n%s", planned, publishing, len(steps), progress)
+	}
+	for r, s := range steps {
+		if strings.Join(s, " ") != "acked armed recording uploaded" {
+			t.Fatalf("rank %s's story: %v\n%s", r, s, progress)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -136,7 +137,8 @@ type mleader struct {
 	w       *window.Window
 	dead    bool
 	stalled bool
-	left    string // why it has no window any more (deferred, stepped down)
+	left    string            // why it has no window any more (deferred, stepped down)
+	told    map[int][]pb.Step // each rank's steps it told, in order
 }
 
 type msg struct {
@@ -170,6 +172,32 @@ type model struct {
 
 func (m *model) trace(f string, a ...any) {
 	m.log = append(m.log, fmt.Sprintf("%6.1fs ", m.now.Sub(t0).Seconds())+fmt.Sprintf(f, a...))
+}
+
+// toldStep checks that a leader tells each rank's steps as its story: in order,
+// once each, and a step after those it implies (acked, armed, recording) unless
+// the rank's end was told first.
+func (m *model) toldStep(l *mleader, rank int, step pb.Step) {
+	if l.told == nil {
+		l.told = map[int][]pb.Step{}
+	}
+	prev := l.told[rank]
+	o := window.StepOrder(step)
+	for _, p := range prev {
+		if po := window.StepOrder(p); po > o || po == o && (o < window.EndOrder || p == step) {
+			m.fatalf("leader %d told rank %d %s after %v", l.n, rank, window.StepName(step), prev)
+		}
+	}
+	ended := slices.ContainsFunc(prev, func(p pb.Step) bool { return window.StepOrder(p) == window.EndOrder })
+	if !ended && (step == pb.Step_STEP_UPLOADED || o < window.EndOrder && step != pb.Step_STEP_STOPPING) {
+		for _, implied := range []pb.Step{pb.Step_STEP_ACKED, pb.Step_STEP_ARMED, pb.Step_STEP_RECORDING} {
+			if window.StepOrder(implied) < o && !slices.Contains(prev, implied) && !slices.Contains(prev, pb.Step_STEP_STOPPING) {
+				m.fatalf("leader %d told rank %d %s before %s (%v)", l.n, rank, window.StepName(step), window.StepName(implied), prev)
+			}
+		}
+	}
+	l.told[rank] = append(prev, step)
+	m.trace("told rank %d %s", rank, window.StepName(step))
 }
 
 func (m *model) fatalf(f string, a ...any) {
@@ -437,7 +465,7 @@ func (m *model) recover(l *mleader) {
 	if c != nil {
 		// its commit is there and its outcome is not: the window's own state
 		w := window.Recover(window.Resume{Config: cfg, At: m.now})
-		l.w = w
+		l.w, l.told = w, nil
 		m.trace("leader %d takes over a committed window (%+v)", l.n, *c)
 		m.exec(l, w.Step(window.Publication{At: m.now, Held: c}))
 		return
@@ -463,7 +491,7 @@ func (m *model) recover(l *mleader) {
 		found[r.id] = f
 	}
 	w := window.Recover(window.Resume{Config: cfg, Found: found, At: m.now, RejoinGrace: 5 * time.Second})
-	l.w, l.left = w, ""
+	l.w, l.left, l.told = w, "", nil // a window taken over anew tells its story anew
 	m.trace("leader %d takes the window over", l.n)
 	m.exec(l, w.Step(window.Tick{At: m.now, IsMember: func(r int) bool { return !m.ranks[r].dead }}))
 }
@@ -511,6 +539,9 @@ func (m *model) exec(l *mleader, fx []window.Effect) {
 		w := l.w
 		switch e := f.(type) {
 		case window.Tell:
+			if e.Rank >= 0 {
+				m.toldStep(l, e.Rank, e.Step)
+			}
 		case window.Send:
 			for _, r := range e.Ranks {
 				m.command(l.n, r)

@@ -64,6 +64,15 @@ type Status struct {
 	Result  *pb.RankResult // its snapshot of that window, once stored
 	Spooled bool           // this window's snapshot waits in its spool for the store
 	Term    uint64         // the newest term it has seen
+	Seen    uint64         // the newest window id it has seen at all
+}
+
+// neverHeard reports whether a rank whose status is st never heard of window w
+// and can still record it: the leader that planned w died before its command
+// reached the rank, or the rank's agent restarted before w began. Such a rank is
+// sent the command again (once).
+func neverHeard(w *Window, st *Status) bool {
+	return st.Window < w.ID && st.Seen < w.ID && st.Batch < w.Start && !st.Spooled && !w.Postmortem()
 }
 
 // Tick is the leader's clock. IsMember says whether a rank is a member of the
@@ -344,7 +353,32 @@ type stepper struct {
 
 func (s *stepper) do(e Effect) { s.fx = append(s.fx, e) }
 
+// tell tells the members waiting for the window a step of it, or of one of its
+// ranks. A rank's steps are told as its story: in order and once each, whatever
+// order they reach the leader in (a rank's progress travels apart from its ack,
+// as datagrams): one that comes after a later step was told is not told, and the
+// steps a told one implies (a rank that recorded was acked and armed; one whose
+// snapshot is stored recorded) are told before it when they were not heard of.
+// Its end is told once (a second, other end too: a snapshot stored after the
+// rank was called missing).
 func (s *stepper) tell(rank int, step pb.Step, batch int64, reason string) {
+	if r := s.w.Ranks[rank]; rank >= 0 && r != nil {
+		o, told := StepOrder(step), StepOrder(r.Told)
+		switch {
+		case o == EndOrder && step == r.Told:
+			return
+		case o < EndOrder && o <= told:
+			return
+		}
+		if told < EndOrder && (step == pb.Step_STEP_UPLOADED || o < EndOrder && step != pb.Step_STEP_STOPPING) {
+			for _, implied := range []pb.Step{pb.Step_STEP_ACKED, pb.Step_STEP_ARMED, pb.Step_STEP_RECORDING} {
+				if io := StepOrder(implied); io > told && io < o {
+					s.do(Tell{Rank: rank, Step: implied, Batch: -1})
+				}
+			}
+		}
+		r.Told = step
+	}
 	s.do(Tell{Rank: rank, Step: step, Batch: batch, Reason: reason})
 }
 
@@ -489,6 +523,17 @@ func (s *stepper) tick(t Tick) {
 	s.deadline(t.At)
 }
 
+// sendAgain sends the command, at the next tick, to a rank that never heard of
+// the window (neverHeard); it has Timers.Ack from now to take it.
+func (s *stepper) sendAgain(rank int, at time.Time) {
+	w := s.w
+	r := w.Ranks[rank]
+	r.Phase, r.Acked, r.Resent, r.RetryAt, r.LastSign, r.Gone = Expected, false, true, at, at, ""
+	if d := at.Add(w.timers.Ack); d.After(w.ackDeadline) {
+		w.ackDeadline = d
+	}
+}
+
 // resend sends the command again to the ranks that saw another leader when it
 // first arrived (their membership had not caught up). A rank that is not a
 // member at this moment is asked again at a later tick.
@@ -544,6 +589,9 @@ func (s *stepper) alive(at time.Time, sts map[int]Status, isMember func(int) boo
 				continue
 			case st.Window > w.ID && !pm && !st.Spooled:
 				s.miss(rank, fmt.Sprintf("moved on to window %d", st.Window), pb.Step_STEP_MISSING)
+				continue
+			case neverHeard(w, &st) && !r.Resent:
+				s.sendAgain(rank, at)
 				continue
 			case (r.Acked || r.Phase == Recording || r.Phase == Spooled) && st.Window < w.ID && !pm && !st.Spooled:
 				// it took the window, and its agent no longer knows it: the agent

@@ -100,6 +100,8 @@ type Rank struct {
 	Phase  RankPhase
 	Acked  bool
 	Step   pb.Step        // the rank's own last word about the window
+	Told   pb.Step        // the last of its steps told to the members waiting
+	Resent bool           // it never heard of the window, and was sent it again
 	Batch  int64          // its trainer's batch, as last heard
 	Reason string         // why it is missing or left out
 	Result *pb.RankResult // its snapshot once stored (or why it could not be)
@@ -241,6 +243,9 @@ func Recover(r Resume) *Window {
 			s.Phase, s.Batch, s.Step, s.Acked = Recording, st.Batch, st.Step, true
 		case st != nil && st.Window == w.ID:
 			s.Phase, s.Reason = Missing, "the window ended on the rank without a snapshot ("+StepName(st.Step)+")"
+		case st != nil && neverHeard(w, st) && r.At.Before(w.Deadline):
+			s.Batch = st.Batch
+			(&stepper{w: w}).sendAgain(rank, r.At)
 		case st == nil && r.At.Before(w.Deadline):
 			// not a member now, but it may be rejoining (a restarted member's
 			// name is taken for dead a moment): it has RejoinGrace from when it
@@ -268,6 +273,33 @@ func terminal(s pb.Step) bool {
 
 // StepName is a step as people read it ("recording", "planned").
 func StepName(s pb.Step) string { return pb.Name(s) }
+
+// StepOrder orders a rank's steps in a window, as they happen: queued, sent,
+// acked, armed, recording (or stopping), spooled (or partial), then its end
+// (uploaded, missed, failed, ...), which all share the last place (EndOrder).
+// Steps of the window as a whole are 0.
+func StepOrder(s pb.Step) int {
+	switch s {
+	case pb.Step_STEP_QUEUED:
+		return 1
+	case pb.Step_STEP_SENT:
+		return 2
+	case pb.Step_STEP_ACKED:
+		return 3
+	case pb.Step_STEP_ARMED:
+		return 4
+	case pb.Step_STEP_RECORDING, pb.Step_STEP_STOPPING:
+		return 5
+	case pb.Step_STEP_SPOOLED, pb.Step_STEP_PARTIAL:
+		return 6
+	case pb.Step_STEP_UPLOADED, pb.Step_STEP_MISSED, pb.Step_STEP_PASSED, pb.Step_STEP_FAILED, pb.Step_STEP_CANCELLED, pb.Step_STEP_REFUSED, pb.Step_STEP_MISSING:
+		return EndOrder
+	}
+	return 0
+}
+
+// EndOrder is StepOrder of a rank's last step in a window.
+const EndOrder = 7
 
 // Config starts a window.
 type Config struct {

@@ -424,6 +424,11 @@ type Envelope struct {
 	Seq        uint64                 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`                             // pairs a reply with its request: a random number (0: none)
 	Term       uint64                 `protobuf:"varint,5,opt,name=term,proto3" json:"term,omitempty"`                           // the sender's leadership term, on commands from a leader
 	ReplyAddr  string                 `protobuf:"bytes,6,opt,name=reply_addr,json=replyAddr,proto3" json:"reply_addr,omitempty"` // host:port the sender answers at, for a member not known yet
+	// order is a leader's message's place (1, 2, ...) in what it tells one member
+	// about one request: its acks, the window's steps, its answer and result. Each
+	// travels on a stream of its own and may overtake the one before; the member
+	// hears them in this order (0: not ordered).
+	Order uint64 `protobuf:"varint,7,opt,name=order,proto3" json:"order,omitempty"`
 	// Types that are valid to be assigned to Body:
 	//
 	//	*Envelope_StatusRequest
@@ -513,6 +518,13 @@ func (x *Envelope) GetReplyAddr() string {
 		return x.ReplyAddr
 	}
 	return ""
+}
+
+func (x *Envelope) GetOrder() uint64 {
+	if x != nil {
+		return x.Order
+	}
+	return 0
 }
 
 func (x *Envelope) GetBody() isEnvelope_Body {
@@ -1801,7 +1813,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"lastWindow\x12\x1a\n" +
 	"\bhostname\x18\t \x01(\tR\bhostname\x12\x12\n" +
 	"\x04term\x18\f \x01(\x04R\x04termJ\x04\b\n" +
-	"\x10\vJ\x04\b\v\x10\f\"\x98\x06\n" +
+	"\x10\vJ\x04\b\v\x10\f\"\xae\x06\n" +
 	"\bEnvelope\x12\x1f\n" +
 	"\vsender_rank\x18\x01 \x01(\x05R\n" +
 	"senderRank\x12\x1b\n" +
@@ -1810,7 +1822,8 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04term\x18\x05 \x01(\x04R\x04term\x12\x1d\n" +
 	"\n" +
-	"reply_addr\x18\x06 \x01(\tR\treplyAddr\x12B\n" +
+	"reply_addr\x18\x06 \x01(\tR\treplyAddr\x12\x14\n" +
+	"\x05order\x18\a \x01(\x04R\x05order\x12B\n" +
 	"\x0estatus_request\x18\n" +
 	" \x01(\v2\x19.memsnap.v1.StatusRequestH\x00R\rstatusRequest\x12,\n" +
 	"\x06status\x18\v \x01(\v2\x12.memsnap.v1.StatusH\x00R\x06status\x12&\n" +
