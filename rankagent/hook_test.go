@@ -107,3 +107,30 @@ func TestHookInstalledWithPip(t *testing.T) {
 		t.Fatalf("the hook's tests against the installed copy: %v\n%s", err, out)
 	}
 }
+
+// TestHookInstalledEditable: `pip install -e ./hook` (PEP 660, offline) makes
+// `import memsnap_hook` the source file itself, so an edit is seen at once.
+func TestHookInstalledEditable(t *testing.T) {
+	py := testutil.Python(t)
+	venv := filepath.Join(t.TempDir(), "venv")
+	if out, err := exec.Command(py, "-m", "venv", venv).CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("python3 -m venv: %v\n%s", err, out)
+		}
+		t.Skipf("no venv module (Debian: python3-venv): %v", err)
+	}
+	vpy := filepath.Join(venv, "bin", "python")
+	if out, err := exec.Command(vpy, "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "-e", "./hook").CombinedOutput(); err != nil {
+		t.Fatalf("pip install -e ./hook: %v\n%s", err, out)
+	}
+	src, err := filepath.Abs(filepath.Join("hook", "memsnap_hook.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(vpy, "-c", "import memsnap_hook; print(memsnap_hook.__file__)")
+	cmd.Dir = t.TempDir() // not beside the source
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != src {
+		t.Fatalf("import memsnap_hook: %v %s (want %s)", err, out, src)
+	}
+}

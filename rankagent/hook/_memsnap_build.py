@@ -42,14 +42,29 @@ def _record_line(name, data):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    filename = "%s-%s-py3-none-any.whl" % (DIST, VERSION)
-    info = "%s-%s.dist-info" % (DIST, VERSION)
     files = []
     for m in MODULES:
         with open(os.path.join(HERE, m), "rb") as f:
             files.append((m, f.read()))
-    files += [(info + "/METADATA", METADATA.encode()), (info + "/WHEEL", WHEEL.encode()),
-              (info + "/top_level.txt", b"memsnap_hook\n")]
+    return _write_wheel(wheel_directory, files)
+
+
+def get_requires_for_build_editable(config_settings=None):
+    return []
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    """`pip install -e ./rankagent/hook` (PEP 660): a wheel whose .pth file puts
+    this folder on sys.path, so `import memsnap_hook` is the source file itself."""
+    pth = ("__editable__.%s.pth" % DIST, (HERE + "\n").encode())
+    return _write_wheel(wheel_directory, [pth])
+
+
+def _write_wheel(wheel_directory, files):
+    filename = "%s-%s-py3-none-any.whl" % (DIST, VERSION)
+    info = "%s-%s.dist-info" % (DIST, VERSION)
+    files = list(files) + [(info + "/METADATA", METADATA.encode()), (info + "/WHEEL", WHEEL.encode()),
+                           (info + "/top_level.txt", b"memsnap_hook\n")]
     record = [_record_line(n, d) for n, d in files] + [info + "/RECORD,,"]
     files.append((info + "/RECORD", ("\n".join(record) + "\n").encode()))
     with zipfile.ZipFile(os.path.join(wheel_directory, filename), "w", zipfile.ZIP_DEFLATED) as z:

@@ -43,6 +43,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 import weakref
 
 __all__ = [
@@ -297,6 +298,15 @@ class Hook:
         autograd makes them (torch 2.1's post-accumulate-grad hooks), so a
         trainer that frees them before the window ends is still understood. Only
         weak references are kept; call again when they change."""
+        if model is not None and not callable(getattr(model, "named_parameters", None)):
+            _warn_once("watch-model:" + type(model).__name__,
+                       "memsnap_hook.watch: %s is not a torch.nn.Module (it has no named_parameters): its parameters "
+                       "and gradients are not told apart in snapshots" % _type_name(model))
+        for o in optimizers:
+            if o is not None and not isinstance(getattr(o, "param_groups", None), (list, tuple)):
+                _warn_once("watch-opt:" + type(o).__name__,
+                           "memsnap_hook.watch: %s is not a torch optimizer (it has no param_groups): its state is "
+                           "not told apart in snapshots" % _type_name(o))
         self._watched = (_ref(model) if model is not None else None, [_ref(o) for o in optimizers if o is not None])
         return self
 
@@ -977,13 +987,56 @@ _default_lock = threading.Lock()
 
 
 def get_hook():
-    """The process-wide hook, created on first use."""
+    """The process-wide hook, created on first use (the first step): it warns
+    then, once, of what would keep every window from being recorded."""
     global _default
     if _default is None:
         with _default_lock:
             if _default is None:
                 _default = Hook()
+                _check_setup(_default)
     return _default
+
+
+_warned = set()
+
+
+def _warn_once(key, msg):
+    """A RuntimeWarning, once per process and key, pointing at the trainer's call."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    level, f = 2, sys._getframe(1)  # level 1 is this function
+    while f is not None and f.f_globals.get("__name__") == __name__:
+        level, f = level + 1, f.f_back
+    warnings.warn(msg, RuntimeWarning, stacklevel=level)
+
+
+def _type_name(o):
+    t = type(o)
+    return "%s.%s" % (t.__module__, t.__qualname__) if t.__module__ not in ("builtins", "__main__") else t.__qualname__
+
+
+def _check_setup(hook):
+    """Warn (once) of what keeps windows from being recorded: torch that cannot be
+    imported, or no agent at the socket. Training goes on in either case."""
+    mod = sys.modules.get("torch", False)
+    missing = mod is None  # (None: importing it is known to fail)
+    if mod is False:
+        try:
+            import importlib.util
+            missing = importlib.util.find_spec("torch") is None
+        except Exception:
+            missing = False
+    if missing:
+        _warn_once("torch", "memsnap: torch cannot be imported in this process: no window can be recorded "
+                            "(the agent hears 'could not start recording' for each)")
+    if not _agent_present(hook.socket_path):
+        where = "$MEMSNAP_SOCKET" if os.environ.get("MEMSNAP_SOCKET") else \
+            "the default path for this run and local rank; $MEMSNAP_SOCKET is not set"
+        _warn_once("agent", "memsnap: no agent listens at %s (%s): training goes on unrecorded, and the hook "
+                            "connects when one does (run the trainer under `memsnap agent ... -- python train.py`, "
+                            "which sets MEMSNAP_SOCKET)" % (hook.socket_path, where))
 
 
 def watch(model=None, *optimizers):
@@ -1136,19 +1189,35 @@ def composer_callback(**kwargs):
 
 
 class _LightningLike:
+    """Numbers batches by the trainer's ``global_step`` (restored with a
+    checkpoint, so a resumed or requeued job goes on counting where it stopped);
+    with gradient accumulation over k batches, batch ``global_step * k + i`` for
+    the i-th batch of the step. Without a global_step, it counts batches itself."""
+
     def __init__(self, hook=None):
         self._hook, self._n = hook, 0
+        self._b = -1
         self._watching = None
+
+    def _batch(self, trainer, batch_idx):
+        gs = getattr(trainer, "global_step", None)
+        if not isinstance(gs, int) or isinstance(gs, bool) or gs < 0:
+            return self._n
+        acc = getattr(trainer, "accumulate_grad_batches", 1)
+        if isinstance(acc, int) and not isinstance(acc, bool) and acc > 1 and isinstance(batch_idx, int):
+            return gs * acc + batch_idx % acc
+        return gs
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx, *args):
         h = self._hook or get_hook()
         if pl_module is not None and not _same(self._watching, pl_module):
             self._watching = _ref(pl_module)
             h.watch(pl_module, *(getattr(trainer, "optimizers", None) or []))
-        h.batch_start(self._n)
+        self._b = self._batch(trainer, batch_idx)
+        h.batch_start(self._b)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
-        (self._hook or get_hook()).batch_end(self._n)
+        (self._hook or get_hook()).batch_end(self._b)
         self._n += 1
 
 

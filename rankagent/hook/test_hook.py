@@ -344,6 +344,98 @@ class WatchTest(unittest.TestCase):
         self.assertEqual(hook2._tensors()["tensors"], [[0x1000, 4096, "parameter", "(model)"]])
 
 
+class EarlyWarningTest(unittest.TestCase):
+    """What keeps windows from being recorded is said at the first step, once, as
+    a RuntimeWarning at the trainer's own line."""
+
+    def run_trainer(self, code, env=None):
+        e = dict(os.environ, PYTHONPATH=os.pathsep.join(SRC + [os.path.join(HERE, "testdata", "faketorch")]))
+        e.update(env or {})
+        return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60)
+
+    def test_no_agent_is_said_at_the_first_step(self):
+        sock = os.path.join(tempfile.mkdtemp(prefix="msh"), "none.sock")
+        r = self.run_trainer("import memsnap_hook\nfor b in range(3):\n    memsnap_hook.batch_start(b); memsnap_hook.batch_end(b)\n",
+                             {"MEMSNAP_SOCKET": sock})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr.count("RuntimeWarning: memsnap: no agent listens at " + sock + " ($MEMSNAP_SOCKET)"), 1, r.stderr)
+        self.assertIn("<string>:3: RuntimeWarning", r.stderr)  # the trainer's line: its first batch_start
+        r = self.run_trainer("import memsnap_hook\nmemsnap_hook.batch_start(0)\n", {"MEMSNAP_SOCKET": ""})
+        self.assertIn("$MEMSNAP_SOCKET is not set", r.stderr)
+
+    def test_an_agent_present_is_no_warning(self):
+        agent = FakeAgent()
+        try:
+            r = self.run_trainer("import memsnap_hook\nmemsnap_hook.batch_start(0)\n", {"MEMSNAP_SOCKET": agent.path})
+        finally:
+            agent.close()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("Warning", r.stderr)
+
+    def test_no_torch_is_said_at_the_first_step(self):
+        agent = FakeAgent()
+        try:
+            r = self.run_trainer("import sys\nsys.modules['torch'] = None\nimport memsnap_hook\nmemsnap_hook.batch_start(0)\n",
+                                 {"MEMSNAP_SOCKET": agent.path})
+        finally:
+            agent.close()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("RuntimeWarning: memsnap: torch cannot be imported", r.stderr)
+        self.assertNotIn("no agent", r.stderr)
+
+    def test_watch_of_what_is_no_model_is_said_once(self):
+        import warnings
+        hook = memsnap_hook.Hook(connect=False)
+
+        class NotAModel:
+            pass
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            hook.watch(NotAModel(), object())
+            hook.watch(NotAModel(), object())
+            hook.watch(FakeModel([]), FakeOptimizer([], {}))
+        msgs = [str(w.message) for w in got]
+        self.assertEqual(len(msgs), 2, msgs)
+        self.assertIn("NotAModel is not a torch.nn.Module", msgs[0])
+        self.assertIn("object is not a torch optimizer", msgs[1])
+        self.assertEqual(got[0].filename, os.path.abspath(__file__).replace(".pyc", ".py"))
+
+
+class LightningNumberingTest(unittest.TestCase):
+    def test_batches_are_numbered_by_global_step(self):
+        hook = memsnap_hook.Hook(connect=False)
+        lc = memsnap_hook.lightning_callback(hook)
+
+        class Trainer:
+            optimizers = []
+            global_step = 120  # resumed from a checkpoint
+            accumulate_grad_batches = 1
+        t = Trainer()
+        seen = []
+        for i in range(3):
+            lc.on_train_batch_start(t, None, None, i)
+            seen.append(hook._batch)
+            t.global_step += 1  # the optimizer steps before the batch ends
+            lc.on_train_batch_end(t, None, None, None, i)
+        self.assertEqual(seen, [120, 121, 122])
+        # accumulating 4 batches a step: global_step * 4 + the batch's place in it
+        t.global_step, t.accumulate_grad_batches, seen = 10, 4, []
+        for i in range(8):
+            lc.on_train_batch_start(t, None, None, i)
+            seen.append(hook._batch)
+            if i % 4 == 3:
+                t.global_step += 1
+            lc.on_train_batch_end(t, None, None, None, i)
+        self.assertEqual(seen, list(range(40, 48)))
+        # a trainer without a global_step: counted by the callback
+        lc2 = memsnap_hook.lightning_callback(memsnap_hook.Hook(connect=False))
+
+        class Bare:
+            optimizers = []
+        lc2.on_train_batch_start(Bare(), None, None, 0)
+        self.assertEqual(lc2._b, 0)
+
+
 class HookTest(unittest.TestCase):
     def setUp(self):
         torch.calls.clear()
