@@ -64,18 +64,26 @@ var hostEnv = netEnv{
 // name, else the first whose name starts with it), or else the local address the
 // host would send from to reach the first join target that resolves (the source
 // of its route there, so a host with several interfaces, or with an IPv4 address
-// outside the private ranges, advertises the one that reaches the job). It
-// returns "" when there is nothing to go by (memberlist then picks), and says how
-// it chose.
-func AdvertiseAddr(join []string, iface string) (ip, how string, err error) {
+// outside the private ranges, advertises the one that reaches the job). With no
+// join target that resolves and routes, it takes the source of the default route
+// (IPv4 first), else the first global address of an interface that is up (IPv4
+// first, public addresses too); settled is then false: a join name that resolves
+// later (a Kubernetes pod starts before its headless Service lists it) may call
+// for another choice. It returns "" when there is nothing to go by (memberlist
+// then picks), and says how it chose.
+func AdvertiseAddr(join []string, iface string) (ip, how string, settled bool, err error) {
 	return hostEnv.advertise(join, iface)
 }
 
-func (e netEnv) advertise(join []string, iface string) (string, string, error) {
+// defaultRoutes are addresses whose route is the host's default one (nothing is
+// sent to them: the kernel is only asked which source it would use).
+var defaultRoutes = []net.IP{net.ParseIP("192.0.2.1"), net.ParseIP("2001:db8::1")}
+
+func (e netEnv) advertise(join []string, iface string) (string, string, bool, error) {
 	if iface != "" {
 		ifs, err := e.ifaces()
 		if err != nil {
-			return "", "", fmt.Errorf("coordinator: listing the interfaces: %w", err)
+			return "", "", false, fmt.Errorf("coordinator: listing the interfaces: %w", err)
 		}
 		f, ok := pickIface(ifs, iface)
 		if !ok {
@@ -83,9 +91,9 @@ func (e netEnv) advertise(join []string, iface string) (string, string, error) {
 			for _, i := range ifs {
 				names = append(names, i.Name)
 			}
-			return "", "", fmt.Errorf("coordinator: no interface named %q is up with an address (there are: %s)", iface, strings.Join(names, ", "))
+			return "", "", false, fmt.Errorf("coordinator: no interface named %q is up with an address (there are: %s)", iface, strings.Join(names, ", "))
 		}
-		return f.addr.String(), fmt.Sprintf("interface %s", f.name), nil
+		return f.addr.String(), fmt.Sprintf("interface %s", f.name), true, nil
 	}
 	for _, j := range join {
 		host, _, err := net.SplitHostPort(j)
@@ -103,10 +111,44 @@ func (e netEnv) advertise(join []string, iface string) (string, string, error) {
 			if err != nil || src == nil || src.IsUnspecified() {
 				continue
 			}
-			return src.String(), fmt.Sprintf("the route to %s (%s)", target, j), nil
+			return src.String(), fmt.Sprintf("the route to %s (%s)", target, j), true, nil
 		}
 	}
-	return "", "", nil
+	why := "no join target resolves yet"
+	if len(join) == 0 {
+		why = "no join target"
+	}
+	settled := len(join) == 0 // nothing to resolve later
+	for _, d := range defaultRoutes {
+		if src, err := e.route(d); err == nil && src != nil && !src.IsUnspecified() && !src.IsLoopback() {
+			return src.String(), fmt.Sprintf("the default route (%s)", why), settled, nil
+		}
+	}
+	if ifs, err := e.ifaces(); err == nil {
+		if f, ok := firstGlobal(ifs); ok {
+			return f.addr.String(), fmt.Sprintf("interface %s, the first up with a global address (%s, and no default route)", f.name, why), settled, nil
+		}
+	}
+	return "", "", settled, nil
+}
+
+// firstGlobal is the first interface that is up with a global address (IPv4
+// first, private or public), loopback excluded.
+func firstGlobal(ifs []Iface) (picked, bool) {
+	for _, v4 := range []bool{true, false} {
+		for _, f := range ifs {
+			if !f.Up {
+				continue
+			}
+			for _, a := range f.Addrs {
+				if a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() || a.IsMulticast() || (a.To4() != nil) != v4 {
+					continue
+				}
+				return picked{f.Name, a}, true
+			}
+		}
+	}
+	return picked{}, false
 }
 
 type picked struct {

@@ -2,9 +2,16 @@ package coordinator
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/rankagent"
 )
 
 // stubHost is a host with an Ethernet address outside the private ranges, an
@@ -47,13 +54,30 @@ func stubHost() netEnv {
 // TestAdvertiseAddr: the address advertised is the one that reaches the job:
 // the source of the route to the join target (not the IPv6 ULA memberlist
 // would pick on a host whose IPv4 address is not private), an interface named
-// as NCCL_SOCKET_IFNAME names one, or nothing to go by.
+// as NCCL_SOCKET_IFNAME names one, or, with no join target that resolves and
+// routes, the default route's source (a public IPv4 address too), else the first
+// interface up with a global address; a choice made without a join target to go
+// by is not settled while there is one to resolve later.
 func TestAdvertiseAddr(t *testing.T) {
 	h := stubHost()
+	noRoute := stubHost()
+	noRoute.route = func(ip net.IP) (net.IP, error) { return nil, errors.New("network is unreachable") }
+	onlyULA := stubHost()
+	onlyULA.route = noRoute.route
+	onlyULA.ifaces = func() ([]Iface, error) {
+		return []Iface{{Name: "lo", Up: true, Addrs: []net.IP{net.ParseIP("127.0.0.1")}}, {Name: "ula0", Up: true, Addrs: []net.IP{net.ParseIP("fe80::9"), net.ParseIP("fd00::3")}}}, nil
+	}
+	onlyLo := stubHost()
+	onlyLo.route = noRoute.route
+	onlyLo.ifaces = func() ([]Iface, error) {
+		return []Iface{{Name: "lo", Up: true, Addrs: []net.IP{net.ParseIP("127.0.0.1")}}}, nil
+	}
 	for _, c := range []struct {
+		host        netEnv
 		join        []string
 		iface       string
 		want, how   string
+		unsettled   bool
 		errContains string
 	}{
 		{join: []string{"203.0.113.1:7946"}, want: "203.0.113.7", how: "route to 203.0.113.1"},
@@ -61,8 +85,13 @@ func TestAdvertiseAddr(t *testing.T) {
 		{join: []string{"head-ib:7946"}, want: "10.1.0.5", how: "route to 10.1.0.1"},
 		{join: []string{"nowhere:7946", "10.1.2.3:7946"}, want: "10.1.0.5"}, // the first that resolves
 		{join: []string{"127.0.0.1:7946"}, want: "127.0.0.1"},
-		{join: []string{"[fd00::1]:7946"}, want: ""}, // no route: memberlist picks
-		{join: nil, want: ""},
+		// no join target to go by: the default route's source, chosen again later
+		{join: []string{"[fd00::1]:7946"}, want: "203.0.113.7", how: "the default route (no join target resolves yet)", unsettled: true},
+		{join: []string{"nowhere:7946"}, want: "203.0.113.7", how: "the default route", unsettled: true},
+		{join: nil, want: "203.0.113.7", how: "the default route (no join target)"},
+		{host: noRoute, join: []string{"nowhere:7946"}, want: "203.0.113.7", how: "interface eth0, the first up with a global address", unsettled: true},
+		{host: onlyULA, want: "fd00::3", how: "interface ula0"},
+		{host: onlyLo, want: ""}, // nothing to go by: memberlist picks
 		{join: []string{"head:7946"}, iface: "ib0", want: "10.1.0.5", how: "interface ib0"},
 		{iface: "ib", want: "10.1.0.5", how: "interface ib0"},           // a prefix, as NCCL_SOCKET_IFNAME
 		{iface: "eth0", want: "203.0.113.7", how: "interface eth0"},     // IPv4 before the ULA
@@ -70,15 +99,59 @@ func TestAdvertiseAddr(t *testing.T) {
 		{iface: "eth1", errContains: `no interface named "eth1" is up`}, // down
 		{iface: "wlan", errContains: "there are: lo, eth0"},
 	} {
-		ip, how, err := h.advertise(c.join, c.iface)
+		host := h
+		if c.host.route != nil {
+			host = c.host
+		}
+		ip, how, settled, err := host.advertise(c.join, c.iface)
 		if c.errContains != "" {
 			if err == nil || !strings.Contains(err.Error(), c.errContains) {
 				t.Errorf("%v %q: err %v, want %q", c.join, c.iface, err, c.errContains)
 			}
 			continue
 		}
-		if err != nil || ip != c.want || !strings.Contains(how, c.how) {
-			t.Errorf("%v %q: %q (%s) %v, want %q (%s)", c.join, c.iface, ip, how, err, c.want, c.how)
+		if err != nil || ip != c.want || !strings.Contains(how, c.how) || settled == c.unsettled {
+			t.Errorf("%v %q: %q (%s, settled %v) %v, want %q (%s, settled %v)", c.join, c.iface, ip, how, settled, err, c.want, c.how, !c.unsettled)
 		}
+	}
+}
+
+// TestReadvertiseOnceTheJoinTargetResolves: a member whose address was chosen
+// before its join target resolved (here: one nobody can reach it at, as the IPv6
+// ULA memberlist picks) chooses again once it does, restarts gossip on that
+// address, and forms a cluster whose windows it records. Real memberlist over
+// loopback: rank 1 binds 127.0.0.2 and first advertises 127.0.0.3.
+func TestReadvertiseOnceTheJoinTargetResolves(t *testing.T) {
+	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5}
+	base := testutil.FreePorts(t, 2)
+	ports := []int{base, base + 1}
+	var resolves atomic.Bool
+	var asked atomic.Int32
+	tc.startRank(1, 2, func(c *Config, a *rankagent.Config) {
+		c.Memberlist.BindAddr, c.Memberlist.AdvertiseAddr = "127.0.0.2", "127.0.0.3"
+		c.Memberlist.BindPort, c.Memberlist.AdvertisePort = ports[1], ports[1]
+		c.Join = []string{fmt.Sprintf("127.0.0.1:%d", ports[0])}
+		c.Readvertise = func() (string, string) {
+			asked.Add(1)
+			if !resolves.Load() {
+				return "", ""
+			}
+			return "127.0.0.2", "the route to 127.0.0.1 (the join name, resolved now)"
+		}
+	})
+	testutil.Eventually(t, 30*time.Second, "rank 1 to ask for its address while its join target does not answer", func() bool { return asked.Load() >= 2 })
+	resolves.Store(true)
+	tc.startRank(0, 2, func(c *Config, a *rankagent.Config) {
+		c.Memberlist.BindPort, c.Memberlist.AdvertisePort = ports[0], ports[0]
+		c.Join = nil
+	})
+	testutil.Eventually(t, 60*time.Second, "both ranks to see each other at 127.0.0.2 and 127.0.0.1", func() bool {
+		return tc.ranks[1].Coord.Addr() == fmt.Sprintf("127.0.0.2:%d", ports[1]) &&
+			len(tc.ranks[0].Coord.Members()) == 2 && len(tc.ranks[1].Coord.Members()) == 2
+	})
+	tc.holding()
+	res, err := tc.client().Snapshot(testutil.Context(t, 2*time.Minute), 2, nil, nil)
+	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 1]" {
+		t.Fatalf("a window of both ranks: %+v %v", res, err)
 	}
 }

@@ -91,6 +91,14 @@ type Config struct {
 	// why no member answered (no agent at an address, another key, another run);
 	// zero retries until Run's context ends (agents: a rank may start first).
 	JoinTimeout time.Duration
+	// Readvertise, when set, is asked before each join attempt while this member
+	// has joined no one and no one has joined it, for the address to advertise
+	// now (ip "" : nothing better yet). It is set when the address was chosen
+	// without a join target to go by (the join name did not resolve yet: a
+	// Kubernetes pod starts before its headless Service lists it); the first
+	// answer is final, and an address other than the one advertised restarts
+	// gossip on it (only with memberlist's own network transport).
+	Readvertise func() (ip, how string)
 	// SecretKey encrypts and authenticates all gossip and messages (16, 24 or 32
 	// bytes). A member without it, or of another run, is not admitted.
 	SecretKey []byte

@@ -240,7 +240,9 @@ func (c *Coordinator) spawn(f func()) bool {
 
 // start creates the memberlist, unless the member was shut down meanwhile.
 func (c *Coordinator) start() error {
+	c.mu.Lock()
 	ml := *c.cfg.Memberlist
+	c.mu.Unlock()
 	ml.Name = c.name
 	ml.Delegate = &delegate{c}
 	ml.Events = &events{c}
@@ -562,11 +564,12 @@ type goneMember struct {
 func (c *Coordinator) lastHeard(name string, now time.Time) time.Time {
 	c.mu.Lock()
 	g, ok := c.gone[name]
+	ml := c.cfg.Memberlist // (readvertise replaces it)
 	c.mu.Unlock()
 	if !ok {
 		return now
 	}
-	return g.lastHeard(c.cfg.Memberlist, now)
+	return g.lastHeard(ml, now)
 }
 
 func (g goneMember) lastHeard(ml *memberlist.Config, now time.Time) time.Time {

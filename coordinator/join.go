@@ -227,6 +227,17 @@ func (c *Coordinator) join(ctx context.Context) error {
 		if len(targets) == 0 {
 			return nil
 		}
+		if ask := c.cfg.Readvertise; ask != nil && m.NumMembers() <= 1 {
+			if ip, how := ask(); ip != "" {
+				c.cfg.Readvertise = nil // (only this goroutine reads it)
+				if err := c.readvertise(ip, how); err != nil {
+					return err
+				}
+				if m = c.memberlist(); m == nil {
+					return ErrStopped
+				}
+			}
+		}
 		_, err := m.Join(targets)
 		if m.NumMembers() > 1 {
 			c.log.Info("joined the cluster", "via", targets, "members", m.NumMembers())
@@ -555,4 +566,39 @@ func (c *Coordinator) probeAnswered(name, addr string, theirs int64) {
 		j.inFlight = false
 		j.mu.Unlock()
 	}
+}
+
+// readvertise restarts gossip advertising ip, when that is not the address it
+// advertises: the address was chosen before a join target resolved, and the
+// route to it now goes from ip. Nobody knows this member yet (it joined no one,
+// and no one joined it), so nothing is lost.
+func (c *Coordinator) readvertise(ip, how string) error {
+	c.mu.Lock()
+	was, custom := c.cfg.Memberlist.AdvertiseAddr, c.cfg.Memberlist.Transport != nil
+	c.mu.Unlock()
+	if ip == was {
+		return nil
+	}
+	if custom {
+		c.log.Warn("the join target routes from another address than the one advertised, and gossip runs on a transport of its own: it keeps its address", "advertise", was, "routes_from", ip)
+		return nil
+	}
+	c.lifeMu.Lock()
+	m := c.memberlist()
+	if m == nil || m.NumMembers() > 1 {
+		c.lifeMu.Unlock()
+		return nil
+	}
+	err := m.Shutdown()
+	c.lifeMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("coordinator: stopping gossip to advertise %s: %w", ip, err)
+	}
+	c.log.Info("the join target resolves now: gossip restarts on the address that routes to it", "advertise", ip, "by", how, "was", was)
+	ml := *c.cfg.Memberlist
+	ml.AdvertiseAddr = ip
+	c.mu.Lock()
+	c.cfg.Memberlist = &ml
+	c.mu.Unlock()
+	return c.start()
 }
