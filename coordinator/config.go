@@ -358,8 +358,11 @@ func LoadKey(flag, file string, getenv func(string) string) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: key file: %w", err)
 		}
-		if st.Mode().Perm()&0o077 != 0 {
-			return nil, fmt.Errorf("coordinator: key file %s is readable by others (mode %v); chmod 600 it", file, st.Mode().Perm())
+		// the owner's, and at most readable by its group (as Kubernetes' fsGroup
+		// makes a Secret's file, mode 0440): never writable by the group, never
+		// open to others
+		if st.Mode().Perm()&0o037 != 0 {
+			return nil, fmt.Errorf("coordinator: key file %s is open to others or writable by its group (mode %v); chmod 600 it (640 lets its group read it)", file, st.Mode().Perm())
 		}
 		b, err := io.ReadAll(io.LimitReader(f, 4096))
 		if err != nil {

@@ -1,7 +1,13 @@
 package coordinator
 
 import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
 	"math"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +46,41 @@ func TestProbeTimersBoundSuspicion(t *testing.T) {
 	// a client does not know the run's size: the preset's timers
 	if got := DefaultConfig(rankagent.Identity{RunName: "r", Rank: -1}).Memberlist.ProbeInterval; got != time.Second {
 		t.Errorf("a client probes every %v, want 1s", got)
+	}
+}
+
+// TestKeyFileModes: a key file is its owner's, and at most readable by its group
+// (Kubernetes' fsGroup makes a Secret's file 0440, reached through symbolic
+// links): one writable by its group, or open to others, is refused with the fix.
+func TestKeyFileModes(t *testing.T) {
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
+	dir := t.TempDir()
+	for _, c := range []struct {
+		mode os.FileMode
+		ok   bool
+	}{{0o600, true}, {0o400, true}, {0o640, true}, {0o440, true}, {0o660, false}, {0o644, false}, {0o604, false}, {0o670, false}} {
+		f := filepath.Join(dir, fmt.Sprintf("key%o", c.mode))
+		if err := os.WriteFile(f, []byte(key+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(f, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		k, err := LoadKey("", f, func(string) string { return "" })
+		if c.ok && (err != nil || len(k) != 32) {
+			t.Errorf("mode %o: %v", c.mode, err)
+		}
+		if !c.ok && (err == nil || !strings.Contains(err.Error(), "chmod 600")) {
+			t.Errorf("mode %o: accepted (%v)", c.mode, err)
+		}
+	}
+	// as a Secret volume lays it out: key -> ..data/key -> ..2026_12_05/key
+	sec := filepath.Join(dir, "secret")
+	os.MkdirAll(filepath.Join(sec, "..2026_12_05"), 0o755)
+	os.WriteFile(filepath.Join(sec, "..2026_12_05", "key"), []byte(key), 0o440)
+	os.Symlink("..2026_12_05", filepath.Join(sec, "..data"))
+	os.Symlink(filepath.Join("..data", "key"), filepath.Join(sec, "key"))
+	if k, err := LoadKey("", filepath.Join(sec, "key"), func(string) string { return "" }); err != nil || len(k) != 32 {
+		t.Fatalf("a Secret's key file: %v", err)
 	}
 }

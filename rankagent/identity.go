@@ -24,8 +24,10 @@ type Identity struct {
 
 // IdentityFromEnv reads the launcher's environment: torchrun (RANK, LOCAL_RANK,
 // WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RUN_ID), SLURM
-// (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID, SLURM_JOB_ID) or Open MPI
-// (OMPI_COMM_WORLD_*). It returns ok=false when none is set.
+// (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NODEID, SLURM_JOB_ID), Open MPI
+// (OMPI_COMM_WORLD_*) or a Kubernetes indexed Job (JOB_COMPLETION_INDEX, and
+// WORLD_SIZE when set: else the world size is 0 here, and ResolveIdentity reads
+// the Job's). It returns ok=false when none is set.
 func IdentityFromEnv(getenv func(string) string) (Identity, bool, error) {
 	if getenv == nil {
 		getenv = os.Getenv
@@ -76,11 +78,12 @@ func IdentityFromEnv(getenv func(string) string) (Identity, bool, error) {
 		set(&id.LocalWorldSize, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
 		set(&id.NodeRank, "OMPI_COMM_WORLD_NODE_RANK", 0)
 		id.RunName = mpiJobID(getenv)
-	case getenv("JOB_COMPLETION_INDEX") != "" && getenv("WORLD_SIZE") != "":
-		// a Kubernetes indexed Job: one pod per rank, the pod's index its rank
+	case getenv("JOB_COMPLETION_INDEX") != "":
+		// a Kubernetes indexed Job: one pod per rank, the pod's index its rank;
+		// without WORLD_SIZE, ResolveIdentity reads the Job's completions
 		id.Launcher = "kubernetes"
 		set(&id.Rank, "JOB_COMPLETION_INDEX", 0)
-		set(&id.WorldSize, "WORLD_SIZE", 1)
+		set(&id.WorldSize, "WORLD_SIZE", 0)
 		id.NodeRank, id.LocalRank, id.LocalWorldSize = id.Rank, 0, 1
 	default:
 		return id, false, nil
@@ -95,8 +98,14 @@ func IdentityFromEnv(getenv func(string) string) (Identity, bool, error) {
 	if chk.RunName == "" {
 		chk.RunName = "memsnap" // the default, set later
 	}
+	if chk.WorldSize == 0 && id.Launcher == "kubernetes" {
+		chk.WorldSize = chk.Rank + 1 // the Job's, read later
+	}
 	return id, true, chk.Check()
 }
+
+// readJobCompletions reads a Kubernetes Job's size (tests stand in for the API).
+var readJobCompletions = jobCompletions
 
 // mpiJobID is an Open MPI job's id, so two jobs writing to one store get run
 // names of their own: PMIx's namespace (Open MPI 5), the job id (Open MPI 4), or
@@ -194,6 +203,13 @@ func ResolveIdentity(getenv func(string) string, o Overrides) (Identity, error) 
 	}
 	if !found {
 		id = Identity{WorldSize: 1, LocalWorldSize: 1, Launcher: "flags", RunName: getenv("MEMSNAP_RUN_NAME")}
+	}
+	if id.Launcher == "kubernetes" && id.WorldSize == 0 && o.WorldSize < 0 {
+		n, err := readJobCompletions(getenv)
+		if err != nil {
+			return id, fmt.Errorf("rankagent: WORLD_SIZE is not set, and the world size could not be read from the Kubernetes Job: %w (set WORLD_SIZE or --world-size, or let the pod's service account get its Job)", err)
+		}
+		id.WorldSize = n
 	}
 	for _, f := range []struct {
 		v   int

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -17,9 +18,13 @@ import (
 type Trainer struct {
 	Command []string
 	Env     []string // added to this process's environment (MEMSNAP_SOCKET is set too)
-	Stdin   io.Reader
-	Stdout  io.Writer
-	Stderr  io.Writer
+	// Hide names variables of this process's environment the trainer does not
+	// inherit (the gossip key: the trainer and every process it starts need
+	// none of it).
+	Hide   []string
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
 	// Signals are forwarded to the trainer while it runs; one that arrives after it
 	// exited stops the wait for uploads at once.
 	Signals <-chan os.Signal
@@ -86,7 +91,13 @@ func RunWithTrainer(a *Agent, t Trainer) (Outcome, error) {
 
 	child := exec.Command(t.Command[0], t.Command[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = t.Stdin, t.Stdout, t.Stderr
-	child.Env = append(append(os.Environ(), t.Env...), "MEMSNAP_SOCKET="+a.Socket())
+	var env []string
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); !slices.Contains(t.Hide, k) {
+			env = append(env, kv)
+		}
+	}
+	child.Env = append(append(env, t.Env...), "MEMSNAP_SOCKET="+a.Socket())
 	if err := child.Start(); err != nil {
 		stop()
 		return Outcome{ExitCode: -1}, fmt.Errorf("rankagent: starting %s: %w", t.Command[0], err)

@@ -176,7 +176,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	o, err := rankagent.RunWithTrainer(a, rankagent.Trainer{Command: cmdArgs, Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
+	o, err := rankagent.RunWithTrainer(a, rankagent.Trainer{Command: cmdArgs, Stdin: os.Stdin, Stdout: stdout, Stderr: stderr, Hide: []string{coordinator.KeyEnv},
 		Signals: sigs, DrainTimeout: *drain, Run: runAll, Idle: idle, Unfinished: unfinished, OnExit: func(code int) {
 			if !a.Idle() {
 				log.Info("the trainer exited; waiting for uploads (Ctrl-C stops the wait)", "status", code, "timeout", *drain)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/testutil"
 )
 
@@ -43,5 +44,12 @@ func TestAgentCommandLaunchesTrainer(t *testing.T) {
 	code, _, _ = runCLI(t, "agent", "--standalone", "--store", storeDir, "--spool", spool, "--socket", filepath.Join(sockDir, "s2"), "--", "sh", "-c", "exit 3")
 	if code != 3 {
 		t.Fatalf("exit status %d, want 3", code)
+	}
+	// the trainer (and whatever it starts) does not inherit the gossip key
+	t.Setenv(coordinator.KeyEnv, "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTEyMzQ=")
+	code, out, errOut := runCLI(t, "agent", "--standalone", "--store", storeDir, "--spool", spool, "--socket", filepath.Join(sockDir, "s3"),
+		"--", "sh", "-c", `echo "key=[$MEMSNAP_KEY] socket=[$MEMSNAP_SOCKET]"`)
+	if code != 0 || !strings.Contains(out, "key=[] socket=["+filepath.Join(sockDir, "s3")+"]") {
+		t.Fatalf("the trainer's environment: %d %q %s", code, out, errOut)
 	}
 }

@@ -58,7 +58,7 @@ func (f *memberFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.iface, "iface", os.Getenv(coordinator.IfaceEnv), "advertise this interface's address (a name, or a prefix as NCCL_SOCKET_IFNAME takes; default $"+coordinator.IfaceEnv+")")
 	fs.IntVar(&f.port, "gossip-port", -1, fmt.Sprintf("the base gossip port: local rank L listens on it + L, and a host to join without a port is tried at it + 0 ... + local world size - 1 (default %d; 0 picks a free port)", coordinator.DefaultGossipPort))
 	fs.StringVar(&f.key, "key", "", "the gossip key, base64 (default: --key-file, or $"+coordinator.KeyEnv+"; make one with memsnap keygen)")
-	fs.StringVar(&f.keyFile, "key-file", "", "a file holding the gossip key (mode 600)")
+	fs.StringVar(&f.keyFile, "key-file", "", "a file holding the gossip key (mode 600, or 640: its group may read it)")
 	fs.BoolVar(&f.insecure, "insecure", false, "run without a gossip key: no encryption, anyone who reaches the port can join")
 }
 
