@@ -38,6 +38,12 @@ type htmlData struct {
 	Outliers  []int      `json:"outliers"` // ranks drawn on their own in band mode
 	Median    int        `json:"median"`   // the median rank, -1 when there is none
 	SiteNames []string   `json:"site_names,omitempty"`
+	// Axis is the x axis the chart opens on: "batch" when the ranks' batches
+	// share no moment of wall time (a rank that lags far behind the others would
+	// squeeze every curve to the chart's edges), else "time"; AxisWhy says why
+	// it is batch.
+	Axis    string `json:"axis"`
+	AxisWhy string `json:"axis_why,omitempty"`
 }
 
 // htmlRank is one rank's data for the chart.
@@ -81,6 +87,10 @@ type htmlView struct {
 	// Cats are the shown ranks' categories at their peaks; CatNames the columns
 	Cats     []htmlCats
 	CatNames []string
+	// NoneWatched: no shown rank's trainer called watch (said once, not per row)
+	NoneWatched bool
+	// AxisWhy says why the chart opens on the batch axis
+	AxisWhy string
 }
 
 type htmlCats struct {
@@ -136,7 +146,7 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 	if err != nil {
 		return err
 	}
-	v := htmlView{Title: title, S: s, DataJS: template.JS(js), Band: d.Band}
+	v := htmlView{Title: title, S: s, DataJS: template.JS(js), Band: d.Band, AxisWhy: d.AxisWhy}
 	if len(s.MissingRanks) > 0 {
 		v.Missing = fmt.Sprint(s.MissingRanks)
 		for _, r := range s.MissingRanks {
@@ -161,7 +171,7 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 		}
 	}
 	t0 := firstEvent(s)
-	shown := func(r int) bool { return !d.Band || r == d.Median || (s.Spread != nil && r == s.Spread.OutlierRank) }
+	shown := func(r int) bool { return !d.Band || r == d.Median || s.Spread.IsOutlier(r) }
 	for _, r := range s.Ranks {
 		row := peakRow(s, r, t0)
 		v.Rows = append(v.Rows, row)
@@ -184,6 +194,7 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 			v.Batches = append(v.Batches, htmlBatches{Rank: r.Rank, Figures: r.BatchFigures})
 		}
 	}
+	v.NoneWatched = len(v.Cats) > 0 && !slices.ContainsFunc(v.Cats, func(c htmlCats) bool { return c.Watched })
 	// the template writes a piece at a time, 57 bytes on average: unbuffered, a
 	// 1,024-rank report was some 30,000 writes to its file, and a leader whose
 	// goroutine gave its core up at each one (a simulated cluster busy with a
@@ -210,7 +221,7 @@ func peakRow(s *Summary, r RankSummary, t0 int64) htmlRow {
 	}
 	if s.Spread != nil && s.Spread.MedianPeakAllocatedBytes > 0 {
 		row.VsMedian = fmt.Sprintf("%.3f×", float64(r.PeakAllocatedBytes)/float64(s.Spread.MedianPeakAllocatedBytes))
-		row.Outlier = r.Rank == s.Spread.OutlierRank && len(s.Ranks) > 1
+		row.Outlier = s.Spread.IsOutlier(r.Rank) && len(s.Ranks) > 1
 	}
 	return row
 }
@@ -249,7 +260,57 @@ func chartData(s *Summary, ranks []*rankEntry) *htmlData {
 	for _, e := range ranks {
 		d.Ranks = append(d.Ranks, d.rank(e, names))
 	}
+	d.Axis, d.AxisWhy = chooseAxis(d.Ranks)
 	return d
+}
+
+// chooseAxis opens the chart on the batch axis when the ranks' batches (their
+// marks, on the aligned clock) share no moment: then it names the rank farthest
+// from the others' median start, and how far.
+func chooseAxis(ranks []htmlRank) (axis, why string) {
+	type span struct {
+		rank       int
+		start, end int64
+	}
+	var spans []span
+	for _, r := range ranks {
+		if n := len(r.Batches); n > 0 {
+			spans = append(spans, span{r.Rank, r.Batches[0][1], r.Batches[n-1][2]})
+		}
+	}
+	if len(spans) < 2 {
+		return "time", ""
+	}
+	latestStart, earliestEnd := spans[0].start, spans[0].end
+	starts := make([]int64, len(spans))
+	for i, sp := range spans {
+		latestStart, earliestEnd = max(latestStart, sp.start), min(earliestEnd, sp.end)
+		starts[i] = sp.start
+	}
+	if latestStart <= earliestEnd {
+		return "time", ""
+	}
+	med := medianInt(starts)
+	far := spans[0]
+	for _, sp := range spans[1:] {
+		if abs64(sp.start-med) > abs64(far.start-med) {
+			far = sp
+		}
+	}
+	d := far.start - med
+	how := "after"
+	if d < 0 {
+		how = "before"
+	}
+	return "batch", fmt.Sprintf("The ranks' batches share no moment of wall time (rank %d ran its %.1f s %s the others' median), so the chart opens on the batch axis.",
+		far.rank, math.Abs(float64(d))/1e6, how)
+}
+
+func abs64(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
 }
 
 // rank is one rank's chart data.

@@ -22,10 +22,10 @@ td.up{color:#cf222e;font-weight:600}td.down{color:#1a7f37}
 .axis{stroke:#8c959f;stroke-width:1}.grid{stroke:#eaeef2;stroke-width:1}.tick{fill:#57606a;font-size:11px}
 .band{fill:#0969da;fill-opacity:.15;stroke:none}.median{stroke:#0969da;stroke-width:2;fill:none}
 .curve{fill:none;stroke-width:1.6}.picked{stroke-width:2.4}.oom{fill:#cf222e}.batch{stroke:#d0d7de;stroke-dasharray:3 3}
-details{margin:4px 0}summary{cursor:pointer}
+details{margin:4px 0}summary{cursor:pointer}p.note{color:#57606a;margin:2px 0 8px}
 </style></head><body>
 <h1>Cluster memory snapshot{{if .Title}}: {{.Title}}{{end}}</h1>
-<p class="meta">{{len .S.RanksMerged}} of {{.S.WorldSize}} ranks merged · times aligned by {{.S.Align}}{{if .S.Spread}} · largest peak {{printf "%.3f" .S.Spread.MaxOverMedian}}× the median ({{human .S.Spread.MedianPeakAllocatedBytes}}){{if gt (len .S.RanksMerged) 1}} · outlier: <b>rank {{.S.Spread.OutlierRank}}</b>{{end}}{{end}}{{if .Missing}} · <b>missing ranks: {{.Missing}}</b>{{end}}{{if .S.ClockUnmeasured}} · clock offset never measured for ranks {{.S.ClockUnmeasured}} (their times are their own clocks'){{end}}{{if .S.Cut}} · cut:{{if .S.Cut.Ranks}} ranks {{.S.Cut.Ranks}}{{end}}{{if .S.Cut.Batches}} batches {{.S.Cut.Batches}}{{end}}{{end}}</p>
+<p class="meta">{{len .S.RanksMerged}} of {{.S.WorldSize}} ranks merged · times aligned by {{.S.Align}}{{if .S.Spread}} · largest peak {{printf "%.3f" .S.Spread.MaxOverMedian}}× the median ({{human .S.Spread.MedianPeakAllocatedBytes}}){{if gt (len .S.RanksMerged) 1}} · outlier: <b>{{.S.Spread.OutlierText}}</b>{{end}}{{end}}{{if .Missing}} · <b>missing ranks: {{.Missing}}</b>{{end}}{{if .S.ClockUnmeasured}} · clock offset never measured for ranks {{.S.ClockUnmeasured}} (their times are their own clocks'){{end}}{{if .S.Cut}} · cut:{{if .S.Cut.Ranks}} ranks {{.S.Cut.Ranks}}{{end}}{{if .S.Cut.Batches}} batches {{.S.Cut.Batches}}{{end}}{{end}}</p>
 {{if .Why}}<details id="missing"{{if le (len .Why) 8}} open{{end}}><summary>{{len .S.MissingRanks}} rank(s) missing, and why</summary><table><tbody>
 {{range .Why}}<tr><td>rank {{.Rank}}</td><td class="l">{{dash .Reason}}</td></tr>
 {{end}}{{if .WhyMore}}<tr><td></td><td class="l">and {{.WhyMore}} more (merged.summary.json lists every one)</td></tr>{{end}}</tbody></table></details>{{end}}
@@ -35,6 +35,7 @@ details{margin:4px 0}summary{cursor:pointer}
 {{end}}</tbody></table>{{end}}{{end}}
 <div id="controls">x axis: <button id="axis-time" type="button">wall time</button> <button id="axis-batch" type="button" title="each rank's own batches: batch + the fraction of it done">batch</button>
 {{if .Band}} · rank: <select id="pick"><option value="">none</option>{{range .Rows}}<option value="{{.Rank}}">rank {{.Rank}} ({{.Peak}})</option>{{end}}</select>{{end}}</div>
+{{if .AxisWhy}}<p class="note" id="axis-why">{{.AxisWhy}}</p>{{end}}
 <div id="chart"><noscript>The chart is drawn by the page's own script; the tables below need none.</noscript></div>
 <div id="legend"></div>
 {{if .Band}}<div id="picked"></div>{{end}}
@@ -53,8 +54,8 @@ details{margin:4px 0}summary{cursor:pointer}
 {{end}}</tbody></table></details>{{end}}{{end}}
 {{if .Cats}}<h2>What each peak held</h2>
 <table id="categories"><thead><tr><th>rank</th>{{range .CatNames}}<th>{{.}}</th>{{end}}<th class="l">modules holding the most</th></tr></thead><tbody>
-{{range .Cats}}<tr><td>{{.Rank}}</td>{{range .Values}}<td>{{human .}}</td>{{end}}<td class="l">{{range $i, $m := .Modules}}{{if $i}}; {{end}}{{$m.Module}} ({{$m.Category}}, {{human $m.Bytes}}){{end}}{{if not .Watched}} <i>(no memsnap_hook.watch: parameters, gradients and optimizer state count as unknown)</i>{{end}}</td></tr>
-{{end}}</tbody></table>{{end}}
+{{range .Cats}}<tr><td>{{.Rank}}</td>{{range .Values}}<td>{{human .}}</td>{{end}}<td class="l">{{range $i, $m := .Modules}}{{if $i}}; {{end}}{{$m.Module}} ({{$m.Category}}, {{human $m.Bytes}}){{end}}{{if and (not .Watched) (not $.NoneWatched)}} <i>(no memsnap_hook.watch: parameters, gradients and optimizer state count as unknown)</i>{{end}}</td></tr>
+{{end}}</tbody></table>{{if .NoneWatched}}<p class="note" id="unwatched">No rank's trainer called <code>memsnap_hook.watch</code>: parameters, gradients and optimizer state count as unknown.</p>{{end}}{{end}}
 <h2>Peaks</h2>
 {{define "peakhead"}}<thead><tr><th>rank</th><th>peak allocated</th><th>at</th><th>batch</th><th>phase</th><th>vs median</th><th>peak reserved</th><th>allocated at end</th><th title="NVML device used less the allocator's reserved bytes, at the reserved peak">outside allocator</th><th>OOMs</th></tr></thead>{{end}}
 {{define "peakrows"}}{{range .}}<tr{{if .Outlier}} class="outlier"{{end}}><td>{{.Rank}}</td><td>{{.Peak}}</td><td>{{.PeakAt}}</td><td>{{.Batch}}</td><td>{{.Phase}}</td><td>{{.VsMedian}}</td><td>{{.Reserved}}</td><td>{{.End}}</td><td>{{.Outside}}</td><td>{{.OOM}}</td></tr>

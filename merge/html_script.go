@@ -2,7 +2,7 @@ package merge
 
 // reportJS draws the report's chart: lines (or, past maxLines ranks, a min-max
 // band, the median and the outliers, plus a picked rank) on a wall-time or a batch
-// axis. On the batch axis a rank's time t inside batch k (its own marks) is at
+// axis (it opens on the one htmlData.Axis says; #axis= in the address chooses). On the batch axis a rank's time t inside batch k (its own marks) is at
 // k + (t - start) / (end - start); time between two batches collapses onto the
 // boundary.
 const reportJS = `(function () {
@@ -10,10 +10,10 @@ const reportJS = `(function () {
   var D = JSON.parse(document.getElementById("data").textContent);
   var NS = "http://www.w3.org/2000/svg";
   var PAL = ["#0969da","#cf222e","#1a7f37","#8250df","#bf8700","#0598bc","#e16f24","#6e7781","#d6336c","#2da44e","#953800","#4e5dca","#a40e26","#116329","#7d4e00","#3d444d"];
-  var W = 1100, H = 440, L = 86, R = 20, T = 16, B = 42, NB = 400;
+  var W = 1100, H = 440, L = 86, R = 20, T = 16, B = 42, NB = 400, LABEL = 64;
   var vmax = D.vmax > 0 ? D.vmax * 1.05 : 1;
-  var state = { axis: "time", pick: null };
   var hasMarks = D.ranks.some(function (r) { return r.b && r.b.length; });
+  var state = { axis: D.axis === "batch" && hasMarks ? "batch" : "time", pick: null };
   var cache = {};
   function el(name, attrs, parent) { var e = document.createElementNS(NS, name); for (var k in attrs) e.setAttribute(k, attrs[k]); if (parent) parent.appendChild(e); return e; }
   function bytes(v) { var u = ["B","KiB","MiB","GiB","TiB"], i = 0; while (Math.abs(v) >= 1024 && i < u.length - 1) { v /= 1024; i++; } return (i ? v.toFixed(1) : v) + " " + u[i]; }
@@ -110,10 +110,15 @@ const reportJS = `(function () {
       state.axis === "time" ? "time since the first event" : "batch + fraction of the batch (each rank's own marks)";
     el("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, "class": "axis" }, svg);
     el("line", { x1: L, x2: L, y1: T, y2: H - B, "class": "axis" }, svg);
-    var first = D.ranks.find(function (r) { return r.b && r.b.length; });
+    // on the time axis, the first rank's batch starts: a line each, and a label
+    // where it fits (labels at least LABEL px apart)
+    var first = D.ranks.find(function (r) { return r.b && r.b.length; }), lastLabel = -Infinity;
     if (state.axis === "time" && first) first.b.forEach(function (b) {
-      el("line", { x1: x(b[1]), x2: x(b[1]), y1: T, y2: H - B, "class": "batch" }, svg);
-      el("text", { x: x(b[1]) + 3, y: T + 10, "class": "tick" }, svg).textContent = "batch " + b[0];
+      var xb = x(b[1]);
+      el("line", { x1: xb, x2: xb, y1: T, y2: H - B, "class": "batch" }, svg);
+      if (xb - lastLabel < LABEL || xb > W - R - 30) return;
+      lastLabel = xb;
+      el("text", { x: xb + 3, y: T + 10, "class": "tick batch-label" }, svg).textContent = "batch " + b[0];
     });
   }
   // band puts every rank on NB columns of the axis (the largest value in each,

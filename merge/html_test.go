@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -195,5 +196,61 @@ func TestReportWritesInLargePieces(t *testing.T) {
 	}
 	if most := w.bytes/htmlBuffer + 1; w.writes > most {
 		t.Fatalf("a report of %d bytes in %d writes, want at most %d", w.bytes, w.writes, most)
+	}
+}
+
+// TestReportWithALaggingRank: a rank whose batches ran 65 s after the others'
+// shares no moment of wall time with them; the report opens on the batch axis
+// and says why (on wall time every curve would be squeezed to an edge), and on
+// the wall-time axis (#axis=time) its batch labels do not overlap. Ranks that
+// overlap open on wall time, with no such note.
+func TestReportWithALaggingRank(t *testing.T) {
+	in := ddp4Marked(t, false)
+	_, dir := runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{in}), Align: AlignOffsets, Offsets: map[int]int64{3: -65_000_000}})
+	page := filepath.Join(dir, "merged.html")
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "rank 3 ran its 65.0 s after the others") {
+		t.Fatalf("the report does not say why it opens on batches")
+	}
+	dom, _ := browse(t, page)
+	if !strings.Contains(dom, `data-axis="batch"`) || len(curveRe.FindAllString(strings.ReplaceAll(dom, ` picked`, ``), -1)) != 4 {
+		t.Fatalf("the chart does not open on the batch axis with 4 curves")
+	}
+	dom, _ = browse(t, page+"#axis=time")
+	if !strings.Contains(dom, `data-axis="time"`) {
+		t.Fatal("#axis=time did not choose the wall-time axis")
+	}
+	labels := regexp.MustCompile(`<text x="([0-9.]+)"[^>]*class="tick batch-label"[^>]*>batch \d+</text>`).FindAllStringSubmatch(dom, -1)
+	if len(labels) == 0 {
+		t.Fatal("no batch labels on the wall-time axis")
+	}
+	last := -1e9
+	for _, l := range labels {
+		x, _ := strconv.ParseFloat(l[1], 64)
+		if x-last < 60 {
+			t.Fatalf("batch labels %v px apart: %v", x-last, labels)
+		}
+		last = x
+	}
+	_, dir = runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{in}), Align: AlignOffsets})
+	b, _ = os.ReadFile(filepath.Join(dir, "merged.html"))
+	if strings.Contains(string(b), `id="axis-why"`) || !strings.Contains(string(b), `"axis":"time"`) {
+		t.Fatal("ranks that overlap do not open on wall time")
+	}
+}
+
+// TestReportSaysEachNoteOnce: a note true of every row (no rank's trainer
+// called watch) is said once under the table, not on each row.
+func TestReportSaysEachNoteOnce(t *testing.T) {
+	_, dir := runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})})
+	b, err := os.ReadFile(filepath.Join(dir, "merged.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "(no memsnap_hook.watch"); n != 0 || strings.Count(string(b), `id="unwatched"`) != 1 {
+		t.Fatalf("the watch note appears on %d rows", n)
 	}
 }

@@ -305,7 +305,7 @@ func (s *Summary) Findings() []string {
 	var out []string
 	// what the outlier's peak (or a lone rank's) held
 	for _, r := range s.Ranks {
-		if r.Categories != nil && (len(s.Ranks) == 1 || (s.Spread != nil && r.Rank == s.Spread.OutlierRank)) {
+		if r.Categories != nil && (len(s.Ranks) == 1 || (s.Spread != nil && r.Rank == s.Spread.OutlierRank && len(s.Spread.OutlierRanks) > 0)) {
 			out = append(out, fmt.Sprintf("rank %d at its peak of %s: %s", r.Rank, HumanBytes(r.PeakAllocatedBytes), r.Categories.Line()))
 		}
 	}
@@ -360,8 +360,7 @@ func (s *Summary) Findings() []string {
 func (s *Summary) Answer() []string {
 	var out []string
 	if sp := s.Spread; sp != nil && len(s.Ranks) > 1 {
-		out = append(out, fmt.Sprintf("peak allocated: median %s, max %s (%.3fx the median); outlier: rank %d (%s)",
-			HumanBytes(sp.MedianPeakAllocatedBytes), HumanBytes(sp.MaxPeakAllocatedBytes), sp.MaxOverMedian, sp.OutlierRank, HumanBytes(sp.OutlierPeakBytes)))
+		out = append(out, sp.Line())
 	}
 	return append(out, s.Findings()...)
 }

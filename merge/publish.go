@@ -525,8 +525,8 @@ func manifestOf(cfg *Config, cobj Object, refs []InputRef, sum *Summary) Manifes
 	if man.RanksMerged == nil {
 		man.RanksMerged = []int{}
 	}
-	if sum.Spread != nil && len(sum.Ranks) > 1 {
-		o := sum.Spread.OutlierRank
+	if sum.Spread != nil && len(sum.Ranks) > 1 && len(sum.Spread.OutlierRanks) > 0 {
+		o := sum.Spread.OutlierRank // (the lowest of tied ones)
 		man.OutlierRank = &o
 	}
 	man.Batches = commonBatches(sum.Ranks)

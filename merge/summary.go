@@ -1,8 +1,12 @@
 package merge
 
 import (
+	"fmt"
 	"math"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 )
 
 // Summary is merged.summary.json.
@@ -32,15 +36,57 @@ type Summary struct {
 }
 
 // Spread compares the ranks' peaks: the largest over the median, and the rank
-// farthest from the median (the outlier).
+// with the largest peak (the outlier: the one nearest an OOM). OutlierRanks are
+// the ranks whose peak is that largest one when it is above the median (ties are
+// named together); none when no rank peaks above the median. OutlierRank is the
+// lowest of the ranks with the largest peak, the one diffs compare with the
+// median rank.
 type Spread struct {
 	MinPeakAllocatedBytes    int64   `json:"min_peak_allocated_bytes"`
 	MedianPeakAllocatedBytes int64   `json:"median_peak_allocated_bytes"`
 	MaxPeakAllocatedBytes    int64   `json:"max_peak_allocated_bytes"`
 	MaxOverMedian            float64 `json:"max_over_median"`
 	OutlierRank              int     `json:"outlier_rank"`
+	OutlierRanks             []int   `json:"outlier_ranks,omitempty"`
 	OutlierPeakBytes         int64   `json:"outlier_peak_allocated_bytes"`
 	OutlierOverMedian        float64 `json:"outlier_over_median"`
+}
+
+// Line says how far the peaks spread and names the outlier, as the answer's
+// first line: "peak allocated: median 390.9 MiB, max 487.5 MiB (1.247x the
+// median); outlier: rank 3 (487.5 MiB)".
+func (sp *Spread) Line() string {
+	l := fmt.Sprintf("peak allocated: median %s, max %s (%.3fx the median); outlier: %s", HumanBytes(sp.MedianPeakAllocatedBytes),
+		HumanBytes(sp.MaxPeakAllocatedBytes), sp.MaxOverMedian, sp.OutlierText())
+	switch len(sp.OutlierRanks) {
+	case 0:
+	case 1:
+		l += " (" + HumanBytes(sp.OutlierPeakBytes) + ")"
+	default:
+		l += " (" + HumanBytes(sp.OutlierPeakBytes) + " each)"
+	}
+	return l
+}
+
+// IsOutlier reports whether rank is one the spread names as the outlier.
+func (sp *Spread) IsOutlier(rank int) bool {
+	return sp != nil && slices.Contains(sp.OutlierRanks, rank)
+}
+
+// OutlierText names the outlier ranks ("rank 3", "ranks 3, 7"), or says there
+// is none.
+func (sp *Spread) OutlierText() string {
+	switch len(sp.OutlierRanks) {
+	case 0:
+		return "none (no rank peaks above the median)"
+	case 1:
+		return fmt.Sprintf("rank %d", sp.OutlierRanks[0])
+	}
+	parts := make([]string, len(sp.OutlierRanks))
+	for i, r := range sp.OutlierRanks {
+		parts[i] = strconv.Itoa(r)
+	}
+	return "ranks " + strings.Join(parts, ", ") + " (tied)"
 }
 
 func medianInt(v []int64) int64 {
@@ -64,16 +110,21 @@ func computeSpread(ranks []RankSummary) *Spread {
 	for i, r := range ranks {
 		peaks[i] = r.PeakAllocatedBytes
 	}
-	sp := &Spread{MedianPeakAllocatedBytes: medianInt(peaks), MinPeakAllocatedBytes: math.MaxInt64}
-	far := -1.0
+	sp := &Spread{MedianPeakAllocatedBytes: medianInt(peaks), MinPeakAllocatedBytes: math.MaxInt64, MaxPeakAllocatedBytes: math.MinInt64}
 	for _, r := range ranks {
 		p := r.PeakAllocatedBytes
 		sp.MinPeakAllocatedBytes = min(sp.MinPeakAllocatedBytes, p)
-		sp.MaxPeakAllocatedBytes = max(sp.MaxPeakAllocatedBytes, p)
-		d := math.Abs(float64(p - sp.MedianPeakAllocatedBytes))
-		if d > far {
-			far, sp.OutlierRank, sp.OutlierPeakBytes = d, r.Rank, p
+		if p > sp.MaxPeakAllocatedBytes || p == sp.MaxPeakAllocatedBytes && r.Rank < sp.OutlierRank {
+			sp.MaxPeakAllocatedBytes, sp.OutlierRank, sp.OutlierPeakBytes = p, r.Rank, p
 		}
+	}
+	if sp.MaxPeakAllocatedBytes > sp.MedianPeakAllocatedBytes {
+		for _, r := range ranks {
+			if r.PeakAllocatedBytes == sp.MaxPeakAllocatedBytes {
+				sp.OutlierRanks = append(sp.OutlierRanks, r.Rank)
+			}
+		}
+		slices.Sort(sp.OutlierRanks)
 	}
 	if sp.MedianPeakAllocatedBytes > 0 {
 		sp.MaxOverMedian = round3(float64(sp.MaxPeakAllocatedBytes) / float64(sp.MedianPeakAllocatedBytes))

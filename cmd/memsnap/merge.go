@@ -158,9 +158,7 @@ func printMergeResult(w io.Writer, where string, r *merge.Result) {
 // printSpread says how far the ranks' peaks spread and which rank is the outlier.
 func printSpread(w io.Writer, s *merge.Summary) {
 	if s.Spread != nil && len(s.Ranks) > 1 {
-		fmt.Fprintf(w, "peak allocated: median %s, max %s (%.3fx the median); outlier: rank %d (%s)\n",
-			humanBytes(s.Spread.MedianPeakAllocatedBytes), humanBytes(s.Spread.MaxPeakAllocatedBytes), s.Spread.MaxOverMedian,
-			s.Spread.OutlierRank, humanBytes(s.Spread.OutlierPeakBytes))
+		fmt.Fprintln(w, s.Spread.Line())
 	}
 	for _, f := range s.Findings() {
 		fmt.Fprintln(w, printableN(f, 4096)) // names come from the ranks' files
