@@ -159,6 +159,9 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
 		name, usage := flag.UnquoteUsage(f)
 		line := "  --" + f.Name
+		if len(f.Name) == 1 {
+			line = "  -" + f.Name // as one-letter flags are written (-q, -v)
+		}
 		if name != "" {
 			line += " " + name
 		}
