@@ -544,7 +544,12 @@ class Hook:
         self._wake.set()
 
     def _connect(self):
-        problem = _private_dir_problem(os.path.dirname(os.path.abspath(self.socket_path)))
+        folder = os.path.dirname(os.path.abspath(self.socket_path))
+        if not os.path.lexists(folder):
+            # no agent yet (it makes the folder when it starts): nothing to say
+            # beyond the warning at the first step, and no folder to judge
+            raise OSError("%s: no such folder" % folder)
+        problem = _private_dir_problem(folder)
         if problem is None:
             try:
                 st = os.lstat(self.socket_path)
