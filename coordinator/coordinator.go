@@ -572,6 +572,17 @@ func (c *Coordinator) lastHeard(name string, now time.Time) time.Time {
 	return g.lastHeard(ml, now)
 }
 
+// goneAt is when memberlist took the member name away (now when it was never
+// seen to go).
+func (c *Coordinator) goneAt(name string, now time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g, ok := c.gone[name]; ok {
+		return g.at
+	}
+	return now
+}
+
 func (g goneMember) lastHeard(ml *memberlist.Config, now time.Time) time.Time {
 	t := g.at
 	if ml != nil {

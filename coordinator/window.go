@@ -241,7 +241,7 @@ func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Conf
 
 // awaitRanks gives ranks of the world that are not members a moment to arrive
 // (agents start at different times, and one may be restarting), saying what it
-// awaits and until when: a rank that was a member, JoinGrace from now; a rank
+// awaits and until when: a rank that was a member, JoinGrace from when it went; a rank
 // whose agent never joined this cluster, only while the cluster is young (up to
 // JoinGrace after this member started; for a scheduled window, JoinGrace from
 // now). A request made later is not held for a rank that never joined: waiting
@@ -255,7 +255,11 @@ func (l *leaderRun) awaitRanks(ctx context.Context, p plan) {
 	now := time.Now()
 	until := map[int]time.Time{}
 	for _, r := range gone {
-		until[r] = now.Add(c.cfg.JoinGrace)
+		// JoinGrace from when it went, not from now: a request served again (a
+		// newer term took it back) does not wait for the same rank twice
+		if t := c.goneAt(NodeName(c.cfg.Identity.RunName, r), now).Add(c.cfg.JoinGrace); t.After(now) {
+			until[r] = t
+		}
 	}
 	c.mu.Lock()
 	young := c.began.Add(c.cfg.JoinGrace)
