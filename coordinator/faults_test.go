@@ -550,7 +550,8 @@ func TestScheduleNotRepeatedByARestartedLeader(t *testing.T) {
 // Once the cluster is older than JoinGrace, a request is not held for a rank
 // that never joined (waiting cannot help, and the user asked now): it is planned
 // at once and the member hears why. For a rank that was a member, the leader
-// waits its JoinGrace, and says so.
+// waits out its JoinGrace from when it went, and says so; a request made later
+// is not held for it.
 func TestNoSilentWaits(t *testing.T) {
 	heard := func(c *Coordinator, got chan<- string) func(Update) {
 		return func(u Update) {
@@ -631,6 +632,7 @@ func TestNoSilentWaits(t *testing.T) {
 		ctx, cancel := context.WithCancel(testutil.Context(t, time.Minute))
 		defer cancel()
 		go c.Snapshot(ctx, 2, heard(c, got), nil)
+	wait:
 		for {
 			select {
 			case why := <-got:
@@ -638,11 +640,35 @@ func TestNoSilentWaits(t *testing.T) {
 					if !strings.Contains(why, "waiting for ranks 2 to join (until ") {
 						t.Fatalf("the member heard %q", why)
 					}
-					return
+					break wait
 				}
 			case <-ctx.Done():
 				t.Fatal("the member heard nothing while the leader waits for rank 2")
 			}
+		}
+		cancel()
+		// once rank 2 has been gone longer than JoinGrace, a request is not held
+		// for it again (the grace runs from when it went, not from each request)
+		name := NodeName(tc.run, 2)
+		testutil.Eventually(t, time.Minute, "rank 2 gone longer than JoinGrace", func() bool {
+			return time.Since(tc.ranks[0].Coord.goneAt(name, time.Now())) > joinGrace
+		})
+		heardAll = nil
+		res, err = c.Snapshot(testutil.Context(t, time.Minute), 2, func(u Update) {
+			if u.Rank < 0 && u.State == pb.Step_STEP_UNSPECIFIED {
+				mu.Lock()
+				heardAll = append(heardAll, u.Reason)
+				mu.Unlock()
+			}
+		}, nil)
+		if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Ranks) != 2 || res.Missing[2] == "" {
+			t.Fatalf("a window with rank 2 long gone: %+v %v", res, err)
+		}
+		mu.Lock()
+		said = strings.Join(heardAll, "\n")
+		mu.Unlock()
+		if strings.Contains(said, "waiting for") {
+			t.Fatalf("the member was held for a rank gone longer than JoinGrace: %q", said)
 		}
 	})
 }

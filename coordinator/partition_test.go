@@ -231,7 +231,7 @@ func TestPartition(t *testing.T) {
 	p.mu.Unlock()
 	testutil.Eventually(t, 60*time.Second, "the cluster to heal", func() bool {
 		for _, rk := range tc.ranks {
-			if l, ok := rk.Coord.Leader(); !ok || l != 0 || len(rk.Coord.Members()) < 4 {
+			if l, ok := rk.Coord.Leader(); !ok || l != 0 || len(rk.Coord.rankNodes()) != 4 { // every rank, not two ranks and clients
 				return false
 			}
 		}
