@@ -176,6 +176,9 @@ func (c *Coordinator) rank() int32 {
 
 func (c *Coordinator) numMembers() int { return int(c.nmembers.Load()) }
 
+// NumMembers is how many members this one sees, itself included.
+func (c *Coordinator) NumMembers() int { return c.numMembers() }
+
 // Name is this member's name.
 func (c *Coordinator) Name() string { return c.name }
 

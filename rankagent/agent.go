@@ -251,6 +251,7 @@ type Agent struct {
 	hookPID   int
 	uuid      string
 	samples   []merge.MemorySample
+	mem       []memoryReport // the trainer's last memory reports, oldest first
 	sampling  context.CancelFunc
 	gpuNote   bool
 	started   bool
@@ -783,6 +784,7 @@ func (a *Agent) detach(tc *trainerConn) {
 		return
 	}
 	a.conn = nil
+	a.mem = nil // no figures of a trainer that is not there
 	if a.stopped {
 		return
 	}
@@ -989,6 +991,8 @@ func (a *Agent) handle(m *Message) {
 	switch m.Type {
 	case "batch":
 		a.noteBatchLocked(*m.Batch, m.TimeUS)
+	case "memory":
+		a.noteMemoryLocked(*m.Batch, *m.Memory)
 	case "armed", "recording":
 		if a.win == nil || a.win.w.ID != m.Window {
 			return

@@ -569,6 +569,7 @@ func FuzzParseMessage(f *testing.F) {
 		`{"type":"stopping","cause":"SIGTERM","t_us":5,"batch":3}`,
 		`{"type":"snapshot","window":2,"reason":"crash","cause":"exception: RuntimeError: x","file":"rank0.crash2.1.pickle","start":1,"stop":4,"batches":[{"batch":1,"start_us":1,"end_us":2}]}`,
 		`{"type":"snapshot","window":0,"reason":"crash","cause":"SIGTERM","file":"rank0.crash0.1.pickle","batches":[]}`,
+		`{"type":"memory","batch":7,"memory":{"allocated":1000,"reserved":4096,"peak":3000,"inactive_split":96,"alloc_retries":2,"ooms":0,"device_free":70,"device_total":80}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -576,6 +577,9 @@ func FuzzParseMessage(f *testing.F) {
 		m, err := ParseMessage(b)
 		if err != nil {
 			return
+		}
+		if m.Memory != nil && (m.Type != "memory" || m.Memory.check() != nil) {
+			t.Fatalf("accepted figures %+v in a %s message", m.Memory, m.Type)
 		}
 		if m.Type == "snapshot" {
 			if checkSpoolName(m.File) != nil || strings.Contains(m.File, "/") {
@@ -586,6 +590,47 @@ func FuzzParseMessage(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestMemoryMessages: the hook's memory figures are taken when they are figures
+// an allocator can report and refused otherwise; the agent keeps them, measures
+// the growth per batch over the reports it keeps, and starts again when a
+// trainer's batches go back (a restarted trainer).
+func TestMemoryMessages(t *testing.T) {
+	good := `{"type":"memory","batch":7,"memory":{"allocated":1000,"reserved":4096,"peak":3000,"inactive_split":96,"alloc_retries":2,"ooms":1,"device_free":70,"device_total":80}}`
+	m, err := ParseMessage([]byte(good))
+	if err != nil || m.Memory == nil || m.Memory.Reserved != 4096 || *m.Batch != 7 {
+		t.Fatalf("%+v %v", m, err)
+	}
+	for _, bad := range []string{
+		`{"type":"memory","batch":7}`,
+		`{"type":"memory","memory":{"allocated":1}}`,
+		`{"type":"memory","batch":-1,"memory":{"allocated":1}}`,
+		`{"type":"memory","batch":1,"memory":{"allocated":-1}}`,
+		`{"type":"memory","batch":1,"memory":{"reserved":1125899906842625}}`,
+		`{"type":"memory","batch":1,"memory":{"device_free":81,"device_total":80}}`,
+		`{"type":"memory","batch":1,"memory":{"allocated":1,"swap":3}}`,
+		`{"type":"batch","batch":1,"memory":{"allocated":1}}`,
+	} {
+		if m, err := ParseMessage([]byte(bad)); err == nil {
+			t.Errorf("accepted %s as %+v", bad, m)
+		}
+	}
+	a := &Agent{}
+	if _, ok := a.Memory(); ok {
+		t.Fatal("figures before any report")
+	}
+	for b := int64(0); b < 40; b++ {
+		a.noteMemoryLocked(b, Memory{Allocated: 1000 + 10*b, Reserved: 8000, Peak: 1500 + 10*b, DeviceFree: 100, DeviceTotal: 10000})
+	}
+	v, ok := a.Memory()
+	if !ok || v.Batch != 39 || v.Allocated != 1390 || v.Growth != 10 || v.DeviceUsed != 9900 || v.Headroom != 100+8000-1890 || len(a.mem) != memoryKeep {
+		t.Fatalf("%+v (kept %d)", v, len(a.mem))
+	}
+	a.noteMemoryLocked(0, Memory{Allocated: 5, Reserved: 8, Peak: 5, DeviceTotal: 10})
+	if v, _ := a.Memory(); v.Growth != 0 || len(a.mem) != 1 || v.Headroom != 3 {
+		t.Fatalf("after a restart: %+v", v)
+	}
 }
 
 // TestLongWindow: a window of more batches than one socket line can mark (here

@@ -70,6 +70,43 @@ type Message struct {
 	Stacks     string `json:"stacks,omitempty"`
 	// welcome: keep allocator history on from the start (for OOM post-mortems)
 	RecordAlways bool `json:"record_always,omitempty"`
+
+	// memory (hook -> agent): the allocator's figures at the end of Batch
+	Memory *Memory `json:"memory,omitempty"`
+}
+
+// Memory is what a trainer's caching allocator and its device hold, as the hook
+// reads them at the end of a batch (torch.cuda.memory_stats and mem_get_info):
+// cheap figures, read at most once a second.
+type Memory struct {
+	Allocated     int64 `json:"allocated"`      // bytes in live tensors (allocated_bytes.all.current)
+	Reserved      int64 `json:"reserved"`       // bytes the allocator holds from the device (reserved_bytes.all.current)
+	Peak          int64 `json:"peak"`           // the most ever allocated (allocated_bytes.all.peak: since the start, or the trainer's last reset)
+	InactiveSplit int64 `json:"inactive_split"` // free bytes inside split blocks: fragmentation (inactive_split_bytes.all.current)
+	AllocRetries  int64 `json:"alloc_retries"`  // allocations that freed the cache and tried again (num_alloc_retries)
+	OOMs          int64 `json:"ooms"`           // out-of-memory errors (num_ooms)
+	DeviceFree    int64 `json:"device_free"`    // free bytes on the device, every process's use counted (cudaMemGetInfo)
+	DeviceTotal   int64 `json:"device_total"`   // the device's bytes
+}
+
+// maxMemoryBytes bounds every figure of a memory report (1 PiB).
+const maxMemoryBytes = 1 << 50
+
+// check refuses figures no allocator reports.
+func (m *Memory) check() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"allocated", m.Allocated}, {"reserved", m.Reserved}, {"peak", m.Peak}, {"inactive_split", m.InactiveSplit},
+		{"alloc_retries", m.AllocRetries}, {"ooms", m.OOMs}, {"device_free", m.DeviceFree}, {"device_total", m.DeviceTotal}} {
+		if f.v < 0 || f.v > maxMemoryBytes {
+			return fmt.Errorf("%s %d is out of range", f.name, f.v)
+		}
+	}
+	if m.DeviceTotal > 0 && m.DeviceFree > m.DeviceTotal {
+		return fmt.Errorf("device_free %d is more than device_total %d", m.DeviceFree, m.DeviceTotal)
+	}
+	return nil
 }
 
 // BatchMark is one batch's wall-clock start and end, in microseconds.
@@ -141,6 +178,13 @@ func parseMessage(line []byte, maxBytes, maxMarks int) (*Message, error) {
 		if m.Batch == nil || *m.Batch < 0 {
 			return bad("needs a batch >= 0")
 		}
+	case "memory":
+		if m.Batch == nil || *m.Batch < 0 || m.Memory == nil {
+			return bad("needs a batch >= 0 and the figures")
+		}
+		if err := m.Memory.check(); err != nil {
+			return bad("%v", err)
+		}
 	case "stopping":
 		if m.Cause == "" {
 			return bad("no cause")
@@ -208,6 +252,9 @@ func parseMessage(line []byte, maxBytes, maxMarks int) (*Message, error) {
 	}
 	if len(m.Cause) > MaxCause {
 		return bad("cause of %d bytes, more than %d", len(m.Cause), MaxCause)
+	}
+	if m.Memory != nil && m.Type != "memory" {
+		return bad("figures only come in a memory message")
 	}
 	if m.Cause != "" && m.Type != "stopping" && (m.Type != "snapshot" || m.Reason != "crash") {
 		return bad("a cause only comes with stopping or a crash snapshot")

@@ -49,10 +49,18 @@ type ReplayConfig struct {
 	// ("SIGTERM" when it is empty or the channel is closed) goes to the agent in a
 	// stopping message, with a crash snapshot as for FailAt, and Replay returns an
 	// error wrapping ErrTrainerStopped. Nil: never.
-	Stop   <-chan string
-	Rank   int
-	UUID   string // the device UUID reported in hello
-	Logger *slog.Logger
+	Stop <-chan string
+	// LeakPerBatch makes the trainer's allocated bytes grow by this much a batch
+	// (a leak) in the memory figures it reports, from the recorded snapshot's.
+	LeakPerBatch int64
+	// DeviceTotal is the size of the device the figures report (default 80 GiB).
+	DeviceTotal int64
+	// MemoryEvery is the least time between two memory reports, as the hook's
+	// (default one second; negative: none).
+	MemoryEvery time.Duration
+	Rank        int
+	UUID        string // the device UUID reported in hello
+	Logger      *slog.Logger
 }
 
 var (
@@ -83,7 +91,19 @@ func Replay(ctx context.Context, cfg ReplayConfig) error {
 	if err != nil {
 		return fmt.Errorf("rankagent: replay snapshot: %w", err)
 	}
+	if cfg.DeviceTotal <= 0 {
+		cfg.DeviceTotal = 80 << 30
+	}
+	if cfg.MemoryEvery == 0 {
+		cfg.MemoryEvery = time.Second
+	}
 	rt := &replay{cfg: cfg, base: base, log: cfg.Logger.With("replay_rank", cfg.Rank), batch: -1, got: make(chan struct{}, 1)}
+	rt.baseAlloc, rt.baseRes, rt.basePeak = base.AllocatedAtEnd(0), base.ReservedAtEnd(0), base.AllocatedAtEnd(0)
+	for _, d := range base.ComputeFigures().Devices {
+		if d.Device == 0 {
+			rt.basePeak = max(rt.basePeak, d.PeakAllocatedBytes)
+		}
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer rt.close()
@@ -107,6 +127,39 @@ type replay struct {
 	recording *Message
 	marks     []BatchMark
 	closed    bool
+
+	baseAlloc, baseRes, basePeak int64     // the recorded snapshot's allocated and reserved bytes at its end, and its peak
+	peak                         int64     // the most allocated so far
+	memAt                        time.Time // when the last memory report went
+}
+
+// memory is what the hook would report at the end of batch b: the recorded
+// snapshot's figures, plus LeakPerBatch for every batch so far. Each batch peaks
+// as the recorded one did (its temporaries on top of what stays); the reserved
+// bytes follow the peak in 2 MiB segments, as the caching allocator's.
+func (r *replay) memory(b int64) *Memory {
+	leaked := r.cfg.LeakPerBatch * (b + 1)
+	alloc := r.baseAlloc + leaked
+	r.peak = max(r.peak, r.basePeak+leaked)
+	const seg = 2 << 20
+	res := max(r.baseRes, (r.peak+seg-1)/seg*seg)
+	return &Memory{Allocated: alloc, Reserved: res, Peak: r.peak, DeviceTotal: r.cfg.DeviceTotal, DeviceFree: max(r.cfg.DeviceTotal-res, 0)}
+}
+
+// reportMemory sends the figures at the end of batch b, at most once per
+// MemoryEvery (the first at once).
+func (r *replay) reportMemory(b int64) {
+	if r.cfg.MemoryEvery < 0 {
+		return
+	}
+	now := time.Now()
+	m := r.memory(b)
+	if !r.memAt.IsZero() && now.Sub(r.memAt) < r.cfg.MemoryEvery {
+		return
+	}
+	r.memAt = now
+	bb := b
+	r.send(&Message{Type: "memory", Batch: &bb, Memory: m})
 }
 
 func (r *replay) send(m *Message) {
@@ -287,6 +340,7 @@ func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 			}
 		}
 		r.mu.Unlock()
+		r.reportMemory(b)
 		if marks != nil {
 			if err := r.dump(w, marks); err != nil {
 				r.log.Error("replay could not dump its snapshot", "err", err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/gpu"
+	"github.com/memsnap/memsnap/internal/metrics"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/rankagent"
@@ -64,6 +65,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxEntries := fs.Int("max-entries", 100000, "allocator history entries torch keeps")
 	stacks := fs.String("stacks", "python", "stacks torch records: python or all")
 	recordAlways := fs.Bool("record-always", false, "keep allocator history on from the first batch (bounded by --max-entries), so an OOM post-mortem shows how every rank got there")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at [HOST]:PORT/metrics (no HOST: loopback only; 0.0.0.0:PORT for every interface)")
 	drain := fs.Duration("drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits (a second Ctrl-C stops the wait)")
 	var sf storeFlags
 	sf.register(fs)
@@ -161,6 +163,20 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
+	if *metricsAddr != "" {
+		src := metrics.Source{Run: id.RunName, Rank: id.Rank, Node: hostname(), Memory: a.Memory, Stats: a.Stats, SpoolBytes: a.SpoolBytes}
+		if member != nil {
+			src.Members, src.Term, src.Leading = member.Coord.NumMembers, member.Coord.Term, member.Coord.IsLeader
+		}
+		ms, err := metrics.Listen(*metricsAddr, src, log)
+		if err != nil {
+			return err
+		}
+		mctx, stopMetrics := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopMetrics()
+		go ms.Serve(mctx)
+		log.Info("metrics served", "url", "http://"+ms.Addr()+"/metrics")
+	}
 	runAll := a.Run
 	idle := func() bool { return true }
 	var unfinished func() string
@@ -222,6 +238,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	failAt := fs.Int64("fail-at", 0, "raise an uncaught exception at the start of this batch, as a failing trainer would: what it recorded goes to the agent as a crash snapshot (for tests)")
 	var holds multiFlag
 	fs.Var(&holds, "hold-at", "wait before this batch until a window arrives (repeatable)")
+	var leak, devTotal bytesFlag
+	fs.Var(&leak, "leak-per-batch", "grow the allocated bytes it reports by this much a batch, as a leaking trainer's (64MiB, say)")
+	fs.Var(&devTotal, "device-total", "the size of the device its memory reports name (default 80GiB)")
+	memEvery := fs.Duration("memory-every", time.Second, "the least time between two memory reports, as the hook's (negative: none)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -262,7 +282,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}()
 	err = rankagent.Replay(rctx, rankagent.ReplayConfig{Socket: *sock, Snapshot: b, Batches: *batches, Pace: *pace, Rank: *rank, HoldAt: holdAt,
-		HangInWindow: *hang, FailAt: *failAt, Stop: stop})
+		HangInWindow: *hang, FailAt: *failAt, Stop: stop, LeakPerBatch: leak.n, DeviceTotal: devTotal.n, MemoryEvery: *memEvery})
 	switch {
 	case errors.Is(err, rankagent.ErrTrainerStopped):
 		fmt.Fprintln(stderr, "memsnap replay:", err)
@@ -272,4 +292,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return exitError{1}
 	}
 	return err
+}
+
+// hostname names this node in metrics ("" when the system cannot say).
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
 }

@@ -58,6 +58,7 @@ SOCKET_MARKS = 256  # more batch marks than this go only into the message file b
 
 STOP_WAIT = 10.0   # seconds a stopping trainer waits for its messages to reach the agent
 OOM_RECENT = 5.0   # an OutOfMemoryError this soon after an OOM dump needs no crash dump
+MEMORY_EVERY = 1.0  # least seconds between two memory reports ($MEMSNAP_MEMORY_EVERY; 0: none)
 MAX_CAUSE = 512    # bytes of a stopping cause (UTF-8)
 
 # error codes the agent tells apart
@@ -185,6 +186,23 @@ class _Torch:
         except Exception:
             return ""
 
+    def memory(self):
+        """The allocator's figures and the device's free and total bytes, as the
+        agent's memory message carries them; None while CUDA is not initialised
+        (reading them must not initialise it)."""
+        cuda = self.torch.cuda
+        if not cuda.is_initialized():
+            return None
+        st = cuda.memory_stats()
+        free, total = cuda.mem_get_info()
+        return {"allocated": int(st.get("allocated_bytes.all.current", 0)),
+                "reserved": int(st.get("reserved_bytes.all.current", 0)),
+                "peak": int(st.get("allocated_bytes.all.peak", 0)),
+                "inactive_split": int(st.get("inactive_split_bytes.all.current", 0)),
+                "alloc_retries": int(st.get("num_alloc_retries", 0)),
+                "ooms": int(st.get("num_ooms", 0)),
+                "device_free": int(free), "device_total": int(total)}
+
 
 class Hook:
     """One training process's link to its memsnap agent."""
@@ -218,6 +236,8 @@ class Hook:
         self._watched = None      # (model, [optimizers]), each a weak reference (see watch)
         self._grad_hooks = []     # handles of the gradient hooks of the window being recorded
         self._grads = {}          # (address, bytes, batch) -> [address, bytes, module, batch] made in the window
+        self._mem_every = _memory_every()
+        self._mem_next = 0.0      # time.monotonic() of the next memory report
         self._thread = None
         if connect:
             self._thread = threading.Thread(target=self._run, name="memsnap-hook", daemon=True)
@@ -261,6 +281,8 @@ class Hook:
 
     def batch_end(self, batch):
         """Call at the end of batch ``batch``."""
+        if self._mem_every > 0 and time.monotonic() >= self._mem_next:
+            self._report_memory(batch)
         w = self._recording
         if w is None:
             return
@@ -288,6 +310,25 @@ class Hook:
                 with self._lock:
                     self._outbox.append(("dump", w, "window", snap, marks))
                 self._wake.set()
+
+    def _report_memory(self, batch):
+        """Send the allocator's figures (at most once per MEMORY_EVERY seconds): a
+        dict lookup of torch's statistics, about as cheap as torch.cuda.memory_allocated.
+        Only the newest report waits while the agent is away."""
+        self._mem_next = time.monotonic() + self._mem_every
+        if self._sock is None or "torch" not in sys.modules:
+            return
+        try:
+            m = self._torch.memory()
+        except Exception as e:  # never again: a broken reading must not cost every batch
+            self._mem_every = 0
+            self.errors.append("memory figures: %r" % (e,))
+            return
+        if m is not None:
+            with self._lock:
+                self._outbox = [it for it in self._outbox if not (it[0] == "msg" and it[1].get("type") == "memory")]
+                self._outbox.append(("msg", {"type": "memory", "batch": batch, "memory": m}))
+            self._wake.set()
 
     def watch(self, model=None, *optimizers):
         """Tell the hook the trainer's model and optimizers. Every snapshot then
@@ -989,6 +1030,14 @@ class _Step:
 
 _default = None
 _default_lock = threading.Lock()
+
+
+def _memory_every():
+    v = os.environ.get("MEMSNAP_MEMORY_EVERY", "")
+    try:
+        return float(v) if v else MEMORY_EVERY
+    except ValueError:
+        return MEMORY_EVERY
 
 
 def get_hook():

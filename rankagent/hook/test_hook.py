@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # MEMSNAP_HOOK_INSTALLED=1 tests the copy pip installed, not the one beside this file
@@ -646,6 +647,97 @@ class HookTest(unittest.TestCase):
         finally:
             del os.environ["MEMSNAP_RUN_NAME"]
             del os.environ["LOCAL_RANK"]
+
+
+class MemoryTest(unittest.TestCase):
+    """The allocator's figures reach the agent at the end of a batch, at most once
+    per MEMORY_EVERY, without initialising CUDA, and a broken reading is given up."""
+
+    def setUp(self):
+        torch.calls.clear()
+        torch.cuda.initialized = True
+
+    def tearDown(self):
+        torch.cuda.initialized = True
+
+    def steps(self, hook, n, first=0):
+        for b in range(first, first + n):
+            with hook.step(b):
+                pass
+
+    def test_figures_reach_the_agent(self):
+        agent = FakeAgent()
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            hook._mem_every = 1e-6
+            self.assertTrue(wait(lambda: hook._sock is not None), "never connected")
+            self.steps(hook, 5)
+            self.assertTrue(wait(lambda: any(m["batch"] == 4 for m in agent.of("memory"))), agent.messages)
+            m = [m for m in agent.of("memory") if m["batch"] == 4][0]["memory"]
+            self.assertEqual(m, {"allocated": 1000, "reserved": 4096, "peak": 3000, "inactive_split": 96,
+                                 "alloc_retries": 2, "ooms": 0, "device_free": 70 << 30, "device_total": 80 << 30})
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_at_most_one_report_per_period(self):
+        agent = FakeAgent()
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            hook._mem_every = 3600.0
+            self.assertTrue(wait(lambda: hook._sock is not None), "never connected")
+            self.steps(hook, 50)
+            self.assertTrue(wait(lambda: agent.of("batch") and agent.of("batch")[-1]["batch"] == 49))
+            # the reading is on the training thread: one reading is one report at most
+            self.assertEqual(len([c for c in torch.calls if c[0] == "memory_stats"]), 1)
+            self.assertTrue(wait(lambda: len(agent.of("memory")) == 1))
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_cuda_not_initialised_is_not_read(self):
+        agent = FakeAgent()
+        hook = memsnap_hook.Hook(agent.path)
+        try:
+            hook._mem_every = 1e-6
+            torch.cuda.initialized = False
+            self.assertTrue(wait(lambda: hook._sock is not None), "never connected")
+            self.steps(hook, 5)
+            self.assertTrue(wait(lambda: agent.of("batch") and agent.of("batch")[-1]["batch"] == 4))
+            self.assertEqual(agent.of("memory"), [])
+            self.assertEqual([c for c in torch.calls if c[0] == "memory_stats"], [])
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_a_broken_reading_is_given_up(self):
+        agent = FakeAgent()
+        hook = memsnap_hook.Hook(agent.path)
+        broken = mock.patch.object(torch.cuda, "memory_stats", side_effect=RuntimeError("no stats"))
+        try:
+            hook._mem_every = 1e-6
+            self.assertTrue(wait(lambda: hook._sock is not None), "never connected")
+            with broken as ms:
+                self.steps(hook, 20)
+                self.assertEqual(ms.call_count, 1)
+            self.assertTrue(any("memory figures" in e for e in hook.errors), hook.errors)
+            self.steps(hook, 5, first=20)  # training goes on
+        finally:
+            hook.close()
+            agent.close()
+
+    def test_per_batch_overhead_with_reports(self):
+        hook = memsnap_hook.Hook(connect=False)
+        hook._sock = object()  # as if connected: the reading is what costs
+        hook._mem_every = 1e-9
+        n = 20000
+        t = time.perf_counter()
+        for b in range(n):
+            hook._mem_next = 0.0
+            hook.batch_start(b)
+            hook.batch_end(b)
+        per = (time.perf_counter() - t) / n * 1e6
+        print("\nper-batch cost with a memory report every batch (stand-in torch): %.3f us" % per)
 
 
 class StopTest(unittest.TestCase):

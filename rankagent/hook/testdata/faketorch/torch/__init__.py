@@ -38,6 +38,26 @@ class cuda:  # noqa: N801 (mirrors torch.cuda)
     def is_available():
         return True
 
+    # the allocator's figures: a test sets them (stats), or none are initialised
+    initialized = True
+    stats = {"allocated_bytes.all.current": 1000, "reserved_bytes.all.current": 4096,
+             "allocated_bytes.all.peak": 3000, "inactive_split_bytes.all.current": 96,
+             "num_alloc_retries": 2, "num_ooms": 0}
+    free_total = (70 << 30, 80 << 30)
+
+    @staticmethod
+    def is_initialized():
+        return cuda.initialized
+
+    @staticmethod
+    def memory_stats(device=None):
+        calls.append(("memory_stats",))
+        return dict(cuda.stats)
+
+    @staticmethod
+    def mem_get_info(device=None):
+        return cuda.free_total
+
     @staticmethod
     def current_device():
         return 0

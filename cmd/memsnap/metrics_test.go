@@ -1,0 +1,173 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/coordinator"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/snapshot"
+)
+
+// TestMetricsScrapedByPrometheus: three real `memsnap agent` processes serve
+// metrics (--metrics-addr), each beside a replay trainer that reports the memory
+// figures the hook would, two of them leaking; a real Prometheus server scrapes
+// them, and its answers are the trainers' figures, rank by rank: allocated bytes
+// that follow the leak batch by batch, the reserved bytes, the headroom, the
+// growth per batch, and the agents' own health (the leader, the members).
+func TestMetricsScrapedByPrometheus(t *testing.T) {
+	const n = 3
+	leak := []int64{0, 1 << 20, 3 << 20}
+	const devTotal = int64(40 << 30)
+	code, keyOut, _ := runCLI(t, "keygen")
+	if code != 0 {
+		t.Fatal("keygen failed")
+	}
+	key := strings.TrimSpace(keyOut)
+	storeDir := t.TempDir()
+	sockDir, _ := os.MkdirTemp("", "ms")
+	defer os.RemoveAll(sockDir)
+	run := fmt.Sprintf("metrics%d", time.Now().UnixNano()%1e6)
+	gossip := testutil.FreePorts(t, n)
+	mport := testutil.FreePorts(t, n)
+	var agents []*exec.Cmd
+	var logs []*syncBuffer
+	var targets []string
+	base := make([][3]int64, n) // each rank's recorded allocated and reserved bytes at its end, and its peak
+	for r := 0; r < n; r++ {
+		path := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r))
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := snapshot.DecodeAny(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		base[r] = [3]int64{s.AllocatedAtEnd(0), s.ReservedAtEnd(0), s.ComputeFigures().Devices[0].PeakAllocatedBytes}
+		if base[r][2] <= base[r][0] {
+			t.Fatalf("rank %d's recorded snapshot peaks at %d bytes, no more than it ends with: the headroom would not tell the peak from the end", r, base[r][2])
+		}
+		target := fmt.Sprintf("127.0.0.1:%d", mport+r)
+		targets = append(targets, target)
+		args := []string{"agent", "--run-name", run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(n),
+			"--local-world-size", strconv.Itoa(n), "--store", storeDir, "--spool", filepath.Join(sockDir, fmt.Sprintf("spool%d", r)),
+			"--socket", filepath.Join(sockDir, fmt.Sprintf("s%d", r)), "--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(gossip), "--no-schedule",
+			"--metrics-addr", target}
+		if r > 0 {
+			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", gossip))
+		}
+		args = append(args, "--", os.Args[0], "replay", "--snapshot", path, "--batches", "0", "--pace", "20ms", "--rank", strconv.Itoa(r),
+			"--leak-per-batch", strconv.FormatInt(leak[r], 10), "--device-total", "40GiB", "--memory-every", "100ms")
+		cmd := memsnapCmd(t, args...)
+		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		buf := &syncBuffer{}
+		cmd.Stderr, cmd.Stdout = buf, buf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		agents, logs = append(agents, cmd), append(logs, buf)
+	}
+	defer func() {
+		for _, a := range agents {
+			syscall.Kill(-a.Process.Pid, syscall.SIGKILL)
+			a.Wait()
+		}
+		if t.Failed() {
+			for i, l := range logs {
+				t.Logf("agent %d said:\n%s", i, l)
+			}
+		}
+	}()
+	prom := testutil.StartPrometheus(t, targets)
+	host, _ := os.Hostname()
+
+	// one moment's answers: every series of one target comes from one scrape
+	type rankFigures map[string]float64
+	var got map[int]rankFigures
+	var why string
+	names := []string{"allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "device_used_bytes", "device_total_bytes", "headroom_bytes",
+		"growth_bytes_per_batch", "batch", "leader", "members", "alloc_retries_total", "ooms_total", "inactive_split_bytes"}
+	read := func() bool {
+		at := time.Now()
+		got = map[int]rankFigures{}
+		for _, name := range names {
+			ss, err := prom.Query("memsnap_"+name, at)
+			if err != nil {
+				why = err.Error()
+				return false
+			}
+			for _, s := range ss {
+				if s.Labels["run"] != run || s.Labels["node"] != host {
+					t.Fatalf("memsnap_%s labelled %v, want run=%s node=%s", name, s.Labels, run, host)
+				}
+				r, err := strconv.Atoi(s.Labels["rank"])
+				if err != nil || r < 0 || r >= n {
+					t.Fatalf("memsnap_%s labelled %v", name, s.Labels)
+				}
+				if got[r] == nil {
+					got[r] = rankFigures{}
+				}
+				got[r][name] = s.Value
+			}
+		}
+		for r := 0; r < n; r++ {
+			if len(got[r]) != len(names) {
+				why = fmt.Sprintf("rank %d has %d of %d series: %v", r, len(got[r]), len(names), got[r])
+				return false
+			}
+		}
+		return true
+	}
+	// the figures of each rank, as its trainer reported them at the end of a batch
+	check := func() bool {
+		if !read() {
+			return false
+		}
+		for r := 0; r < n; r++ {
+			f := got[r]
+			batch := int64(f["batch"])
+			alloc := base[r][0] + leak[r]*(batch+1)
+			peak := base[r][2] + leak[r]*(batch+1)
+			res := max(base[r][1], (peak+(2<<20)-1)/(2<<20)*(2<<20))
+			want := rankFigures{"allocated_bytes": float64(alloc), "reserved_bytes": float64(res), "peak_allocated_bytes": float64(peak),
+				"device_total_bytes": float64(devTotal), "device_used_bytes": float64(res), "headroom_bytes": float64(devTotal - res + max(res-peak, 0)),
+				"growth_bytes_per_batch": float64(leak[r]), "alloc_retries_total": 0, "ooms_total": 0, "inactive_split_bytes": 0,
+				"members": n, "leader": 0}
+			if r == 0 {
+				want["leader"] = 1
+			}
+			for k, v := range want {
+				if f[k] != v {
+					why = fmt.Sprintf("rank %d at batch %d: memsnap_%s = %v, want %v", r, batch, k, f[k], v)
+					return false
+				}
+			}
+		}
+		return true
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("the last mismatch: %s", why)
+		}
+	}()
+	testutil.Eventually(t, 2*time.Minute, "Prometheus's figures to be the trainers'", check)
+	// and they move: a leaking rank's allocated bytes are more a moment later
+	first := got[2]["allocated_bytes"]
+	testutil.Eventually(t, time.Minute, "rank 2's leak to show in a later scrape", func() bool {
+		return check() && got[2]["allocated_bytes"] > first
+	})
+	// the cluster's least headroom is one query away
+	worst, err := prom.Query("bottomk(1, memsnap_headroom_bytes)", time.Time{})
+	if err != nil || len(worst) != 1 || worst[0].Labels["rank"] == "" {
+		t.Fatalf("bottomk: %v %v (%s)", worst, err, why)
+	}
+}

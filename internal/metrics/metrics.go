@@ -1,0 +1,213 @@
+// Package metrics serves an agent's Prometheus metrics: its trainer's memory as
+// the hook last reported it (with the device's, through NVML when it can be
+// read), and the agent's own health. Every figure is read when Prometheus
+// scrapes, from the agent and its cluster member, so nothing is kept twice.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+// Source is what the metrics are read from. Memory and Stats are the rank
+// agent's; the cluster's figures are nil for a standalone agent.
+type Source struct {
+	Run  string
+	Rank int
+	Node string // the host the rank runs on
+
+	Memory     func() (rankagent.MemoryView, bool)
+	Stats      func() rankagent.Stats
+	SpoolBytes func() int64
+
+	Members func() int    // members this agent sees, itself included
+	Term    func() uint64 // the leadership term it believes
+	Leading func() bool
+}
+
+// collector turns a Source into metrics at each scrape.
+type collector struct {
+	src    Source
+	labels []string
+	descs  map[string]*prometheus.Desc
+}
+
+type metricDef struct {
+	name, help string
+	extra      []string // labels besides run, rank and node
+}
+
+var defs = []metricDef{
+	{"memsnap_allocated_bytes", "Bytes in the trainer's live tensors at the end of its last reported batch (torch allocated_bytes.all.current).", nil},
+	{"memsnap_reserved_bytes", "Bytes the trainer's caching allocator holds from the device (torch reserved_bytes.all.current).", nil},
+	{"memsnap_peak_allocated_bytes", "The most the trainer ever had allocated, since it started or last reset its peak (torch allocated_bytes.all.peak).", nil},
+	{"memsnap_inactive_split_bytes", "Free bytes inside split blocks of the allocator: fragmentation (torch inactive_split_bytes.all.current).", nil},
+	{"memsnap_alloc_retries_total", "Allocations that freed the allocator's cache and tried again (torch num_alloc_retries).", nil},
+	{"memsnap_ooms_total", "Out-of-memory errors the trainer's allocator raised (torch num_ooms).", nil},
+	{"memsnap_device_used_bytes", "Bytes in use on the trainer's device, by every process (NVML, else cudaMemGetInfo).", nil},
+	{"memsnap_device_total_bytes", "The trainer's device's size in bytes.", nil},
+	{"memsnap_headroom_bytes", "How much more the trainer's peak can grow before an allocation fails: the device's free bytes plus what the allocator holds beyond its peak.", nil},
+	{"memsnap_headroom_ratio", "memsnap_headroom_bytes over the device's size.", nil},
+	{"memsnap_growth_bytes_per_batch", "Allocated bytes added per batch over the last reports (at a batch's end): a leak makes it positive.", nil},
+	{"memsnap_batch", "The batch at whose end the trainer last reported its memory.", nil},
+	{"memsnap_memory_report_timestamp_seconds", "When the agent received the trainer's last memory report (Unix time).", nil},
+	{"memsnap_windows_total", "Windows this agent took part in, by what became of its rank's part.", []string{"outcome"}},
+	{"memsnap_uploads_total", "Snapshots this agent uploaded to the store.", nil},
+	{"memsnap_upload_failures_total", "Snapshots the store refused for good (kept in the spool's failed/ folder).", nil},
+	{"memsnap_upload_retries_total", "Failed upload attempts that were retried.", nil},
+	{"memsnap_uploads_pending", "Snapshots waiting in the spool for the store.", nil},
+	{"memsnap_spool_bytes", "Bytes in the agent's spool.", nil},
+	{"memsnap_members", "Cluster members this agent sees, itself included.", nil},
+	{"memsnap_leader_term", "The leadership term this agent believes (the run's log holds it).", nil},
+	{"memsnap_leader", "1 when this agent leads the cluster, else 0.", nil},
+}
+
+func newCollector(src Source) *collector {
+	c := &collector{src: src, labels: []string{src.Run, strconv.Itoa(src.Rank), src.Node}, descs: map[string]*prometheus.Desc{}}
+	for _, d := range defs {
+		c.descs[d.name] = prometheus.NewDesc(d.name, d.help, append([]string{"run", "rank", "node"}, d.extra...), nil)
+	}
+	return c
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *collector) emit(ch chan<- prometheus.Metric, name string, t prometheus.ValueType, v float64, extra ...string) {
+	ch <- prometheus.MustNewConstMetric(c.descs[name], t, v, append(append([]string{}, c.labels...), extra...)...)
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	g, k := prometheus.GaugeValue, prometheus.CounterValue
+	if c.src.Memory != nil {
+		if v, ok := c.src.Memory(); ok {
+			c.emit(ch, "memsnap_allocated_bytes", g, float64(v.Allocated))
+			c.emit(ch, "memsnap_reserved_bytes", g, float64(v.Reserved))
+			c.emit(ch, "memsnap_peak_allocated_bytes", g, float64(v.Peak))
+			c.emit(ch, "memsnap_inactive_split_bytes", g, float64(v.InactiveSplit))
+			c.emit(ch, "memsnap_alloc_retries_total", k, float64(v.AllocRetries))
+			c.emit(ch, "memsnap_ooms_total", k, float64(v.OOMs))
+			c.emit(ch, "memsnap_batch", g, float64(v.Batch))
+			c.emit(ch, "memsnap_growth_bytes_per_batch", g, v.Growth)
+			c.emit(ch, "memsnap_memory_report_timestamp_seconds", g, float64(v.At.UnixNano())/1e9)
+			if v.DeviceTotal > 0 {
+				c.emit(ch, "memsnap_device_used_bytes", g, float64(v.DeviceUsed))
+				c.emit(ch, "memsnap_device_total_bytes", g, float64(v.DeviceTotal))
+				c.emit(ch, "memsnap_headroom_bytes", g, float64(v.Headroom))
+				c.emit(ch, "memsnap_headroom_ratio", g, float64(v.Headroom)/float64(v.DeviceTotal))
+			}
+		}
+	}
+	if c.src.Stats != nil {
+		s := c.src.Stats()
+		c.emit(ch, "memsnap_windows_total", k, float64(s.WindowsRecorded), "recorded")
+		c.emit(ch, "memsnap_windows_total", k, float64(s.WindowsPartial), "partial")
+		c.emit(ch, "memsnap_windows_total", k, float64(s.WindowsMissed), "missed")
+		c.emit(ch, "memsnap_uploads_total", k, float64(s.Uploaded))
+		c.emit(ch, "memsnap_upload_failures_total", k, float64(s.UploadFailed))
+		c.emit(ch, "memsnap_upload_retries_total", k, float64(s.Retries))
+		c.emit(ch, "memsnap_uploads_pending", g, float64(s.Pending))
+	}
+	if c.src.SpoolBytes != nil {
+		c.emit(ch, "memsnap_spool_bytes", g, float64(c.src.SpoolBytes()))
+	}
+	if c.src.Members != nil {
+		c.emit(ch, "memsnap_members", g, float64(c.src.Members()))
+	}
+	if c.src.Term != nil {
+		c.emit(ch, "memsnap_leader_term", g, float64(c.src.Term()))
+	}
+	if c.src.Leading != nil {
+		lead := 0.0
+		if c.src.Leading() {
+			lead = 1
+		}
+		c.emit(ch, "memsnap_leader", g, lead)
+	}
+}
+
+// Handler serves src's metrics (and the agent process's own: Go runtime and
+// process figures) in Prometheus's text format.
+func Handler(src Source) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newCollector(src), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, MaxRequestsInFlight: 4, Timeout: 10 * time.Second})
+}
+
+// ListenAddr is addr with a loopback host when it names none (":9400" is
+// "127.0.0.1:9400"): metrics are served beyond the machine only when asked.
+func ListenAddr(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("--metrics-addr %q: want [HOST]:PORT: %v", addr, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return "", fmt.Errorf("--metrics-addr %q: port %q is not a number from 0 to 65535", addr, port)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// Server serves the metrics at /metrics on a listener.
+type Server struct {
+	ln  net.Listener
+	srv *http.Server
+	log *slog.Logger
+}
+
+// Listen opens addr (see ListenAddr) for src's metrics; Serve serves them.
+func Listen(addr string, src Source, log *slog.Logger) (*Server, error) {
+	a, err := ListenAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", a)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", Handler(src))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintln(w, "memsnap agent: metrics at /metrics")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
+		IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+	return &Server{ln: ln, srv: srv, log: log}, nil
+}
+
+// Addr is where the metrics are served.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Serve serves until ctx ends.
+func (s *Server) Serve(ctx context.Context) {
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s.srv.Shutdown(sctx)
+	}()
+	if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) && s.log != nil {
+		s.log.Warn("the metrics server stopped", "err", err)
+	}
+}

@@ -1,0 +1,76 @@
+package metrics
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+func TestListenAddr(t *testing.T) {
+	for in, want := range map[string]string{":9400": "127.0.0.1:9400", "0.0.0.0:9400": "0.0.0.0:9400", "[::1]:0": "[::1]:0", "localhost:80": "localhost:80"} {
+		if got, err := ListenAddr(in); err != nil || got != want {
+			t.Errorf("ListenAddr(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"9400", "host:", ":port", ":70000", ""} {
+		if got, err := ListenAddr(in); err == nil {
+			t.Errorf("ListenAddr(%q) = %q, want an error", in, got)
+		}
+	}
+}
+
+// TestServed: the metrics are served at /metrics with the run, rank and node
+// labels; no memory figures are made up before the trainer reports any, and a
+// standalone agent has no cluster figures.
+func TestServed(t *testing.T) {
+	var have bool
+	src := Source{Run: "r1", Rank: 3, Node: "n7",
+		Memory: func() (rankagent.MemoryView, bool) {
+			return rankagent.MemoryView{Batch: 9, Memory: rankagent.Memory{Allocated: 1234, Reserved: 4096, Peak: 2000}, DeviceTotal: 8192, DeviceUsed: 4096, Headroom: 6192}, have
+		},
+		Stats:      func() rankagent.Stats { return rankagent.Stats{WindowsRecorded: 2, Pending: 1} },
+		SpoolBytes: func() int64 { return 77 }}
+	s, err := Listen("127.0.0.1:0", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	get := func() string {
+		c := &http.Client{Timeout: 10 * time.Second}
+		resp, err := c.Get("http://" + s.Addr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	out := get()
+	for _, want := range []string{`memsnap_windows_total{node="n7",outcome="recorded",rank="3",run="r1"} 2`, `memsnap_uploads_pending{node="n7",rank="3",run="r1"} 1`,
+		`memsnap_spool_bytes{node="n7",rank="3",run="r1"} 77`, "go_goroutines", "process_resident_memory_bytes"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %s in:\n%s", want, out)
+		}
+	}
+	for _, absent := range []string{"memsnap_allocated_bytes", "memsnap_leader", "memsnap_members"} {
+		if strings.Contains(out, absent+"{") {
+			t.Errorf("%s served before a report / without a cluster:\n%s", absent, out)
+		}
+	}
+	have = true
+	out = get()
+	for _, want := range []string{`memsnap_allocated_bytes{node="n7",rank="3",run="r1"} 1234`, `memsnap_headroom_ratio{node="n7",rank="3",run="r1"} 0.755859375`,
+		`memsnap_batch{node="n7",rank="3",run="r1"} 9`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %s in:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,137 @@
+package testutil
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Prometheus is a real Prometheus server (Debian's `prometheus`) a test runs on a
+// free loopback port, scraping the targets it was given every second.
+type Prometheus struct {
+	URL string
+	t   testing.TB
+}
+
+// StartPrometheus starts Prometheus scraping targets (host:port, /metrics) every
+// second; it is stopped when the test ends. Without a `prometheus` binary the
+// test is skipped, except under CI=true, where it fails.
+func StartPrometheus(t testing.TB, targets []string) *Prometheus {
+	t.Helper()
+	bin, err := exec.LookPath("prometheus")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("prometheus is required under CI (Debian's prometheus package; .ci/run installs it)")
+		}
+		t.Skip("prometheus not found")
+	}
+	dir := t.TempDir()
+	quoted := make([]string, len(targets))
+	for i, tg := range targets {
+		quoted[i] = strconv.Quote(tg)
+	}
+	cfg := fmt.Sprintf("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: memsnap\n    static_configs:\n      - targets: [%s]\n",
+		strings.Join(quoted, ", "))
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr)
+	log := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("prometheus said:\n%s", log.String())
+		}
+	})
+	p := &Prometheus{URL: "http://" + addr, t: t}
+	Eventually(t, time.Minute, "Prometheus to be ready", func() bool {
+		resp, err := http.Get(p.URL + "/-/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	return p
+}
+
+// Sample is one series of an instant query: its labels and value.
+type Sample struct {
+	Labels map[string]string
+	Value  float64
+}
+
+// Query evaluates an instant PromQL query at time at (now when zero).
+func (p *Prometheus) Query(query string, at time.Time) ([]Sample, error) {
+	v := url.Values{"query": {query}}
+	if !at.IsZero() {
+		v.Set("time", strconv.FormatFloat(float64(at.UnixMilli())/1000, 'f', 3, 64))
+	}
+	resp, err := http.Get(p.URL + "/api/v1/query?" + v.Encode())
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			Result []struct {
+				Metric map[string]string `json:"metric"`
+				Value  [2]any            `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return nil, err
+	}
+	if body.Status != "success" {
+		return nil, fmt.Errorf("prometheus: %s", body.Error)
+	}
+	out := make([]Sample, 0, len(body.Data.Result))
+	for _, r := range body.Data.Result {
+		s, _ := r.Value[1].(string)
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return nil, fmt.Errorf("prometheus: value %v", r.Value[1])
+		}
+		out = append(out, Sample{Labels: r.Metric, Value: f})
+	}
+	return out, nil
+}
+
+// lockedBuffer is a buffer a process writes while a test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,97 @@
+package rankagent
+
+import (
+	"io/fs"
+	"path/filepath"
+	"time"
+)
+
+// The trainer's live memory: the hook reports its allocator's figures at the end
+// of a batch, at most once a second (a "memory" message); the agent keeps the
+// last few reports and reads the device through NVML when it can. MemoryView is
+// what the metrics and the leader's cluster view read.
+
+// MemoryView is one rank's memory now.
+type MemoryView struct {
+	Batch  int64     // the batch at whose end the figures were read
+	At     time.Time // when the agent received them
+	Memory           // the hook's figures
+	// DeviceUsed and DeviceTotal are the device's bytes in use (every process's)
+	// and its size: NVML's when the agent reads the device, else the hook's
+	// cudaMemGetInfo.
+	DeviceUsed, DeviceTotal int64
+	FromNVML                bool
+	// Headroom is how much more this rank's peak can grow before an allocation
+	// fails: the device's free bytes plus what the allocator holds beyond its peak
+	// (reserved − peak, at least 0). Fragmentation can make it less.
+	Headroom int64
+	// Growth is the allocated bytes added per batch over the reports kept (at the
+	// end of a batch, when a step's temporaries are freed): a leak grows it.
+	// Zero until two reports of different batches arrived.
+	Growth float64
+}
+
+// memoryKeep is how many reports the growth is measured over (at most one a
+// second: about a quarter of a minute).
+const memoryKeep = 16
+
+type memoryReport struct {
+	batch int64
+	at    time.Time
+	m     Memory
+}
+
+// noteMemoryLocked keeps a memory report; a report of an earlier batch than the
+// last (a restarted trainer) starts the history again.
+func (a *Agent) noteMemoryLocked(batch int64, m Memory) {
+	r := memoryReport{batch: batch, at: time.Now(), m: m}
+	if n := len(a.mem); n > 0 && batch < a.mem[n-1].batch {
+		a.mem = a.mem[:0]
+	}
+	if len(a.mem) == memoryKeep {
+		copy(a.mem, a.mem[1:])
+		a.mem = a.mem[:memoryKeep-1]
+	}
+	a.mem = append(a.mem, r)
+}
+
+// Memory returns the trainer's memory as last reported, and false before any
+// report (or once the trainer is gone).
+func (a *Agent) Memory() (MemoryView, bool) {
+	a.mu.Lock()
+	if len(a.mem) == 0 {
+		a.mu.Unlock()
+		return MemoryView{}, false
+	}
+	first, last := a.mem[0], a.mem[len(a.mem)-1]
+	d, pid := a.device, a.hookPID
+	a.mu.Unlock()
+	v := MemoryView{Batch: last.batch, At: last.at, Memory: last.m}
+	v.DeviceTotal, v.DeviceUsed = last.m.DeviceTotal, last.m.DeviceTotal-last.m.DeviceFree
+	if d != nil {
+		if s, err := d.Sample(pid); err == nil && d.Info().TotalBytes > 0 {
+			v.DeviceTotal, v.DeviceUsed, v.FromNVML = d.Info().TotalBytes, s.DeviceUsedBytes, true
+		}
+	}
+	free := max(v.DeviceTotal-v.DeviceUsed, 0)
+	v.Headroom = free + max(last.m.Reserved-last.m.Peak, 0)
+	if last.batch > first.batch {
+		v.Growth = float64(last.m.Allocated-first.m.Allocated) / float64(last.batch-first.batch)
+	}
+	return v, true
+}
+
+// SpoolBytes is the size of what the spool holds: snapshots waiting for the
+// store, refused ones, and those being taken in.
+func (a *Agent) SpoolBytes() int64 {
+	var n int64
+	filepath.WalkDir(a.cfg.Spool, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
