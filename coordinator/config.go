@@ -118,6 +118,9 @@ type Config struct {
 	LeadMargin time.Duration
 	// StatusTimeout bounds the wait for the ranks' status before a plan.
 	StatusTimeout time.Duration
+	// FiguresInterval is how often a rank sends its trainer's memory figures to
+	// the leader (0: never); the leader's view of the job is that fresh.
+	FiguresInterval time.Duration
 	// JoinGrace is how long the leader waits, before planning a window, for ranks
 	// that are not members yet; the window goes on without those still absent.
 	JoinGrace time.Duration
@@ -205,6 +208,7 @@ func DefaultConfig(id rankagent.Identity) Config {
 		OnOOM:           true,
 		LeadMargin:      300 * time.Millisecond,
 		StatusTimeout:   3 * time.Second,
+		FiguresInterval: 5 * time.Second,
 		JoinGrace:       10 * time.Second,
 		RejoinGrace:     5 * time.Second,
 		AckTimeout:      10 * time.Second,
@@ -243,6 +247,7 @@ func DefaultLocalConfig(id rankagent.Identity) Config {
 	c.Schedule.Enabled = false
 	c.LeadMargin = 200 * time.Millisecond
 	c.StatusTimeout = 2 * time.Second
+	c.FiguresInterval = time.Second
 	c.JoinGrace = 5 * time.Second
 	c.AckTimeout = 5 * time.Second
 	c.CollectTimeout = 30 * time.Second

@@ -104,6 +104,7 @@ type Coordinator struct {
 	last       lastWindow         // the rank's latest window, for status answers
 	pm         lastWindow         // the rank's latest post-mortem
 	inc        *incident          // this rank's trainer's latest OOM or crash
+	views      map[int]rankView   // every rank's last memory figures, as received (view.go)
 	dropped    int
 	refused    refusals
 	changed    chan struct{}      // membership changed
@@ -214,6 +215,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		c.spawn(func() { c.clockLoop(ctx) })
 		c.spawn(func() { c.rep.run(ctx) })
 		c.spawn(func() { c.incidentLoop(ctx) })
+		c.spawn(func() { c.figuresLoop(ctx) })
 	}
 	if err := c.join(ctx); err != nil && ctx.Err() == nil {
 		return err

@@ -56,7 +56,7 @@ func (c *Coordinator) dispatch(ctx context.Context) {
 // seq) rather than asking something itself.
 func isReply(env *pb.Envelope) bool {
 	switch env.Body.(type) {
-	case *pb.Envelope_Status, *pb.Envelope_Ack, *pb.Envelope_ClockReply, *pb.Envelope_Progress, *pb.Envelope_WindowResult:
+	case *pb.Envelope_Status, *pb.Envelope_Ack, *pb.Envelope_ClockReply, *pb.Envelope_Progress, *pb.Envelope_WindowResult, *pb.Envelope_View:
 		return true
 	}
 	return false
@@ -105,6 +105,10 @@ func (c *Coordinator) handle(env *pb.Envelope) {
 		c.toLeader(env)
 	case *pb.Envelope_Request:
 		c.toLeader(env)
+	case *pb.Envelope_Figures:
+		c.onFigures(env, b.Figures)
+	case *pb.Envelope_ViewRequest:
+		c.answerView(env)
 	}
 }
 

@@ -102,6 +102,56 @@ func checkEnvelope(e *pb.Envelope) error {
 		return checkLong(b.Cancel.Reason)
 	case *pb.Envelope_Dump:
 		return checkDump(b.Dump)
+	case *pb.Envelope_Figures:
+		return checkFigures(b.Figures)
+	case *pb.Envelope_View:
+		return checkView(b.View)
+	}
+	return nil
+}
+
+// maxFigure bounds every byte count of a rank's figures (1 PiB), as the trainer
+// socket does.
+const maxFigure = 1 << 50
+
+func checkFigures(f *pb.Figures) error {
+	if f == nil {
+		return bad("no figures")
+	}
+	for _, v := range []int64{f.Batch, f.Allocated, f.Reserved, f.Peak, f.InactiveSplit, f.AllocRetries, f.Ooms, f.DeviceUsed, f.DeviceTotal, f.Headroom} {
+		if v < 0 || v > maxFigure {
+			return bad("a figure of %d", v)
+		}
+	}
+	if math.IsNaN(f.Growth) || math.Abs(f.Growth) > maxFigure {
+		return bad("growth %v", f.Growth)
+	}
+	if f.DeviceTotal > 0 && f.DeviceUsed > f.DeviceTotal {
+		return bad("device used %d of %d", f.DeviceUsed, f.DeviceTotal)
+	}
+	return nil
+}
+
+func checkView(v *pb.ClusterView) error {
+	if len(v.Ranks) > merge.MaxRanks {
+		return bad("a view of %d ranks", len(v.Ranks))
+	}
+	if err := checkRank("leader rank", v.LeaderRank, true); err != nil {
+		return err
+	}
+	if v.WorldSize < 0 || v.WorldSize > merge.MaxRanks {
+		return bad("world size %d", v.WorldSize)
+	}
+	for _, r := range v.Ranks {
+		if err := checkRank("rank", r.Rank, false); err != nil {
+			return err
+		}
+		if err := checkFigures(r.Figures); err != nil {
+			return err
+		}
+		if r.AgeMs < 0 || len(r.Node) > 256 {
+			return bad("age %d, node of %d bytes", r.AgeMs, len(r.Node))
+		}
 	}
 	return nil
 }

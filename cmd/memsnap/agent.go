@@ -166,7 +166,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *metricsAddr != "" {
 		src := metrics.Source{Run: id.RunName, Rank: id.Rank, Node: hostname(), Memory: a.Memory, Stats: a.Stats, SpoolBytes: a.SpoolBytes}
 		if member != nil {
-			src.Members, src.Term, src.Leading = member.Coord.NumMembers, member.Coord.Term, member.Coord.IsLeader
+			src.Members, src.Term, src.Leading, src.View = member.Coord.NumMembers, member.Coord.Term, member.Coord.IsLeader, member.Coord.View
 		}
 		ms, err := metrics.Listen(*metricsAddr, src, log)
 		if err != nil {

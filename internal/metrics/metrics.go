@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -35,6 +36,9 @@ type Source struct {
 	Members func() int    // members this agent sees, itself included
 	Term    func() uint64 // the leadership term it believes
 	Leading func() bool
+	// View is the job's memory as this member holds it (every rank's, on the
+	// leader): served while it leads, so one scrape target answers for the job.
+	View func() *pb.ClusterView
 }
 
 // collector turns a Source into metrics at each scrape.
@@ -74,10 +78,25 @@ var defs = []metricDef{
 	{"memsnap_leader", "1 when this agent leads the cluster, else 0.", nil},
 }
 
+// clusterDefs are the leader's metrics of every rank: labelled by the rank they
+// are of (and its node), not the leader's.
+var clusterDefs = []metricDef{
+	{"memsnap_cluster_headroom_min_bytes", "The job's least headroom, labelled with the rank that has it (served by the leader).", nil},
+	{"memsnap_cluster_ranks_reporting", "Ranks whose memory figures the leader holds (served by the leader).", nil},
+	{"memsnap_cluster_rank_headroom_bytes", "Each rank's headroom as the leader last heard it.", nil},
+	{"memsnap_cluster_rank_allocated_bytes", "Each rank's allocated bytes as the leader last heard them.", nil},
+	{"memsnap_cluster_rank_growth_bytes_per_batch", "Each rank's growth per batch as the leader last heard it.", nil},
+	{"memsnap_cluster_rank_report_age_seconds", "How long ago the leader heard each rank's figures.", nil},
+}
+
 func newCollector(src Source) *collector {
 	c := &collector{src: src, labels: []string{src.Run, strconv.Itoa(src.Rank), src.Node}, descs: map[string]*prometheus.Desc{}}
-	for _, d := range defs {
-		c.descs[d.name] = prometheus.NewDesc(d.name, d.help, append([]string{"run", "rank", "node"}, d.extra...), nil)
+	for _, d := range append(append([]metricDef{}, defs...), clusterDefs...) {
+		labels := append([]string{"run", "rank", "node"}, d.extra...)
+		if d.name == "memsnap_cluster_ranks_reporting" {
+			labels = []string{"run"}
+		}
+		c.descs[d.name] = prometheus.NewDesc(d.name, d.help, labels, nil)
 	}
 	return c
 }
@@ -138,6 +157,34 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			lead = 1
 		}
 		c.emit(ch, "memsnap_leader", g, lead)
+		if lead == 1 && c.src.View != nil {
+			c.collectView(ch, c.src.View())
+		}
+	}
+}
+
+// collectView serves the leader's view: every rank's figures, and the least
+// headroom with its rank.
+func (c *collector) collectView(ch chan<- prometheus.Metric, v *pb.ClusterView) {
+	g := prometheus.GaugeValue
+	ch <- prometheus.MustNewConstMetric(c.descs["memsnap_cluster_ranks_reporting"], g, float64(len(v.Ranks)), c.src.Run)
+	var worst *pb.RankFigures
+	for _, r := range v.Ranks {
+		lv := []string{c.src.Run, strconv.Itoa(int(r.Rank)), r.Node}
+		f := r.Figures
+		if f.DeviceTotal > 0 {
+			ch <- prometheus.MustNewConstMetric(c.descs["memsnap_cluster_rank_headroom_bytes"], g, float64(f.Headroom), lv...)
+			if worst == nil || f.Headroom < worst.Figures.Headroom {
+				worst = r
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.descs["memsnap_cluster_rank_allocated_bytes"], g, float64(f.Allocated), lv...)
+		ch <- prometheus.MustNewConstMetric(c.descs["memsnap_cluster_rank_growth_bytes_per_batch"], g, f.Growth, lv...)
+		ch <- prometheus.MustNewConstMetric(c.descs["memsnap_cluster_rank_report_age_seconds"], g, float64(r.AgeMs)/1000, lv...)
+	}
+	if worst != nil {
+		ch <- prometheus.MustNewConstMetric(c.descs["memsnap_cluster_headroom_min_bytes"], g, float64(worst.Figures.Headroom),
+			c.src.Run, strconv.Itoa(int(worst.Rank)), worst.Node)
 	}
 }
 

@@ -443,6 +443,9 @@ type Envelope struct {
 	//	*Envelope_ClockProbe
 	//	*Envelope_ClockReply
 	//	*Envelope_Dump
+	//	*Envelope_Figures
+	//	*Envelope_ViewRequest
+	//	*Envelope_View
 	Body          isEnvelope_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -642,6 +645,33 @@ func (x *Envelope) GetDump() *Dump {
 	return nil
 }
 
+func (x *Envelope) GetFigures() *Figures {
+	if x != nil {
+		if x, ok := x.Body.(*Envelope_Figures); ok {
+			return x.Figures
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetViewRequest() *ViewRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Envelope_ViewRequest); ok {
+			return x.ViewRequest
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetView() *ClusterView {
+	if x != nil {
+		if x, ok := x.Body.(*Envelope_View); ok {
+			return x.View
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Body interface {
 	isEnvelope_Body()
 }
@@ -694,6 +724,18 @@ type Envelope_Dump struct {
 	Dump *Dump `protobuf:"bytes,21,opt,name=dump,proto3,oneof"`
 }
 
+type Envelope_Figures struct {
+	Figures *Figures `protobuf:"bytes,22,opt,name=figures,proto3,oneof"`
+}
+
+type Envelope_ViewRequest struct {
+	ViewRequest *ViewRequest `protobuf:"bytes,23,opt,name=view_request,json=viewRequest,proto3,oneof"`
+}
+
+type Envelope_View struct {
+	View *ClusterView `protobuf:"bytes,24,opt,name=view,proto3,oneof"`
+}
+
 func (*Envelope_StatusRequest) isEnvelope_Body() {}
 
 func (*Envelope_Status) isEnvelope_Body() {}
@@ -717,6 +759,12 @@ func (*Envelope_ClockProbe) isEnvelope_Body() {}
 func (*Envelope_ClockReply) isEnvelope_Body() {}
 
 func (*Envelope_Dump) isEnvelope_Body() {}
+
+func (*Envelope_Figures) isEnvelope_Body() {}
+
+func (*Envelope_ViewRequest) isEnvelope_Body() {}
+
+func (*Envelope_View) isEnvelope_Body() {}
 
 // StatusRequest asks a rank where its trainer and its latest window stand.
 type StatusRequest struct {
@@ -1793,6 +1841,306 @@ func (x *Dump) GetKind() WindowKind {
 	return WindowKind_WINDOW_KIND_UNSPECIFIED
 }
 
+// Figures are one rank's memory as its trainer last reported it (docs/metrics.md),
+// sent by its agent to the leader every few seconds.
+type Figures struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Batch         int64                  `protobuf:"varint,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	Allocated     int64                  `protobuf:"varint,2,opt,name=allocated,proto3" json:"allocated,omitempty"`
+	Reserved      int64                  `protobuf:"varint,3,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	Peak          int64                  `protobuf:"varint,4,opt,name=peak,proto3" json:"peak,omitempty"`
+	InactiveSplit int64                  `protobuf:"varint,5,opt,name=inactive_split,json=inactiveSplit,proto3" json:"inactive_split,omitempty"`
+	AllocRetries  int64                  `protobuf:"varint,6,opt,name=alloc_retries,json=allocRetries,proto3" json:"alloc_retries,omitempty"`
+	Ooms          int64                  `protobuf:"varint,7,opt,name=ooms,proto3" json:"ooms,omitempty"`
+	DeviceUsed    int64                  `protobuf:"varint,8,opt,name=device_used,json=deviceUsed,proto3" json:"device_used,omitempty"`
+	DeviceTotal   int64                  `protobuf:"varint,9,opt,name=device_total,json=deviceTotal,proto3" json:"device_total,omitempty"`
+	Headroom      int64                  `protobuf:"varint,10,opt,name=headroom,proto3" json:"headroom,omitempty"`
+	Growth        float64                `protobuf:"fixed64,11,opt,name=growth,proto3" json:"growth,omitempty"`        // allocated bytes per batch over the last reports
+	AtUs          int64                  `protobuf:"varint,12,opt,name=at_us,json=atUs,proto3" json:"at_us,omitempty"` // when the rank's agent received them (its clock)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Figures) Reset() {
+	*x = Figures{}
+	mi := &file_internal_pb_cluster_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Figures) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Figures) ProtoMessage() {}
+
+func (x *Figures) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_pb_cluster_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Figures.ProtoReflect.Descriptor instead.
+func (*Figures) Descriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Figures) GetBatch() int64 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *Figures) GetAllocated() int64 {
+	if x != nil {
+		return x.Allocated
+	}
+	return 0
+}
+
+func (x *Figures) GetReserved() int64 {
+	if x != nil {
+		return x.Reserved
+	}
+	return 0
+}
+
+func (x *Figures) GetPeak() int64 {
+	if x != nil {
+		return x.Peak
+	}
+	return 0
+}
+
+func (x *Figures) GetInactiveSplit() int64 {
+	if x != nil {
+		return x.InactiveSplit
+	}
+	return 0
+}
+
+func (x *Figures) GetAllocRetries() int64 {
+	if x != nil {
+		return x.AllocRetries
+	}
+	return 0
+}
+
+func (x *Figures) GetOoms() int64 {
+	if x != nil {
+		return x.Ooms
+	}
+	return 0
+}
+
+func (x *Figures) GetDeviceUsed() int64 {
+	if x != nil {
+		return x.DeviceUsed
+	}
+	return 0
+}
+
+func (x *Figures) GetDeviceTotal() int64 {
+	if x != nil {
+		return x.DeviceTotal
+	}
+	return 0
+}
+
+func (x *Figures) GetHeadroom() int64 {
+	if x != nil {
+		return x.Headroom
+	}
+	return 0
+}
+
+func (x *Figures) GetGrowth() float64 {
+	if x != nil {
+		return x.Growth
+	}
+	return 0
+}
+
+func (x *Figures) GetAtUs() int64 {
+	if x != nil {
+		return x.AtUs
+	}
+	return 0
+}
+
+// ViewRequest asks a member (the leader) for its view of the job's memory.
+type ViewRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ViewRequest) Reset() {
+	*x = ViewRequest{}
+	mi := &file_internal_pb_cluster_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ViewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ViewRequest) ProtoMessage() {}
+
+func (x *ViewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_pb_cluster_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ViewRequest.ProtoReflect.Descriptor instead.
+func (*ViewRequest) Descriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{16}
+}
+
+// ClusterView is every rank's last figures as the answering member holds them.
+type ClusterView struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ranks         []*RankFigures         `protobuf:"bytes,1,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	WorldSize     int32                  `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	LeaderRank    int32                  `protobuf:"varint,3,opt,name=leader_rank,json=leaderRank,proto3" json:"leader_rank,omitempty"` // the rank that answered, when it leads (-1 otherwise)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterView) Reset() {
+	*x = ClusterView{}
+	mi := &file_internal_pb_cluster_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterView) ProtoMessage() {}
+
+func (x *ClusterView) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_pb_cluster_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterView.ProtoReflect.Descriptor instead.
+func (*ClusterView) Descriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ClusterView) GetRanks() []*RankFigures {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+func (x *ClusterView) GetWorldSize() int32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *ClusterView) GetLeaderRank() int32 {
+	if x != nil {
+		return x.LeaderRank
+	}
+	return 0
+}
+
+type RankFigures struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Figures       *Figures               `protobuf:"bytes,2,opt,name=figures,proto3" json:"figures,omitempty"`
+	AgeMs         int64                  `protobuf:"varint,3,opt,name=age_ms,json=ageMs,proto3" json:"age_ms,omitempty"` // how long ago the answering member received them
+	Node          string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`                 // the rank's host
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankFigures) Reset() {
+	*x = RankFigures{}
+	mi := &file_internal_pb_cluster_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankFigures) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankFigures) ProtoMessage() {}
+
+func (x *RankFigures) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_pb_cluster_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankFigures.ProtoReflect.Descriptor instead.
+func (*RankFigures) Descriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RankFigures) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RankFigures) GetFigures() *Figures {
+	if x != nil {
+		return x.Figures
+	}
+	return nil
+}
+
+func (x *RankFigures) GetAgeMs() int64 {
+	if x != nil {
+		return x.AgeMs
+	}
+	return 0
+}
+
+func (x *RankFigures) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 var File_internal_pb_cluster_proto protoreflect.FileDescriptor
 
 const file_internal_pb_cluster_proto_rawDesc = "" +
@@ -1813,7 +2161,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"lastWindow\x12\x1a\n" +
 	"\bhostname\x18\t \x01(\tR\bhostname\x12\x12\n" +
 	"\x04term\x18\f \x01(\x04R\x04termJ\x04\b\n" +
-	"\x10\vJ\x04\b\v\x10\f\"\xae\x06\n" +
+	"\x10\vJ\x04\b\v\x10\f\"\xcc\a\n" +
 	"\bEnvelope\x12\x1f\n" +
 	"\vsender_rank\x18\x01 \x01(\x05R\n" +
 	"senderRank\x12\x1b\n" +
@@ -1838,7 +2186,10 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"clockProbe\x129\n" +
 	"\vclock_reply\x18\x14 \x01(\v2\x16.memsnap.v1.ClockReplyH\x00R\n" +
 	"clockReply\x12&\n" +
-	"\x04dump\x18\x15 \x01(\v2\x10.memsnap.v1.DumpH\x00R\x04dumpB\x06\n" +
+	"\x04dump\x18\x15 \x01(\v2\x10.memsnap.v1.DumpH\x00R\x04dump\x12/\n" +
+	"\afigures\x18\x16 \x01(\v2\x13.memsnap.v1.FiguresH\x00R\afigures\x12<\n" +
+	"\fview_request\x18\x17 \x01(\v2\x17.memsnap.v1.ViewRequestH\x00R\vviewRequest\x12-\n" +
+	"\x04view\x18\x18 \x01(\v2\x17.memsnap.v1.ClusterViewH\x00R\x04viewB\x06\n" +
 	"\x04body\"\x0f\n" +
 	"\rStatusRequest\"\xc6\x02\n" +
 	"\x06Status\x12\x14\n" +
@@ -1939,7 +2290,34 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x1f\n" +
 	"\vfailed_rank\x18\x02 \x01(\x05R\n" +
 	"failedRank\x12*\n" +
-	"\x04kind\x18\x03 \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind*m\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind\"\xda\x02\n" +
+	"\aFigures\x12\x14\n" +
+	"\x05batch\x18\x01 \x01(\x03R\x05batch\x12\x1c\n" +
+	"\tallocated\x18\x02 \x01(\x03R\tallocated\x12\x1a\n" +
+	"\breserved\x18\x03 \x01(\x03R\breserved\x12\x12\n" +
+	"\x04peak\x18\x04 \x01(\x03R\x04peak\x12%\n" +
+	"\x0einactive_split\x18\x05 \x01(\x03R\rinactiveSplit\x12#\n" +
+	"\ralloc_retries\x18\x06 \x01(\x03R\fallocRetries\x12\x12\n" +
+	"\x04ooms\x18\a \x01(\x03R\x04ooms\x12\x1f\n" +
+	"\vdevice_used\x18\b \x01(\x03R\n" +
+	"deviceUsed\x12!\n" +
+	"\fdevice_total\x18\t \x01(\x03R\vdeviceTotal\x12\x1a\n" +
+	"\bheadroom\x18\n" +
+	" \x01(\x03R\bheadroom\x12\x16\n" +
+	"\x06growth\x18\v \x01(\x01R\x06growth\x12\x13\n" +
+	"\x05at_us\x18\f \x01(\x03R\x04atUs\"\r\n" +
+	"\vViewRequest\"|\n" +
+	"\vClusterView\x12-\n" +
+	"\x05ranks\x18\x01 \x03(\v2\x17.memsnap.v1.RankFiguresR\x05ranks\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x02 \x01(\x05R\tworldSize\x12\x1f\n" +
+	"\vleader_rank\x18\x03 \x01(\x05R\n" +
+	"leaderRank\"{\n" +
+	"\vRankFigures\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12-\n" +
+	"\afigures\x18\x02 \x01(\v2\x13.memsnap.v1.FiguresR\afigures\x12\x15\n" +
+	"\x06age_ms\x18\x03 \x01(\x03R\x05ageMs\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node*m\n" +
 	"\n" +
 	"WindowKind\x12\x1b\n" +
 	"\x17WINDOW_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
@@ -2000,7 +2378,7 @@ func file_internal_pb_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_internal_pb_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_internal_pb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_internal_pb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_internal_pb_cluster_proto_goTypes = []any{
 	(WindowKind)(0),         // 0: memsnap.v1.WindowKind
 	(Step)(0),               // 1: memsnap.v1.Step
@@ -2021,7 +2399,11 @@ var file_internal_pb_cluster_proto_goTypes = []any{
 	(*ClockProbe)(nil),      // 16: memsnap.v1.ClockProbe
 	(*ClockReply)(nil),      // 17: memsnap.v1.ClockReply
 	(*Dump)(nil),            // 18: memsnap.v1.Dump
-	nil,                     // 19: memsnap.v1.WindowResult.MissingEntry
+	(*Figures)(nil),         // 19: memsnap.v1.Figures
+	(*ViewRequest)(nil),     // 20: memsnap.v1.ViewRequest
+	(*ClusterView)(nil),     // 21: memsnap.v1.ClusterView
+	(*RankFigures)(nil),     // 22: memsnap.v1.RankFigures
+	nil,                     // 23: memsnap.v1.WindowResult.MissingEntry
 }
 var file_internal_pb_cluster_proto_depIdxs = []int32{
 	6,  // 0: memsnap.v1.Envelope.status_request:type_name -> memsnap.v1.StatusRequest
@@ -2036,22 +2418,27 @@ var file_internal_pb_cluster_proto_depIdxs = []int32{
 	16, // 9: memsnap.v1.Envelope.clock_probe:type_name -> memsnap.v1.ClockProbe
 	17, // 10: memsnap.v1.Envelope.clock_reply:type_name -> memsnap.v1.ClockReply
 	18, // 11: memsnap.v1.Envelope.dump:type_name -> memsnap.v1.Dump
-	1,  // 12: memsnap.v1.Status.state:type_name -> memsnap.v1.Step
-	12, // 13: memsnap.v1.Status.result:type_name -> memsnap.v1.RankResult
-	2,  // 14: memsnap.v1.Ack.code:type_name -> memsnap.v1.AckCode
-	1,  // 15: memsnap.v1.Progress.state:type_name -> memsnap.v1.Step
-	11, // 16: memsnap.v1.Progress.steps:type_name -> memsnap.v1.RankStep
-	1,  // 17: memsnap.v1.RankStep.state:type_name -> memsnap.v1.Step
-	0,  // 18: memsnap.v1.SnapshotRequest.kind:type_name -> memsnap.v1.WindowKind
-	3,  // 19: memsnap.v1.WindowResult.state:type_name -> memsnap.v1.Outcome
-	19, // 20: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
-	0,  // 21: memsnap.v1.WindowResult.kind:type_name -> memsnap.v1.WindowKind
-	0,  // 22: memsnap.v1.Dump.kind:type_name -> memsnap.v1.WindowKind
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	19, // 12: memsnap.v1.Envelope.figures:type_name -> memsnap.v1.Figures
+	20, // 13: memsnap.v1.Envelope.view_request:type_name -> memsnap.v1.ViewRequest
+	21, // 14: memsnap.v1.Envelope.view:type_name -> memsnap.v1.ClusterView
+	1,  // 15: memsnap.v1.Status.state:type_name -> memsnap.v1.Step
+	12, // 16: memsnap.v1.Status.result:type_name -> memsnap.v1.RankResult
+	2,  // 17: memsnap.v1.Ack.code:type_name -> memsnap.v1.AckCode
+	1,  // 18: memsnap.v1.Progress.state:type_name -> memsnap.v1.Step
+	11, // 19: memsnap.v1.Progress.steps:type_name -> memsnap.v1.RankStep
+	1,  // 20: memsnap.v1.RankStep.state:type_name -> memsnap.v1.Step
+	0,  // 21: memsnap.v1.SnapshotRequest.kind:type_name -> memsnap.v1.WindowKind
+	3,  // 22: memsnap.v1.WindowResult.state:type_name -> memsnap.v1.Outcome
+	23, // 23: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
+	0,  // 24: memsnap.v1.WindowResult.kind:type_name -> memsnap.v1.WindowKind
+	0,  // 25: memsnap.v1.Dump.kind:type_name -> memsnap.v1.WindowKind
+	22, // 26: memsnap.v1.ClusterView.ranks:type_name -> memsnap.v1.RankFigures
+	19, // 27: memsnap.v1.RankFigures.figures:type_name -> memsnap.v1.Figures
+	28, // [28:28] is the sub-list for method output_type
+	28, // [28:28] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_internal_pb_cluster_proto_init() }
@@ -2072,6 +2459,9 @@ func file_internal_pb_cluster_proto_init() {
 		(*Envelope_ClockProbe)(nil),
 		(*Envelope_ClockReply)(nil),
 		(*Envelope_Dump)(nil),
+		(*Envelope_Figures)(nil),
+		(*Envelope_ViewRequest)(nil),
+		(*Envelope_View)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2079,7 +2469,7 @@ func file_internal_pb_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_pb_cluster_proto_rawDesc), len(file_internal_pb_cluster_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   16,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

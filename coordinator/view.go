@@ -1,0 +1,153 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+// The leader's view of the job's memory: every rank sends its trainer's figures
+// (rankagent.MemoryView) to the member it sees as leader every FiguresInterval,
+// one small packet; the leader keeps the last of each rank and answers a
+// ViewRequest with all of them. Every rank sends to whoever leads, so a new
+// leader has the whole view within one interval. Figures go nowhere else: not in
+// node metadata, not in gossip.
+
+// memoryReader is what a rank's recorder offers when it can tell its trainer's
+// memory (the rank agent does).
+type memoryReader interface {
+	Memory() (rankagent.MemoryView, bool)
+}
+
+// rankView is one rank's last figures as this member received them.
+type rankView struct {
+	f    *pb.Figures
+	at   time.Time
+	node string
+}
+
+// figuresOf turns a rank agent's memory view into the message's figures.
+func figuresOf(v rankagent.MemoryView) *pb.Figures {
+	return &pb.Figures{Batch: v.Batch, Allocated: v.Allocated, Reserved: v.Reserved, Peak: v.Peak, InactiveSplit: v.InactiveSplit,
+		AllocRetries: v.AllocRetries, Ooms: v.OOMs, DeviceUsed: v.DeviceUsed, DeviceTotal: v.DeviceTotal, Headroom: v.Headroom,
+		Growth: v.Growth, AtUs: v.At.UnixMicro()}
+}
+
+// figuresLoop sends this rank's figures to its leader every FiguresInterval
+// (with a tenth of jitter, so a thousand ranks do not send at one moment).
+func (c *Coordinator) figuresLoop(ctx context.Context) {
+	mr, ok := c.rec.(memoryReader)
+	every := c.cfg.FiguresInterval
+	if !ok || every <= 0 {
+		return
+	}
+	for {
+		d := every + time.Duration(rand.Int64N(int64(every)/10+1))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+		v, ok := mr.Memory()
+		if !ok {
+			continue
+		}
+		c.mu.Lock()
+		leader := c.leaderName
+		c.mu.Unlock()
+		if leader == "" {
+			continue
+		}
+		env := c.envelope(0)
+		env.Body = &pb.Envelope_Figures{Figures: figuresOf(v)}
+		c.post(leader, "", env, false)
+	}
+}
+
+// onFigures keeps a rank's figures; only that rank may send them.
+func (c *Coordinator) onFigures(env *pb.Envelope, f *pb.Figures) {
+	if !c.isRankMember(env) {
+		c.refuse(env, "a rank's figures from a member that is not that rank")
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if int(env.SenderRank) >= c.cfg.Identity.WorldSize && c.cfg.Identity.WorldSize > 0 {
+		return
+	}
+	node := ""
+	if m := c.members[env.Sender]; m != nil {
+		node = m.meta.Hostname
+	}
+	if c.views == nil {
+		c.views = map[int]rankView{}
+	}
+	c.views[int(env.SenderRank)] = rankView{f: f, at: time.Now(), node: node}
+}
+
+// View is this member's view of the job's memory: every rank's last figures,
+// the lowest headroom first.
+func (c *Coordinator) View() *pb.ClusterView {
+	now := time.Now()
+	c.mu.Lock()
+	v := &pb.ClusterView{WorldSize: int32(c.cfg.Identity.WorldSize), LeaderRank: -1}
+	if c.lead != nil {
+		v.LeaderRank = int32(c.cfg.Identity.Rank)
+	}
+	for r, rv := range c.views {
+		v.Ranks = append(v.Ranks, &pb.RankFigures{Rank: int32(r), Figures: rv.f, AgeMs: now.Sub(rv.at).Milliseconds(), Node: rv.node})
+	}
+	c.mu.Unlock()
+	// (a rank that leads keeps its own figures as the others send theirs)
+	SortView(v)
+	return v
+}
+
+// SortView orders a view's ranks by headroom, the lowest first (a rank whose
+// device size is unknown last), then by rank.
+func SortView(v *pb.ClusterView) {
+	sort.Slice(v.Ranks, func(i, j int) bool {
+		a, b := v.Ranks[i], v.Ranks[j]
+		ka, kb := a.Figures.DeviceTotal > 0, b.Figures.DeviceTotal > 0
+		if ka != kb {
+			return ka
+		}
+		if a.Figures.Headroom != b.Figures.Headroom {
+			return a.Figures.Headroom < b.Figures.Headroom
+		}
+		return a.Rank < b.Rank
+	})
+}
+
+// answerView answers a ViewRequest with this member's view.
+func (c *Coordinator) answerView(env *pb.Envelope) {
+	r := c.envelope(0)
+	r.Body = &pb.Envelope_View{View: c.View()}
+	c.reply(env, r, true)
+}
+
+// AskView asks the leader for its view of the job's memory.
+func (c *Coordinator) AskView(ctx context.Context) (*pb.ClusterView, error) {
+	c.mu.Lock()
+	leader := c.leaderName
+	c.mu.Unlock()
+	if leader == "" {
+		return nil, ErrNoLeader
+	}
+	env := c.envelope(0)
+	env.Body = &pb.Envelope_ViewRequest{ViewRequest: &pb.ViewRequest{}}
+	rep, err := c.request(ctx, leader, env, true)
+	if err != nil {
+		return nil, fmt.Errorf("asking the leader (%s) for its view: %w", leader, err)
+	}
+	v := rep.GetView()
+	if v == nil {
+		return nil, fmt.Errorf("the leader (%s) answered with no view", leader)
+	}
+	return v, nil
+}

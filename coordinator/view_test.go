@@ -1,0 +1,94 @@
+package coordinator
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+// TestClusterView: every rank sends its trainer's memory figures to the leader,
+// which answers a member's ViewRequest with the whole job, the lowest headroom
+// first; each rank's figures are the ones its trainer reported. When the leader
+// dies, the next one has the view of every live rank within a report period or
+// so (each rank sends to whoever leads).
+func TestClusterView(t *testing.T) {
+	leak := []int64{0, 1 << 20, 2 << 20, 64 << 20}
+	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5,
+		replay: func(rank int, rc *rankagent.ReplayConfig) {
+			rc.LeakPerBatch, rc.MemoryEvery, rc.DeviceTotal = leak[rank], 10*time.Millisecond, 2<<30
+		}}
+	fast := func(c *Config, a *rankagent.Config) { c.FiguresInterval = 200 * time.Millisecond }
+	for r := 0; r < 4; r++ {
+		tc.startRank(r, 4, fast)
+	}
+	tc.holding()
+	base := make([]int64, 4)
+	for r := range base {
+		b, err := os.ReadFile(testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := snapshot.DecodeAny(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		base[r] = s.AllocatedAtEnd(0)
+	}
+	c := tc.client()
+	var v *pb.ClusterView
+	var why string
+	complete := func(leader int, ranks ...int) func() bool {
+		return func() bool {
+			got, err := c.AskView(testutil.Context(t, 10*time.Second))
+			if err != nil {
+				why = err.Error()
+				return false
+			}
+			v = got
+			if int(v.LeaderRank) != leader || len(v.Ranks) != len(ranks) || v.WorldSize != 4 {
+				why = fmt.Sprintf("%v", v)
+				return false
+			}
+			for _, rf := range v.Ranks {
+				f := rf.Figures
+				// the trainers hold before batch 5: their last report is of batch 4
+				if f.Batch != 4 || f.Allocated != base[rf.Rank]+leak[rf.Rank]*5 || f.DeviceTotal != 2<<30 {
+					why = fmt.Sprintf("rank %d: %v", rf.Rank, f)
+					return false
+				}
+			}
+			return true
+		}
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("the last view: %s", why)
+		}
+	}()
+	testutil.Eventually(t, time.Minute, "the leader's view of every rank", complete(0, 0, 1, 2, 3))
+	for i := 1; i < len(v.Ranks); i++ {
+		if v.Ranks[i-1].Figures.Headroom > v.Ranks[i].Figures.Headroom {
+			t.Fatalf("the view is not sorted by headroom: %v", v)
+		}
+	}
+	if v.Ranks[0].Rank != 3 {
+		t.Fatalf("rank 3 leaks 64 MiB a batch and should have the least headroom: %v", v)
+	}
+	if g := v.Ranks[0].Figures.Growth; g != float64(leak[3]) {
+		t.Fatalf("rank 3 grows %v bytes a batch, want %d", g, leak[3])
+	}
+	host, _ := os.Hostname()
+	if v.Ranks[0].Node != host {
+		t.Fatalf("rank 3's node %q, want %q", v.Ranks[0].Node, host)
+	}
+	// the leader dies: the next one has the view of the live ranks
+	tc.ranks[0].Coord.Shutdown()
+	tc.stops[0]()
+	testutil.Eventually(t, time.Minute, "the new leader's view", complete(1, 1, 2, 3))
+}
