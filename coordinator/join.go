@@ -248,7 +248,7 @@ func (c *Coordinator) join(ctx context.Context) error {
 		// no agent at any address, or no address that resolves, after a second
 		if give != nil {
 			if cause, ok := definitiveJoin(err); ok && (cause == joinKey || cause == joinRun || time.Since(start) >= joinSettle) {
-				return diagnoseJoin(targets, err, time.Since(start).Round(100*time.Millisecond))
+				return diagnoseJoin(targets, err, 0) // (no wait can change it: said at once)
 			}
 		}
 		if attempt == 1 || attempt%10 == 0 {
@@ -332,14 +332,19 @@ func definitiveJoin(err error) (joinCause, bool) {
 	return cause, n > 0
 }
 
-// diagnoseJoin says why no member answered, from memberlist's last error.
+// diagnoseJoin says why no member answered, from memberlist's last error,
+// within after (0: a cause no wait can change, said at once).
 func diagnoseJoin(targets []string, err error, after time.Duration) error {
 	msg := ""
 	if err != nil {
 		msg = err.Error()
 	}
 	why := joinWhy[joinCauseOf(msg)]
-	return fmt.Errorf("%w through %s within %v: %s (%s)", ErrJoin, strings.Join(targets, ", "), after, why, oneLine(msg))
+	within := ""
+	if after > 0 {
+		within = fmt.Sprintf(" within %v", after)
+	}
+	return fmt.Errorf("%w through %s%s: %s (%s)", ErrJoin, strings.Join(targets, ", "), within, why, oneLine(msg))
 }
 
 // oneLine turns memberlist's multi-line error list into one line.

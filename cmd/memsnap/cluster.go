@@ -224,16 +224,9 @@ func snapshotCmd(ctx context.Context, args []string, stdout io.Writer, stderr io
 		return err
 	}
 	*jsonFlag = *asJSON
-	name := *run
-	if name == "" {
-		if id, found, _ := rankagent.IdentityFromEnv(nil); found && id.RunName != "" {
-			name = id.RunName
-		} else {
-			name = os.Getenv("MEMSNAP_RUN_NAME")
-		}
-	}
-	if name == "" {
-		return errors.New("no run name: pass --run (the agents' --run-name)")
+	name, err := clientRunName(*run)
+	if err != nil {
+		return err
 	}
 	if *waitAll {
 		*waitAnswer = true
@@ -244,57 +237,13 @@ func snapshotCmd(ctx context.Context, args []string, stdout io.Writer, stderr io
 	if *batches < 0 || *batches > coordinator.MaxWindowBatches {
 		return fmt.Errorf("--batches %d: a window is 1 to %d batches (0: the leader's --interval)", *batches, coordinator.MaxWindowBatches)
 	}
-	level := slog.LevelError
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	cfg := coordinator.DefaultConfig(rankagent.Identity{RunName: name})
-	cfg.Client = true
-	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	cfg.Memberlist.BindPort, cfg.Memberlist.AdvertisePort = 0, 0
-	cfg.JoinTimeout = *joinTimeout
-	if err := mf.apply(&cfg, 0, 1); err != nil {
-		return err
-	}
-	cfg.Memberlist.BindPort, cfg.Memberlist.AdvertisePort = 0, 0 // a client takes any free port
-	if len(cfg.Join) == 0 {
-		return errors.New("no agent to ask: pass --join host[:port] (an agent's gossip address)")
-	}
-	c, err := coordinator.New(cfg, nil)
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	c, leave, err := joinCluster(ctx, name, &mf, *joinTimeout, *timeout, "--timeout", *verbose, stderr)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	runDone := make(chan error, 1)
-	go func() { runDone <- c.Run(ctx) }()
-	var runErr error
-	defer func() {
-		cancel()
-		if runErr == nil {
-			<-runDone
-		}
-	}()
-	// joined and a leader known, or why not (Run returns the join's diagnosis)
-	leader := make(chan struct{})
-	go func() {
-		wait.Until(ctx, *timeout, func() bool { _, ok := c.Leader(); return ok })
-		close(leader)
-	}()
-	select {
-	case runErr = <-runDone:
-		if runErr == nil {
-			runErr = ctx.Err()
-		}
-		return fmt.Errorf("joining the cluster of run %q: %w", name, runErr)
-	case <-leader:
-		if _, ok := c.Leader(); !ok {
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("gave up after --timeout %v: joined through %v, and no rank of run %q became a member", *timeout, cfg.Join, name)
-			}
-			return fmt.Errorf("joined through %v, but no rank of run %q is a member: %w", cfg.Join, name, ctx.Err())
-		}
-	}
+	defer leave()
 	p := newProgressPrinter(stderr, *asJSON)
 	planned := make(chan struct{})
 	var once, answerOnce sync.Once
@@ -560,4 +509,61 @@ func (p *progressPrinter) done() {
 	if !p.quiet && len(p.states) > 16 {
 		p.summary()
 	}
+}
+
+// joinCluster joins run name's cluster as a client (a member that is not a
+// rank), through the agents mf names, and waits until it knows a leader, or
+// says why not, within timeout (set by timeoutFlag). leave ends
+// the membership and waits for it.
+func joinCluster(ctx context.Context, name string, mf *memberFlags, joinTimeout, timeout time.Duration, timeoutFlag string, verbose bool, stderr io.Writer) (*coordinator.Coordinator, func(), error) {
+	level := slog.LevelError
+	if verbose {
+		level = slog.LevelDebug
+	}
+	cfg := coordinator.DefaultConfig(rankagent.Identity{RunName: name})
+	cfg.Client = true
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Memberlist.BindPort, cfg.Memberlist.AdvertisePort = 0, 0
+	cfg.JoinTimeout = joinTimeout
+	if err := mf.apply(&cfg, 0, 1); err != nil {
+		return nil, nil, err
+	}
+	cfg.Memberlist.BindPort, cfg.Memberlist.AdvertisePort = 0, 0 // a client takes any free port
+	if len(cfg.Join) == 0 {
+		return nil, nil, errors.New("no agent to ask: pass --join host[:port] (an agent's gossip address)")
+	}
+	c, err := coordinator.New(cfg, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(ctx) }()
+	leave := func() {
+		cancel()
+		<-runDone
+	}
+	// joined and a leader known, or why not (Run returns the join's diagnosis)
+	leader := make(chan struct{})
+	go func() {
+		wait.Until(ctx, timeout, func() bool { _, ok := c.Leader(); return ok })
+		close(leader)
+	}()
+	select {
+	case runErr := <-runDone:
+		cancel()
+		if runErr == nil {
+			runErr = ctx.Err()
+		}
+		return nil, nil, fmt.Errorf("joining the cluster of run %q: %w", name, runErr)
+	case <-leader:
+		if _, ok := c.Leader(); !ok {
+			leave()
+			if err := ctx.Err(); err == nil || errors.Is(err, context.DeadlineExceeded) {
+				return nil, nil, fmt.Errorf("gave up after %s %v: joined through %v, and no rank of run %q became a member", timeoutFlag, timeout, cfg.Join, name)
+			}
+			return nil, nil, fmt.Errorf("joined through %v, but no rank of run %q is a member: %w", cfg.Join, name, ctx.Err())
+		}
+	}
+	return c, leave, nil
 }

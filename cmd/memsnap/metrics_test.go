@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -186,4 +188,42 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 		}
 		return true
 	})
+	// memsnap top --json, from a machine that reaches one agent: the leader's
+	// view, every rank, the least headroom first
+	var view struct {
+		WorldSize  int `json:"world_size"`
+		LeaderRank int `json:"leader_rank"`
+		Ranks      []struct {
+			Rank      int     `json:"rank"`
+			Node      string  `json:"node"`
+			Allocated int64   `json:"allocated_bytes"`
+			Batch     int64   `json:"batch"`
+			Growth    float64 `json:"growth_bytes_per_batch"`
+		} `json:"ranks"`
+	}
+	cmd := memsnapCmd(t, "top", "--json", "--join", fmt.Sprintf("127.0.0.1:%d", gossip+2), "--run", run)
+	cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	out, err := cmd.Output()
+	if err != nil || json.Unmarshal(out, &view) != nil {
+		t.Fatalf("memsnap top --json: %v\n%s%s", err, out, errOut.String())
+	}
+	if view.WorldSize != n || view.LeaderRank != 0 || len(view.Ranks) != n || view.Ranks[0].Rank != 2 || view.Ranks[0].Node != host ||
+		view.Ranks[0].Growth != float64(leak[2]) || view.Ranks[0].Allocated != base[2][0]+leak[2]*(view.Ranks[0].Batch+1) {
+		t.Fatalf("memsnap top --json: %s", out)
+	}
+	// without --json, on a pipe: a table each refresh, until Ctrl-C
+	cmd = memsnapCmd(t, "top", "--every", "200ms", "--join", fmt.Sprintf("127.0.0.1:%d", gossip+1), "--run", run)
+	cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
+	tbl := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = tbl, tbl
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, time.Minute, "two tables from memsnap top", func() bool { return strings.Count(tbl.String(), "RANK") >= 2 })
+	cmd.Process.Signal(os.Interrupt)
+	if err := cmd.Wait(); err != nil || !strings.Contains(tbl.String(), "3 of 3 ranks reporting — leader rank 0") {
+		t.Fatalf("memsnap top: %v\n%s", err, tbl.String())
+	}
 }
