@@ -121,6 +121,9 @@ type Config struct {
 	// FiguresInterval is how often a rank sends its trainer's memory figures to
 	// the leader (0: never); the leader's view of the job is that fresh.
 	FiguresInterval time.Duration
+	// Triggers make the leader plan a window (of kind trigger) as soon as a
+	// rank's figures cross one, before an OOM.
+	Triggers Triggers
 	// JoinGrace is how long the leader waits, before planning a window, for ranks
 	// that are not members yet; the window goes on without those still absent.
 	JoinGrace time.Duration

@@ -79,42 +79,43 @@ type Coordinator struct {
 	// mu guards what follows. Lock order: memberlist calls memberChanged (which
 	// takes mu) while it holds its node lock, so nothing may call into
 	// memberlist while holding mu.
-	mu         sync.Mutex
-	state      life
-	ml         *memberlist.Memberlist
-	addr       string // the gossip address, host:port
-	members    map[string]*member
-	nranks     int                   // members that are ranks (meta.Rank >= 0), kept with members
-	addrs      map[string]int        // members' addresses (host:port), kept with members
-	lowest     string                // the rank member of the lowest (rank, name), kept with members
-	lowestOld  bool                  // lowest left or changed: electLocked looks again
-	seenAddrs  map[string]string     // every rank member ever seen: name -> address, to rejoin after a split
-	gone       map[string]goneMember // members memberlist took away, until they are back
-	leaderName string
-	lead       *leaderRun // this member's leader loop, while it leads
-	lastWindow uint64     // the newest window id seen
-	term       uint64     // the newest leadership term the run's log holds, as far as this member knows (belief.go)
-	claimed    uint64     // the newest term another member claims, looked up in the log
-	claims     chan struct{}
-	inLog      uint64          // the newest window id this rank looked up and found in the run's log
-	looking    map[uint64]bool // windows being looked up (checkNewest)
-	metaSent   metaKey         // what the gossiped metadata last said
-	offset     clockState
-	waiting    map[uint64]*waiter // replies a request waits for, by its random seq
-	last       lastWindow         // the rank's latest window, for status answers
-	pm         lastWindow         // the rank's latest post-mortem
-	inc        *incident          // this rank's trainer's latest OOM or crash
-	views      map[int]rankView   // every rank's last memory figures, as received (view.go)
-	dropped    int
-	refused    refusals
-	changed    chan struct{}      // membership changed
-	termBump   chan struct{}      // a newer term was seen
-	leaderSig  chan struct{}      // the leader changed (for the clock loop)
-	joined     bool               // joined the cluster (or had no one to join)
-	stopRun    context.CancelFunc // ends Run's context, for Shutdown
-	began      time.Time          // when Run started: agents of one job join within JoinGrace of each other
-	down       chan struct{}      // closed once the first Shutdown is done
-	wg         sync.WaitGroup
+	mu          sync.Mutex
+	state       life
+	ml          *memberlist.Memberlist
+	addr        string // the gossip address, host:port
+	members     map[string]*member
+	nranks      int                   // members that are ranks (meta.Rank >= 0), kept with members
+	addrs       map[string]int        // members' addresses (host:port), kept with members
+	lowest      string                // the rank member of the lowest (rank, name), kept with members
+	lowestOld   bool                  // lowest left or changed: electLocked looks again
+	seenAddrs   map[string]string     // every rank member ever seen: name -> address, to rejoin after a split
+	gone        map[string]goneMember // members memberlist took away, until they are back
+	leaderName  string
+	lead        *leaderRun // this member's leader loop, while it leads
+	lastWindow  uint64     // the newest window id seen
+	term        uint64     // the newest leadership term the run's log holds, as far as this member knows (belief.go)
+	claimed     uint64     // the newest term another member claims, looked up in the log
+	claims      chan struct{}
+	inLog       uint64          // the newest window id this rank looked up and found in the run's log
+	looking     map[uint64]bool // windows being looked up (checkNewest)
+	metaSent    metaKey         // what the gossiped metadata last said
+	offset      clockState
+	waiting     map[uint64]*waiter // replies a request waits for, by its random seq
+	last        lastWindow         // the rank's latest window, for status answers
+	pm          lastWindow         // the rank's latest post-mortem
+	inc         *incident          // this rank's trainer's latest OOM or crash
+	views       map[int]rankView   // every rank's last memory figures, as received (view.go)
+	lastTrigger time.Time          // when the last trigger window was asked for (trigger.go)
+	dropped     int
+	refused     refusals
+	changed     chan struct{}      // membership changed
+	termBump    chan struct{}      // a newer term was seen
+	leaderSig   chan struct{}      // the leader changed (for the clock loop)
+	joined      bool               // joined the cluster (or had no one to join)
+	stopRun     context.CancelFunc // ends Run's context, for Shutdown
+	began       time.Time          // when Run started: agents of one job join within JoinGrace of each other
+	down        chan struct{}      // closed once the first Shutdown is done
+	wg          sync.WaitGroup
 }
 
 // metaKey is what the metadata says that others read; it is gossiped only when it changes.

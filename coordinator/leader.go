@@ -323,7 +323,11 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 			return
 		}
 		l.answer(req, pb.AckCode_ACK_OK, "")
-		l.window(ctx, plan{length: length, reason: nonEmpty(r.Reason, "request"), watchers: []*pb.Envelope{req}, req: req})
+		kind := pb.WindowKind_WINDOW_KIND_WINDOW
+		if r.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER && req.Sender == l.c.name {
+			kind = r.Kind // (only this leader's own triggers plan one)
+		}
+		l.window(ctx, plan{kind: kind, length: length, reason: nonEmpty(r.Reason, "request"), watchers: []*pb.Envelope{req}, req: req})
 	}
 }
 

@@ -548,7 +548,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	log.Info("finishing a window an earlier leader left unfinished", "kind", p.Kind, "start", p.Start, "stop", p.Stop, "reports", len(reports),
 		"waiting", pending, "planned_by", p.Leader, "term", p.Term)
 	ch, seq := c.expect(4*len(asked)+16, c.fromRanks())
-	if w.m.Kind == pb.WindowKind_WINDOW_KIND_WINDOW {
+	if !w.m.Postmortem() {
 		// the command, for a rank that never heard of the window (its leader
 		// died before the command reached it): it is sent again
 		w.cmd = c.envelope(w.id())
@@ -563,7 +563,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	c.forget(seq)
 	l.drive(ctx, w)
 	l.finishRecovery(w)
-	if pending && w.m.Kind == pb.WindowKind_WINDOW_KIND_WINDOW && w.end != steppedDown {
+	if pending && !w.m.Postmortem() && w.end != steppedDown {
 		l.cancelWindow(w, "finished by a later leader")
 	}
 }

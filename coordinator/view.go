@@ -69,15 +69,17 @@ func (c *Coordinator) figuresLoop(ctx context.Context) {
 	}
 }
 
-// onFigures keeps a rank's figures; only that rank may send them.
+// onFigures keeps a rank's figures (only that rank may send them), and on the
+// leader checks them against the triggers.
 func (c *Coordinator) onFigures(env *pb.Envelope, f *pb.Figures) {
 	if !c.isRankMember(env) {
 		c.refuse(env, "a rank's figures from a member that is not that rank")
 		return
 	}
+	rank := int(env.SenderRank)
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if int(env.SenderRank) >= c.cfg.Identity.WorldSize && c.cfg.Identity.WorldSize > 0 {
+	if ws := c.cfg.Identity.WorldSize; ws > 0 && rank >= ws {
+		c.mu.Unlock()
 		return
 	}
 	node := ""
@@ -87,7 +89,9 @@ func (c *Coordinator) onFigures(env *pb.Envelope, f *pb.Figures) {
 	if c.views == nil {
 		c.views = map[int]rankView{}
 	}
-	c.views[int(env.SenderRank)] = rankView{f: f, at: time.Now(), node: node}
+	c.views[rank] = rankView{f: f, at: time.Now(), node: node}
+	c.mu.Unlock()
+	c.checkTriggers(rank, f)
 }
 
 // View is this member's view of the job's memory: every rank's last figures,

@@ -22,6 +22,7 @@ import (
 
 // plan is one window to record.
 type plan struct {
+	kind     pb.WindowKind // a window or a trigger's window (unspecified: a window)
 	length   int64
 	minStart int64
 	reason   string
@@ -156,7 +157,7 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 		l.tellResult(0, p.watchers, why)
 		return why
 	}
-	rp := runlog.Plan{Kind: runlog.KindWindow, Reason: p.reason, Start: cfg.Start, Stop: cfg.Stop, Ranks: expected, Deadline: cfg.Deadline}
+	rp := runlog.Plan{Kind: kindName(cfg.Kind), Reason: p.reason, Start: cfg.Start, Stop: cfg.Stop, Ranks: expected, Deadline: cfg.Deadline}
 	if p.req != nil {
 		rp.Request = requestID(p.req)
 	}
@@ -235,7 +236,11 @@ func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Conf
 		asked[r.Rank] = r.Batch
 		expected = append(expected, r.Rank)
 	}
-	return window.Config{Term: l.term, Kind: pb.WindowKind_WINDOW_KIND_WINDOW, Start: start, Stop: stop, World: world, Asked: asked, LeftOut: leftOut,
+	kind := p.kind
+	if kind == pb.WindowKind_WINDOW_KIND_UNSPECIFIED {
+		kind = pb.WindowKind_WINDOW_KIND_WINDOW
+	}
+	return window.Config{Term: l.term, Kind: kind, Start: start, Stop: stop, World: world, Asked: asked, LeftOut: leftOut,
 		Planned: time.Now(), Deadline: l.windowDeadline(rs, start, stop), Timers: l.timers(), CanReplan: !again}, expected, nil
 }
 

@@ -51,7 +51,9 @@ type ReplayConfig struct {
 	// error wrapping ErrTrainerStopped. Nil: never.
 	Stop <-chan string
 	// LeakPerBatch makes the trainer's allocated bytes grow by this much a batch
-	// (a leak) in the memory figures it reports, from the recorded snapshot's.
+	// (a leak) in the memory figures it reports, from the recorded snapshot's;
+	// at the batch whose peak would not fit DeviceTotal it runs out of memory, as
+	// with OOMAt.
 	LeakPerBatch int64
 	// DeviceTotal is the size of the device the figures report (default 80 GiB).
 	DeviceTotal int64
@@ -144,6 +146,12 @@ func (r *replay) memory(b int64) *Memory {
 	const seg = 2 << 20
 	res := max(r.baseRes, (r.peak+seg-1)/seg*seg)
 	return &Memory{Allocated: alloc, Reserved: res, Peak: r.peak, DeviceTotal: r.cfg.DeviceTotal, DeviceFree: max(r.cfg.DeviceTotal-res, 0)}
+}
+
+// full reports whether batch b's peak would not fit the device: a leaking
+// trainer runs out of memory there (as OOMAt).
+func (r *replay) full(b int64) bool {
+	return r.cfg.LeakPerBatch > 0 && r.basePeak+r.cfg.LeakPerBatch*(b+1) > r.cfg.DeviceTotal
 }
 
 // reportMemory sends the figures at the end of batch b, at most once per
@@ -288,7 +296,7 @@ func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 		start := time.Now().UnixMicro()
 		bb := b
 		r.send(&Message{Type: "batch", Batch: &bb, TimeUS: start})
-		if r.cfg.OOMAt > 0 && b == r.cfg.OOMAt {
+		if r.cfg.OOMAt > 0 && b == r.cfg.OOMAt || r.full(b) {
 			if err := r.dumpNow(0, "oom"); err != nil {
 				return fmt.Errorf("rankagent: replay: the OOM snapshot: %w", err)
 			}

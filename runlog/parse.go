@@ -42,7 +42,7 @@ func checkText(fields ...string) error {
 
 func checkKind(k string) error {
 	switch k {
-	case KindWindow, KindOOM, KindCrash:
+	case KindWindow, KindOOM, KindCrash, KindTrigger:
 		return nil
 	}
 	return bad("kind %q", k)

@@ -75,6 +75,9 @@ const (
 	KindWindow = "window" // batches recorded in lockstep (on demand or on a schedule)
 	KindOOM    = "oom"    // an OOM post-mortem: every rank's state when one ran out of memory
 	KindCrash  = "crash"  // a crash post-mortem: every rank's state when the job was stopped
+	// KindTrigger: batches recorded in lockstep because a rank crossed a trigger
+	// (too little headroom, too much growth), before an OOM
+	KindTrigger = "trigger"
 )
 
 // States of a finished window.

@@ -142,7 +142,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if len(ccfg.Join) == 0 && id.Rank != 0 {
 			return errors.New("no cluster to join: pass --join host[:port] (rank 0's agent), or --standalone")
 		}
-		lf.apply(&ccfg)
+		if err := lf.apply(&ccfg); err != nil {
+			return err
+		}
 		log.Info("gossip address chosen", "advertise", ccfg.Memberlist.AdvertiseAddr, "by", mf.chose, "bind", ccfg.Memberlist.BindAddr)
 		ccfg.OpenStore, ccfg.Logger = cfg.OpenStore, log
 		if member, err = coordinator.NewRank(cfg, ccfg); err != nil {

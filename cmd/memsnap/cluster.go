@@ -14,6 +14,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -147,6 +148,8 @@ type leaderFlags struct {
 	noPostmortem          bool
 	mergedName            string
 	collect               time.Duration
+	headroom, growth      string
+	cooldown              time.Duration
 }
 
 func (f *leaderFlags) register(fs *flag.FlagSet) {
@@ -158,12 +161,61 @@ func (f *leaderFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.noPostmortem, "no-postmortem", false, "when a rank hits an OOM, do not ask every rank for a snapshot")
 	fs.StringVar(&f.mergedName, "merged-name", d.MergedName, "name template of a window's merged outputs (run_name, window, batch, world_size)")
 	fs.DurationVar(&f.collect, "collect-timeout", d.CollectTimeout, "a rank silent this long after its window should have ended is merged as missing")
+	fs.StringVar(&f.headroom, "trigger-headroom", "", "take a window of every rank as soon as a rank's headroom falls below this: a share of its device (5%) or a size (2GiB)")
+	fs.StringVar(&f.growth, "trigger-growth", "", "take a window of every rank as soon as a rank's memory grows this much over N batches: SIZE[/N] (256MiB/10; N is 10 unless given)")
+	fs.DurationVar(&f.cooldown, "trigger-cooldown", 10*time.Minute, "the least time between two trigger windows")
 }
 
-func (f *leaderFlags) apply(cfg *coordinator.Config) {
+func (f *leaderFlags) apply(cfg *coordinator.Config) error {
 	cfg.Schedule = coordinator.Schedule{Enabled: !f.noSchedule, Skip: f.skip, Every: f.every}
 	cfg.OnOOM = !f.noPostmortem
 	cfg.WindowBatches, cfg.MergedName, cfg.CollectTimeout = f.interval, f.mergedName, f.collect
+	t, err := parseTriggers(f.headroom, f.growth, f.cooldown)
+	if err != nil {
+		return err
+	}
+	cfg.Triggers = t
+	return nil
+}
+
+// parseTriggers reads --trigger-headroom (5% or 2GiB), --trigger-growth
+// (SIZE[/N]) and --trigger-cooldown.
+func parseTriggers(headroom, growth string, cooldown time.Duration) (coordinator.Triggers, error) {
+	t := coordinator.Triggers{Cooldown: cooldown, GrowthBatches: 10}
+	if cooldown < 0 {
+		return t, fmt.Errorf("--trigger-cooldown %v: not negative", cooldown)
+	}
+	if h := strings.TrimSpace(headroom); h != "" {
+		if p, ok := strings.CutSuffix(h, "%"); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+			if err != nil || !(v > 0 && v < 100) {
+				return t, fmt.Errorf("--trigger-headroom %q: a share above 0%% and below 100%%, or a size (2GiB)", headroom)
+			}
+			t.HeadroomRatio = v / 100
+		} else {
+			n, err := parseBytes(h)
+			if err != nil || n == 0 {
+				return t, fmt.Errorf("--trigger-headroom %q: a share (5%%) or a size above 0 (2GiB)", headroom)
+			}
+			t.HeadroomBytes = n
+		}
+	}
+	if g := strings.TrimSpace(growth); g != "" {
+		size, over, hasOver := strings.Cut(g, "/")
+		n, err := parseBytes(size)
+		if err != nil || n == 0 {
+			return t, fmt.Errorf("--trigger-growth %q: SIZE[/N], a size above 0 over N batches (256MiB/10)", growth)
+		}
+		t.GrowthBytes = n
+		if hasOver {
+			b, err := strconv.ParseInt(strings.TrimSpace(over), 10, 64)
+			if err != nil || b < 1 || b > 1<<20 {
+				return t, fmt.Errorf("--trigger-growth %q: N is a number of batches from 1 to 1048576", growth)
+			}
+			t.GrowthBatches = b
+		}
+	}
+	return t, nil
 }
 
 func runKeygen(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestParseBytes(t *testing.T) {
 	for in, want := range map[string]int64{"0": 0, "1048576": 1 << 20, "64MiB": 64 << 20, "1.5GiB": 3 << 29, "2GB": 2e9, " 3 kib ": 3 << 10, "7b": 7, "1M": 1 << 20} {
@@ -26,4 +29,23 @@ func FuzzParseBytes(f *testing.F) {
 			t.Fatalf("parseBytes(%q) = %d", s, n)
 		}
 	})
+}
+
+func TestParseTriggers(t *testing.T) {
+	tr, err := parseTriggers("5%", "256MiB/20", time.Minute)
+	if err != nil || tr.HeadroomRatio != 0.05 || tr.HeadroomBytes != 0 || tr.GrowthBytes != 256<<20 || tr.GrowthBatches != 20 || tr.Cooldown != time.Minute {
+		t.Fatalf("%+v %v", tr, err)
+	}
+	tr, err = parseTriggers("2GiB", "64MiB", time.Minute)
+	if err != nil || tr.HeadroomBytes != 2<<30 || tr.GrowthBatches != 10 {
+		t.Fatalf("%+v %v", tr, err)
+	}
+	if tr, err := parseTriggers("", "", 0); err != nil || tr.Enabled() {
+		t.Fatalf("no triggers: %+v %v", tr, err)
+	}
+	for _, c := range [][2]string{{"0%", ""}, {"100%", ""}, {"-3%", ""}, {"x%", ""}, {"0", ""}, {"lots", ""}, {"", "0"}, {"", "1GiB/0"}, {"", "1GiB/x"}, {"", "/10"}} {
+		if tr, err := parseTriggers(c[0], c[1], time.Minute); err == nil {
+			t.Errorf("parseTriggers(%q, %q) = %+v, want an error", c[0], c[1], tr)
+		}
+	}
 }

@@ -31,6 +31,7 @@ const (
 	WindowKind_WINDOW_KIND_WINDOW      WindowKind = 1 // batches [start, stop) on every rank, in lockstep
 	WindowKind_WINDOW_KIND_OOM         WindowKind = 2 // a post-mortem of every rank when one ran out of memory
 	WindowKind_WINDOW_KIND_CRASH       WindowKind = 3 // a post-mortem of every rank when the job was stopped
+	WindowKind_WINDOW_KIND_TRIGGER     WindowKind = 4 // batches [start, stop) on every rank, planned because a rank crossed a trigger (its headroom, its growth)
 )
 
 // Enum value maps for WindowKind.
@@ -40,12 +41,14 @@ var (
 		1: "WINDOW_KIND_WINDOW",
 		2: "WINDOW_KIND_OOM",
 		3: "WINDOW_KIND_CRASH",
+		4: "WINDOW_KIND_TRIGGER",
 	}
 	WindowKind_value = map[string]int32{
 		"WINDOW_KIND_UNSPECIFIED": 0,
 		"WINDOW_KIND_WINDOW":      1,
 		"WINDOW_KIND_OOM":         2,
 		"WINDOW_KIND_CRASH":       3,
+		"WINDOW_KIND_TRIGGER":     4,
 	}
 )
 
@@ -2317,13 +2320,14 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12-\n" +
 	"\afigures\x18\x02 \x01(\v2\x13.memsnap.v1.FiguresR\afigures\x12\x15\n" +
 	"\x06age_ms\x18\x03 \x01(\x03R\x05ageMs\x12\x12\n" +
-	"\x04node\x18\x04 \x01(\tR\x04node*m\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node*\x86\x01\n" +
 	"\n" +
 	"WindowKind\x12\x1b\n" +
 	"\x17WINDOW_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12WINDOW_KIND_WINDOW\x10\x01\x12\x13\n" +
 	"\x0fWINDOW_KIND_OOM\x10\x02\x12\x15\n" +
-	"\x11WINDOW_KIND_CRASH\x10\x03*\xdf\x02\n" +
+	"\x11WINDOW_KIND_CRASH\x10\x03\x12\x17\n" +
+	"\x13WINDOW_KIND_TRIGGER\x10\x04*\xdf\x02\n" +
 	"\x04Step\x12\x14\n" +
 	"\x10STEP_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTEP_QUEUED\x10\x01\x12\r\n" +

@@ -1,0 +1,86 @@
+package coordinator
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge"
+)
+
+// Triggers are the thresholds that make the leader take a window before an OOM:
+// as soon as a rank's figures (view.go) cross one, the leader plans a window of
+// every rank, of kind trigger, whose reason names the rank and what it crossed.
+// At most one every Cooldown.
+type Triggers struct {
+	// HeadroomBytes and HeadroomRatio: a rank whose headroom falls below either
+	// (0: not set; the ratio is of its device's size).
+	HeadroomBytes int64
+	HeadroomRatio float64
+	// GrowthBytes over GrowthBatches: a rank whose allocated bytes grow at least
+	// this much over that many batches (a leak), at its measured growth per batch.
+	GrowthBytes   int64
+	GrowthBatches int64
+	// Cooldown is the least time between two trigger windows.
+	Cooldown time.Duration
+}
+
+// Enabled reports whether any threshold is set.
+func (t Triggers) Enabled() bool {
+	return t.HeadroomBytes > 0 || t.HeadroomRatio > 0 || t.GrowthBytes > 0
+}
+
+// Crossed says which of t's thresholds the rank's figures cross, as a reason a
+// person reads ("" when none): "rank 5: headroom 3.1 GiB (3.9%) < 5%, growing
+// 48.0 MiB a batch".
+func (t Triggers) Crossed(rank int, f *pb.Figures) string {
+	var parts []string
+	if f.DeviceTotal > 0 {
+		pct := 100 * float64(f.Headroom) / float64(f.DeviceTotal)
+		switch {
+		case t.HeadroomRatio > 0 && float64(f.Headroom) < t.HeadroomRatio*float64(f.DeviceTotal):
+			parts = append(parts, fmt.Sprintf("headroom %s (%.1f%%) < %g%%", merge.HumanBytes(f.Headroom), pct, 100*t.HeadroomRatio))
+		case t.HeadroomBytes > 0 && f.Headroom < t.HeadroomBytes:
+			parts = append(parts, fmt.Sprintf("headroom %s (%.1f%%) < %s", merge.HumanBytes(f.Headroom), pct, merge.HumanBytes(t.HeadroomBytes)))
+		}
+	}
+	n := max(t.GrowthBatches, 1)
+	grows := t.GrowthBytes > 0 && f.Growth*float64(n) >= float64(t.GrowthBytes)
+	if len(parts) == 0 && !grows {
+		return ""
+	}
+	switch {
+	case grows:
+		parts = append(parts, fmt.Sprintf("growing %s a batch (%s or more over %d batches)", merge.HumanBytes(int64(f.Growth)), merge.HumanBytes(t.GrowthBytes), n))
+	case f.Growth > 0:
+		parts = append(parts, fmt.Sprintf("growing %s a batch", merge.HumanBytes(int64(f.Growth))))
+	}
+	return fmt.Sprintf("rank %d: %s", rank, strings.Join(parts, ", "))
+}
+
+// checkTriggers runs on the leader when a rank's figures arrive: a crossing
+// plans a trigger window (through the leader's queue, as a request of its own)
+// unless one was planned less than Cooldown ago.
+func (c *Coordinator) checkTriggers(rank int, f *pb.Figures) {
+	t := c.cfg.Triggers
+	if !t.Enabled() {
+		return
+	}
+	why := t.Crossed(rank, f)
+	if why == "" {
+		return
+	}
+	c.mu.Lock()
+	l := c.lead
+	if l == nil || (!c.lastTrigger.IsZero() && time.Since(c.lastTrigger) < t.Cooldown) {
+		c.mu.Unlock()
+		return
+	}
+	c.lastTrigger = time.Now()
+	c.mu.Unlock()
+	c.log.Warn("a rank crossed a trigger: planning a window of every rank", "why", why, "cooldown", t.Cooldown)
+	env := c.envelope(0)
+	env.Body = &pb.Envelope_Request{Request: &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_TRIGGER, Reason: "trigger: " + why}}
+	l.deliver(env)
+}

@@ -1,0 +1,110 @@
+package coordinator
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/rankagent"
+	"github.com/memsnap/memsnap/runlog"
+)
+
+// TestTriggers: a rank whose memory grows batch after batch (a replay trainer
+// leaking on a 2 GiB device, which runs out of memory once its peak would not
+// fit) crosses a trigger, and the leader takes a window of every rank, of kind
+// trigger, whose reason names the rank and what it crossed, published before the
+// rank's OOM. Once with --trigger-growth, once with --trigger-headroom.
+func TestTriggers(t *testing.T) {
+	const leaking, leak, device = 2, int64(16 << 20), int64(2 << 30)
+	for _, c := range []struct {
+		name string
+		trig Triggers
+		want string
+	}{
+		{"growth", Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour}, "growing 16.0 MiB a batch (128.0 MiB or more over 10 batches)"},
+		{"headroom", Triggers{HeadroomRatio: 0.5, Cooldown: time.Hour}, "%) < 50%, growing 16.0 MiB a batch"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(),
+				replay: func(rank int, rc *rankagent.ReplayConfig) {
+					rc.HoldAt, rc.Pace, rc.DeviceTotal, rc.MemoryEvery = nil, 50*time.Millisecond, device, 10*time.Millisecond
+					if rank == leaking {
+						rc.LeakPerBatch = leak
+					}
+				}}
+			opts := func(cfg *Config, a *rankagent.Config) { cfg.FiguresInterval, cfg.Triggers = 200*time.Millisecond, c.trig }
+			for r := 0; r < 4; r++ {
+				tc.startRank(r, 4, opts)
+			}
+			st, err := store.OpenDir(tc.dir, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rl := runlog.New(st, tc.run)
+			var trig *runlog.Plan
+			testutil.Eventually(t, time.Minute, "a window of kind trigger", func() bool {
+				ps, err := rl.Latest(testutil.Context(t, 10*time.Second), 16)
+				if err != nil {
+					return false
+				}
+				for _, p := range ps {
+					if p.Kind == runlog.KindTrigger {
+						trig = p
+						return true
+					}
+				}
+				return false
+			})
+			if !strings.HasPrefix(trig.Reason, fmt.Sprintf("trigger: rank %d: ", leaking)) || !strings.Contains(trig.Reason, c.want) {
+				t.Fatalf("the trigger window's reason: %q", trig.Reason)
+			}
+			// published with every rank, the leaking one recorded before it ran out
+			// of memory (its peak outgrows the device at batch oom)
+			oom := (device - base(t, leaking)) / leak
+			var o *runlog.Outcome
+			testutil.Eventually(t, time.Minute, "the trigger window published", func() bool {
+				var err error
+				o, err = rl.ReadOutcome(testutil.Context(t, 10*time.Second), trig.ID)
+				return err == nil
+			})
+			if o.State != runlog.Published || len(o.Ranks) != 4 || o.Kind != runlog.KindTrigger || trig.Stop > oom {
+				t.Fatalf("the trigger window %+v (planned %d-%d), the leaking rank runs out of memory at batch %d", o, trig.Start, trig.Stop, oom)
+			}
+			m := readManifest(t, filepath.Join(tc.dir, trig.Manifest))
+			if m.Kind != runlog.KindTrigger || m.Reason != trig.Reason {
+				t.Fatalf("the manifest says kind %q, reason %q", m.Kind, m.Reason)
+			}
+			// one a cooldown: no second trigger window while the rank keeps crossing
+			ps, _ := rl.Latest(testutil.Context(t, 10*time.Second), 64)
+			n := 0
+			for _, p := range ps {
+				if p.Kind == runlog.KindTrigger {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Fatalf("%d trigger windows within the cooldown", n)
+			}
+		})
+	}
+}
+
+// base is the peak of rank's recorded snapshot, from which its replay leaks.
+func base(t *testing.T, rank int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", rank)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.DecodeAny(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.ComputeFigures().Devices[0].PeakAllocatedBytes
+}
