@@ -38,7 +38,9 @@ func TestTriggers(t *testing.T) {
 						rc.LeakPerBatch = leak
 					}
 				}}
-			opts := func(cfg *Config, a *rankagent.Config) { cfg.FiguresInterval, cfg.Triggers = 200*time.Millisecond, c.trig }
+			opts := func(cfg *Config, a *rankagent.Config) {
+				cfg.FiguresInterval, cfg.Triggers = 200*time.Millisecond, c.trig
+			}
 			for r := 0; r < 4; r++ {
 				tc.startRank(r, 4, opts)
 			}
