@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -128,7 +129,7 @@ func Analyze(ctx context.Context, data []byte, meta *RankMeta, opts AnalyzeOptio
 	if err != nil {
 		return nil, err
 	}
-	a.Snapshot = SnapshotRef{Size: int64(len(data)), SHA256: sha256Hex(data)}
+	a.Snapshot = SnapshotRef{Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}
 	return a, nil
 }
 
@@ -479,7 +480,7 @@ func (a *RankAnalysis) check() error {
 		return fmt.Errorf("version %d is not supported (%d is)", a.Version, AnalysisVersion)
 	case a.Rank < 0 || a.Rank >= MaxRanks:
 		return fmt.Errorf("rank %d", a.Rank)
-	case a.Snapshot.Size < 0 || !isSHA256(a.Snapshot.SHA256):
+	case a.Snapshot.Size < 0 || !digest.IsSHA256(a.Snapshot.SHA256):
 		return errors.New("the snapshot's size or SHA-256 is malformed")
 	case a.Device < 0 || a.Device >= MaxRanks || a.Events < 0 || len(a.Note) > maxSiteName:
 		return errors.New("a device, event count or note out of range")

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
@@ -323,7 +324,7 @@ func TestAnalysisRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Rank != 5 || len(a.Curve) < 10 || a.Snapshot.SHA256 != sha256Hex(data) || len(a.Sites) == 0 {
+	if a.Rank != 5 || len(a.Curve) < 10 || a.Snapshot.SHA256 != digest.SHA256Hex(data) || len(a.Sites) == 0 {
 		t.Fatalf("analysis: rank %d, %d points, %d sites", a.Rank, len(a.Curve), len(a.Sites))
 	}
 	b := marshal(t, a)

@@ -2,15 +2,14 @@ package merge
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/memsnap/memsnap/merge/snapshot"
-	"hash"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
 // traceBudget is about how many counter points the trace holds for all ranks
@@ -82,30 +81,6 @@ func (b *builder) close() {
 		f.f.Close()
 	}
 	b.pickles.abort()
-}
-
-// outFile is one output being written, hashed as it goes so publishing need not
-// read it again.
-type outFile struct {
-	f *os.File
-	h hash.Hash
-	n int64 // bytes written
-}
-
-func (o *outFile) Write(p []byte) (int, error) {
-	n, err := o.f.Write(p)
-	o.h.Write(p[:n])
-	o.n += int64(n)
-	return n, err
-}
-
-func (o *outFile) sum() string { return hex.EncodeToString(o.h.Sum(nil)) }
-
-// output is one finished output: its kind, its key in the store, its temporary
-// file and its SHA-256.
-type output struct {
-	kind, key, file, sum string
-	part                 *PicklePart
 }
 
 // InputError is a merge that failed on one input: the caller can leave that rank
@@ -395,4 +370,47 @@ func (b *builder) writeSummary(sum *Summary) error {
 		}
 	}
 	return nil
+}
+
+// diffs builds the summary's diffs: the outlier against the median rank, and each
+// rank asked for against the median rank.
+func (b *builder) diffs(sum *Summary) (*RankDiff, []RankDiff) {
+	if sum.Spread == nil || len(sum.Ranks) < 2 {
+		return nil, nil
+	}
+	side := func(r int) DiffInput {
+		e := b.byRank[r]
+		return DiffInput{Label: fmt.Sprintf("rank %d", r), Source: e.sum.Source, A: e.a, ShiftUS: e.shift}
+	}
+	out := sum.Spread.OutlierRank
+	med, ok := medianRank(sum.Ranks, sum.Spread, out)
+	if !ok {
+		return nil, nil
+	}
+	var asked []RankDiff
+	seen := map[int]bool{}
+	for _, r := range b.cfg.DiffRanks {
+		if _, ok := b.byRank[r]; ok && r != med && !seen[r] {
+			seen[r] = true
+			asked = append(asked, *Diff(side(med), side(r)))
+		}
+	}
+	return Diff(side(med), side(out)), asked
+}
+
+// missingReasons says why each missing rank is missing: the caller's reason, or
+// that no input named it.
+func missingReasons(cfg *Config, sum *Summary) map[string]string {
+	if len(sum.MissingRanks) == 0 {
+		return nil
+	}
+	out := map[string]string{}
+	for _, r := range sum.MissingRanks {
+		why := cfg.MissingReasons[r]
+		if why == "" {
+			why = "no snapshot"
+		}
+		out[strconv.Itoa(r)] = why
+	}
+	return out
 }

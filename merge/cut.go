@@ -107,14 +107,6 @@ func (b *BatchRange) span(m *RankMeta) (from, to int64, ok bool) {
 	return from, to, ok
 }
 
-// CutInfo is how a merge was cut, as the summary records it.
-type CutInfo struct {
-	Ranks   string `json:"ranks,omitempty"`
-	Batches string `json:"batches,omitempty"`
-	FromUS  *int64 `json:"from_us,omitempty"` // aligned
-	ToUS    *int64 `json:"to_us,omitempty"`
-}
-
 // cutInfo describes the cut of c, or nil when nothing is cut.
 func (c *Config) cutInfo() *CutInfo {
 	if c.Ranks == nil && !c.timeCut() {

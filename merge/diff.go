@@ -266,32 +266,6 @@ func absInt(v int64) uint64 {
 	return uint64(v)
 }
 
-// diffs builds the summary's diffs: the outlier against the median rank, and each
-// rank asked for against the median rank.
-func (b *builder) diffs(sum *Summary) (*RankDiff, []RankDiff) {
-	if sum.Spread == nil || len(sum.Ranks) < 2 {
-		return nil, nil
-	}
-	side := func(r int) DiffInput {
-		e := b.byRank[r]
-		return DiffInput{Label: fmt.Sprintf("rank %d", r), Source: e.sum.Source, A: e.a, ShiftUS: e.shift}
-	}
-	out := sum.Spread.OutlierRank
-	med, ok := medianRank(sum.Ranks, sum.Spread, out)
-	if !ok {
-		return nil, nil
-	}
-	var asked []RankDiff
-	seen := map[int]bool{}
-	for _, r := range b.cfg.DiffRanks {
-		if _, ok := b.byRank[r]; ok && r != med && !seen[r] {
-			seen[r] = true
-			asked = append(asked, *Diff(side(med), side(r)))
-		}
-	}
-	return Diff(side(med), side(out)), asked
-}
-
 // WriteTable writes the diff as a table: the two peaks, then the sites, at most
 // top of them (all when top <= 0), the largest difference first.
 func (d *RankDiff) WriteTable(w io.Writer, top int) error {

@@ -397,25 +397,6 @@ func gridColumn(c Curve, shift, t0, t1 int64, n int, unit int64) string {
 	return base64.StdEncoding.EncodeToString(b)
 }
 
-// HumanBytes formats bytes with binary units (KiB, MiB, ...).
-func HumanBytes(n int64) string { return human(n) }
-
-// human formats bytes with binary units.
-func human(n int64) string {
-	const unit = 1024
-	if n < unit && n > -unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	f := float64(n)
-	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
-		f /= unit
-		if math.Abs(f) < unit {
-			return fmt.Sprintf("%.1f %s", f, u)
-		}
-	}
-	return fmt.Sprintf("%.1f PiB", f/unit)
-}
-
 var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"human": human, "signed": signed, "batch": batchText, "dash": orDash,
 	"only": func(d *RankDiff, s SiteDiff) string { return onlyText(d, s) },

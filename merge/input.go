@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
@@ -55,7 +56,7 @@ func Preload(ctx context.Context, in Input) Input {
 	if in.meta != nil {
 		if raw, err := in.meta(ctx); err == nil && raw != nil {
 			if m, err := ParseRankMeta(raw); err == nil {
-				p.meta, p.metaSHA = m, sha256Hex(raw)
+				p.meta, p.metaSHA = m, digest.SHA256Hex(raw)
 				in.meta = func(context.Context) ([]byte, error) { return raw, nil }
 			}
 		}

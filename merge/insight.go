@@ -365,6 +365,12 @@ func (s *Summary) Answer() []string {
 	return append(out, s.Findings()...)
 }
 
+// Bounds of a manifest's findings.
+const (
+	MaxManifestFindings = 32
+	MaxFindingBytes     = 1024
+)
+
 // ManifestFindings is Answer within a manifest's bounds (MaxManifestFindings lines
 // of at most MaxFindingBytes), as the manifest and a window's result carry it.
 func (s *Summary) ManifestFindings() []string {

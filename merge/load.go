@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -203,7 +204,7 @@ func decodeInput(ctx context.Context, in Input, a *RankAnalysis) (*rankData, Sna
 	if err != nil {
 		return nil, SnapshotRef{}, fmt.Errorf("merge: reading %s: %w", in.Source, err)
 	}
-	ref := SnapshotRef{Size: int64(len(data)), SHA256: sha256Hex(data)}
+	ref := SnapshotRef{Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}
 	if a != nil && a.Snapshot != ref {
 		return nil, ref, fmt.Errorf("merge: %s is not the snapshot its analysis describes (%d bytes, SHA-256 %s; the analysis says %d bytes, %s)",
 			in.Source, ref.Size, ref.SHA256, a.Snapshot.Size, a.Snapshot.SHA256)
@@ -289,7 +290,7 @@ func (in Input) readMeta(ctx context.Context) (*RankMeta, string, error) {
 	if m.Rank != in.Rank {
 		return nil, "", fmt.Errorf("merge: %s is rank %d by its name but its metadata says rank %d", in.Source, in.Rank, m.Rank)
 	}
-	return m, sha256Hex(raw), nil
+	return m, digest.SHA256Hex(raw), nil
 }
 
 // loadTimeline reads a merged .memsnap.pb: every rank in it is decoded.
@@ -298,7 +299,7 @@ func (b *builder) loadTimeline(ctx context.Context, in Input) loaded {
 	if err != nil {
 		return loaded{err: fmt.Errorf("merge: reading %s: %w", in.Source, err)}
 	}
-	l := loaded{ref: InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: sha256Hex(data)}}
+	l := loaded{ref: InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}}
 	ranks, err := ranksFromPB(data, in.Source)
 	if err != nil {
 		return loaded{err: err}
@@ -343,7 +344,7 @@ func (b *builder) decodeAgain(ctx context.Context, r int) (*rankData, error) {
 		if err != nil {
 			return nil, fmt.Errorf("merge: reading %s: %w", in.Source, err)
 		}
-		if sha256Hex(data) != e.ref.SHA256 {
+		if digest.SHA256Hex(data) != e.ref.SHA256 {
 			return nil, fmt.Errorf("merge: %s changed during the merge", in.Source)
 		}
 		ranks, err := ranksFromPB(data, in.Source)

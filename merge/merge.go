@@ -23,28 +23,6 @@ const (
 	AlignOffsets = "offsets" // each rank's clock minus its measured offset from the leader
 )
 
-// Output kinds, and their default names.
-const (
-	OutPickle  = "pickle"
-	OutTrace   = "trace"
-	OutSummary = "summary"
-	OutHTML    = "html"
-	OutPB      = "pb"
-	// OutInputs is the claim, written before the outputs: what was merged, with what
-	// options. OutManifest is written after them: it publishes the merge.
-	OutInputs   = "inputs"
-	OutManifest = "manifest"
-)
-
-// DefaultOutputBase is the default name (a template) of the merged outputs, before
-// their suffixes.
-const DefaultOutputBase = "merged"
-
-var outSuffix = map[string]string{
-	OutPickle: ".memory_snapshot.pickle", OutTrace: ".trace.json", OutSummary: ".summary.json",
-	OutHTML: ".html", OutPB: ".memsnap.pb", OutInputs: ".inputs.json", OutManifest: ".manifest.json",
-}
-
 // fixedOutputs are the outputs after the pickles, in the order they are stored.
 var fixedOutputs = []string{OutTrace, OutSummary, OutHTML, OutPB}
 
@@ -228,31 +206,6 @@ func (c *Config) validateCut() error {
 	return nil
 }
 
-// OutputKeys renders the names of the outputs, the claim and the manifest.
-func OutputKeys(base string, vars naming.Vars) (map[string]string, error) {
-	t, err := naming.Parse(base)
-	if err != nil {
-		return nil, fmt.Errorf("merge: output name: %w", err)
-	}
-	b, err := t.RenderKey(vars)
-	if err != nil {
-		return nil, fmt.Errorf("merge: output name: %w", err)
-	}
-	out := map[string]string{}
-	for k, s := range outSuffix {
-		if out[k], err = naming.CleanKey(b + s); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
-// MaxRanks is the largest world size a merge accepts: a rank number, a world size
-// in a sidecar or a timeline, or a flag above it is refused, so a hostile name such
-// as rank50000000.5.memory_snapshot.pickle cannot make a merge write gigabytes of
-// empty ranks.
-const MaxRanks = 1 << 16
-
 // Merge merges the inputs rank by rank into the outputs and publishes them: the
 // claim (<base>.inputs.json, what was merged), the outputs, and last the manifest
 // (<base>.manifest.json, every output's checksum). A reader that finds the
@@ -398,16 +351,6 @@ func (c *Config) tempDir() (string, error) {
 		return "", fmt.Errorf("merge: %w", err)
 	}
 	return tmp, nil
-}
-
-func contentType(kind string) string {
-	switch kind {
-	case OutHTML:
-		return "text/html; charset=utf-8"
-	case OutTrace, OutSummary, OutInputs, OutManifest:
-		return "application/json"
-	}
-	return "application/octet-stream"
 }
 
 // shift returns what is added to a rank's time_us to align it; traceStart is its

@@ -66,6 +66,12 @@ type MemorySample struct {
 	ProcessUsedBytes int64 `json:"process_used_bytes,omitempty"`
 }
 
+// MaxRanks is the largest world size a merge accepts: a rank number, a world size
+// in a sidecar or a timeline, or a flag above it is refused, so a hostile name such
+// as rank50000000.5.memory_snapshot.pickle cannot make a merge write gigabytes of
+// empty ranks.
+const MaxRanks = 1 << 16
+
 // MetaName returns the sidecar name for a snapshot name: X.pickle (also .gz, .zst)
 // becomes X.memsnap.json.
 func MetaName(snapshotName string) string {

@@ -2,7 +2,10 @@ package merge
 
 import (
 	"bufio"
+	"encoding/hex"
+	"hash"
 	"io"
+	"os"
 	"strconv"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -11,6 +14,23 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
+
+// outFile is one output being written, hashed as it goes so publishing need not
+// read it again.
+type outFile struct {
+	f *os.File
+	h hash.Hash
+	n int64 // bytes written
+}
+
+func (o *outFile) Write(p []byte) (int, error) {
+	n, err := o.f.Write(p)
+	o.h.Write(p[:n])
+	o.n += int64(n)
+	return n, err
+}
+
+func (o *outFile) sum() string { return hex.EncodeToString(o.h.Sum(nil)) }
 
 // frameKey identifies a frame by value, for sharing frames across ranks.
 type frameKey struct {

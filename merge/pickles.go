@@ -24,20 +24,6 @@ const DefaultPickleMaxBytes = 128 << 20
 // part's first and last rank.
 const DefaultPicklePartName = ".ranks-{first}-{last}"
 
-// PicklePart is one merged pickle: device i of it is rank FirstRank+i, for ranks
-// FirstRank to LastRank; Ranks says which of them hold events (the others are
-// missing, not selected, or not decoded).
-type PicklePart struct {
-	Name      string `json:"name"` // its key, as Outputs names it
-	FirstRank int    `json:"first_rank"`
-	LastRank  int    `json:"last_rank"`
-	Ranks     string `json:"ranks"` // as --ranks writes them, "0-7,63"
-	Bytes     int64  `json:"bytes"`
-	// OverCap is set when one rank alone is larger than the bound, and was
-	// written alone.
-	OverCap bool `json:"over_cap,omitempty"`
-}
-
 // checkPartName checks a part name template: {first} and {last}, once each, and
 // no other field.
 func checkPartName(t string) error {

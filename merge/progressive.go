@@ -346,16 +346,6 @@ func transientRead(err error) bool {
 	return retry.Transient(err) || errors.Is(err, context.Canceled)
 }
 
-// cutReason bounds a reason kept in a manifest.
-func cutReason(s string) string { return cutReasonN(s, MaxFindingBytes) }
-
-func cutReasonN(s string, n int) string {
-	if len(s) > n {
-		s = strings.ToValidUTF8(s[:n], "")
-	}
-	return s
-}
-
 // AnswerInputs are the inputs a published answer was merged from, read from st
 // by the names its manifest records (each snapshot's key, with its sidecar and
 // its analysis beside it): what a merge that completes the answer reads.

@@ -3,8 +3,6 @@ package merge
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -121,12 +120,6 @@ func (m *Manifest) Failed() bool { return m.State == ManifestFailed }
 // maxManifestError bounds a failed manifest's Error.
 const maxManifestError = 4096
 
-// Bounds of a manifest's findings.
-const (
-	MaxManifestFindings = 32
-	MaxFindingBytes     = 1024
-)
-
 // ParseManifest parses a manifest, refusing malformed ones: every output (and the
 // claim) must be a plain name in the manifest's folder with a size and a SHA-256,
 // and every rank it names must lie in the world. Batches and missing reasons come
@@ -228,25 +221,11 @@ func ParseManifest(b []byte) (*Manifest, error) {
 // valid reports whether o names a plain file beside the manifest (no folder, no
 // '.' or '..', nothing naming.CleanKey refuses) with a size and a SHA-256.
 func (o Object) valid() bool {
-	if o.Name == "." || o.Name == ".." || strings.ContainsAny(o.Name, "/\\") || o.Size < 0 || !isSHA256(o.SHA256) {
+	if o.Name == "." || o.Name == ".." || strings.ContainsAny(o.Name, "/\\") || o.Size < 0 || !digest.IsSHA256(o.SHA256) {
 		return false
 	}
 	_, err := naming.CleanKey(o.Name)
 	return err == nil
-}
-
-// isSHA256 reports whether s is a SHA-256 in hex.
-func isSHA256(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	_, err := hex.DecodeString(s)
-	return err == nil
-}
-
-func sha256Hex(b []byte) string {
-	h := sha256.Sum256(b)
-	return hex.EncodeToString(h[:])
 }
 
 // putOnce stores a file under key unless the store holds it already with the same
@@ -349,7 +328,7 @@ func CommitManifest(ctx context.Context, st store.Store, key string, m *Manifest
 			return "", err
 		}
 	}
-	sum := sha256Hex(mb)
+	sum := digest.SHA256Hex(mb)
 	opts := store.PutOptions{Size: int64(len(mb)), SHA256: sum, IfMatch: ifMatch, ContentType: contentType(OutManifest)}
 	info, err := st.Put(ctx, key, bytes.NewReader(mb), opts)
 	if errors.Is(err, store.ErrExists) {
@@ -500,7 +479,7 @@ func writeClaim(cfg *Config, tmp string, refs []InputRef, sum *Summary, outs []o
 	if err := os.WriteFile(cpath, cb, 0o644); err != nil {
 		return "", "", fmt.Errorf("merge: %w", err)
 	}
-	return cpath, sha256Hex(cb), nil
+	return cpath, digest.SHA256Hex(cb), nil
 }
 
 // storeClaim stores the claim writeClaim wrote.
@@ -534,23 +513,6 @@ func manifestOf(cfg *Config, cobj Object, refs []InputRef, sum *Summary) Manifes
 	return man
 }
 
-// missingReasons says why each missing rank is missing: the caller's reason, or
-// that no input named it.
-func missingReasons(cfg *Config, sum *Summary) map[string]string {
-	if len(sum.MissingRanks) == 0 {
-		return nil
-	}
-	out := map[string]string{}
-	for _, r := range sum.MissingRanks {
-		why := cfg.MissingReasons[r]
-		if why == "" {
-			why = "no snapshot"
-		}
-		out[strconv.Itoa(r)] = why
-	}
-	return out
-}
-
 // commonBatches returns the batches every merged rank recorded (from the
 // sidecars' batch marks), or nil when no rank has marks.
 func commonBatches(ranks []RankSummary) []int64 {
@@ -574,4 +536,14 @@ func int64sKey(v []int64) []byte {
 		b = append(b, ',')
 	}
 	return b
+}
+
+// cutReason bounds a reason kept in a manifest.
+func cutReason(s string) string { return cutReasonN(s, MaxFindingBytes) }
+
+func cutReasonN(s string, n int) string {
+	if len(s) > n {
+		s = strings.ToValidUTF8(s[:n], "")
+	}
+	return s
 }

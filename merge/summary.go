@@ -35,6 +35,28 @@ type Summary struct {
 	DiffsAsked []RankDiff `json:"diffs_asked,omitempty"`
 }
 
+// PicklePart is one merged pickle: device i of it is rank FirstRank+i, for ranks
+// FirstRank to LastRank; Ranks says which of them hold events (the others are
+// missing, not selected, or not decoded).
+type PicklePart struct {
+	Name      string `json:"name"` // its key, as Outputs names it
+	FirstRank int    `json:"first_rank"`
+	LastRank  int    `json:"last_rank"`
+	Ranks     string `json:"ranks"` // as --ranks writes them, "0-7,63"
+	Bytes     int64  `json:"bytes"`
+	// OverCap is set when one rank alone is larger than the bound, and was
+	// written alone.
+	OverCap bool `json:"over_cap,omitempty"`
+}
+
+// CutInfo is how a merge was cut, as the summary records it.
+type CutInfo struct {
+	Ranks   string `json:"ranks,omitempty"`
+	Batches string `json:"batches,omitempty"`
+	FromUS  *int64 `json:"from_us,omitempty"` // aligned
+	ToUS    *int64 `json:"to_us,omitempty"`
+}
+
 // Spread compares the ranks' peaks: the largest over the median, and the rank
 // with the largest peak (the outlier: the one nearest an OOM). OutlierRanks are
 // the ranks whose peak is that largest one when it is above the median (ties are
