@@ -16,6 +16,7 @@ import (
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -168,7 +169,7 @@ func (l *leaderRun) commitFailure(ctx context.Context, w *win, e window.CommitFa
 		return
 	}
 	f := merge.FailedWindow{Error: e.Why, WorldSize: w.m.World, MissingReasons: e.Missing, Reason: w.reason, Kind: kindName(w.m.Kind), Attempt: l.attempt(),
-		Window: &merge.WindowInfo{ID: w.id(), Start: w.m.Start, Stop: w.m.Stop}}
+		Window: &sidecar.WindowInfo{ID: w.id(), Start: w.m.Start, Stop: w.m.Stop}}
 	held, err := merge.CommitFailed(ctx, l.st, w.manifest, f, l.fence)
 	switch {
 	case isSuperseded(err):
@@ -364,7 +365,7 @@ func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config
 	id, start, stop := w.id(), w.m.Start, w.m.Stop
 	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(id, stop), WorldSize: w.m.World, Progressive: true,
 		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, id, start, stop-1),
-		Window: &merge.WindowInfo{ID: id, Start: start, Stop: stop}, MissingReasons: w.m.MissingReasons(), Logger: l.log.With("window", id),
+		Window: &sidecar.WindowInfo{ID: id, Start: start, Stop: stop}, MissingReasons: w.m.MissingReasons(), Logger: l.log.With("window", id),
 		Reason: w.reason, Kind: kindName(w.m.Kind), FromAnalyses: true, Supersede: true, Attempt: l.attempt(), Fence: l.fence}
 	if w.m.World > l.c.cfg.FullDetailRanks {
 		cfg.Detail = merge.DetailDiff // the pickles hold the ranks the diff compares; the rest is in the summary and report
@@ -408,7 +409,7 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank in
 		}
 		return nil, "its metadata cannot be read: " + err.Error(), nil
 	}
-	m, err := merge.ParseRankMeta(b)
+	m, err := sidecar.ParseRankMeta(b)
 	if err != nil {
 		return nil, err.Error(), nil
 	}
@@ -420,7 +421,7 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank in
 
 // coverageOf says why a rank's sidecar does not cover exactly the window's
 // batches ("" when it does).
-func (l *leaderRun) coverageOf(m *merge.RankMeta, rank int, w *win) string {
+func (l *leaderRun) coverageOf(m *sidecar.RankMeta, rank int, w *win) string {
 	start, stop := w.m.Start, w.m.Stop
 	if m.Window == nil || m.Window.ID != w.id() {
 		return "its metadata names another window"

@@ -19,6 +19,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 var (
@@ -497,7 +498,7 @@ func (sc *simCluster) removeWindow(m *merge.Manifest, manifest string) {
 	for _, in := range m.Inputs {
 		if rel, err := filepath.Rel(sc.dir, in.Source); err == nil && !strings.HasPrefix(rel, "..") {
 			os.Remove(in.Source)
-			os.Remove(merge.MetaName(in.Source))
+			os.Remove(sidecar.MetaName(in.Source))
 			os.Remove(merge.AnalysisName(in.Source))
 		}
 	}

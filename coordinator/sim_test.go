@@ -33,6 +33,7 @@ import (
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/rankagent"
@@ -276,7 +277,7 @@ func (s *simSnapshot) analysis(ctx context.Context, n int64) (*simAnalysis, erro
 	if a := s.analyses[n]; a != nil {
 		return a, nil
 	}
-	meta := merge.RankMeta{Version: 1, Batches: s.marks(0, n)}
+	meta := sidecar.RankMeta{Version: 1, Batches: s.marks(0, n)}
 	t0 := time.Now()
 	an, err := merge.AnalyzeSnapshot(ctx, s.snap, &meta, merge.AnalyzeOptions{Rank: 0})
 	if err != nil {
@@ -291,11 +292,11 @@ func (s *simSnapshot) analysis(ctx context.Context, n int64) (*simAnalysis, erro
 }
 
 // marks divides the snapshot's span among the n batches from start.
-func (s *simSnapshot) marks(start, n int64) []merge.BatchMark {
-	var out []merge.BatchMark
+func (s *simSnapshot) marks(start, n int64) []sidecar.BatchMark {
+	var out []sidecar.BatchMark
 	span := s.t1 - s.t0 + 1
 	for i := int64(0); i < n; i++ {
-		out = append(out, merge.BatchMark{Batch: start + i, StartUS: s.t0 + span*i/n, EndUS: s.t0 + span*(i+1)/n - 1})
+		out = append(out, sidecar.BatchMark{Batch: start + i, StartUS: s.t0 + span*i/n, EndUS: s.t0 + span*(i+1)/n - 1})
 	}
 	return out
 }
@@ -555,11 +556,11 @@ func simKey(run string, rank int, w rankagent.Window) string {
 // recorded in it.
 func (r *simRank) upload(ctx context.Context, w rankagent.Window) *rankagent.UploadResult {
 	key := simKey(r.id.RunName, r.id.Rank, w)
-	res := &rankagent.UploadResult{Key: key, MetaKey: merge.MetaName(key), Size: int64(len(r.snap.data)), SHA256: r.snap.sha,
+	res := &rankagent.UploadResult{Key: key, MetaKey: sidecar.MetaName(key), Size: int64(len(r.snap.data)), SHA256: r.snap.sha,
 		Events: r.snap.events, Window: w, Reason: "window"}
-	meta := merge.RankMeta{Version: 1, RunName: r.id.RunName, Rank: r.id.Rank, LocalRank: r.id.LocalRank, NodeRank: r.id.NodeRank,
+	meta := sidecar.RankMeta{Version: 1, RunName: r.id.RunName, Rank: r.id.Rank, LocalRank: r.id.LocalRank, NodeRank: r.id.NodeRank,
 		WorldSize: r.id.WorldSize, LocalWorldSize: r.id.LocalWorldSize, Hostname: fmt.Sprintf("node%04d", r.id.NodeRank),
-		GPU: &merge.GPUInfo{UUID: fmt.Sprintf("GPU-sim-%d", r.id.Rank)}, Window: &merge.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}, Reason: "window"}
+		GPU: &sidecar.GPUInfo{UUID: fmt.Sprintf("GPU-sim-%d", r.id.Rank)}, Window: &sidecar.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}, Reason: "window"}
 	meta.Batches = r.snap.marks(w.Start, w.Stop-w.Start)
 	r.mu.Lock()
 	if r.offsetK {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/memsnap/memsnap/internal/digest"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -120,7 +121,7 @@ func AnalysisName(snapshotName string) string {
 // Analyze decodes one rank's snapshot (a torch pickle, plain, gzip or zstd) and
 // analyses it with the rank's metadata (its batch marks; nil when there is none).
 // The analysis records data's size and SHA-256.
-func Analyze(ctx context.Context, data []byte, meta *RankMeta, opts AnalyzeOptions) (*RankAnalysis, error) {
+func Analyze(ctx context.Context, data []byte, meta *sidecar.RankMeta, opts AnalyzeOptions) (*RankAnalysis, error) {
 	s, err := snapshot.DecodeAnyContext(ctx, data)
 	if err != nil {
 		return nil, fmt.Errorf("merge: analysing a snapshot: %w", err)
@@ -135,7 +136,7 @@ func Analyze(ctx context.Context, data []byte, meta *RankMeta, opts AnalyzeOptio
 
 // AnalyzeSnapshot analyses a decoded snapshot; see Analyze. The result's Snapshot
 // reference is left empty.
-func AnalyzeSnapshot(ctx context.Context, s *snapshot.Snapshot, meta *RankMeta, opts AnalyzeOptions) (*RankAnalysis, error) {
+func AnalyzeSnapshot(ctx context.Context, s *snapshot.Snapshot, meta *sidecar.RankMeta, opts AnalyzeOptions) (*RankAnalysis, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -146,8 +147,8 @@ func AnalyzeSnapshot(ctx context.Context, s *snapshot.Snapshot, meta *RankMeta, 
 			rank = meta.Rank
 		}
 	}
-	if rank >= MaxRanks {
-		return nil, fmt.Errorf("merge: rank %d (at most %d)", rank, MaxRanks-1)
+	if rank >= sidecar.MaxRanks {
+		return nil, fmt.Errorf("merge: rank %d (at most %d)", rank, sidecar.MaxRanks-1)
 	}
 	r := rankFromSnapshot(s, rank, "")
 	r.meta = meta
@@ -407,7 +408,7 @@ func (h *history) maxIn(i, j int) int64 {
 // batchFigures computes each batch's allocated bytes at its start (after every
 // event before it), at its end (after every event up to it) and its peak, for the
 // batches (at most MaxAnalysisBatches) that overlap w.
-func (h *history) batchFigures(marks []BatchMark, w window) []BatchFigure {
+func (h *history) batchFigures(marks []sidecar.BatchMark, w window) []BatchFigure {
 	var out []BatchFigure
 	for _, m := range marks {
 		if len(out) == MaxAnalysisBatches {
@@ -478,11 +479,11 @@ func (a *RankAnalysis) check() error {
 	switch {
 	case a.Version != AnalysisVersion:
 		return fmt.Errorf("version %d is not supported (%d is)", a.Version, AnalysisVersion)
-	case a.Rank < 0 || a.Rank >= MaxRanks:
+	case a.Rank < 0 || a.Rank >= sidecar.MaxRanks:
 		return fmt.Errorf("rank %d", a.Rank)
 	case a.Snapshot.Size < 0 || !digest.IsSHA256(a.Snapshot.SHA256):
 		return errors.New("the snapshot's size or SHA-256 is malformed")
-	case a.Device < 0 || a.Device >= MaxRanks || a.Events < 0 || len(a.Note) > maxSiteName:
+	case a.Device < 0 || a.Device >= sidecar.MaxRanks || a.Events < 0 || len(a.Note) > maxSiteName:
 		return errors.New("a device, event count or note out of range")
 	case len(a.Sites) > AnalysisSites || len(a.OOMs) > MaxAnalysisBatches || len(a.Batches) > MaxAnalysisBatches:
 		return fmt.Errorf("%d sites, %d OOMs, %d batches", len(a.Sites), len(a.OOMs), len(a.Batches))

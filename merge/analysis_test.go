@@ -15,6 +15,7 @@ import (
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -38,7 +39,7 @@ func ddp4Marked(t testing.TB, analyses bool) string {
 		meta := markedMeta(t, data, r)
 		mb, _ := json.Marshal(meta)
 		write(t, filepath.Join(dir, name), data)
-		write(t, filepath.Join(dir, MetaName(name)), mb)
+		write(t, filepath.Join(dir, sidecar.MetaName(name)), mb)
 		if !analyses {
 			continue
 		}
@@ -67,7 +68,7 @@ func write(t testing.TB, p string, b []byte) {
 }
 
 // markedMeta is rank r's sidecar: three batches splitting its trace's time span.
-func markedMeta(t testing.TB, data []byte, r int) *RankMeta {
+func markedMeta(t testing.TB, data []byte, r int) *sidecar.RankMeta {
 	s, err := snapshot.Decode(data)
 	if err != nil {
 		t.Fatal(err)
@@ -75,9 +76,9 @@ func markedMeta(t testing.TB, data []byte, r int) *RankMeta {
 	tr := s.DeviceTraces[0]
 	t0, t1 := tr[0].TimeUS, tr[len(tr)-1].TimeUS
 	step := (t1 - t0 + 3) / 3
-	m := &RankMeta{Version: 1, Rank: r, WorldSize: 4, Window: &WindowInfo{ID: 1, Start: 5, Stop: 8}, StallUS: int64(1000 + r)}
+	m := &sidecar.RankMeta{Version: 1, Rank: r, WorldSize: 4, Window: &sidecar.WindowInfo{ID: 1, Start: 5, Stop: 8}, StallUS: int64(1000 + r)}
 	for b := int64(0); b < 3; b++ {
-		m.Batches = append(m.Batches, BatchMark{Batch: 5 + b, StartUS: t0 + b*step, EndUS: t0 + (b+1)*step - 1})
+		m.Batches = append(m.Batches, sidecar.BatchMark{Batch: 5 + b, StartUS: t0 + b*step, EndUS: t0 + (b+1)*step - 1})
 	}
 	return m
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/merge/synth"
 )
@@ -99,11 +100,11 @@ func storeAnswerRanks(tb testing.TB, n, events int) ([]Input, *store.Dir) {
 	for r := 0; r < n; r++ {
 		bs := bases[r%len(bases)]
 		key := fmt.Sprintf("bench/rank%d.pickle", r)
-		meta := RankMeta{Version: 1, RunName: "bench", Rank: r, WorldSize: n, Hostname: fmt.Sprintf("node%04d", r/8),
-			Window: &WindowInfo{ID: 1, Start: 10, Stop: 13}}
+		meta := sidecar.RankMeta{Version: 1, RunName: "bench", Rank: r, WorldSize: n, Hostname: fmt.Sprintf("node%04d", r/8),
+			Window: &sidecar.WindowInfo{ID: 1, Start: 10, Stop: 13}}
 		t0, t1 := bs.t0, bs.t1+1
 		for i := int64(0); i < 3; i++ {
-			meta.Batches = append(meta.Batches, BatchMark{Batch: 10 + i, StartUS: t0 + (t1-t0)*i/3, EndUS: t0 + (t1-t0)*(i+1)/3 - 1})
+			meta.Batches = append(meta.Batches, sidecar.BatchMark{Batch: 10 + i, StartUS: t0 + (t1-t0)*i/3, EndUS: t0 + (t1-t0)*(i+1)/3 - 1})
 		}
 		mb, err := json.Marshal(meta)
 		if err != nil {
@@ -119,9 +120,9 @@ func storeAnswerRanks(tb testing.TB, n, events int) ([]Input, *store.Dir) {
 			tb.Fatal(err)
 		}
 		put(key, bs.data)
-		put(MetaName(key), mb)
+		put(sidecar.MetaName(key), mb)
 		put(AnalysisName(key), ab)
-		ins = append(ins, StoreInput(st, key, MetaName(key), r).WithAnalysis(StoreAnalysis(st, AnalysisName(key))))
+		ins = append(ins, StoreInput(st, key, sidecar.MetaName(key), r).WithAnalysis(StoreAnalysis(st, AnalysisName(key))))
 	}
 	return ins, st
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -49,7 +50,7 @@ type rankEntry struct {
 	a     *RankAnalysis
 	shift int64
 	w     window
-	marks []BatchMark
+	marks []sidecar.BatchMark
 	ref   InputRef
 }
 
@@ -102,8 +103,8 @@ func (b *builder) admit(rank int, source string) error {
 	if rank < b.nextRank {
 		return fmt.Errorf("merge: rank %d of %s arrives after rank %d; pass one merged file per rank range", rank, source, b.nextRank-1)
 	}
-	if rank >= MaxRanks || (b.cfg.WorldSize > 0 && rank >= b.cfg.WorldSize) {
-		return fmt.Errorf("merge: rank %d of %s is outside the world size (%d, at most %d)", rank, source, max(b.cfg.WorldSize, 0), MaxRanks)
+	if rank >= sidecar.MaxRanks || (b.cfg.WorldSize > 0 && rank >= b.cfg.WorldSize) {
+		return fmt.Errorf("merge: rank %d of %s is outside the world size (%d, at most %d)", rank, source, max(b.cfg.WorldSize, 0), sidecar.MaxRanks)
 	}
 	return nil
 }
@@ -275,8 +276,8 @@ func (b *builder) world() (int, error) {
 	if world == 0 {
 		world = max(b.worldMeta, b.nextRank)
 	}
-	if world > MaxRanks {
-		return 0, fmt.Errorf("merge: world size %d is above the %d ranks a merge takes", world, MaxRanks)
+	if world > sidecar.MaxRanks {
+		return 0, fmt.Errorf("merge: world size %d is above the %d ranks a merge takes", world, sidecar.MaxRanks)
 	}
 	if world < b.nextRank {
 		return 0, fmt.Errorf("merge: rank %d is outside world size %d", b.nextRank-1, world)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -138,9 +139,9 @@ func indexNotes(notes []gradNote, byBatch bool) map[noteKey][]gradNote {
 
 // batchSpans are a rank's batch marks in time order, for placing an event in its
 // batch; marks out of order, overlapping or absurd leave none.
-type batchSpans []BatchMark
+type batchSpans []sidecar.BatchMark
 
-func spansOf(meta *RankMeta) batchSpans {
+func spansOf(meta *sidecar.RankMeta) batchSpans {
 	if meta == nil || len(meta.Batches) == 0 {
 		return nil
 	}

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // RankSet is a set of ranks written as ranges, "0-7,63".
@@ -26,8 +28,8 @@ func ParseRankSet(s string) (*RankSet, error) {
 		if isRange {
 			b, err2 = strconv.Atoi(hi)
 		}
-		if err1 != nil || err2 != nil || a < 0 || b < a || b >= MaxRanks {
-			return nil, fmt.Errorf("merge: ranks %q: %q is not a rank or a range A-B of ranks below %d", s, part, MaxRanks)
+		if err1 != nil || err2 != nil || a < 0 || b < a || b >= sidecar.MaxRanks {
+			return nil, fmt.Errorf("merge: ranks %q: %q is not a rank or a range A-B of ranks below %d", s, part, sidecar.MaxRanks)
 		}
 		spans = append(spans, [2]int{a, b})
 		if len(spans) > maxRankSpans {
@@ -90,7 +92,7 @@ func (b *BatchRange) String() string { return fmt.Sprintf("%d:%d", b.Start, b.St
 
 // span returns the rank's own-clock time from the start of the range's first
 // batch to the end of its last, by the rank's batch marks.
-func (b *BatchRange) span(m *RankMeta) (from, to int64, ok bool) {
+func (b *BatchRange) span(m *sidecar.RankMeta) (from, to int64, ok bool) {
 	if m == nil {
 		return 0, 0, false
 	}
@@ -123,7 +125,7 @@ func (c *Config) cutInfo() *CutInfo {
 func (c *Config) timeCut() bool { return c.Batches != nil || c.From != nil || c.To != nil }
 
 // window is the part of a rank's trace (its own clock) the merge keeps.
-func (c *Config) window(rank int, meta *RankMeta, shift int64) (window, error) {
+func (c *Config) window(rank int, meta *sidecar.RankMeta, shift int64) (window, error) {
 	var w window
 	if c.Batches != nil {
 		from, to, ok := c.Batches.span(meta)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -57,8 +58,8 @@ func AnalyzeFile(ctx context.Context, path string, rank int) (*RankAnalysis, err
 }
 
 // sidecarOf reads the sidecar beside a snapshot file; nil when there is none.
-func sidecarOf(ctx context.Context, path string) (*RankMeta, error) {
-	p := filepath.Join(filepath.Dir(path), MetaName(filepath.Base(path)))
+func sidecarOf(ctx context.Context, path string) (*sidecar.RankMeta, error) {
+	p := filepath.Join(filepath.Dir(path), sidecar.MetaName(filepath.Base(path)))
 	if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -66,7 +67,7 @@ func sidecarOf(ctx context.Context, path string) (*RankMeta, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := ParseRankMeta(b)
+	m, err := sidecar.ParseRankMeta(b)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}

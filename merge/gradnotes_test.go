@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -76,25 +77,25 @@ func TestHostileGradientsMade(t *testing.T) {
 		{"odd entries", odd}, {"a million", many}, {"itself", self},
 		{"a tuple", snapshot.Tuple{note(g0, int64(32*mib), "fc2", int64(0))}}, {"a dict", &snapshot.Dict{}}, {"a string", "gradients"}, {"none", nil},
 	}
-	marks := map[string]func([]BatchMark) []BatchMark{
-		"as told": func(m []BatchMark) []BatchMark { return m },
-		"out of order": func(m []BatchMark) []BatchMark {
+	marks := map[string]func([]sidecar.BatchMark) []sidecar.BatchMark{
+		"as told": func(m []sidecar.BatchMark) []sidecar.BatchMark { return m },
+		"out of order": func(m []sidecar.BatchMark) []sidecar.BatchMark {
 			m[1], m[2] = m[2], m[1]
 			return m
 		},
-		"overlapping": func(m []BatchMark) []BatchMark {
+		"overlapping": func(m []sidecar.BatchMark) []sidecar.BatchMark {
 			m[2].StartUS = m[1].StartUS + 10
 			return m
 		},
-		"reversed": func(m []BatchMark) []BatchMark {
+		"reversed": func(m []sidecar.BatchMark) []sidecar.BatchMark {
 			m[3].StartUS, m[3].EndUS = m[3].EndUS, m[3].StartUS
 			return m
 		},
-		"absurd batches": func(m []BatchMark) []BatchMark {
+		"absurd batches": func(m []sidecar.BatchMark) []sidecar.BatchMark {
 			m[0].Batch, m[1].Batch, m[2].Batch = -1, math.MaxInt64, math.MinInt64
 			return m
 		},
-		"one batch twice": func(m []BatchMark) []BatchMark {
+		"one batch twice": func(m []sidecar.BatchMark) []sidecar.BatchMark {
 			m[3].Batch = m[2].Batch
 			return m
 		},

@@ -15,6 +15,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -41,7 +42,7 @@ type Input struct {
 // merge (Preload); a field is nil when it was not read or does not parse, and
 // the merge then reads it as usual.
 type preloaded struct {
-	meta    *RankMeta
+	meta    *sidecar.RankMeta
 	metaSHA string
 	a       *RankAnalysis
 }
@@ -55,7 +56,7 @@ func Preload(ctx context.Context, in Input) Input {
 	p := &preloaded{}
 	if in.meta != nil {
 		if raw, err := in.meta(ctx); err == nil && raw != nil {
-			if m, err := ParseRankMeta(raw); err == nil {
+			if m, err := sidecar.ParseRankMeta(raw); err == nil {
 				p.meta, p.metaSHA = m, digest.SHA256Hex(raw)
 				in.meta = func(context.Context) ([]byte, error) { return raw, nil }
 			}
@@ -73,7 +74,7 @@ func Preload(ctx context.Context, in Input) Input {
 }
 
 // Meta is the sidecar Preload read and parsed, or nil.
-func (in Input) Meta() *RankMeta {
+func (in Input) Meta() *sidecar.RankMeta {
 	if in.pre == nil {
 		return nil
 	}
@@ -269,7 +270,7 @@ func (r *Resolver) fileInput(p string, rank int, explicit bool) (Input, bool) {
 	} else if !explicit && !strings.Contains(base, ".pickle") {
 		return Input{}, false
 	}
-	metaPath := filepath.Join(filepath.Dir(p), MetaName(base))
+	metaPath := filepath.Join(filepath.Dir(p), sidecar.MetaName(base))
 	return Input{
 		Rank: rank, Source: p, analysis: fileAnalysis(filepath.Join(filepath.Dir(p), AnalysisName(base))),
 		load: func(ctx context.Context) ([]byte, error) { return snapshot.ReadFileBytes(ctx, p) },
@@ -304,7 +305,7 @@ func (r *Resolver) expandS3(ctx context.Context, arg string, rank int) ([]Input,
 		keys[o.Key] = true
 	}
 	mk := func(key string, rank int) Input {
-		metaKey := path.Join(path.Dir(key), MetaName(path.Base(key)))
+		metaKey := path.Join(path.Dir(key), sidecar.MetaName(path.Base(key)))
 		in := Input{Rank: rank, Source: "s3://" + u.Bucket + "/" + key,
 			load: func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, key) }}
 		if keys[metaKey] {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -221,7 +222,7 @@ type OutsideAllocator struct {
 
 // outsideAllocator compares the rank's NVML samples inside w with its reserved
 // curve (the analysis's, on the rank's own clock). nil without samples.
-func outsideAllocator(a *RankAnalysis, samples []MemorySample, marks []BatchMark, w window) *OutsideAllocator {
+func outsideAllocator(a *RankAnalysis, samples []sidecar.MemorySample, marks []sidecar.BatchMark, w window) *OutsideAllocator {
 	if len(a.Curve) == 0 {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -55,7 +56,7 @@ var (
 
 const leakSite = "remember (/job/train.py:33)"
 
-func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
+func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *sidecar.RankMeta) {
 	var tr []*snapshot.TraceEntry
 	ev := func(action string, addr, size, t int64, fr *snapshot.Frame) {
 		e := &snapshot.TraceEntry{Action: action, Addr: addr, Size: size, TimeUS: t,
@@ -66,7 +67,7 @@ func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
 		tr = append(tr, e)
 	}
 	const base = 1 << 40
-	meta := &RankMeta{Version: 1, Rank: 0, WorldSize: 1}
+	meta := &sidecar.RankMeta{Version: 1, Rank: 0, WorldSize: 1}
 	var blocks []*snapshot.Block
 	blocks = append(blocks, &snapshot.Block{Address: base, Size: 256 * mib, State: snapshot.BlockActiveAllocated,
 		Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
@@ -78,7 +79,7 @@ func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *RankMeta) {
 	}
 	for b := 0; b < j.batches; b++ {
 		s := t0 + int64(b)*1000
-		meta.Batches = append(meta.Batches, BatchMark{Batch: int64(b), StartUS: s, EndUS: s + 900})
+		meta.Batches = append(meta.Batches, sidecar.BatchMark{Batch: int64(b), StartUS: s, EndUS: s + 900})
 		if b > 0 {
 			ev(snapshot.ActionFreeRequested, gradAt(b-1), 32*mib, s+10, gradFrame)
 			ev(snapshot.ActionFreeCompleted, gradAt(b-1), 32*mib, s+11, gradFrame)
@@ -168,7 +169,7 @@ func (j synthJob) analyse(t *testing.T, t0 int64) *RankAnalysis {
 	return analyse(t, s, meta)
 }
 
-func analyse(t *testing.T, s *snapshot.Snapshot, meta *RankMeta) *RankAnalysis {
+func analyse(t *testing.T, s *snapshot.Snapshot, meta *sidecar.RankMeta) *RankAnalysis {
 	t.Helper()
 	a, err := AnalyzeSnapshot(context.Background(), s, meta, AnalyzeOptions{Rank: -1})
 	if err != nil {
@@ -212,7 +213,7 @@ func TestTruncatedHistory(t *testing.T) {
 	const t0 = 1_700_000_000_000_000
 	s, meta := synthJob{batches: 400}.build(t0)
 	full := s.DeviceTraces[0]
-	if a := analyse(t, s, &RankMeta{Version: 1, Batches: meta.Batches, MaxEntries: len(full) + 1}); a.Truncated != nil {
+	if a := analyse(t, s, &sidecar.RankMeta{Version: 1, Batches: meta.Batches, MaxEntries: len(full) + 1}); a.Truncated != nil {
 		t.Fatalf("a history under its cap is truncated: %+v", a.Truncated)
 	}
 	// the ring buffer kept the last 500 events: about the last 80 batches
@@ -258,10 +259,10 @@ func TestMemoryOutsideTheAllocator(t *testing.T) {
 	// reserved is the 1 GiB segment throughout; NVML says 1.5 GiB used on the
 	// device, 1.25 GiB by this process, and 3 GiB at one moment far from the peak
 	for i := int64(0); i < 40; i++ {
-		meta.Samples = append(meta.Samples, MemorySample{TimeUS: t0 + i*100, DeviceUsedBytes: 1536 * mib, ProcessUsedBytes: 1280 * mib})
+		meta.Samples = append(meta.Samples, sidecar.MemorySample{TimeUS: t0 + i*100, DeviceUsedBytes: 1536 * mib, ProcessUsedBytes: 1280 * mib})
 	}
 	meta.Samples[39].DeviceUsedBytes = 3 << 30
-	meta.Samples = append(meta.Samples, MemorySample{TimeUS: t0 - 10_000_000, DeviceUsedBytes: 50 << 30}) // outside the window: ignored
+	meta.Samples = append(meta.Samples, sidecar.MemorySample{TimeUS: t0 - 10_000_000, DeviceUsedBytes: 50 << 30}) // outside the window: ignored
 	a := analyse(t, s, meta)
 	o := a.Outside
 	if o == nil {
@@ -270,7 +271,7 @@ func TestMemoryOutsideTheAllocator(t *testing.T) {
 	if o.AtPeakBytes != 512*mib || o.MaxBytes != 2<<30 || o.ProcessAtPeakBytes == nil || *o.ProcessAtPeakBytes != 256*mib {
 		t.Fatalf("outside %+v (process %v)", o, o.ProcessAtPeakBytes)
 	}
-	if a := analyse(t, s, &RankMeta{Version: 1, Batches: meta.Batches}); a.Outside != nil {
+	if a := analyse(t, s, &sidecar.RankMeta{Version: 1, Batches: meta.Batches}); a.Outside != nil {
 		t.Fatalf("a figure without samples: %+v", a.Outside)
 	}
 }
@@ -304,7 +305,7 @@ func findingsMerge(t *testing.T) (*Result, string) {
 		s, meta := j.build(t0)
 		meta.Rank, meta.WorldSize = r, 2
 		for i := int64(0); i < 20; i++ {
-			meta.Samples = append(meta.Samples, MemorySample{TimeUS: t0 + i*300, DeviceUsedBytes: (1024 + 300 + int64(r)*100) * mib})
+			meta.Samples = append(meta.Samples, sidecar.MemorySample{TimeUS: t0 + i*300, DeviceUsedBytes: (1024 + 300 + int64(r)*100) * mib})
 		}
 		if r == 1 {
 			meta.MaxEntries = len(s.DeviceTraces[0])
@@ -652,7 +653,7 @@ func TestCategoriesAddUpOnOddInput(t *testing.T) {
 }
 
 // writeRank stores rank r's snapshot and sidecar in dir as an agent names them.
-func writeRank(t *testing.T, dir string, r int, s *snapshot.Snapshot, meta *RankMeta) {
+func writeRank(t *testing.T, dir string, r int, s *snapshot.Snapshot, meta *sidecar.RankMeta) {
 	t.Helper()
 	b, err := snapshot.EncodeBytes(s)
 	if err != nil {
@@ -661,7 +662,7 @@ func writeRank(t *testing.T, dir string, r int, s *snapshot.Snapshot, meta *Rank
 	name := fmt.Sprintf("rank%d.0.memory_snapshot.pickle", r)
 	mb, _ := json.Marshal(meta)
 	write(t, filepath.Join(dir, name), b)
-	write(t, filepath.Join(dir, MetaName(name)), mb)
+	write(t, filepath.Join(dir, sidecar.MetaName(name)), mb)
 }
 
 // TestManifestCarriesTheAnswer: a merge's manifest holds the answer (the spread,

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/memsnap/memsnap/internal/digest"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -15,7 +16,7 @@ import (
 type loadedRank struct {
 	rank     int
 	source   string
-	meta     *RankMeta
+	meta     *sidecar.RankMeta
 	shift    int64
 	w        window
 	a        *RankAnalysis
@@ -219,7 +220,7 @@ func decodeInput(ctx context.Context, in Input, a *RankAnalysis) (*rankData, Sna
 // readAnalysis reads and checks a rank's analysis; nil (with the reason logged)
 // when there is none or it cannot be used: malformed, another rank's, or computed
 // with other batch marks than the sidecar's.
-func (b *builder) readAnalysis(ctx context.Context, in Input, meta *RankMeta) *RankAnalysis {
+func (b *builder) readAnalysis(ctx context.Context, in Input, meta *sidecar.RankMeta) *RankAnalysis {
 	var a *RankAnalysis
 	var err error
 	if in.pre != nil && in.pre.a != nil {
@@ -249,8 +250,8 @@ func (b *builder) readAnalysis(ctx context.Context, in Input, meta *RankMeta) *R
 }
 
 // sameMarks reports whether an analysis's batches are the sidecar's marks.
-func sameMarks(fs []BatchFigure, meta *RankMeta) bool {
-	var marks []BatchMark
+func sameMarks(fs []BatchFigure, meta *sidecar.RankMeta) bool {
+	var marks []sidecar.BatchMark
 	if meta != nil {
 		marks = meta.Batches[:min(len(meta.Batches), MaxAnalysisBatches)]
 	}
@@ -266,7 +267,7 @@ func sameMarks(fs []BatchFigure, meta *RankMeta) bool {
 }
 
 // readMeta reads and checks an input's sidecar; nil when it has none.
-func (in Input) readMeta(ctx context.Context) (*RankMeta, string, error) {
+func (in Input) readMeta(ctx context.Context) (*sidecar.RankMeta, string, error) {
 	if in.pre != nil && in.pre.meta != nil {
 		if m := in.pre.meta; m.Rank != in.Rank {
 			return nil, "", fmt.Errorf("merge: %s is rank %d by its name but its metadata says rank %d", in.Source, in.Rank, m.Rank)
@@ -283,7 +284,7 @@ func (in Input) readMeta(ctx context.Context) (*RankMeta, string, error) {
 	if raw == nil {
 		return nil, "", nil
 	}
-	m, err := ParseRankMeta(raw)
+	m, err := sidecar.ParseRankMeta(raw)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", in.Source, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -70,7 +71,7 @@ type Config struct {
 	TempDir string
 	// Window is the window the inputs recorded, for the claim and the manifest (nil
 	// when unknown).
-	Window *WindowInfo
+	Window *sidecar.WindowInfo
 	// MissingReasons says why a rank is missing, for the manifest (rank -> reason).
 	MissingReasons map[int]string
 	// Reason says why the window was recorded ("request", "schedule", a post-mortem
@@ -172,8 +173,8 @@ func (c *Config) validate() error {
 	if c.Progressive && c.Overwrite {
 		return errors.New("merge: a progressive merge does not overwrite")
 	}
-	if c.WorldSize < 0 || c.WorldSize > MaxRanks {
-		return fmt.Errorf("merge: world size %d (at most %d)", c.WorldSize, MaxRanks)
+	if c.WorldSize < 0 || c.WorldSize > sidecar.MaxRanks {
+		return fmt.Errorf("merge: world size %d (at most %d)", c.WorldSize, sidecar.MaxRanks)
 	}
 	return c.validateCut()
 }
@@ -199,7 +200,7 @@ func (c *Config) validateCut() error {
 		return fmt.Errorf("merge: unknown detail %d", c.Detail)
 	}
 	for _, r := range c.DiffRanks {
-		if r < 0 || r >= MaxRanks {
+		if r < 0 || r >= sidecar.MaxRanks {
 			return fmt.Errorf("merge: diff rank %d", r)
 		}
 	}
@@ -355,7 +356,7 @@ func (c *Config) tempDir() (string, error) {
 
 // shift returns what is added to a rank's time_us to align it; traceStart is its
 // first event's time, when it has events.
-func (c *Config) shift(rank int, meta *RankMeta, traceStart int64, hasTrace bool) int64 {
+func (c *Config) shift(rank int, meta *sidecar.RankMeta, traceStart int64, hasTrace bool) int64 {
 	switch c.Align {
 	case AlignStart:
 		if hasTrace {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -197,7 +198,7 @@ func (t *traceWriter) oom(rank int, o OOM) {
 	t.buf = b
 }
 
-func (t *traceWriter) batch(rank int, m BatchMark, shift int64) {
+func (t *traceWriter) batch(rank int, m sidecar.BatchMark, shift int64) {
 	b := t.buf[:0]
 	b = append(b, `{"name":"batch `...)
 	b = strconv.AppendInt(b, m.Batch, 10)

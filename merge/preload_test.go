@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // TestPreloadedInputsMergeFromMemory: inputs preloaded (sidecar and analysis read
@@ -31,7 +33,7 @@ func TestPreloadedInputsMergeFromMemory(t *testing.T) {
 	}
 	for r := range ins {
 		key := fmt.Sprintf("bench/rank%d.pickle", r)
-		for _, k := range []string{MetaName(key), AnalysisName(key)} {
+		for _, k := range []string{sidecar.MetaName(key), AnalysisName(key)} {
 			if err := os.Remove(filepath.Join(st.Root(), filepath.FromSlash(k))); err != nil {
 				t.Fatal(err)
 			}

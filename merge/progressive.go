@@ -15,6 +15,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // Answer is the first step of a progressive merge, once it is published: the
@@ -355,7 +356,7 @@ func AnswerInputs(st store.Store, m *Manifest) []Input {
 		if ref.Rank < 0 || isPB(ref.Source) {
 			continue // (a cluster's answer is merged from snapshots)
 		}
-		ins = append(ins, StoreInput(st, ref.Source, MetaName(ref.Source), ref.Rank).WithAnalysis(StoreAnalysis(st, AnalysisName(ref.Source))))
+		ins = append(ins, StoreInput(st, ref.Source, sidecar.MetaName(ref.Source), ref.Rank).WithAnalysis(StoreAnalysis(st, AnalysisName(ref.Source))))
 	}
 	return ins
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -254,7 +255,7 @@ func TestCommitFailed(t *testing.T) {
 	dir := t.TempDir()
 	d, _ := store.OpenDir(dir, true)
 	key := "merged.manifest.json"
-	f := FailedWindow{Error: "no rank stored a snapshot of the window", Window: &WindowInfo{ID: 3, Start: 5, Stop: 8}, WorldSize: 4,
+	f := FailedWindow{Error: "no rank stored a snapshot of the window", Window: &sidecar.WindowInfo{ID: 3, Start: 5, Stop: 8}, WorldSize: 4,
 		MissingReasons: map[int]string{0: "no sign of life", 2: "refused the window"}, Kind: "window", Attempt: "t2"}
 	no := errors.New("a newer term")
 	if _, err := CommitFailed(ctx, d, key, f, func(context.Context) error { return no }); !errors.Is(err, no) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -40,14 +41,14 @@ type Object struct {
 // proceeds only with the same claim, so it either finishes what the first started
 // (identical outputs) or is refused; it never mixes its outputs with another's.
 type Claim struct {
-	Version   int               `json:"version"`
-	Inputs    []InputRef        `json:"inputs"`
-	WorldSize int               `json:"world_size"`
-	Align     string            `json:"align"`
-	Offsets   map[string]int64  `json:"offsets_us,omitempty"`
-	Title     string            `json:"title,omitempty"`
-	Outputs   map[string]string `json:"outputs"`
-	Window    *WindowInfo       `json:"window,omitempty"`
+	Version   int                 `json:"version"`
+	Inputs    []InputRef          `json:"inputs"`
+	WorldSize int                 `json:"world_size"`
+	Align     string              `json:"align"`
+	Offsets   map[string]int64    `json:"offsets_us,omitempty"`
+	Title     string              `json:"title,omitempty"`
+	Outputs   map[string]string   `json:"outputs"`
+	Window    *sidecar.WindowInfo `json:"window,omitempty"`
 	// Attempt names the publication that made this claim (see Config.Attempt).
 	Attempt string `json:"attempt,omitempty"`
 	// MissingReasons are in the summary and the report, so they decide bytes too.
@@ -73,22 +74,22 @@ func readClaim(ctx context.Context, st store.Store, key string) (*Claim, error) 
 // Manifest is <base>.manifest.json, written last: a merge is published once its
 // manifest exists, and the manifest names every output with its checksum.
 type Manifest struct {
-	Version        int               `json:"version"`
-	Claim          Object            `json:"claim"`
-	Outputs        map[string]Object `json:"outputs"`
-	Inputs         []InputRef        `json:"inputs"`
-	Window         *WindowInfo       `json:"window,omitempty"`
-	WorldSize      int               `json:"world_size"`
-	RanksMerged    []int             `json:"ranks_merged"`
-	MissingRanks   []int             `json:"missing_ranks"`
-	MissingReasons map[string]string `json:"missing_reasons,omitempty"`
-	ClockOffsetsUS map[string]int64  `json:"clock_offsets_us"`
-	Align          string            `json:"align"`
-	Batches        []int64           `json:"batches,omitempty"` // the batches every rank recorded
-	OutlierRank    *int              `json:"outlier_rank,omitempty"`
-	Reason         string            `json:"reason,omitempty"` // why the window was recorded
-	Kind           string            `json:"kind,omitempty"`   // window, oom or crash (a cluster's windows)
-	Attempt        string            `json:"attempt,omitempty"`
+	Version        int                 `json:"version"`
+	Claim          Object              `json:"claim"`
+	Outputs        map[string]Object   `json:"outputs"`
+	Inputs         []InputRef          `json:"inputs"`
+	Window         *sidecar.WindowInfo `json:"window,omitempty"`
+	WorldSize      int                 `json:"world_size"`
+	RanksMerged    []int               `json:"ranks_merged"`
+	MissingRanks   []int               `json:"missing_ranks"`
+	MissingReasons map[string]string   `json:"missing_reasons,omitempty"`
+	ClockOffsetsUS map[string]int64    `json:"clock_offsets_us"`
+	Align          string              `json:"align"`
+	Batches        []int64             `json:"batches,omitempty"` // the batches every rank recorded
+	OutlierRank    *int                `json:"outlier_rank,omitempty"`
+	Reason         string              `json:"reason,omitempty"` // why the window was recorded
+	Kind           string              `json:"kind,omitempty"`   // window, oom or crash (a cluster's windows)
+	Attempt        string              `json:"attempt,omitempty"`
 	// Pickles are the merged pickles and the ranks each holds (names relative to
 	// the manifest, as Outputs names them).
 	Pickles []PicklePart `json:"pickles,omitempty"`
@@ -132,7 +133,7 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	if m.Version != 1 {
 		return nil, fmt.Errorf("merge: manifest version %d is not supported (1 is)", m.Version)
 	}
-	if m.WorldSize < 0 || m.WorldSize > MaxRanks {
+	if m.WorldSize < 0 || m.WorldSize > sidecar.MaxRanks {
 		return nil, fmt.Errorf("merge: manifest: world size %d", m.WorldSize)
 	}
 	for k, o := range m.Outputs {
@@ -143,7 +144,7 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	if m.Claim != (Object{}) && !m.Claim.valid() {
 		return nil, fmt.Errorf("merge: manifest: the claim is malformed")
 	}
-	inWorld := func(r int) bool { return r >= 0 && r < MaxRanks && (m.WorldSize == 0 || r < m.WorldSize) }
+	inWorld := func(r int) bool { return r >= 0 && r < sidecar.MaxRanks && (m.WorldSize == 0 || r < m.WorldSize) }
 	for _, list := range [][]int{m.RanksMerged, m.MissingRanks} {
 		for _, r := range list {
 			if !inWorld(r) {
@@ -360,7 +361,7 @@ var ErrFenced = errors.New("merge: not publishing")
 // FailedWindow is how a window ended with no outputs, for its manifest.
 type FailedWindow struct {
 	Error          string
-	Window         *WindowInfo
+	Window         *sidecar.WindowInfo
 	WorldSize      int
 	MissingReasons map[int]string
 	Reason, Kind   string

@@ -18,6 +18,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -143,7 +144,7 @@ func TestMergeWithOtherInputsIsRefused(t *testing.T) {
 // refused instead of making a merge write gigabytes of empty ranks.
 func TestMergeBoundsRanks(t *testing.T) {
 	src, _ := os.ReadFile(filepath.Join(ddp4(t), "rank0.5.memory_snapshot.pickle"))
-	for _, rank := range []int{5000000, 50000000, MaxRanks} {
+	for _, rank := range []int{5000000, 50000000, sidecar.MaxRanks} {
 		d := t.TempDir()
 		os.WriteFile(filepath.Join(d, fmt.Sprintf("rank%d.5.memory_snapshot.pickle", rank)), src, 0o644)
 		out, _ := store.OpenDir(t.TempDir(), true)
@@ -156,7 +157,7 @@ func TestMergeBoundsRanks(t *testing.T) {
 		}
 	}
 	out, _ := store.OpenDir(t.TempDir(), true)
-	if _, err := Merge(context.Background(), Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)}), Out: out, WorldSize: MaxRanks + 1}); err == nil {
+	if _, err := Merge(context.Background(), Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)}), Out: out, WorldSize: sidecar.MaxRanks + 1}); err == nil {
 		t.Fatal("a world size above MaxRanks was accepted")
 	}
 	// a sidecar claiming a huge world is refused too
@@ -215,7 +216,7 @@ func FuzzReadTimeline(f *testing.F) {
 			return
 		}
 		s := TimelineSnapshot(tl)
-		if len(s.DeviceTraces) > MaxRanks {
+		if len(s.DeviceTraces) > sidecar.MaxRanks {
 			t.Fatalf("%d device traces from %d bytes", len(s.DeviceTraces), len(b))
 		}
 		s.ComputeFigures()

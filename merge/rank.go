@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -16,7 +17,7 @@ type rankData struct {
 	device  int
 	trace   []*snapshot.TraceEntry
 	segs    []*snapshot.Segment
-	meta    *RankMeta
+	meta    *sidecar.RankMeta
 	shiftUS int64 // added to the rank's time_us to align it
 	note    string
 }

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -28,16 +29,16 @@ func ReadTimeline(data []byte) (*pb.Timeline, error) {
 	if tl.Version != 1 {
 		return nil, fmt.Errorf("merge: timeline version %d is not supported (1 is)", tl.Version)
 	}
-	if tl.WorldSize < 0 || tl.WorldSize > MaxRanks {
-		return nil, fmt.Errorf("merge: timeline world size %d (0 to %d)", tl.WorldSize, MaxRanks)
+	if tl.WorldSize < 0 || tl.WorldSize > sidecar.MaxRanks {
+		return nil, fmt.Errorf("merge: timeline world size %d (0 to %d)", tl.WorldSize, sidecar.MaxRanks)
 	}
-	if len(tl.Ranks) > MaxRanks || len(tl.MissingRanks) > MaxRanks {
-		return nil, fmt.Errorf("merge: timeline holds %d ranks and %d missing ones, more than %d", len(tl.Ranks), len(tl.MissingRanks), MaxRanks)
+	if len(tl.Ranks) > sidecar.MaxRanks || len(tl.MissingRanks) > sidecar.MaxRanks {
+		return nil, fmt.Errorf("merge: timeline holds %d ranks and %d missing ones, more than %d", len(tl.Ranks), len(tl.MissingRanks), sidecar.MaxRanks)
 	}
 	seen := make(map[int32]bool, len(tl.Ranks))
 	for _, r := range tl.Ranks {
 		switch {
-		case r.Rank < 0 || r.Rank >= MaxRanks || (tl.WorldSize > 0 && r.Rank >= tl.WorldSize):
+		case r.Rank < 0 || r.Rank >= sidecar.MaxRanks || (tl.WorldSize > 0 && r.Rank >= tl.WorldSize):
 			return nil, fmt.Errorf("merge: timeline holds rank %d of world size %d", r.Rank, tl.WorldSize)
 		case seen[r.Rank]:
 			return nil, fmt.Errorf("merge: timeline holds rank %d twice", r.Rank)
@@ -45,7 +46,7 @@ func ReadTimeline(data []byte) (*pb.Timeline, error) {
 		seen[r.Rank] = true
 	}
 	for _, r := range tl.MissingRanks {
-		if r < 0 || r >= MaxRanks || seen[r] {
+		if r < 0 || r >= sidecar.MaxRanks || seen[r] {
 			return nil, fmt.Errorf("merge: timeline names rank %d missing", r)
 		}
 	}
@@ -130,12 +131,12 @@ func ranksFromPB(data []byte, source string) ([]*rankData, error) {
 		trace, segs := rankSnapshot(tl, rt, frames, 0)
 		s := &snapshot.Snapshot{DeviceTraces: [][]*snapshot.TraceEntry{trace}, Segments: segs, Has: snapshot.SnapSegments | snapshot.SnapDeviceTraces}
 		off := rt.ClockOffsetUs
-		meta := &RankMeta{Rank: int(rt.Rank), WorldSize: int(tl.WorldSize), ClockOffsetUS: &off}
+		meta := &sidecar.RankMeta{Rank: int(rt.Rank), WorldSize: int(tl.WorldSize), ClockOffsetUS: &off}
 		for _, b := range rt.Batches {
-			meta.Batches = append(meta.Batches, BatchMark{Batch: b.Batch, StartUS: b.StartUs, EndUS: b.EndUs})
+			meta.Batches = append(meta.Batches, sidecar.BatchMark{Batch: b.Batch, StartUS: b.StartUs, EndUS: b.EndUs})
 		}
 		for _, m := range rt.Samples {
-			meta.Samples = append(meta.Samples, MemorySample{TimeUS: m.TimeUs, DeviceUsedBytes: m.DeviceUsedBytes, ProcessUsedBytes: m.ProcessUsedBytes})
+			meta.Samples = append(meta.Samples, sidecar.MemorySample{TimeUS: m.TimeUs, DeviceUsedBytes: m.DeviceUsedBytes, ProcessUsedBytes: m.ProcessUsedBytes})
 		}
 		out = append(out, &rankData{rank: int(rt.Rank), source: fmt.Sprintf("%s#rank%d", source, rt.Rank), snap: s, trace: trace, segs: segs, meta: meta})
 	}

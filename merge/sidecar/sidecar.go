@@ -1,4 +1,6 @@
-package merge
+// Package sidecar is the rank sidecar: what a rank agent records beside each
+// snapshot it stores (X.memsnap.json for X.pickle), and the merge reads back.
+package sidecar
 
 import (
 	"encoding/json"
