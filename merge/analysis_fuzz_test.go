@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/internal/testjob"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -29,7 +30,7 @@ func analysisSeeds(t testing.TB) [][]byte {
 	}
 	// the hook's version 2: gradients told with the batch each was made in, one
 	// address handed to the optimizer's temporaries the next batch
-	s, meta := (synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true, gradFreed: true}).build(1_700_000_000_000_000)
+	s, meta := (testjob.Job{Batches: 6, Watch: true, GradFlip: true, MadeNotes: true, OptTemp: true, GradFreed: true}).Build(1_700_000_000_000_000)
 	data, err := snapshot.EncodeBytes(s)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/merge/internal/testjob"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -42,7 +43,7 @@ func checkAddsUp(t *testing.T, name string, a *RankAnalysis) {
 // up to the peak.
 func TestHostileGradientsMade(t *testing.T) {
 	const t0 = 1_700_000_000_000_000
-	job := synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true}
+	job := testjob.Job{Batches: 6, Watch: true, GradFlip: true, MadeNotes: true, OptTemp: true}
 	note := func(v ...snapshot.Value) snapshot.Value { return &snapshot.List{Items: v} }
 	self := &snapshot.List{}
 	self.Items = []snapshot.Value{self, self, self, self}
@@ -105,7 +106,7 @@ func TestHostileGradientsMade(t *testing.T) {
 			if c.v == many && mn != "as told" {
 				continue // once is enough (a second each)
 			}
-			s, meta := job.build(t0)
+			s, meta := job.Build(t0)
 			withGradientsMade(s, c.v)
 			meta.Batches = mf(meta.Batches)
 			start := time.Now()

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memsnap/memsnap/merge/internal/testjob"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
@@ -18,154 +19,23 @@ import (
 
 const mib = 1 << 20
 
-// synthJob is a synthesised rank's training: a 1 GiB segment holding 256 MiB of
-// weights allocated before recording; in each of its batches an activation of
-// 64 MiB is allocated and freed, a gradient of 32 MiB is allocated in the batch
-// and freed in the next one, and (leak > 0) leak bytes are allocated at
-// leakSite and never freed. Batch b runs over [b*1000, b*1000+900) µs after t0.
-type synthJob struct {
-	batches int
-	leak    int64
-	// watch: the hook was told the model (fc1 and fc2, 128 MiB of weights each,
-	// the gradient is fc2's) and its optimizer (64 MiB of state each, allocated
-	// before recording at 800 MiB into the segment)
-	watch bool
-	// bigAct: an activation of this many bytes more in every batch, made by
-	// another module's forward
-	bigAct int64
-	// gradFlip: the gradient's block alternates between two addresses, and (with
-	// watch) the hook saw the one the snapshot does not hold (seenGrad)
-	gradFlip, seenGrad bool
-	// madeNotes: the hook tells every gradient made with its batch (version 2);
-	// optTemp: in every batch after the first, the optimizer's step makes a
-	// temporary of the gradient's size at the address the last batch's gradient
-	// had (AdamW's foreach temporaries do, in a real trainer)
-	madeNotes, optTemp bool
-	// gradFreed: the last batch frees its gradient before the snapshot (Hugging
-	// Face's Trainer zeroes them before its step-end callback)
-	gradFreed bool
-}
-
-var (
-	actFrame  = &snapshot.Frame{Name: "forward", Filename: "/job/model.py", Line: 10, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
-	gradFrame = &snapshot.Frame{Name: "backward", Filename: "/job/train.py", Line: 20, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
-	bigFrame  = &snapshot.Frame{Name: "forward", Filename: "/job/big.py", Line: 5, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
-	leakFrame = &snapshot.Frame{Name: "remember", Filename: "/job/train.py", Line: 33, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
-	optFrame  = &snapshot.Frame{Name: "_multi_tensor_adamw", Filename: "/venv/torch/optim/adamw.py", Line: 40, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
-)
-
-const leakSite = "remember (/job/train.py:33)"
-
-func (j synthJob) build(t0 int64) (*snapshot.Snapshot, *sidecar.RankMeta) {
-	var tr []*snapshot.TraceEntry
-	ev := func(action string, addr, size, t int64, fr *snapshot.Frame) {
-		e := &snapshot.TraceEntry{Action: action, Addr: addr, Size: size, TimeUS: t,
-			Has: snapshot.EntryAction | snapshot.EntryAddr | snapshot.EntrySize | snapshot.EntryTimeUS}
-		if fr != nil {
-			e.Frames, e.Has = []*snapshot.Frame{fr}, e.Has|snapshot.EntryFrames
-		}
-		tr = append(tr, e)
-	}
-	const base = 1 << 40
-	meta := &sidecar.RankMeta{Version: 1, Rank: 0, WorldSize: 1}
-	var blocks []*snapshot.Block
-	blocks = append(blocks, &snapshot.Block{Address: base, Size: 256 * mib, State: snapshot.BlockActiveAllocated,
-		Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
-	gradAt := func(b int) int64 { // the allocator reuses the block
-		if j.gradFlip {
-			return base + 256*mib + int64(b%2)*32*mib
-		}
-		return base + 256*mib
-	}
-	for b := 0; b < j.batches; b++ {
-		s := t0 + int64(b)*1000
-		meta.Batches = append(meta.Batches, sidecar.BatchMark{Batch: int64(b), StartUS: s, EndUS: s + 900})
-		if b > 0 {
-			ev(snapshot.ActionFreeRequested, gradAt(b-1), 32*mib, s+10, gradFrame)
-			ev(snapshot.ActionFreeCompleted, gradAt(b-1), 32*mib, s+11, gradFrame)
-		}
-		act := int64(base + 512*mib)
-		ev(snapshot.ActionAlloc, act, 64*mib, s+100, actFrame)
-		ev(snapshot.ActionAlloc, gradAt(b), 32*mib, s+200, gradFrame)
-		if j.bigAct > 0 {
-			ev(snapshot.ActionAlloc, base+700*mib, j.bigAct, s+150, bigFrame)
-			ev(snapshot.ActionFreeCompleted, base+700*mib, j.bigAct, s+350, bigFrame)
-		}
-		if j.optTemp && b > 0 {
-			ev(snapshot.ActionAlloc, gradAt(b-1), 32*mib, s+250, optFrame)
-			ev(snapshot.ActionFreeCompleted, gradAt(b-1), 32*mib, s+260, optFrame)
-		}
-		ev(snapshot.ActionFreeRequested, act, 64*mib, s+300, actFrame)
-		ev(snapshot.ActionFreeCompleted, act, 64*mib, s+301, actFrame)
-		if j.leak > 0 {
-			addr := int64(base + 600*mib + int64(b)*j.leak)
-			ev(snapshot.ActionAlloc, addr, j.leak, s+400, leakFrame)
-			blocks = append(blocks, &snapshot.Block{Address: addr, Size: j.leak, State: snapshot.BlockActiveAllocated,
-				Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
-		}
-	}
-	if j.gradFreed {
-		last := t0 + int64(j.batches-1)*1000
-		ev(snapshot.ActionFreeRequested, gradAt(j.batches-1), 32*mib, last+850, gradFrame)
-		ev(snapshot.ActionFreeCompleted, gradAt(j.batches-1), 32*mib, last+851, gradFrame)
-	} else {
-		blocks = append(blocks, &snapshot.Block{Address: gradAt(j.batches - 1), Size: 32 * mib, State: snapshot.BlockActiveAllocated,
-			Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
-	}
-	var extra []snapshot.Item
-	if j.watch {
-		blocks = append(blocks, &snapshot.Block{Address: base + 800*mib, Size: 128 * mib, State: snapshot.BlockActiveAllocated,
-			Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
-		tensor := func(addr, size int64, kind, module string) snapshot.Value {
-			return &snapshot.List{Items: []snapshot.Value{addr, size, kind, module}}
-		}
-		list := &snapshot.List{Items: []snapshot.Value{
-			tensor(base, 128*mib, "parameter", "fc1"), tensor(base+128*mib, 128*mib, "parameter", "fc2"),
-			tensor(base+800*mib, 64*mib, "optimizer_state", "fc1"), tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),
-			tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),                 // a storage named twice counts once
-			tensor(-5, 10, "parameter", "bad"), tensor(base, 1, "weights?", "bad"), // malformed: skipped
-		}}
-		if !j.gradFreed {
-			list.Items = append(list.Items, tensor(gradAt(j.batches-1), 32*mib, "gradient", "fc2"))
-		}
-		if j.seenGrad {
-			list.Items = append(list.Items, tensor(gradAt(j.batches), 32*mib-100, "gradient", "fc2"))
-		}
-		items := []snapshot.Item{{Key: "version", Value: int64(1)}, {Key: "tensors", Value: list}}
-		if j.madeNotes {
-			made := &snapshot.List{}
-			for b := 0; b < j.batches; b++ {
-				made.Items = append(made.Items, &snapshot.List{Items: []snapshot.Value{gradAt(b), int64(32 * mib), "fc2", int64(b)}})
-			}
-			made.Items = append(made.Items, &snapshot.List{Items: []snapshot.Value{int64(-1), int64(1), "bad", int64(0)}}) // malformed: skipped
-			items = append(items, snapshot.Item{Key: "gradients_made", Value: made})
-		}
-		extra = []snapshot.Item{{Key: TensorsKey, Value: &snapshot.Dict{Items: items}}}
-	}
-	seg := &snapshot.Segment{Device: 0, Address: base, TotalSize: 1 << 30, Blocks: blocks,
-		Has: snapshot.SegDevice | snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegBlocks}
-	s := &snapshot.Snapshot{Segments: []*snapshot.Segment{seg}, DeviceTraces: [][]*snapshot.TraceEntry{tr},
-		Has: snapshot.SnapSegments | snapshot.SnapDeviceTraces, Extra: extra}
-	return s, meta
-}
-
 // mergeSynth merges synthetic ranks (rank r is jobs[r]) written as files, as a
 // cluster's store holds them.
-func mergeSynth(t *testing.T, title string, jobs ...synthJob) (*Result, string) {
+func mergeSynth(t *testing.T, title string, jobs ...testjob.Job) (*Result, string) {
 	t.Helper()
 	const t0 = 1_700_000_000_000_000
 	dir := t.TempDir()
 	for r, j := range jobs {
-		s, meta := j.build(t0)
+		s, meta := j.Build(t0)
 		meta.Rank, meta.WorldSize = r, len(jobs)
 		writeRank(t, dir, r, s, meta)
 	}
 	return runMerge(t, Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{dir}), Title: title})
 }
 
-func (j synthJob) analyse(t *testing.T, t0 int64) *RankAnalysis {
+func analyseJob(t *testing.T, j testjob.Job, t0 int64) *RankAnalysis {
 	t.Helper()
-	s, meta := j.build(t0)
+	s, meta := j.Build(t0)
 	return analyse(t, s, meta)
 }
 
@@ -180,7 +50,7 @@ func analyse(t *testing.T, s *snapshot.Snapshot, meta *sidecar.RankMeta) *RankAn
 
 func TestLeakAcrossBatches(t *testing.T) {
 	const t0 = 1_700_000_000_000_000
-	a := (synthJob{batches: 6, leak: 8 * mib}).analyse(t, t0)
+	a := analyseJob(t, testjob.Job{Batches: 6, Leak: 8 * mib}, t0)
 	l := a.Leak
 	if l == nil {
 		t.Fatalf("a rank leaking 8 MiB a batch is not flagged; batches %+v", a.Batches)
@@ -189,29 +59,29 @@ func TestLeakAcrossBatches(t *testing.T) {
 		t.Fatalf("leak %+v, want 6 batches growing 8 MiB each", l)
 	}
 	// the gradient lives into the next batch but is freed there: not a leak
-	if len(l.Sites) != 1 || l.Sites[0].Site != leakSite || l.Sites[0].PerBatchBytes != 8*mib || l.Sites[0].Batches != 5 || l.Sites[0].Blocks != 5 {
-		t.Fatalf("leak sites %+v, want %s alone, 8 MiB in each of 5 batches", l.Sites, leakSite)
+	if len(l.Sites) != 1 || l.Sites[0].Site != testjob.LeakSite || l.Sites[0].PerBatchBytes != 8*mib || l.Sites[0].Batches != 5 || l.Sites[0].Blocks != 5 {
+		t.Fatalf("leak sites %+v, want %s alone, 8 MiB in each of 5 batches", l.Sites, testjob.LeakSite)
 	}
-	if !strings.Contains(l.describe(), "8.0 MiB per batch over 6 batches; "+leakSite+" leaves 8.0 MiB per batch") {
+	if !strings.Contains(l.describe(), "8.0 MiB per batch over 6 batches; "+testjob.LeakSite+" leaves 8.0 MiB per batch") {
 		t.Fatalf("described as %q", l.describe())
 	}
 
 	// the same training without the leak: nothing flagged
-	if a := (synthJob{batches: 6}).analyse(t, t0); a.Leak != nil {
+	if a := analyseJob(t, testjob.Job{Batches: 6}, t0); a.Leak != nil {
 		t.Fatalf("a steady rank is flagged: %+v", a.Leak)
 	}
 	// growth under the threshold, or over too few batches: not flagged
-	if a := (synthJob{batches: 6, leak: 512 << 10}).analyse(t, t0); a.Leak != nil {
+	if a := analyseJob(t, testjob.Job{Batches: 6, Leak: 512 << 10}, t0); a.Leak != nil {
 		t.Fatalf("512 KiB a batch is flagged: %+v", a.Leak)
 	}
-	if a := (synthJob{batches: 2, leak: 64 * mib}).analyse(t, t0); a.Leak != nil {
+	if a := analyseJob(t, testjob.Job{Batches: 2, Leak: 64 * mib}, t0); a.Leak != nil {
 		t.Fatalf("two batches are flagged: %+v", a.Leak)
 	}
 }
 
 func TestTruncatedHistory(t *testing.T) {
 	const t0 = 1_700_000_000_000_000
-	s, meta := synthJob{batches: 400}.build(t0)
+	s, meta := testjob.Job{Batches: 400}.Build(t0)
 	full := s.DeviceTraces[0]
 	if a := analyse(t, s, &sidecar.RankMeta{Version: 1, Batches: meta.Batches, MaxEntries: len(full) + 1}); a.Truncated != nil {
 		t.Fatalf("a history under its cap is truncated: %+v", a.Truncated)
@@ -255,7 +125,7 @@ func TestRoundUpEntries(t *testing.T) {
 
 func TestMemoryOutsideTheAllocator(t *testing.T) {
 	const t0 = 1_700_000_000_000_000
-	s, meta := synthJob{batches: 4}.build(t0)
+	s, meta := testjob.Job{Batches: 4}.Build(t0)
 	// reserved is the 1 GiB segment throughout; NVML says 1.5 GiB used on the
 	// device, 1.25 GiB by this process, and 3 GiB at one moment far from the peak
 	for i := int64(0); i < 40; i++ {
@@ -288,7 +158,7 @@ func TestFindingsInEveryOutput(t *testing.T) {
 func TestFindingsInChromium(t *testing.T) {
 	_, out := findingsMerge(t)
 	dom, _ := browse(t, filepath.Join(out, "merged.html"))
-	for _, want := range []string{"<li>rank 1: allocated grows 8.0 MiB per batch over 6 batches; " + leakSite,
+	for _, want := range []string{"<li>rank 1: allocated grows 8.0 MiB per batch over 6 batches; " + testjob.LeakSite,
 		`<table class="leak" id="leak-1">`, "<li>rank 1: history truncated: 40 events reached --max-entries 40"} {
 		if !strings.Contains(dom, want) {
 			t.Fatalf("the rendered report lacks %q", want)
@@ -301,8 +171,8 @@ func TestFindingsInChromium(t *testing.T) {
 func findingsMerge(t *testing.T) (*Result, string) {
 	const t0 = 1_700_000_000_000_000
 	dir := t.TempDir()
-	for r, j := range []synthJob{{batches: 6}, {batches: 6, leak: 8 * mib}} {
-		s, meta := j.build(t0)
+	for r, j := range []testjob.Job{{Batches: 6}, {Batches: 6, Leak: 8 * mib}} {
+		s, meta := j.Build(t0)
 		meta.Rank, meta.WorldSize = r, 2
 		for i := int64(0); i < 20; i++ {
 			meta.Samples = append(meta.Samples, sidecar.MemorySample{TimeUS: t0 + i*300, DeviceUsedBytes: (1024 + 300 + int64(r)*100) * mib})
@@ -321,7 +191,7 @@ func checkFindings(t *testing.T, res *Result, out string) {
 		t.Fatalf("rank 0: %+v; rank 1: leak %v truncated %v outside %v", res.Summary.Ranks[0], r1.Leak, r1.Truncated, r1.OutsideAllocator)
 	}
 	f := strings.Join(res.Summary.Findings(), "\n")
-	for _, want := range []string{"rank 1: history truncated", "rank 1: allocated grows 8.0 MiB per batch over 6 batches; " + leakSite,
+	for _, want := range []string{"rank 1: history truncated", "rank 1: allocated grows 8.0 MiB per batch over 6 batches; " + testjob.LeakSite,
 		"outside the allocator (NVML device used less reserved) at the peak: median 300.0 MiB, most 400.0 MiB on rank 1"} {
 		if !strings.Contains(f, want) {
 			t.Fatalf("findings\n%s\nlack %q", f, want)
@@ -334,7 +204,7 @@ func checkFindings(t *testing.T, res *Result, out string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`<ul id="findings">`, "rank 1: allocated grows 8.0 MiB per batch", `id="leak-1"`, leakSite, "outside allocator"} {
+	for _, want := range []string{`<ul id="findings">`, "rank 1: allocated grows 8.0 MiB per batch", `id="leak-1"`, testjob.LeakSite, "outside allocator"} {
 		if !bytes.Contains(html, []byte(want)) {
 			t.Fatalf("the report lacks %q", want)
 		}
@@ -369,7 +239,7 @@ func TestCategoriesAtThePeak(t *testing.T) {
 	const t0 = 1_700_000_000_000_000
 	want := map[string]int64{CatParameters: 256 * mib, CatGradients: 32 * mib, CatOptimizerState: 128 * mib,
 		CatActivations: 64 * mib, CatTemporaries: 0, CatOther: 0, CatUnknown: 0}
-	s, meta := synthJob{batches: 6, watch: true}.build(t0)
+	s, meta := testjob.Job{Batches: 6, Watch: true}.Build(t0)
 	// decoded from its pickle, as the agent reads it
 	b, err := snapshot.EncodeBytes(s)
 	if err != nil {
@@ -411,7 +281,7 @@ func TestCategoriesAtThePeak(t *testing.T) {
 	}
 
 	// not told: the weights are unknown, the gradient a temporary of the backward pass
-	a = (synthJob{batches: 6}).analyse(t, t0)
+	a = analyseJob(t, testjob.Job{Batches: 6}, t0)
 	want = map[string]int64{CatParameters: 0, CatGradients: 0, CatOptimizerState: 0, CatActivations: 64 * mib, CatTemporaries: 32 * mib, CatOther: 0, CatUnknown: 256 * mib}
 	if c := a.Categories; c == nil || c.Watched != 0 || fmt.Sprint(c.AtPeak) != fmt.Sprint(want) {
 		t.Fatalf("unwatched categories %+v, want at the peak %v", c, want)
@@ -454,7 +324,7 @@ func TestCategoriesAddUpOnRealSnapshots(t *testing.T) {
 // hold 96 MiB more activations, in that module: in the diff, its table, the
 // findings and the report.
 func TestCategoryDiff(t *testing.T) {
-	res, out := mergeSynth(t, "categories", synthJob{batches: 4, watch: true}, synthJob{batches: 4, watch: true, bigAct: 96 * mib}, synthJob{batches: 4, watch: true})
+	res, out := mergeSynth(t, "categories", testjob.Job{Batches: 4, Watch: true}, testjob.Job{Batches: 4, Watch: true, BigAct: 96 * mib}, testjob.Job{Batches: 4, Watch: true})
 	d := res.Summary.Diff
 	if d == nil || d.Other.Rank != 1 || len(d.Categories) == 0 {
 		t.Fatalf("diff %+v", d)
@@ -498,7 +368,7 @@ func TestGradientsSeenInTheWindow(t *testing.T) {
 		seen       bool
 		grads, tmp int64
 	}{{true, 32 * mib, 0}, {false, 0, 32 * mib}} {
-		a := (synthJob{batches: 6, watch: true, gradFlip: true, seenGrad: c.seen}).analyse(t, t0)
+		a := analyseJob(t, testjob.Job{Batches: 6, Watch: true, GradFlip: true, SeenGrad: c.seen}, t0)
 		at := a.Categories.AtPeak
 		if at[CatGradients] != c.grads || at[CatTemporaries] != c.tmp || at[CatParameters] != 256*mib {
 			t.Fatalf("seen %v: at the peak %v", c.seen, at)
@@ -513,24 +383,24 @@ func TestGradientsSeenInTheWindow(t *testing.T) {
 // (the hook's version 1), both addresses look like gradients.
 func TestGradientAddressReusedInTheNextBatch(t *testing.T) {
 	const t0 = 1_700_000_000_000_000
-	a := (synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true}).analyse(t, t0)
+	a := analyseJob(t, testjob.Job{Batches: 6, Watch: true, GradFlip: true, MadeNotes: true, OptTemp: true}, t0)
 	at := a.Categories.AtPeak
 	if at[CatGradients] != 32*mib || at[CatTemporaries] != 32*mib || at[CatActivations] != 64*mib || at[CatParameters] != 256*mib {
 		t.Fatalf("at the peak %v, want 32 MiB of gradients and 32 MiB of the optimizer's temporaries", at)
 	}
 	// version 1: the gradient seen at the other address counts the temporary too
-	a = (synthJob{batches: 6, watch: true, gradFlip: true, seenGrad: true, optTemp: true}).analyse(t, t0)
+	a = analyseJob(t, testjob.Job{Batches: 6, Watch: true, GradFlip: true, SeenGrad: true, OptTemp: true}, t0)
 	if at := a.Categories.AtPeak; at[CatGradients] != 64*mib {
 		t.Fatalf("version 1 at the peak %v", at)
 	}
 	// every gradient freed before the snapshot: the notes alone say what they were
-	a = (synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true, gradFreed: true}).analyse(t, t0)
+	a = analyseJob(t, testjob.Job{Batches: 6, Watch: true, GradFlip: true, MadeNotes: true, OptTemp: true, GradFreed: true}, t0)
 	if at := a.Categories.AtPeak; at[CatGradients] != 32*mib || at[CatTemporaries] != 32*mib {
 		t.Fatalf("gradients freed before the snapshot: at the peak %v", at)
 	}
 	// without marks to place the blocks in batches, the notes name every block at
 	// their addresses
-	s, meta := (synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true}).build(t0)
+	s, meta := (testjob.Job{Batches: 6, Watch: true, GradFlip: true, MadeNotes: true, OptTemp: true}).Build(t0)
 	meta.Batches = nil
 	if at := analyse(t, s, meta).Categories.AtPeak; at[CatGradients] != 64*mib {
 		t.Fatalf("no marks: at the peak %v", at)
@@ -625,24 +495,24 @@ func TestCategoriesAddUpOnOddInput(t *testing.T) {
 		return a
 	}
 	// the peak is where a cut window starts
-	tr := []*snapshot.TraceEntry{ev("alloc", a0, 100*mib, 10, actFrame), ev("alloc", a0+100*mib, 50*mib, 20, actFrame),
-		ev("free_completed", a0, 100*mib, 30, actFrame), ev("free_completed", a0+100*mib, 50*mib, 40, actFrame)}
+	tr := []*snapshot.TraceEntry{ev("alloc", a0, 100*mib, 10, testjob.ActFrame), ev("alloc", a0+100*mib, 50*mib, 20, testjob.ActFrame),
+		ev("free_completed", a0, 100*mib, 30, testjob.ActFrame), ev("free_completed", a0+100*mib, 50*mib, 40, testjob.ActFrame)}
 	from := int64(25)
 	if a := check("cut", snap(tr, blk(a0, 150*mib, "inactive")), &from); a.PeakAllocatedBytes != 150*mib {
 		t.Fatalf("cut: peak %d", a.PeakAllocatedBytes)
 	}
 	// a block whose free is pending at the snapshot is still allocated
-	tr = []*snapshot.TraceEntry{ev("alloc", a0+100*mib, 10*mib, 10, actFrame), ev("free_requested", a0+100*mib, 10*mib, 20, actFrame)}
+	tr = []*snapshot.TraceEntry{ev("alloc", a0+100*mib, 10*mib, 10, testjob.ActFrame), ev("free_requested", a0+100*mib, 10*mib, 20, testjob.ActFrame)}
 	if a := check("pending", snap(tr, blk(a0, 100*mib, "active_allocated"), blk(a0+100*mib, 10*mib, "active_pending_free")), nil); a.PeakAllocatedBytes != 110*mib {
 		t.Fatalf("pending: peak %d", a.PeakAllocatedBytes)
 	}
 	// a negative size counts as nothing
-	tr = []*snapshot.TraceEntry{ev("alloc", a0, 50*mib, 10, actFrame), ev("alloc", a0+50*mib, -5*mib, 20, actFrame)}
+	tr = []*snapshot.TraceEntry{ev("alloc", a0, 50*mib, 10, testjob.ActFrame), ev("alloc", a0+50*mib, -5*mib, 20, testjob.ActFrame)}
 	check("negative", snap(tr, blk(a0, 50*mib, "active_allocated"), blk(a0+50*mib, 10*mib, "inactive")), nil)
 
 	// a gradient seen at an address, then an activation of its size there
-	tr = []*snapshot.TraceEntry{ev("alloc", a0, 32*mib, 10, gradFrame), ev("free_completed", a0, 32*mib, 20, gradFrame),
-		ev("alloc", a0, 32*mib, 30, actFrame), ev("free_completed", a0, 32*mib, 40, actFrame)}
+	tr = []*snapshot.TraceEntry{ev("alloc", a0, 32*mib, 10, testjob.GradFrame), ev("free_completed", a0, 32*mib, 20, testjob.GradFrame),
+		ev("alloc", a0, 32*mib, 30, testjob.ActFrame), ev("free_completed", a0, 32*mib, 40, testjob.ActFrame)}
 	s := snap(tr, blk(a0, 32*mib, "inactive"))
 	s.Extra = []snapshot.Item{{Key: TensorsKey, Value: &snapshot.Dict{Items: []snapshot.Item{{Key: "tensors", Value: &snapshot.List{Items: []snapshot.Value{
 		&snapshot.List{Items: []snapshot.Value{int64(a0), int64(32 * mib), "gradient", "fc"}}}}}}}}}
