@@ -19,6 +19,7 @@ import (
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -252,7 +253,7 @@ func TestClusterOnDemandWindow(t *testing.T) {
 	if an, _ := filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "rank*.analysis.json")); len(an) != 4 {
 		t.Fatalf("analyses in the store: %v", an)
 	}
-	var sum merge.Summary
+	var sum analysis.Summary
 	b, _ := os.ReadFile(outputEnding(res.Outputs, ".summary.json"))
 	if err := jsonUnmarshal(b, &sum); err != nil || len(sum.Ranks) != 4 || sum.Align != merge.AlignOffsets {
 		t.Fatalf("summary: %v %+v", err, sum.Align)

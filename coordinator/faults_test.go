@@ -16,6 +16,7 @@ import (
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -199,7 +200,7 @@ func TestClockSkew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum merge.Summary
+	var sum analysis.Summary
 	if err := jsonUnmarshal(b, &sum); err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
@@ -499,7 +500,7 @@ func (sc *simCluster) removeWindow(m *merge.Manifest, manifest string) {
 		if rel, err := filepath.Rel(sc.dir, in.Source); err == nil && !strings.HasPrefix(rel, "..") {
 			os.Remove(in.Source)
 			os.Remove(sidecar.MetaName(in.Source))
-			os.Remove(merge.AnalysisName(in.Source))
+			os.Remove(analysis.AnalysisName(in.Source))
 		}
 	}
 	os.RemoveAll(filepath.Dir(manifest))

@@ -33,6 +33,7 @@ import (
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/merge/synth"
@@ -265,7 +266,7 @@ type simSnapshot struct {
 // simAnalysis is a snapshot's analysis for windows of one length, computed once
 // (as rank 0's, of a window starting at batch 0), and how long that took.
 type simAnalysis struct {
-	a    *merge.RankAnalysis
+	a    *analysis.RankAnalysis
 	took time.Duration
 }
 
@@ -279,7 +280,7 @@ func (s *simSnapshot) analysis(ctx context.Context, n int64) (*simAnalysis, erro
 	}
 	meta := sidecar.RankMeta{Version: 1, Batches: s.marks(0, n)}
 	t0 := time.Now()
-	an, err := merge.AnalyzeSnapshot(ctx, s.snap, &meta, merge.AnalyzeOptions{Rank: 0})
+	an, err := analysis.AnalyzeSnapshot(ctx, s.snap, &meta, analysis.AnalyzeOptions{Rank: 0})
 	if err != nil {
 		return nil, err
 	}
@@ -304,7 +305,7 @@ func (s *simSnapshot) marks(start, n int64) []sidecar.BatchMark {
 // as returns the analysis as rank's, of a window starting at batch start: what
 // AnalyzeSnapshot gives for that rank's metadata (only the rank and the batch
 // numbers differ). It shares everything else with a.
-func (a *simAnalysis) as(rank int, start int64) *merge.RankAnalysis {
+func (a *simAnalysis) as(rank int, start int64) *analysis.RankAnalysis {
 	cp := *a.a
 	cp.Rank = rank
 	cp.Batches = slices.Clone(a.a.Batches)
@@ -574,13 +575,13 @@ func (r *simRank) upload(ctx context.Context, w rankagent.Window) *rankagent.Upl
 		return res
 	}
 	var ab []byte
-	analyze := func() (*merge.RankAnalysis, error) {
-		return merge.AnalyzeSnapshot(ctx, r.snap.snap, &meta, merge.AnalyzeOptions{Rank: r.id.Rank})
+	analyze := func() (*analysis.RankAnalysis, error) {
+		return analysis.AnalyzeSnapshot(ctx, r.snap.snap, &meta, analysis.AnalyzeOptions{Rank: r.id.Rank})
 	}
 	if r.ownCores {
 		// the rank's analysis takes as long as on a core of its own, and none of
 		// the cores every member shares here
-		analyze = func() (*merge.RankAnalysis, error) {
+		analyze = func() (*analysis.RankAnalysis, error) {
 			a, err := r.snap.analysis(ctx, w.Stop-w.Start)
 			if err != nil {
 				return nil, err
@@ -596,9 +597,9 @@ func (r *simRank) upload(ctx context.Context, w rankagent.Window) *rankagent.Upl
 		}
 	}
 	if an, err := analyze(); err == nil {
-		an.Snapshot = merge.SnapshotRef{Size: res.Size, SHA256: res.SHA256}
+		an.Snapshot = analysis.SnapshotRef{Size: res.Size, SHA256: res.SHA256}
 		if ab, err = an.Marshal(); err == nil {
-			res.AnalysisKey = merge.AnalysisName(key)
+			res.AnalysisKey = analysis.AnalysisName(key)
 		}
 	}
 	put := func(k string, b []byte, sum string, overwrite bool) error {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/merge/synth"
@@ -110,19 +111,19 @@ func storeAnswerRanks(tb testing.TB, n, events int) ([]Input, *store.Dir) {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		an, err := AnalyzeSnapshot(ctx, bs.snap, &meta, AnalyzeOptions{Rank: r})
+		an, err := analysis.AnalyzeSnapshot(ctx, bs.snap, &meta, analysis.AnalyzeOptions{Rank: r})
 		if err != nil {
 			tb.Fatal(err)
 		}
-		an.Snapshot = SnapshotRef{Size: int64(len(bs.data)), SHA256: bs.sha}
+		an.Snapshot = analysis.SnapshotRef{Size: int64(len(bs.data)), SHA256: bs.sha}
 		ab, err := an.Marshal()
 		if err != nil {
 			tb.Fatal(err)
 		}
 		put(key, bs.data)
 		put(sidecar.MetaName(key), mb)
-		put(AnalysisName(key), ab)
-		ins = append(ins, StoreInput(st, key, sidecar.MetaName(key), r).WithAnalysis(StoreAnalysis(st, AnalysisName(key))))
+		put(analysis.AnalysisName(key), ab)
+		ins = append(ins, StoreInput(st, key, sidecar.MetaName(key), r).WithAnalysis(StoreAnalysis(st, analysis.AnalysisName(key))))
 	}
 	return ins, st
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -46,10 +47,10 @@ type builder struct {
 
 // rankEntry is what the merge keeps of a rank once its pass is done.
 type rankEntry struct {
-	sum   RankSummary
-	a     *RankAnalysis
+	sum   analysis.RankSummary
+	a     *analysis.RankAnalysis
 	shift int64
-	w     window
+	w     analysis.Window
 	marks []sidecar.BatchMark
 	ref   InputRef
 }
@@ -72,7 +73,7 @@ func newBuilder(cfg *Config, tmp string) (*builder, error) {
 			b.inputs = append(b.inputs, in)
 		}
 	}
-	b.tracePoints = min(CurvePoints, max(250, traceBudget/max(1, len(b.inputs))))
+	b.tracePoints = min(analysis.CurvePoints, max(250, traceBudget/max(1, len(b.inputs))))
 	return b, nil
 }
 
@@ -132,14 +133,14 @@ func (b *builder) addRank(lr *loadedRank, ref InputRef) error {
 	if lr.fromFile {
 		b.fromAnalyses = append(b.fromAnalyses, lr.rank)
 	}
-	b.cfg.Logger.Info("merged rank", "of_rank", lr.rank, "events", lr.a.Events, "peak_allocated", human(lr.a.PeakAllocatedBytes),
+	b.cfg.Logger.Info("merged rank", "of_rank", lr.rank, "events", lr.a.Events, "peak_allocated", analysis.HumanBytes(lr.a.PeakAllocatedBytes),
 		"from_analysis", lr.fromFile, "source", lr.source)
 	return nil
 }
 
 // rankSummary is a rank's line of the summary: its analysis, aligned, with what
 // its metadata adds.
-func rankSummary(lr *loadedRank) RankSummary {
+func rankSummary(lr *loadedRank) analysis.RankSummary {
 	a, sh := lr.a, lr.shift
 	at := func(t int64) int64 {
 		if a.Events == 0 {
@@ -147,12 +148,12 @@ func rankSummary(lr *loadedRank) RankSummary {
 		}
 		return t + sh
 	}
-	s := RankSummary{Rank: lr.rank, Source: lr.source, Device: a.Device, Events: a.Events, ClockOffsetUS: -sh,
+	s := analysis.RankSummary{Rank: lr.rank, Source: lr.source, Device: a.Device, Events: a.Events, ClockOffsetUS: -sh,
 		FirstEventUS: at(a.FirstEventUS), LastEventUS: at(a.LastEventUS), StartAllocatedBytes: a.StartAllocatedBytes,
 		PeakAllocatedBytes: a.PeakAllocatedBytes, PeakAllocatedTimeUS: at(a.PeakAllocatedUS), PeakAllocatedBatch: a.PeakBatch,
 		PeakAllocatedPhase: a.PeakPhase, PeakReservedBytes: a.PeakReservedBytes, PeakReservedTimeUS: at(a.PeakReservedUS),
 		EndAllocatedBytes: a.EndAllocatedBytes, EndReservedBytes: a.EndReservedBytes, AllocatedBeforeRecording: a.BeforeRecording,
-		TopSites: a.Sites[:min(topSites, len(a.Sites))], OOMs: make([]OOM, len(a.OOMs)), Note: a.Note,
+		TopSites: a.Sites[:min(analysis.TopSites, len(a.Sites))], OOMs: make([]analysis.OOM, len(a.OOMs)), Note: a.Note,
 		Truncated: a.Truncated, Leak: a.Leak, OutsideAllocator: a.Outside, Categories: a.Categories}
 	for i, o := range a.OOMs {
 		o.TimeUS += sh
@@ -171,7 +172,7 @@ func rankSummary(lr *loadedRank) RankSummary {
 		}
 		s.StallUS = m.StallUS
 		if s.OutsideAllocator == nil {
-			s.OutsideAllocator = outsideAllocator(a, m.Samples, m.Batches, lr.w)
+			s.OutsideAllocator = analysis.OutsideAllocatorOf(a, m.Samples, m.Batches, lr.w)
 		}
 	}
 	return s
@@ -184,7 +185,7 @@ func (b *builder) writeTraceRank(lr *loadedRank) {
 	tw, r, sh := b.tw, lr.rank, lr.shift
 	tw.process(r)
 	lastA, lastR := int64(-1), int64(-1)
-	for i, p := range downsampleCurve(append(Curve(nil), lr.a.Curve...), b.tracePoints) {
+	for i, p := range analysis.DownsampleCurve(append(analysis.Curve(nil), lr.a.Curve...), b.tracePoints) {
 		if i == 0 || p.A != lastA {
 			tw.counter(r, "allocated", p.T+sh, p.A)
 			lastA = p.A
@@ -202,12 +203,12 @@ func (b *builder) writeTraceRank(lr *loadedRank) {
 		return
 	}
 	for _, m := range lr.meta.Batches {
-		if !lr.w.before(m.EndUS) && !lr.w.after(m.StartUS) {
+		if !lr.w.Before(m.EndUS) && !lr.w.After(m.StartUS) {
 			tw.batch(r, m, sh)
 		}
 	}
 	for _, m := range lr.meta.Samples {
-		if lr.w.before(m.TimeUS) || lr.w.after(m.TimeUS) {
+		if lr.w.Before(m.TimeUS) || lr.w.After(m.TimeUS) {
 			continue
 		}
 		tw.counter(r, "device used (NVML)", m.TimeUS+sh, m.DeviceUsedBytes)
@@ -219,28 +220,28 @@ func (b *builder) writeTraceRank(lr *loadedRank) {
 
 // addDetail writes a rank's full trace (cut to its window) into the pickles and
 // the timeline.
-func (b *builder) addDetail(r *rankData) error {
-	e := b.byRank[r.rank]
-	r.shiftUS = e.shift
-	trace := r.trace
-	if e.w.cut() {
+func (b *builder) addDetail(r *analysis.RankData) error {
+	e := b.byRank[r.Rank]
+	r.ShiftUS = e.shift
+	trace := r.Trace
+	if e.w.Cut() {
 		trace = nil
 		var tail []*snapshot.TraceEntry
-		for _, ev := range r.trace {
+		for _, ev := range r.Trace {
 			switch {
-			case e.w.after(ev.TimeUS):
+			case e.w.After(ev.TimeUS):
 				tail = append(tail, ev)
-			case !e.w.before(ev.TimeUS):
+			case !e.w.Before(ev.TimeUS):
 				trace = append(trace, ev)
 			}
 		}
 		// the segments as the cut's end left them, so a viewer replays the cut
-		r.segs = snapshot.SegmentsBefore(r.segs, tail)
+		r.Segs = snapshot.SegmentsBefore(r.Segs, tail)
 	}
 	for _, ev := range trace {
 		b.in.frameList(ev.Frames)
 	}
-	for _, g := range r.segs {
+	for _, g := range r.Segs {
 		b.in.frameList(g.Frames)
 		for _, bl := range g.Blocks {
 			b.in.frameList(bl.Frames)
@@ -257,7 +258,7 @@ func (b *builder) addDetail(r *rankData) error {
 	if err := b.pickles.add(r, trace); err != nil {
 		return err
 	}
-	r.snap, r.trace, r.segs = nil, nil, nil // let the decoded rank go (once the timeline has it too)
+	r.Snap, r.Trace, r.Segs = nil, nil, nil // let the decoded rank go (once the timeline has it too)
 	return nil
 }
 
@@ -287,7 +288,7 @@ func (b *builder) world() (int, error) {
 
 // finish writes every output and returns the summary and the outputs in the
 // order they are stored.
-func (b *builder) finish(keys map[string]string) (*Summary, []output, error) {
+func (b *builder) finish(keys map[string]string) (*analysis.Summary, []output, error) {
 	world, err := b.world()
 	if err != nil {
 		return nil, nil, err
@@ -309,7 +310,7 @@ func (b *builder) finish(keys map[string]string) (*Summary, []output, error) {
 	}
 	base := strings.TrimSuffix(keys[OutPickle], outSuffix[OutPickle])
 	outs := b.pickles.outputs(keys[OutPickle], base, b.cfg.PicklePartName)
-	sum.Outputs, sum.Pickles = map[string]string{}, []PicklePart{}
+	sum.Outputs, sum.Pickles = map[string]string{}, []analysis.PicklePart{}
 	for _, o := range outs {
 		sum.Pickles = append(sum.Pickles, *o.part)
 	}
@@ -331,9 +332,9 @@ func (b *builder) finish(keys map[string]string) (*Summary, []output, error) {
 }
 
 // summary builds the summary: the ranks, who is missing, the spread and the diffs.
-func (b *builder) summary(world int) *Summary {
-	sum := &Summary{Version: 1, WorldSize: world, Align: b.cfg.Align, ClockOffsetsUS: map[string]int64{}, MissingRanks: []int{},
-		Ranks: make([]RankSummary, len(b.ranks)), Cut: b.cfg.cutInfo()}
+func (b *builder) summary(world int) *analysis.Summary {
+	sum := &analysis.Summary{Version: 1, WorldSize: world, Align: b.cfg.Align, ClockOffsetsUS: map[string]int64{}, MissingRanks: []int{},
+		Ranks: make([]analysis.RankSummary, len(b.ranks)), Cut: b.cfg.cutInfo()}
 	for i, e := range b.ranks {
 		sum.Ranks[i] = e.sum
 		sum.RanksMerged = append(sum.RanksMerged, e.sum.Rank)
@@ -348,7 +349,7 @@ func (b *builder) summary(world int) *Summary {
 			sum.MissingRanks = append(sum.MissingRanks, r)
 		}
 	}
-	sum.Spread = computeSpread(sum.Ranks)
+	sum.Spread = analysis.ComputeSpread(sum.Ranks)
 	sum.MissingReasons = missingReasons(b.cfg, sum)
 	if len(sum.MissingRanks) > 0 {
 		b.cfg.Logger.Warn("ranks missing from the merge", "missing", len(sum.MissingRanks), "world_size", world)
@@ -357,7 +358,7 @@ func (b *builder) summary(world int) *Summary {
 	return sum
 }
 
-func (b *builder) writeSummary(sum *Summary) error {
+func (b *builder) writeSummary(sum *analysis.Summary) error {
 	sb, err := json.MarshalIndent(sum, "", "  ")
 	if err != nil {
 		return err
@@ -375,33 +376,33 @@ func (b *builder) writeSummary(sum *Summary) error {
 
 // diffs builds the summary's diffs: the outlier against the median rank, and each
 // rank asked for against the median rank.
-func (b *builder) diffs(sum *Summary) (*RankDiff, []RankDiff) {
+func (b *builder) diffs(sum *analysis.Summary) (*analysis.RankDiff, []analysis.RankDiff) {
 	if sum.Spread == nil || len(sum.Ranks) < 2 {
 		return nil, nil
 	}
-	side := func(r int) DiffInput {
+	side := func(r int) analysis.DiffInput {
 		e := b.byRank[r]
-		return DiffInput{Label: fmt.Sprintf("rank %d", r), Source: e.sum.Source, A: e.a, ShiftUS: e.shift}
+		return analysis.DiffInput{Label: fmt.Sprintf("rank %d", r), Source: e.sum.Source, A: e.a, ShiftUS: e.shift}
 	}
 	out := sum.Spread.OutlierRank
-	med, ok := medianRank(sum.Ranks, sum.Spread, out)
+	med, ok := analysis.MedianRank(sum.Ranks, sum.Spread, out)
 	if !ok {
 		return nil, nil
 	}
-	var asked []RankDiff
+	var asked []analysis.RankDiff
 	seen := map[int]bool{}
 	for _, r := range b.cfg.DiffRanks {
 		if _, ok := b.byRank[r]; ok && r != med && !seen[r] {
 			seen[r] = true
-			asked = append(asked, *Diff(side(med), side(r)))
+			asked = append(asked, *analysis.Diff(side(med), side(r)))
 		}
 	}
-	return Diff(side(med), side(out)), asked
+	return analysis.Diff(side(med), side(out)), asked
 }
 
 // missingReasons says why each missing rank is missing: the caller's reason, or
 // that no input named it.
-func missingReasons(cfg *Config, sum *Summary) map[string]string {
+func missingReasons(cfg *Config, sum *analysis.Summary) map[string]string {
 	if len(sum.MissingRanks) == 0 {
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
@@ -110,11 +111,11 @@ func (b *BatchRange) span(m *sidecar.RankMeta) (from, to int64, ok bool) {
 }
 
 // cutInfo describes the cut of c, or nil when nothing is cut.
-func (c *Config) cutInfo() *CutInfo {
+func (c *Config) cutInfo() *analysis.CutInfo {
 	if c.Ranks == nil && !c.timeCut() {
 		return nil
 	}
-	ci := &CutInfo{Ranks: c.Ranks.String(), FromUS: c.From, ToUS: c.To}
+	ci := &analysis.CutInfo{Ranks: c.Ranks.String(), FromUS: c.From, ToUS: c.To}
 	if c.Batches != nil {
 		ci.Batches = c.Batches.String()
 	}
@@ -125,25 +126,25 @@ func (c *Config) cutInfo() *CutInfo {
 func (c *Config) timeCut() bool { return c.Batches != nil || c.From != nil || c.To != nil }
 
 // window is the part of a rank's trace (its own clock) the merge keeps.
-func (c *Config) window(rank int, meta *sidecar.RankMeta, shift int64) (window, error) {
-	var w window
+func (c *Config) window(rank int, meta *sidecar.RankMeta, shift int64) (analysis.Window, error) {
+	var w analysis.Window
 	if c.Batches != nil {
 		from, to, ok := c.Batches.span(meta)
 		if !ok {
 			return w, fmt.Errorf("merge: rank %d has no batch marks for batches %s", rank, c.Batches)
 		}
-		w = window{from: &from, to: &to}
+		w = analysis.Window{From: &from, To: &to}
 	}
 	if c.From != nil {
 		f := *c.From - shift
-		if w.from == nil || f > *w.from {
-			w.from = &f
+		if w.From == nil || f > *w.From {
+			w.From = &f
 		}
 	}
 	if c.To != nil {
 		t := *c.To - shift
-		if w.to == nil || t < *w.to {
-			w.to = &t
+		if w.To == nil || t < *w.To {
+			w.To = &t
 		}
 	}
 	return w, nil

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -86,10 +87,10 @@ func TestPickleCostBoundsTheEncoding(t *testing.T) {
 			t.Fatal(err)
 		}
 		pp := &pickleParts{dir: t.TempDir(), cap: 1 << 40}
-		r := rankFromSnapshot(s, 0, name)
-		tr, tail := newPickleCost().rank(r, r.trace)
+		r := analysis.RankFromSnapshot(s, 0, name)
+		tr, tail := newPickleCost().rank(r, r.Trace)
 		bound := pickleOverhead + tr + tail
-		if err := pp.add(r, r.trace); err != nil {
+		if err := pp.add(r, r.Trace); err != nil {
 			t.Fatal(err)
 		}
 		if err := pp.finish(1); err != nil {
@@ -187,7 +188,7 @@ func TestTraceBatchSlicesAndOOMs(t *testing.T) {
 			n++
 		}
 	}
-	var sum Summary
+	var sum analysis.Summary
 	json.Unmarshal(readFile(t, filepath.Join(dir, "merged.summary.json")), &sum)
 	if n == 0 || n != len(sum.Ranks[0].OOMs) {
 		t.Fatalf("%d OOM instants, the summary has %d OOMs", n, len(sum.Ranks[0].OOMs))

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+
+	"github.com/memsnap/memsnap/merge/analysis"
 )
 
 // maxLines is the most ranks the report draws as individual lines; above it, the
@@ -68,7 +70,7 @@ type htmlGrid struct {
 
 type htmlView struct {
 	Title   string
-	S       *Summary
+	S       *analysis.Summary
 	Rows    []htmlRow // every rank
 	Notable []htmlRow // band mode: the outliers and the median rank, shown first
 	Sites   []htmlSites
@@ -96,13 +98,13 @@ type htmlView struct {
 type htmlCats struct {
 	Rank    int
 	Values  []int64
-	Modules []ModuleBytes
+	Modules []analysis.ModuleBytes
 	Watched bool
 }
 
 type htmlLeak struct {
 	Rank int
-	L    *Leak
+	L    *analysis.Leak
 }
 
 type htmlWhy struct {
@@ -124,23 +126,23 @@ type htmlRow struct {
 type htmlSites struct {
 	Rank  int
 	Title string
-	Sites []Site
+	Sites []analysis.Site
 	Open  bool
 	Early int64
 }
 
 type htmlBatches struct {
 	Rank    int
-	Figures []BatchFigure
+	Figures []analysis.BatchFigure
 }
 
 type htmlDiff struct {
-	D          *RankDiff
-	Top, More  []SiteDiff
+	D          *analysis.RankDiff
+	Top, More  []analysis.SiteDiff
 	Base, Othr string
 }
 
-func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error {
+func writeHTML(w io.Writer, title string, s *analysis.Summary, ranks []*rankEntry) error {
 	d := chartData(s, ranks)
 	js, err := json.Marshal(d) // escapes <, > and & so it cannot close the script
 	if err != nil {
@@ -162,8 +164,8 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 		v.Diff = &htmlDiff{D: s.Diff, Top: s.Diff.Sites[:n], More: s.Diff.Sites[n:]}
 	}
 	v.Findings = s.Findings()
-	for _, n := range categoryNames {
-		v.CatNames = append(v.CatNames, CategoryText(n))
+	for _, n := range analysis.CategoryNames {
+		v.CatNames = append(v.CatNames, analysis.CategoryText(n))
 	}
 	for _, r := range s.Ranks {
 		if r.Leak != nil && len(r.Leak.Sites) > 0 && len(v.Leaks) < 8 {
@@ -183,12 +185,12 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 		}
 		if c := r.Categories; c != nil {
 			hc := htmlCats{Rank: r.Rank, Modules: c.Modules[:min(8, len(c.Modules))], Watched: c.Watched > 0}
-			for _, n := range categoryNames {
+			for _, n := range analysis.CategoryNames {
 				hc.Values = append(hc.Values, c.AtPeak[n])
 			}
 			v.Cats = append(v.Cats, hc)
 		}
-		v.Sites = append(v.Sites, htmlSites{Rank: r.Rank, Title: fmt.Sprintf("rank %d at its peak of %s", r.Rank, human(r.PeakAllocatedBytes)),
+		v.Sites = append(v.Sites, htmlSites{Rank: r.Rank, Title: fmt.Sprintf("rank %d at its peak of %s", r.Rank, analysis.HumanBytes(r.PeakAllocatedBytes)),
 			Sites: r.TopSites, Early: r.AllocatedBeforeRecording, Open: row.Outlier || len(s.Ranks) == 1})
 		if len(r.BatchFigures) > 0 {
 			v.Batches = append(v.Batches, htmlBatches{Rank: r.Rank, Figures: r.BatchFigures})
@@ -210,11 +212,11 @@ func writeHTML(w io.Writer, title string, s *Summary, ranks []*rankEntry) error 
 const htmlBuffer = 64 << 10
 
 // peakRow is a rank's row of the peaks table.
-func peakRow(s *Summary, r RankSummary, t0 int64) htmlRow {
-	row := htmlRow{Rank: r.Rank, Peak: human(r.PeakAllocatedBytes), Reserved: human(r.PeakReservedBytes), End: human(r.EndAllocatedBytes),
-		Batch: batchText(r.PeakAllocatedBatch), Phase: orDash(r.PeakAllocatedPhase), OOM: fmt.Sprint(len(r.OOMs)), Outside: "—"}
+func peakRow(s *analysis.Summary, r analysis.RankSummary, t0 int64) htmlRow {
+	row := htmlRow{Rank: r.Rank, Peak: analysis.HumanBytes(r.PeakAllocatedBytes), Reserved: analysis.HumanBytes(r.PeakReservedBytes), End: analysis.HumanBytes(r.EndAllocatedBytes),
+		Batch: analysis.BatchText(r.PeakAllocatedBatch), Phase: analysis.OrDash(r.PeakAllocatedPhase), OOM: fmt.Sprint(len(r.OOMs)), Outside: "—"}
 	if o := r.OutsideAllocator; o != nil {
-		row.Outside = human(o.AtPeakBytes)
+		row.Outside = analysis.HumanBytes(o.AtPeakBytes)
 	}
 	if r.Events > 0 {
 		row.PeakAt = fmt.Sprintf("%.3f s", float64(r.PeakAllocatedTimeUS-t0)/1e6)
@@ -226,7 +228,7 @@ func peakRow(s *Summary, r RankSummary, t0 int64) htmlRow {
 	return row
 }
 
-func firstEvent(s *Summary) int64 {
+func firstEvent(s *analysis.Summary) int64 {
 	t0 := int64(math.MaxInt64)
 	for _, r := range s.Ranks {
 		if r.Events > 0 {
@@ -238,7 +240,7 @@ func firstEvent(s *Summary) int64 {
 
 // chartData is what the report's script draws: every rank's curve as a line
 // (up to maxLines ranks), or on the grid.
-func chartData(s *Summary, ranks []*rankEntry) *htmlData {
+func chartData(s *analysis.Summary, ranks []*rankEntry) *htmlData {
 	d := &htmlData{Band: len(ranks) > maxLines, Outliers: []int{}, Median: -1, T0: math.MaxInt64, T1: math.MinInt64}
 	for _, e := range ranks {
 		if n := len(e.a.Curve); n > 0 {
@@ -250,7 +252,7 @@ func chartData(s *Summary, ranks []*rankEntry) *htmlData {
 		d.T0, d.T1 = 0, 1
 	}
 	if s.Spread != nil && len(s.Ranks) > 1 {
-		d.Median, _ = medianRank(s.Ranks, s.Spread, s.Spread.OutlierRank)
+		d.Median, _ = analysis.MedianRank(s.Ranks, s.Spread, s.Spread.OutlierRank)
 	}
 	if d.Band {
 		d.Outliers = farthest(s, 4)
@@ -290,7 +292,7 @@ func chooseAxis(ranks []htmlRank) (axis, why string) {
 	if latestStart <= earliestEnd {
 		return "time", ""
 	}
-	med := medianInt(starts)
+	med := analysis.MedianInt(starts)
 	far := spans[0]
 	for _, sp := range spans[1:] {
 		if abs64(sp.start-med) > abs64(far.start-med) {
@@ -320,13 +322,13 @@ func (d *htmlData) rank(e *rankEntry, names map[string]int) htmlRank {
 		h.OOMs = append(h.OOMs, [2]int64{o.TimeUS, o.AllocatedThen})
 	}
 	for _, m := range e.marks {
-		if !e.w.before(m.EndUS) && !e.w.after(m.StartUS) {
+		if !e.w.Before(m.EndUS) && !e.w.After(m.StartUS) {
 			h.Batches = append(h.Batches, [3]int64{m.Batch, m.StartUS + e.shift, m.EndUS + e.shift})
 		}
 	}
 	if !d.Band {
 		var pt, pv int64 = d.T0, 0
-		for _, p := range downsampleCurve(append(Curve(nil), e.a.Curve...), linePoints) {
+		for _, p := range analysis.DownsampleCurve(append(analysis.Curve(nil), e.a.Curve...), linePoints) {
 			t := p.T + e.shift
 			h.Pts = append(h.Pts, t-pt, p.A-pv)
 			pt, pv = t, p.A
@@ -347,7 +349,7 @@ func (d *htmlData) rank(e *rankEntry, names map[string]int) htmlRank {
 }
 
 // farthest returns the n ranks whose peaks are farthest from the median.
-func farthest(s *Summary, n int) []int {
+func farthest(s *analysis.Summary, n int) []int {
 	if s.Spread == nil {
 		return []int{}
 	}
@@ -369,14 +371,14 @@ func farthest(s *Summary, n int) []int {
 
 // gridColumn puts a curve on n columns over [t0, t1]: each column holds the
 // largest allocated bytes of the curve's steps that overlap it.
-func gridColumn(c Curve, shift, t0, t1 int64, n int, unit int64) string {
+func gridColumn(c analysis.Curve, shift, t0, t1 int64, n int, unit int64) string {
 	vals := make([]uint16, n)
 	for i := range vals {
 		vals[i] = gridAbsent
 	}
 	span := uint64(t1-t0) + 1
 	col := func(t int64) int {
-		return int(min(scaleDiv(uint64(t+shift-t0), uint64(n), span), uint64(n-1)))
+		return int(min(analysis.ScaleDiv(uint64(t+shift-t0), uint64(n), span), uint64(n-1)))
 	}
 	for j, p := range c {
 		end := col(p.T)
@@ -398,7 +400,7 @@ func gridColumn(c Curve, shift, t0, t1 int64, n int, unit int64) string {
 }
 
 var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
-	"human": human, "signed": signed, "batch": batchText, "dash": orDash,
-	"only": func(d *RankDiff, s SiteDiff) string { return onlyText(d, s) },
-	"cat":  CategoryText,
+	"human": analysis.HumanBytes, "signed": analysis.Signed, "batch": analysis.BatchText, "dash": analysis.OrDash,
+	"only": func(d *analysis.RankDiff, s analysis.SiteDiff) string { return analysis.OnlyText(d, s) },
+	"cat":  analysis.CategoryText,
 }).Parse(reportHTML))

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/internal/testjob"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -110,7 +111,7 @@ func memInputs(t *testing.T, n int) []Input {
 		meta := markedMeta(t, data, r)
 		meta.WorldSize = n
 		mb, _ := json.Marshal(meta)
-		a, err := Analyze(context.Background(), data, meta, AnalyzeOptions{Rank: r})
+		a, err := analysis.Analyze(context.Background(), data, meta, analysis.AnalyzeOptions{Rank: r})
 		if err != nil {
 			t.Fatal(err)
 		}

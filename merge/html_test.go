@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -173,12 +174,12 @@ func TestReportWritesInLargePieces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := AnalyzeSnapshot(t.Context(), s, nil, AnalyzeOptions{Rank: 0})
+	a, err := analysis.AnalyzeSnapshot(t.Context(), s, nil, analysis.AnalyzeOptions{Rank: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var entries []*rankEntry
-	sum := &Summary{}
+	sum := &analysis.Summary{}
 	for r := 0; r < 256; r++ {
 		ar := *a
 		ar.Rank = r
@@ -186,7 +187,7 @@ func TestReportWritesInLargePieces(t *testing.T) {
 		entries = append(entries, e)
 		sum.Ranks = append(sum.Ranks, e.sum)
 	}
-	sum.Spread = computeSpread(sum.Ranks)
+	sum.Spread = analysis.ComputeSpread(sum.Ranks)
 	var w writeCounter
 	if err := writeHTML(&w, "pieces", sum, entries); err != nil {
 		t.Fatal(err)

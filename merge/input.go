@@ -15,6 +15,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
@@ -44,7 +45,7 @@ type Input struct {
 type preloaded struct {
 	meta    *sidecar.RankMeta
 	metaSHA string
-	a       *RankAnalysis
+	a       *analysis.RankAnalysis
 }
 
 // Preload reads in's sidecar and analysis now, and parses them: a merge then takes
@@ -64,7 +65,7 @@ func Preload(ctx context.Context, in Input) Input {
 	}
 	if in.analysis != nil {
 		if raw, err := in.analysis(ctx); err == nil && raw != nil {
-			if a, err := ParseAnalysis(raw); err == nil {
+			if a, err := analysis.ParseAnalysis(raw); err == nil {
 				p.a = a
 			}
 		}
@@ -108,7 +109,7 @@ func StoreAnalysis(st store.Store, key string) func(ctx context.Context) ([]byte
 			return nil, err
 		}
 		defer rc.Close()
-		return readBounded(rc, key, MaxAnalysisBytes)
+		return readBounded(rc, key, analysis.MaxAnalysisBytes)
 	}
 }
 
@@ -122,8 +123,8 @@ func fileAnalysis(p string) func(ctx context.Context) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		if st.Size() > MaxAnalysisBytes {
-			return nil, fmt.Errorf("merge: %s is larger than %d bytes", p, MaxAnalysisBytes)
+		if st.Size() > analysis.MaxAnalysisBytes {
+			return nil, fmt.Errorf("merge: %s is larger than %d bytes", p, analysis.MaxAnalysisBytes)
 		}
 		return snapshot.ReadFileBytes(ctx, p)
 	}
@@ -272,7 +273,7 @@ func (r *Resolver) fileInput(p string, rank int, explicit bool) (Input, bool) {
 	}
 	metaPath := filepath.Join(filepath.Dir(p), sidecar.MetaName(base))
 	return Input{
-		Rank: rank, Source: p, analysis: fileAnalysis(filepath.Join(filepath.Dir(p), AnalysisName(base))),
+		Rank: rank, Source: p, analysis: fileAnalysis(filepath.Join(filepath.Dir(p), analysis.AnalysisName(base))),
 		load: func(ctx context.Context) ([]byte, error) { return snapshot.ReadFileBytes(ctx, p) },
 		meta: func(ctx context.Context) ([]byte, error) {
 			b, err := snapshot.ReadFileBytes(ctx, metaPath)
@@ -311,7 +312,7 @@ func (r *Resolver) expandS3(ctx context.Context, arg string, rank int) ([]Input,
 		if keys[metaKey] {
 			in.meta = func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, metaKey) }
 		}
-		if ak := path.Join(path.Dir(key), AnalysisName(path.Base(key))); keys[ak] {
+		if ak := path.Join(path.Dir(key), analysis.AnalysisName(path.Base(key))); keys[ak] {
 			in.analysis = StoreAnalysis(st, ak)
 		}
 		return in

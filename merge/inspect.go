@@ -6,6 +6,7 @@ package merge
 import (
 	"context"
 
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -29,7 +30,7 @@ func InspectFileContext(ctx context.Context, path string) (FileFigures, error) {
 // history was truncated, when a sidecar beside the file (X.memsnap.json) gives
 // the history's cap: nil when it was not, or nothing says. A sidecar that cannot
 // be read is not an error here (the figures stand without it).
-func InspectFileHistory(ctx context.Context, path string) (FileFigures, *Truncation, error) {
+func InspectFileHistory(ctx context.Context, path string) (FileFigures, *analysis.Truncation, error) {
 	s, err := readSnapshotFile(ctx, path)
 	if err != nil {
 		return FileFigures{}, nil, err
@@ -42,7 +43,7 @@ func InspectFileHistory(ctx context.Context, path string) (FileFigures, *Truncat
 	if err != nil || meta == nil || meta.MaxEntries <= 0 {
 		return fig, nil, nil
 	}
-	r := rankFromSnapshot(s, meta.Rank, path)
-	r.meta = meta
-	return fig, r.truncation(), nil
+	r := analysis.RankFromSnapshot(s, meta.Rank, path)
+	r.Meta = meta
+	return fig, r.Truncation(), nil
 }

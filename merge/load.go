@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/memsnap/memsnap/internal/digest"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -18,9 +19,9 @@ type loadedRank struct {
 	source   string
 	meta     *sidecar.RankMeta
 	shift    int64
-	w        window
-	a        *RankAnalysis
-	data     *rankData // the decoded snapshot, when the rank's detail is written now
+	w        analysis.Window
+	a        *analysis.RankAnalysis
+	data     *analysis.RankData // the decoded snapshot, when the rank's detail is written now
 	decoded  bool
 	fromFile bool // a came from the rank's analysis file
 }
@@ -163,7 +164,7 @@ func (b *builder) load(ctx context.Context, i int, in Input) loaded {
 			return loaded{err: err}
 		}
 		l.ref.Size, l.ref.SHA256 = ref.Size, ref.SHA256
-		rd.meta, lr.data, lr.decoded = lr.meta, rd, true
+		rd.Meta, lr.data, lr.decoded = lr.meta, rd, true
 	}
 	if err := b.settle(lr, l.ref); err != nil {
 		return loaded{err: err}
@@ -177,10 +178,10 @@ func (b *builder) load(ctx context.Context, i int, in Input) loaded {
 func (b *builder) settle(lr *loadedRank, ref InputRef) error {
 	if d := lr.data; d != nil {
 		var t0 int64
-		if len(d.trace) > 0 {
-			t0 = d.trace[0].TimeUS
+		if len(d.Trace) > 0 {
+			t0 = d.Trace[0].TimeUS
 		}
-		lr.shift = b.cfg.shift(lr.rank, lr.meta, t0, len(d.trace) > 0)
+		lr.shift = b.cfg.shift(lr.rank, lr.meta, t0, len(d.Trace) > 0)
 	} else {
 		lr.shift = b.cfg.shift(lr.rank, lr.meta, lr.a.TraceStartUS, lr.a.Events > 0)
 	}
@@ -189,8 +190,8 @@ func (b *builder) settle(lr *loadedRank, ref InputRef) error {
 		return err
 	}
 	if lr.a == nil {
-		lr.a = lr.data.analysis(lr.w)
-		lr.a.Snapshot = SnapshotRef{Size: ref.Size, SHA256: ref.SHA256}
+		lr.a = lr.data.Analysis(lr.w)
+		lr.a.Snapshot = analysis.SnapshotRef{Size: ref.Size, SHA256: ref.SHA256}
 	}
 	if b.cfg.Detail != DetailAll || b.deferred {
 		lr.data = nil
@@ -200,12 +201,12 @@ func (b *builder) settle(lr *loadedRank, ref InputRef) error {
 
 // decodeInput reads and decodes a rank's snapshot; when the rank has an analysis,
 // the snapshot must be the one it analysed.
-func decodeInput(ctx context.Context, in Input, a *RankAnalysis) (*rankData, SnapshotRef, error) {
+func decodeInput(ctx context.Context, in Input, a *analysis.RankAnalysis) (*analysis.RankData, analysis.SnapshotRef, error) {
 	data, err := in.load(ctx)
 	if err != nil {
-		return nil, SnapshotRef{}, fmt.Errorf("merge: reading %s: %w", in.Source, err)
+		return nil, analysis.SnapshotRef{}, fmt.Errorf("merge: reading %s: %w", in.Source, err)
 	}
-	ref := SnapshotRef{Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}
+	ref := analysis.SnapshotRef{Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}
 	if a != nil && a.Snapshot != ref {
 		return nil, ref, fmt.Errorf("merge: %s is not the snapshot its analysis describes (%d bytes, SHA-256 %s; the analysis says %d bytes, %s)",
 			in.Source, ref.Size, ref.SHA256, a.Snapshot.Size, a.Snapshot.SHA256)
@@ -214,14 +215,14 @@ func decodeInput(ctx context.Context, in Input, a *RankAnalysis) (*rankData, Sna
 	if err != nil {
 		return nil, ref, fmt.Errorf("merge: %s: %w", in.Source, err)
 	}
-	return rankFromSnapshot(s, in.Rank, in.Source), ref, nil
+	return analysis.RankFromSnapshot(s, in.Rank, in.Source), ref, nil
 }
 
 // readAnalysis reads and checks a rank's analysis; nil (with the reason logged)
 // when there is none or it cannot be used: malformed, another rank's, or computed
 // with other batch marks than the sidecar's.
-func (b *builder) readAnalysis(ctx context.Context, in Input, meta *sidecar.RankMeta) *RankAnalysis {
-	var a *RankAnalysis
+func (b *builder) readAnalysis(ctx context.Context, in Input, meta *sidecar.RankMeta) *analysis.RankAnalysis {
+	var a *analysis.RankAnalysis
 	var err error
 	if in.pre != nil && in.pre.a != nil {
 		a = in.pre.a
@@ -233,7 +234,7 @@ func (b *builder) readAnalysis(ctx context.Context, in Input, meta *sidecar.Rank
 			}
 			return nil
 		}
-		a, err = ParseAnalysis(raw)
+		a, err = analysis.ParseAnalysis(raw)
 	}
 	switch {
 	case err != nil:
@@ -250,10 +251,10 @@ func (b *builder) readAnalysis(ctx context.Context, in Input, meta *sidecar.Rank
 }
 
 // sameMarks reports whether an analysis's batches are the sidecar's marks.
-func sameMarks(fs []BatchFigure, meta *sidecar.RankMeta) bool {
+func sameMarks(fs []analysis.BatchFigure, meta *sidecar.RankMeta) bool {
 	var marks []sidecar.BatchMark
 	if meta != nil {
-		marks = meta.Batches[:min(len(meta.Batches), MaxAnalysisBatches)]
+		marks = meta.Batches[:min(len(meta.Batches), analysis.MaxAnalysisBatches)]
 	}
 	if len(fs) != len(marks) {
 		return false
@@ -306,11 +307,11 @@ func (b *builder) loadTimeline(ctx context.Context, in Input) loaded {
 		return loaded{err: err}
 	}
 	for _, rd := range ranks {
-		lr := &loadedRank{rank: rd.rank, source: rd.source, meta: rd.meta, data: rd, decoded: true}
+		lr := &loadedRank{rank: rd.Rank, source: rd.Source, meta: rd.Meta, data: rd, decoded: true}
 		if err := b.settle(lr, InputRef{}); err != nil {
 			return loaded{err: err}
 		}
-		lr.a.Snapshot = SnapshotRef{}
+		lr.a.Snapshot = analysis.SnapshotRef{}
 		l.ranks = append(l.ranks, lr)
 	}
 	return l
@@ -338,7 +339,7 @@ func (b *builder) detailPass(ctx context.Context) error {
 
 // decodeAgain decodes rank r's snapshot a second time: it must be the one the
 // first pass recorded in the claim.
-func (b *builder) decodeAgain(ctx context.Context, r int) (*rankData, error) {
+func (b *builder) decodeAgain(ctx context.Context, r int) (*analysis.RankData, error) {
 	in, e := b.inputs[b.inputOf[r]], b.byRank[r]
 	if isPB(in.Source) {
 		data, err := in.load(ctx)
@@ -353,7 +354,7 @@ func (b *builder) decodeAgain(ctx context.Context, r int) (*rankData, error) {
 			return nil, err
 		}
 		for _, rd := range ranks {
-			if rd.rank == r {
+			if rd.Rank == r {
 				return rd, nil
 			}
 		}
@@ -363,24 +364,24 @@ func (b *builder) decodeAgain(ctx context.Context, r int) (*rankData, error) {
 	if err != nil {
 		return nil, err
 	}
-	rd, _, err := decodeInput(ctx, in, &RankAnalysis{Snapshot: SnapshotRef{Size: e.ref.Size, SHA256: e.ref.SHA256}})
+	rd, _, err := decodeInput(ctx, in, &analysis.RankAnalysis{Snapshot: analysis.SnapshotRef{Size: e.ref.Size, SHA256: e.ref.SHA256}})
 	if err != nil {
 		return nil, err
 	}
-	rd.meta = meta
+	rd.Meta = meta
 	return rd, nil
 }
 
 // diffRanks are the ranks the diffs compare, in rank order.
 func (b *builder) diffRanks() []int {
-	sums := make([]RankSummary, len(b.ranks))
+	sums := make([]analysis.RankSummary, len(b.ranks))
 	for i, e := range b.ranks {
 		sums[i] = e.sum
 	}
 	set := map[int]bool{}
-	if sp := computeSpread(sums); sp != nil {
+	if sp := analysis.ComputeSpread(sums); sp != nil {
 		set[sp.OutlierRank] = true
-		if m, ok := medianRank(sums, sp, sp.OutlierRank); ok {
+		if m, ok := analysis.MedianRank(sums, sp, sp.OutlierRank); ok {
 			set[m] = true
 		}
 	}

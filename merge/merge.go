@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -133,7 +134,7 @@ type Config struct {
 
 // Result says what a merge wrote.
 type Result struct {
-	Summary *Summary
+	Summary *analysis.Summary
 	// Manifest is the manifest published.
 	Manifest *Manifest
 	Outputs  map[string]string // output kind -> key in Out (with the claim and the manifest)

@@ -3,6 +3,7 @@ package merge
 import (
 	"fmt"
 
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -32,7 +33,7 @@ var outSuffix = map[string]string{
 // file and its SHA-256.
 type output struct {
 	kind, key, file, sum string
-	part                 *PicklePart
+	part                 *analysis.PicklePart
 }
 
 // OutputKeys renders the names of the outputs, the claim and the manifest.

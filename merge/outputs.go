@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -181,7 +182,7 @@ func (t *traceWriter) counter(rank int, name string, ts, v int64) {
 	t.buf = b
 }
 
-func (t *traceWriter) oom(rank int, o OOM) {
+func (t *traceWriter) oom(rank int, o analysis.OOM) {
 	b := t.buf[:0]
 	b = append(b, `{"name":"OOM","ph":"i","s":"p","pid":`...)
 	b = strconv.AppendInt(b, pidOf(rank), 10)
@@ -289,7 +290,7 @@ func (p *pbWriter) header(align string, world int, missing []int) {
 
 // rank writes one RankTimeline. Events are encoded by hand with protowire (field
 // numbers as in memsnap.proto): a merge writes millions of them.
-func (p *pbWriter) rank(r *rankData, trace []*snapshot.TraceEntry, s RankSummary) {
+func (p *pbWriter) rank(r *analysis.RankData, trace []*snapshot.TraceEntry, s analysis.RankSummary) {
 	if p.err != nil {
 		return
 	}
@@ -301,11 +302,11 @@ func (p *pbWriter) rank(r *rankData, trace []*snapshot.TraceEntry, s RankSummary
 		b = protowire.AppendTag(b, num, protowire.VarintType)
 		return protowire.AppendVarint(b, uint64(v))
 	}
-	b = i64(b, 1, int64(r.rank))
+	b = i64(b, 1, int64(r.Rank))
 	b = protowire.AppendTag(b, 2, protowire.BytesType)
-	b = protowire.AppendString(b, r.source)
-	b = i64(b, 3, -r.shiftUS)
-	b = i64(b, 4, int64(r.device))
+	b = protowire.AppendString(b, r.Source)
+	b = i64(b, 3, -r.ShiftUS)
+	b = i64(b, 4, int64(r.Device))
 	var fr []byte
 	size := func(num protowire.Number, v int64) int {
 		if v == 0 {
@@ -349,7 +350,7 @@ func (p *pbWriter) rank(r *rankData, trace []*snapshot.TraceEntry, s RankSummary
 		StartAllocatedBytes: s.StartAllocatedBytes, PeakAllocatedBytes: s.PeakAllocatedBytes,
 		EndAllocatedBytes: s.EndAllocatedBytes, EndReservedBytes: s.EndReservedBytes,
 	}
-	for _, g := range r.segs {
+	for _, g := range r.Segs {
 		var act int64
 		for _, bl := range g.Blocks {
 			if bl.State == snapshot.BlockActiveAllocated {
@@ -359,11 +360,11 @@ func (p *pbWriter) rank(r *rankData, trace []*snapshot.TraceEntry, s RankSummary
 		rest.Segments = append(rest.Segments, &pb.Segment{Address: g.Address, TotalSize: g.TotalSize, AllocatedSize: g.AllocatedSize,
 			Stream: g.Stream, SegmentType: g.SegmentType, IsExpandable: g.IsExpandable, ActiveAllocatedBytes: act})
 	}
-	if r.meta != nil {
-		for _, bm := range r.meta.Batches {
+	if r.Meta != nil {
+		for _, bm := range r.Meta.Batches {
 			rest.Batches = append(rest.Batches, &pb.BatchMark{Batch: bm.Batch, StartUs: bm.StartUS, EndUs: bm.EndUS})
 		}
-		for _, m := range r.meta.Samples {
+		for _, m := range r.Meta.Samples {
 			rest.Samples = append(rest.Samples, &pb.MemorySample{TimeUs: m.TimeUS, DeviceUsedBytes: m.DeviceUsedBytes, ProcessUsedBytes: m.ProcessUsedBytes})
 		}
 	}

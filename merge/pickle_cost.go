@@ -3,6 +3,7 @@ package merge
 import (
 	"slices"
 
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -52,7 +53,7 @@ func newPickleCost() *pickleCost {
 // part's first rank that has them) the allocator settings; both with the frame
 // headers (9 bytes every 64 KiB) on top. Nothing is counted as written until
 // commit.
-func (c *pickleCost) rank(r *rankData, trace []*snapshot.TraceEntry) (tr, tail int64) {
+func (c *pickleCost) rank(r *analysis.RankData, trace []*snapshot.TraceEntry) (tr, tail int64) {
 	c.newStrs, c.newFr, c.newObjs, c.pendSet = map[string]struct{}{}, map[*snapshot.Frame]struct{}{}, map[any]struct{}{}, false
 	c.lastFr, c.nRecent, c.nextR = nil, 0, 0
 	n := emptyTraceCost + listCost(len(trace))
@@ -60,15 +61,15 @@ func (c *pickleCost) rank(r *rankData, trace []*snapshot.TraceEntry) (tr, tail i
 		n += c.entry(e)
 	}
 	tr, n = n+n>>12+9, 0
-	n += listCost(len(r.segs))
-	for _, g := range r.segs {
+	n += listCost(len(r.Segs))
+	for _, g := range r.Segs {
 		n += c.segment(g)
 	}
-	if !c.settled && r.snap.Has&snapshot.SnapAllocatorSettings != 0 {
-		n += c.value(r.snap.AllocatorSettings, 0)
+	if !c.settled && r.Snap.Has&snapshot.SnapAllocatorSettings != 0 {
+		n += c.value(r.Snap.AllocatorSettings, 0)
 		c.pendSet = true
 	}
-	if l, ok := r.snap.ExternalAnnotations.(*snapshot.List); ok {
+	if l, ok := r.Snap.ExternalAnnotations.(*snapshot.List); ok {
 		for _, a := range l.Items {
 			n += c.value(a, 0) + c.str("rank") + intCost + batchCost + dictCost + memoCost
 		}

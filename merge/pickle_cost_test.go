@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -27,13 +28,13 @@ func TestPickleCostShortcuts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := rankFromSnapshot(s, i, name)
-		for _, ev := range r.trace { // frames shared across ranks, as a merge shares them
+		r := analysis.RankFromSnapshot(s, i, name)
+		for _, ev := range r.Trace { // frames shared across ranks, as a merge shares them
 			in.frameList(ev.Frames)
 		}
 		in.forget()
-		ftr, ftail := fast.rank(r, r.trace)
-		str, stail := slow.rank(r, r.trace)
+		ftr, ftail := fast.rank(r, r.Trace)
+		str, stail := slow.rank(r, r.Trace)
 		if ftr != str || ftail != stail {
 			t.Fatalf("%s: bound %d+%d with the shortcuts, %d+%d without", name, ftr, ftail, str, stail)
 		}

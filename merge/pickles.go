@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -93,7 +94,7 @@ func (p *picklePart) bound(tr, tail int64) int64 {
 
 // add writes rank r's trace (already cut) into the current part, or into a new
 // one when it would not fit.
-func (pp *pickleParts) add(r *rankData, trace []*snapshot.TraceEntry) error {
+func (pp *pickleParts) add(r *analysis.RankData, trace []*snapshot.TraceEntry) error {
 	if pp.cur == nil {
 		if err := pp.open(0); err != nil {
 			return err
@@ -101,12 +102,12 @@ func (pp *pickleParts) add(r *rankData, trace []*snapshot.TraceEntry) error {
 	}
 	p := pp.cur
 	tr, tail := p.cost.rank(r, trace)
-	tr += emptyTraceCost * int64(r.rank-p.next)
+	tr += emptyTraceCost * int64(r.Rank-p.next)
 	if len(p.ranks) > 0 && p.bound(tr, tail) > pp.cap {
-		if err := pp.close(r.rank); err != nil {
+		if err := pp.close(r.Rank); err != nil {
 			return err
 		}
-		if err := pp.open(r.rank); err != nil {
+		if err := pp.open(r.Rank); err != nil {
 			return err
 		}
 		p = pp.cur
@@ -115,33 +116,33 @@ func (pp *pickleParts) add(r *rankData, trace []*snapshot.TraceEntry) error {
 	p.cost.commit()
 	p.overCap = p.overCap || p.bound(tr, tail) > pp.cap
 	p.tail += tail
-	if err := p.pad(r.rank); err != nil {
+	if err := p.pad(r.Rank); err != nil {
 		return err
 	}
-	if err := p.w.Trace(trace, r.shiftUS); err != nil {
+	if err := p.w.Trace(trace, r.ShiftUS); err != nil {
 		return err
 	}
 	p.next++
-	p.ranks = append(p.ranks, r.rank)
+	p.ranks = append(p.ranks, r.Rank)
 	p.keep(r)
 	return nil
 }
 
 // keep holds what the part writes at its end: the rank's segments (as device
 // rank-first), the first allocator settings, the annotations marked with the rank.
-func (p *picklePart) keep(r *rankData) {
-	for _, g := range r.segs {
-		g.Device = int64(r.rank - p.first)
+func (p *picklePart) keep(r *analysis.RankData) {
+	for _, g := range r.Segs {
+		g.Device = int64(r.Rank - p.first)
 		p.segments = append(p.segments, g)
 	}
-	if p.settings == nil && r.snap.Has&snapshot.SnapAllocatorSettings != 0 {
-		p.settings = r.snap.AllocatorSettings
+	if p.settings == nil && r.Snap.Has&snapshot.SnapAllocatorSettings != 0 {
+		p.settings = r.Snap.AllocatorSettings
 	}
-	if l, ok := r.snap.ExternalAnnotations.(*snapshot.List); ok {
+	if l, ok := r.Snap.ExternalAnnotations.(*snapshot.List); ok {
 		for _, a := range l.Items {
 			if d, ok := a.(*snapshot.Dict); ok {
 				c := &snapshot.Dict{Items: append([]snapshot.Item(nil), d.Items...)}
-				c.Set("rank", int64(r.rank))
+				c.Set("rank", int64(r.Rank))
 				a = c
 			}
 			p.annots = append(p.annots, a)
@@ -216,7 +217,7 @@ func (pp *pickleParts) outputs(plain, base, partName string) []output {
 			suffix := renderPartName(partName, p.first, p.next-1)
 			o.kind, o.key = OutPickle+suffix, base+suffix+outSuffix[OutPickle]
 		}
-		o.part = &PicklePart{Name: o.key, FirstRank: p.first, LastRank: p.next - 1, Ranks: intsString(p.ranks), Bytes: p.size, OverCap: p.overCap}
+		o.part = &analysis.PicklePart{Name: o.key, FirstRank: p.first, LastRank: p.next - 1, Ranks: intsString(p.ranks), Bytes: p.size, OverCap: p.overCap}
 		out = append(out, o)
 	}
 	return out

@@ -15,6 +15,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
@@ -24,7 +25,7 @@ import (
 type Answer struct {
 	Manifest string // the manifest's key
 	M        *Manifest
-	Summary  *Summary
+	Summary  *analysis.Summary
 }
 
 // ErrOtherInputs: a progressive merge found the window's answer published from
@@ -121,7 +122,7 @@ var pendingOutputs = []string{OutPickle, OutPB}
 
 // publishAnswer stores the claim, the trace, the summary and the report, then the
 // manifest that says the pickles and the timeline are coming.
-func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum *Summary) (*Manifest, error) {
+func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum *analysis.Summary) (*Manifest, error) {
 	cfg := b.cfg
 	if err := b.tw.finish(); err != nil {
 		return nil, fmt.Errorf("merge: writing the trace: %w", err)
@@ -287,7 +288,7 @@ func (b *builder) decodeRanks(ctx context.Context, ranks []int) (map[string]stri
 	defer cancel()
 	var lacking map[string]string
 	type decoded struct {
-		rd  *rankData
+		rd  *analysis.RankData
 		err error
 	}
 	results := make([]chan decoded, len(ranks))
@@ -356,7 +357,7 @@ func AnswerInputs(st store.Store, m *Manifest) []Input {
 		if ref.Rank < 0 || isPB(ref.Source) {
 			continue // (a cluster's answer is merged from snapshots)
 		}
-		ins = append(ins, StoreInput(st, ref.Source, sidecar.MetaName(ref.Source), ref.Rank).WithAnalysis(StoreAnalysis(st, AnalysisName(ref.Source))))
+		ins = append(ins, StoreInput(st, ref.Source, sidecar.MetaName(ref.Source), ref.Rank).WithAnalysis(StoreAnalysis(st, analysis.AnalysisName(ref.Source))))
 	}
 	return ins
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -92,7 +93,7 @@ type Manifest struct {
 	Attempt        string              `json:"attempt,omitempty"`
 	// Pickles are the merged pickles and the ranks each holds (names relative to
 	// the manifest, as Outputs names them).
-	Pickles []PicklePart `json:"pickles,omitempty"`
+	Pickles []analysis.PicklePart `json:"pickles,omitempty"`
 	// Findings say, a line each, what the merge found: how the peaks spread and
 	// the summary's findings (see Summary.Answer), so a reader of the manifest
 	// alone has the answer.
@@ -161,7 +162,7 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		}
 	}
 	for k, why := range m.DetailMissing {
-		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) || len(why) > MaxFindingBytes {
+		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) || len(why) > analysis.MaxFindingBytes {
 			return nil, fmt.Errorf("merge: manifest: a rank lacking detail, %q", k)
 		}
 	}
@@ -173,12 +174,12 @@ func ParseManifest(b []byte) (*Manifest, error) {
 			return nil, fmt.Errorf("merge: manifest: pickle %q is malformed", p.Name)
 		}
 	}
-	if len(m.Findings) > MaxManifestFindings {
-		return nil, fmt.Errorf("merge: manifest: %d findings (at most %d)", len(m.Findings), MaxManifestFindings)
+	if len(m.Findings) > analysis.MaxManifestFindings {
+		return nil, fmt.Errorf("merge: manifest: %d findings (at most %d)", len(m.Findings), analysis.MaxManifestFindings)
 	}
 	for _, f := range m.Findings {
-		if len(f) > MaxFindingBytes { // (JSON makes it valid UTF-8)
-			return nil, fmt.Errorf("merge: manifest: a finding of %d bytes (at most %d)", len(f), MaxFindingBytes)
+		if len(f) > analysis.MaxFindingBytes { // (JSON makes it valid UTF-8)
+			return nil, fmt.Errorf("merge: manifest: a finding of %d bytes (at most %d)", len(f), analysis.MaxFindingBytes)
 		}
 	}
 	for _, k := range m.Pending {
@@ -252,7 +253,7 @@ func putOnce(ctx context.Context, cfg *Config, key, file, sum string, kind strin
 }
 
 // publish stores the claim, then every output, then the manifest.
-func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *Summary, outs []output) (*Manifest, error) {
+func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *analysis.Summary, outs []output) (*Manifest, error) {
 	// the claim is written locally first: a disk too full for it fails the
 	// merge before an overwrite unpublishes anything
 	cpath, csum, err := writeClaim(cfg, tmp, refs, sum, outs)
@@ -462,7 +463,7 @@ func removeSuperseded(ctx context.Context, cfg *Config, plain, mine map[string]s
 
 // writeClaim writes the claim (the inputs, the options and the outputs' names)
 // into tmp; it returns its path and SHA-256.
-func writeClaim(cfg *Config, tmp string, refs []InputRef, sum *Summary, outs []output) (string, string, error) {
+func writeClaim(cfg *Config, tmp string, refs []InputRef, sum *analysis.Summary, outs []output) (string, string, error) {
 	claim := Claim{Version: 1, Inputs: refs, WorldSize: sum.WorldSize, Align: cfg.Align, Title: cfg.Title, Outputs: map[string]string{}, Window: cfg.Window,
 		Attempt: cfg.Attempt, MissingReasons: sum.MissingReasons}
 	for _, o := range outs {
@@ -498,7 +499,7 @@ func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, cpath,
 	return cobj, nil
 }
 
-func manifestOf(cfg *Config, cobj Object, refs []InputRef, sum *Summary) Manifest {
+func manifestOf(cfg *Config, cobj Object, refs []InputRef, sum *analysis.Summary) Manifest {
 	man := Manifest{Version: 1, Claim: cobj, Outputs: map[string]Object{}, Inputs: refs, Window: cfg.Window, WorldSize: sum.WorldSize,
 		RanksMerged: sum.RanksMerged, MissingRanks: sum.MissingRanks, MissingReasons: sum.MissingReasons, ClockOffsetsUS: sum.ClockOffsetsUS, Align: sum.Align,
 		Reason: cfg.Reason, Kind: cfg.Kind, Attempt: cfg.Attempt}
@@ -516,7 +517,7 @@ func manifestOf(cfg *Config, cobj Object, refs []InputRef, sum *Summary) Manifes
 
 // commonBatches returns the batches every merged rank recorded (from the
 // sidecars' batch marks), or nil when no rank has marks.
-func commonBatches(ranks []RankSummary) []int64 {
+func commonBatches(ranks []analysis.RankSummary) []int64 {
 	var out []int64
 	for i, r := range ranks {
 		if i == 0 {
@@ -540,7 +541,7 @@ func int64sKey(v []int64) []byte {
 }
 
 // cutReason bounds a reason kept in a manifest.
-func cutReason(s string) string { return cutReasonN(s, MaxFindingBytes) }
+func cutReason(s string) string { return cutReasonN(s, analysis.MaxFindingBytes) }
 
 func cutReasonN(s string, n int) string {
 	if len(s) > n {

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -120,13 +121,13 @@ func timelineFrames(tl *pb.Timeline) []*snapshot.Frame {
 }
 
 // ranksFromPB turns a merged timeline back into per-rank inputs of a merge.
-func ranksFromPB(data []byte, source string) ([]*rankData, error) {
+func ranksFromPB(data []byte, source string) ([]*analysis.RankData, error) {
 	tl, err := ReadTimeline(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
 	frames := timelineFrames(tl)
-	var out []*rankData
+	var out []*analysis.RankData
 	for _, rt := range tl.Ranks {
 		trace, segs := rankSnapshot(tl, rt, frames, 0)
 		s := &snapshot.Snapshot{DeviceTraces: [][]*snapshot.TraceEntry{trace}, Segments: segs, Has: snapshot.SnapSegments | snapshot.SnapDeviceTraces}
@@ -138,7 +139,7 @@ func ranksFromPB(data []byte, source string) ([]*rankData, error) {
 		for _, m := range rt.Samples {
 			meta.Samples = append(meta.Samples, sidecar.MemorySample{TimeUS: m.TimeUs, DeviceUsedBytes: m.DeviceUsedBytes, ProcessUsedBytes: m.ProcessUsedBytes})
 		}
-		out = append(out, &rankData{rank: int(rt.Rank), source: fmt.Sprintf("%s#rank%d", source, rt.Rank), snap: s, trace: trace, segs: segs, meta: meta})
+		out = append(out, &analysis.RankData{Rank: int(rt.Rank), Source: fmt.Sprintf("%s#rank%d", source, rt.Rank), Snap: s, Trace: trace, Segs: segs, Meta: meta})
 	}
 	return out, nil
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
@@ -549,7 +549,7 @@ func (u *uploader) rename(dir string, j job) (job, error) {
 	j.Key = RenamedKey(j.Key, j.Window, j.Created)
 	j.MetaKey = sidecar.MetaName(j.Key)
 	if j.AnalysisKey != "" {
-		j.AnalysisKey = merge.AnalysisName(j.Key)
+		j.AnalysisKey = analysis.AnalysisName(j.Key)
 	}
 	j.Renamed = true
 	jb, _ := json.MarshalIndent(j, "", "  ")

@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -389,8 +389,8 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 	sum := sha256Hex(data)
 	// the rank's own figures, so the leader need not decode every rank
 	var ab []byte
-	if an, err := merge.AnalyzeSnapshot(ctx, s, &meta, merge.AnalyzeOptions{Rank: id.Rank}); err == nil {
-		an.Snapshot = merge.SnapshotRef{Size: int64(len(data)), SHA256: sum}
+	if an, err := analysis.AnalyzeSnapshot(ctx, s, &meta, analysis.AnalyzeOptions{Rank: id.Rank}); err == nil {
+		an.Snapshot = analysis.SnapshotRef{Size: int64(len(data)), SHA256: sum}
 		if ab, err = an.Marshal(); err != nil {
 			ab = nil
 		}
@@ -401,7 +401,7 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 	j := job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sum, Size: int64(len(data)), Events: events, Overwrite: a.cfg.Overwrite,
 		Created: time.Now().UTC(), Window: w.ID, Start: w.Start, Stop: w.Stop, Reason: m.Reason, Partial: partial, Rank: id.Rank, Cause: m.Cause}
 	if ab != nil {
-		j.AnalysisKey = merge.AnalysisName(key)
+		j.AnalysisKey = analysis.AnalysisName(key)
 	}
 	jobID, err := a.sp.addJob(src, j, mb, ab)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -156,7 +157,7 @@ func printMergeResult(w io.Writer, where string, r *merge.Result) {
 }
 
 // printSpread says how far the ranks' peaks spread and which rank is the outlier.
-func printSpread(w io.Writer, s *merge.Summary) {
+func printSpread(w io.Writer, s *analysis.Summary) {
 	if s.Spread != nil && len(s.Ranks) > 1 {
 		fmt.Fprintln(w, s.Spread.Line())
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/merge/synth"
@@ -204,7 +205,7 @@ func analyses(args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(args[0], merge.AnalysisName(filepath.Base(f))), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(args[0], analysis.AnalysisName(filepath.Base(f))), b, 0o644); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package merge
+package analysis
 
 import (
 	"fmt"
@@ -111,7 +111,8 @@ func (sp *Spread) OutlierText() string {
 	return "ranks " + strings.Join(parts, ", ") + " (tied)"
 }
 
-func medianInt(v []int64) int64 {
+// MedianInt is the median of v (of its middle two when even), 0 when empty.
+func MedianInt(v []int64) int64 {
 	s := append([]int64(nil), v...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	n := len(s)
@@ -124,7 +125,8 @@ func medianInt(v []int64) int64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-func computeSpread(ranks []RankSummary) *Spread {
+// ComputeSpread compares the ranks' peaks (see Spread); nil without ranks.
+func ComputeSpread(ranks []RankSummary) *Spread {
 	if len(ranks) == 0 {
 		return nil
 	}
@@ -132,7 +134,7 @@ func computeSpread(ranks []RankSummary) *Spread {
 	for i, r := range ranks {
 		peaks[i] = r.PeakAllocatedBytes
 	}
-	sp := &Spread{MedianPeakAllocatedBytes: medianInt(peaks), MinPeakAllocatedBytes: math.MaxInt64, MaxPeakAllocatedBytes: math.MinInt64}
+	sp := &Spread{MedianPeakAllocatedBytes: MedianInt(peaks), MinPeakAllocatedBytes: math.MaxInt64, MaxPeakAllocatedBytes: math.MinInt64}
 	for _, r := range ranks {
 		p := r.PeakAllocatedBytes
 		sp.MinPeakAllocatedBytes = min(sp.MinPeakAllocatedBytes, p)
@@ -157,9 +159,9 @@ func computeSpread(ranks []RankSummary) *Spread {
 
 func round3(f float64) float64 { return math.Round(f*1000) / 1000 }
 
-// medianRank is the rank whose peak is nearest the median peak (the lowest such
+// MedianRank is the rank whose peak is nearest the median peak (the lowest such
 // rank), other than exclude.
-func medianRank(ranks []RankSummary, sp *Spread, exclude int) (int, bool) {
+func MedianRank(ranks []RankSummary, sp *Spread, exclude int) (int, bool) {
 	best, found := 0, false
 	var bestD int64
 	for _, r := range ranks {

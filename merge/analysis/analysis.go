@@ -1,4 +1,8 @@
-package merge
+// Package analysis is what memsnap finds in snapshots: a rank's analysis (its
+// peak, the sites and the memory categories at it, its batches, a leak, a
+// truncated history), and across ranks the summary that compares them, the
+// diff of two ranks and the findings.
+package analysis
 
 import (
 	"context"
@@ -33,8 +37,8 @@ const (
 	maxSiteName = 1024
 )
 
-// topSites is how many sites a rank's line of the summary names.
-const topSites = 10
+// TopSites is how many sites a rank's line of the summary names.
+const TopSites = 10
 
 // RankAnalysis is everything the merged summary, the HTML report, the diff and the
 // Perfetto trace's counters need from one rank's snapshot: a rank agent computes it
@@ -150,56 +154,58 @@ func AnalyzeSnapshot(ctx context.Context, s *snapshot.Snapshot, meta *sidecar.Ra
 	if rank >= sidecar.MaxRanks {
 		return nil, fmt.Errorf("merge: rank %d (at most %d)", rank, sidecar.MaxRanks-1)
 	}
-	r := rankFromSnapshot(s, rank, "")
-	r.meta = meta
-	return r.analysis(window{from: opts.From, to: opts.To}), nil
+	r := RankFromSnapshot(s, rank, "")
+	r.Meta = meta
+	return r.Analysis(Window{From: opts.From, To: opts.To}), nil
 }
 
-// rankFromSnapshot picks a snapshot's device trace and its segments.
-func rankFromSnapshot(s *snapshot.Snapshot, rank int, source string) *rankData {
-	r := &rankData{rank: rank, source: source, snap: s}
-	r.device, r.note = pickDevice(s)
-	if r.device < len(s.DeviceTraces) {
-		r.trace = s.DeviceTraces[r.device]
+// RankFromSnapshot picks a snapshot's device trace and its segments.
+func RankFromSnapshot(s *snapshot.Snapshot, rank int, source string) *RankData {
+	r := &RankData{Rank: rank, Source: source, Snap: s}
+	r.Device, r.note = pickDevice(s)
+	if r.Device < len(s.DeviceTraces) {
+		r.Trace = s.DeviceTraces[r.Device]
 	}
 	for _, g := range s.Segments {
-		if int(g.Device) == r.device {
-			r.segs = append(r.segs, g)
+		if int(g.Device) == r.Device {
+			r.Segs = append(r.Segs, g)
 		}
 	}
 	return r
 }
 
-// window is a cut of a rank's trace in its own clock; nil ends are open.
-type window struct{ from, to *int64 }
+// Window is a cut of a rank's trace in its own clock; nil ends are open.
+type Window struct{ From, To *int64 }
 
-func (w window) before(t int64) bool { return w.from != nil && t < *w.from }
-func (w window) after(t int64) bool  { return w.to != nil && t > *w.to }
-func (w window) cut() bool           { return w.from != nil || w.to != nil }
+// Before reports whether t is before the window; After whether it is after it;
+// Cut whether the window cuts the trace at all.
+func (w Window) Before(t int64) bool { return w.From != nil && t < *w.From }
+func (w Window) After(t int64) bool  { return w.To != nil && t > *w.To }
+func (w Window) Cut() bool           { return w.From != nil || w.To != nil }
 
-// analysis computes the rank's analysis over the events inside w.
-func (r *rankData) analysis(w window) *RankAnalysis {
-	a := &RankAnalysis{Version: AnalysisVersion, Rank: r.rank, Device: r.device, Note: r.note, Sites: []Site{}, OOMs: []OOM{}}
-	endA, endR := r.snap.AllocatedOrPendingAtEnd(r.device), r.snap.ReservedAtEnd(r.device)
+// Analysis computes the rank's analysis over the events inside w.
+func (r *RankData) Analysis(w Window) *RankAnalysis {
+	a := &RankAnalysis{Version: AnalysisVersion, Rank: r.Rank, Device: r.Device, Note: r.note, Sites: []Site{}, OOMs: []OOM{}}
+	endA, endR := r.Snap.AllocatedOrPendingAtEnd(r.Device), r.Snap.ReservedAtEnd(r.Device)
 	var netA, netR int64
-	for _, e := range r.trace {
-		dA, dR := deltas(e)
+	for _, e := range r.Trace {
+		dA, dR := Deltas(e)
 		netA, netR = netA+dA, netR+dR
 	}
-	if len(r.trace) > 0 {
-		a.TraceStartUS = r.trace[0].TimeUS
+	if len(r.Trace) > 0 {
+		a.TraceStartUS = r.Trace[0].TimeUS
 	}
-	hist := newHistory(len(r.trace), endA-netA)
+	hist := newHistory(len(r.Trace), endA-netA)
 	peakIdx := r.walk(a, w, endA-netA, endR-netR, hist)
-	if !w.cut() {
+	if !w.Cut() {
 		a.EndAllocatedBytes, a.EndReservedBytes = endA, endR
 	}
-	if r.meta != nil {
-		if b, ok := r.meta.BatchAt(a.PeakAllocatedUS); ok {
+	if r.Meta != nil {
+		if b, ok := r.Meta.BatchAt(a.PeakAllocatedUS); ok {
 			a.PeakBatch = &b
 		}
-		a.Batches = hist.batchFigures(r.meta.Batches, w)
-		a.Truncated = r.truncation()
+		a.Batches = hist.batchFigures(r.Meta.Batches, w)
+		a.Truncated = r.Truncation()
 		a.Leak = r.leak(a.Batches, w)
 	}
 	sites, tracked := r.sitesAt(peakIdx)
@@ -208,14 +214,14 @@ func (r *rankData) analysis(w window) *RankAnalysis {
 		sites, a.BeforeRecording = nil, a.PeakAllocatedBytes // nothing recorded is alive yet
 	}
 	a.Sites, a.OtherSites = splitSites(sites, AnalysisSites)
-	a.PeakPhase = peakPhase(r.trace, peakIdx)
-	if len(r.trace) > 0 {
+	a.PeakPhase = peakPhase(r.Trace, peakIdx)
+	if len(r.Trace) > 0 {
 		a.Categories = r.categories(w, peakIdx, endA-netA)
 	}
-	if r.meta != nil {
-		a.Outside = outsideAllocator(a, r.meta.Samples, r.meta.Batches, w)
+	if r.Meta != nil {
+		a.Outside = OutsideAllocatorOf(a, r.Meta.Samples, r.Meta.Batches, w)
 	}
-	a.Curve = downsampleCurve(a.Curve, CurvePoints)
+	a.Curve = DownsampleCurve(a.Curve, CurvePoints)
 	if cap(a.Curve) > 2*len(a.Curve)+64 { // a short curve of a long trace: keep only its points
 		a.Curve = slices.Clone(a.Curve)
 	}
@@ -226,19 +232,19 @@ func (r *rankData) analysis(w window) *RankAnalysis {
 // a's peaks, curve, OOMs and event range for the events inside w, and hist with
 // the allocated bytes after every event. It returns the index of the event at the
 // allocated peak (-1: the peak is the state before the first event inside w).
-func (r *rankData) walk(a *RankAnalysis, w window, alloc, res int64, hist *history) int {
+func (r *RankData) walk(a *RankAnalysis, w Window, alloc, res int64, hist *history) int {
 	peakIdx, started := -1, false
-	made := a.Curve == nil && len(r.trace) > 0
+	made := a.Curve == nil && len(r.Trace) > 0
 	if made { // a point per event at most, and the first
-		a.Curve = make(Curve, 0, len(r.trace)+1)
+		a.Curve = make(Curve, 0, len(r.Trace)+1)
 	}
-	for i, e := range r.trace {
+	for i, e := range r.Trace {
 		t := e.TimeUS
-		dA, dR := deltas(e)
-		if w.before(t) {
+		dA, dR := Deltas(e)
+		if w.Before(t) {
 			alloc, res = alloc+dA, res+dR
 		}
-		if w.before(t) || w.after(t) {
+		if w.Before(t) || w.After(t) {
 			hist.add(t, alloc)
 			continue
 		}
@@ -281,15 +287,15 @@ func (r *rankData) walk(a *RankAnalysis, w window, alloc, res int64, hist *histo
 // sitesAt replays the trace up to event idx and groups the blocks alive then by
 // allocation site, most bytes first. It also returns the bytes those blocks hold
 // (what is allocated at idx less what was allocated before recording began).
-func (r *rankData) sitesAt(idx int) ([]Site, int64) {
+func (r *RankData) sitesAt(idx int) ([]Site, int64) {
 	type live struct {
 		size   int64
 		frames []*snapshot.Frame
 	}
 	alive := map[int64]live{}
 	var tracked int64
-	for i := 0; i <= idx && i < len(r.trace); i++ {
-		e := r.trace[i]
+	for i := 0; i <= idx && i < len(r.Trace); i++ {
+		e := r.Trace[i]
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			if l, ok := alive[e.Addr]; ok { // an address allocated twice: the later wins
@@ -408,13 +414,13 @@ func (h *history) maxIn(i, j int) int64 {
 // batchFigures computes each batch's allocated bytes at its start (after every
 // event before it), at its end (after every event up to it) and its peak, for the
 // batches (at most MaxAnalysisBatches) that overlap w.
-func (h *history) batchFigures(marks []sidecar.BatchMark, w window) []BatchFigure {
+func (h *history) batchFigures(marks []sidecar.BatchMark, w Window) []BatchFigure {
 	var out []BatchFigure
 	for _, m := range marks {
 		if len(out) == MaxAnalysisBatches {
 			break
 		}
-		if w.after(m.StartUS) || w.before(m.EndUS) {
+		if w.After(m.StartUS) || w.Before(m.EndUS) {
 			continue
 		}
 		ks := sort.Search(len(h.t), func(i int) bool { return h.t[i] >= m.StartUS })

@@ -1,4 +1,4 @@
-package merge
+package analysis
 
 import (
 	"fmt"
@@ -8,17 +8,17 @@ import (
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
-// rankData is one decoded rank while the merge holds it: its snapshot, the device
+// RankData is one decoded rank while the merge holds it: its snapshot, the device
 // trace taken and that device's segments.
-type rankData struct {
-	rank    int
-	source  string
-	snap    *snapshot.Snapshot
-	device  int
-	trace   []*snapshot.TraceEntry
-	segs    []*snapshot.Segment
-	meta    *sidecar.RankMeta
-	shiftUS int64 // added to the rank's time_us to align it
+type RankData struct {
+	Rank    int
+	Source  string
+	Snap    *snapshot.Snapshot
+	Device  int
+	Trace   []*snapshot.TraceEntry
+	Segs    []*snapshot.Segment
+	Meta    *sidecar.RankMeta
+	ShiftUS int64 // added to the rank's time_us to align it
 	note    string
 }
 
@@ -108,8 +108,8 @@ func pickDevice(s *snapshot.Snapshot) (int, string) {
 	return best, note
 }
 
-// deltas returns how an event changes the allocated and the reserved bytes.
-func deltas(e *snapshot.TraceEntry) (allocated, reserved int64) {
+// Deltas returns how an event changes the allocated and the reserved bytes.
+func Deltas(e *snapshot.TraceEntry) (allocated, reserved int64) {
 	size := max(e.Size, 0) // a negative size is corrupt: it counts as nothing
 	switch e.Action {
 	case snapshot.ActionAlloc:

@@ -1,4 +1,4 @@
-package merge
+package analysis
 
 import (
 	"fmt"
@@ -185,7 +185,7 @@ func diffCategories(b, o *Categories) []CategoryDiff {
 		note(k)
 	}
 	var out []CategoryDiff
-	for _, c := range categoryNames {
+	for _, c := range CategoryNames {
 		x := CategoryDiff{Category: c, BaseBytes: b.AtPeak[c], OtherBytes: o.AtPeak[c]}
 		x.DeltaBytes = x.OtherBytes - x.BaseBytes
 		if x.BaseBytes == 0 && x.OtherBytes == 0 {
@@ -271,13 +271,13 @@ func absInt(v int64) uint64 {
 func (d *RankDiff) WriteTable(w io.Writer, top int) error {
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "\t%s\t%s\tdifference\t\n", d.Base.Label, d.Other.Label)
-	fmt.Fprintf(tw, "peak allocated\t%s\t%s\t%s\t\n", human(d.Base.PeakAllocatedBytes), human(d.Other.PeakAllocatedBytes), signed(d.PeakDeltaBytes))
-	fmt.Fprintf(tw, "at batch\t%s\t%s\t\t\n", batchText(d.Base.PeakBatch), batchText(d.Other.PeakBatch))
-	fmt.Fprintf(tw, "in phase\t%s\t%s\t\t\n", orDash(d.Base.PeakPhase), orDash(d.Other.PeakPhase))
+	fmt.Fprintf(tw, "peak allocated\t%s\t%s\t%s\t\n", human(d.Base.PeakAllocatedBytes), human(d.Other.PeakAllocatedBytes), Signed(d.PeakDeltaBytes))
+	fmt.Fprintf(tw, "at batch\t%s\t%s\t\t\n", BatchText(d.Base.PeakBatch), BatchText(d.Other.PeakBatch))
+	fmt.Fprintf(tw, "in phase\t%s\t%s\t\t\n", OrDash(d.Base.PeakPhase), OrDash(d.Other.PeakPhase))
 	if b, o := d.Base.OutsideAllocatorBytes, d.Other.OutsideAllocatorBytes; b != nil || o != nil {
 		delta := ""
 		if b != nil && o != nil {
-			delta = signed(*o - *b)
+			delta = Signed(*o - *b)
 		}
 		fmt.Fprintf(tw, "outside allocator\t%s\t%s\t%s\t\n", optBytes(b), optBytes(o), delta)
 	}
@@ -297,9 +297,9 @@ func (d *RankDiff) WriteTable(w io.Writer, top int) error {
 		for _, c := range d.Categories {
 			mod := ""
 			if c.Module != "" {
-				mod = fmt.Sprintf("  (most in %s: %s)", c.Module, signed(c.ModuleDeltaBytes))
+				mod = fmt.Sprintf("  (most in %s: %s)", c.Module, Signed(c.ModuleDeltaBytes))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t  %s%s\n", human(c.BaseBytes), human(c.OtherBytes), signed(c.DeltaBytes), CategoryText(c.Category), mod)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t  %s%s\n", human(c.BaseBytes), human(c.OtherBytes), Signed(c.DeltaBytes), CategoryText(c.Category), mod)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -313,31 +313,34 @@ func (d *RankDiff) WriteTable(w io.Writer, top int) error {
 			fmt.Fprintf(tw, "\t\t\t  (%d more sites; --top 0 shows all)\n", len(d.Sites)-top)
 			break
 		}
-		note := onlyText(d, s)
+		note := OnlyText(d, s)
 		if note != "" {
 			note = "  (" + note + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t  %s%s\n", bytesOrDash(s.BaseBytes, s.BaseBlocks), bytesOrDash(s.OtherBytes, s.OtherBlocks),
-			signed(s.DeltaBytes), s.Site, note)
+			Signed(s.DeltaBytes), s.Site, note)
 	}
 	return tw.Flush()
 }
 
-func signed(n int64) string {
+// Signed writes a difference of bytes with its sign.
+func Signed(n int64) string {
 	if n > 0 {
 		return "+" + human(n)
 	}
 	return human(n)
 }
 
-func batchText(b *int64) string {
+// BatchText writes a batch, or a dash for none.
+func BatchText(b *int64) string {
 	if b == nil {
 		return "–"
 	}
 	return fmt.Sprint(*b)
 }
 
-func orDash(s string) string {
+// OrDash is s, or a dash when s is empty.
+func OrDash(s string) string {
 	if s == "" {
 		return "–"
 	}
@@ -351,7 +354,8 @@ func bytesOrDash(n int64, blocks int) string {
 	return human(n)
 }
 
-func onlyText(d *RankDiff, s SiteDiff) string {
+// OnlyText names the side of a diff that alone holds a site, or is empty.
+func OnlyText(d *RankDiff, s SiteDiff) string {
 	switch s.Only {
 	case "base":
 		return "only " + d.Base.Label
@@ -361,8 +365,8 @@ func onlyText(d *RankDiff, s SiteDiff) string {
 	return ""
 }
 
-// shortLabel trims a path to its file name, for a diff's column header.
-func shortLabel(p string) string {
+// ShortLabel trims a path to its file name, for a diff's column header.
+func ShortLabel(p string) string {
 	if i := strings.LastIndexAny(p, "/\\"); i >= 0 {
 		return p[i+1:]
 	}

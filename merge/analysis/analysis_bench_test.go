@@ -1,4 +1,4 @@
-package merge
+package analysis
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 // BenchmarkAnalysis times a rank's analysis of a 100,000-event trace (grown from
 // the recorded transformer), and its categories alone:
 //
-//	go test ./merge -run '^$' -bench Analysis -benchmem
+//	go test ./merge/analysis -run '^$' -bench Analysis -benchmem
 func BenchmarkAnalysis(b *testing.B) {
 	base, err := snapshot.ReadFile(filepath.Join(testutil.RepoRoot(b), "testdata", "snapshots", "single", "transformer.memory_snapshot.pickle"))
 	if err != nil {
@@ -28,9 +28,9 @@ func BenchmarkAnalysis(b *testing.B) {
 		}
 	})
 	b.Run("categories", func(b *testing.B) {
-		r := rankFromSnapshot(s, 0, "")
+		r := RankFromSnapshot(s, 0, "")
 		for i := 0; i < b.N; i++ {
-			r.categories(window{}, len(r.trace)/2, 0)
+			r.categories(Window{}, len(r.Trace)/2, 0)
 		}
 	})
 }

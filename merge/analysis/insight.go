@@ -1,4 +1,4 @@
-package merge
+package analysis
 
 import (
 	"fmt"
@@ -62,15 +62,15 @@ const (
 	maxFindingRanks = 8
 )
 
-// truncation finds whether the rank's history reached its cap (from the
+// Truncation finds whether the rank's history reached its cap (from the
 // metadata's max_entries), nil when it did not or the cap is not known.
-func (r *rankData) truncation() *Truncation {
-	if r.meta == nil || r.meta.MaxEntries <= 0 || len(r.trace) < r.meta.MaxEntries {
+func (r *RankData) Truncation() *Truncation {
+	if r.Meta == nil || r.Meta.MaxEntries <= 0 || len(r.Trace) < r.Meta.MaxEntries {
 		return nil
 	}
-	t := &Truncation{Events: len(r.trace), MaxEntries: r.meta.MaxEntries}
+	t := &Truncation{Events: len(r.Trace), MaxEntries: r.Meta.MaxEntries}
 	seen := map[int64]bool{}
-	for _, e := range r.trace {
+	for _, e := range r.Trace {
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			seen[e.Addr] = true
@@ -82,16 +82,16 @@ func (r *rankData) truncation() *Truncation {
 			delete(seen, e.Addr)
 		}
 	}
-	first, last := r.trace[0].TimeUS, r.trace[len(r.trace)-1].TimeUS
+	first, last := r.Trace[0].TimeUS, r.Trace[len(r.Trace)-1].TimeUS
 	span := float64(last - first)
-	want := float64(len(r.trace)) * 2 // no marks to scale by: twice what was kept
-	if m := r.meta.Batches; len(m) > 0 {
+	want := float64(len(r.Trace)) * 2 // no marks to scale by: twice what was kept
+	if m := r.Meta.Batches; len(m) > 0 {
 		start, end := m[0].StartUS, m[len(m)-1].EndUS
 		if first > start && first-start > 0 { // no overflow from absurd marks
 			t.MissingUS = first - start
 		}
 		if span > 0 && end > start && end-start > 0 {
-			want = float64(len(r.trace)) * float64(end-start) / span
+			want = float64(len(r.Trace)) * float64(end-start) / span
 		}
 	}
 	t.SuggestMaxEntries = roundUpEntries(want * 1.25)
@@ -116,7 +116,7 @@ func roundUpEntries(n float64) int {
 // leak finds whether the rank's allocated bytes at the start of its batches grow
 // across the window (figs are the batch figures inside the window, in order) and
 // names the sites whose blocks outlive their batch. nil when nothing grows.
-func (r *rankData) leak(figs []BatchFigure, w window) *Leak {
+func (r *RankData) leak(figs []BatchFigure, w Window) *Leak {
 	n := len(figs)
 	if n < 3 {
 		return nil
@@ -137,7 +137,7 @@ func (r *rankData) leak(figs []BatchFigure, w window) *Leak {
 	for i := 1; i < n; i++ {
 		steps = append(steps, figs[i].StartAllocatedBytes-figs[i-1].StartAllocatedBytes)
 	}
-	per := medianInt(steps)
+	per := MedianInt(steps)
 	if grew < 2 || grew < n-2 || per < LeakMinBytesPerBatch {
 		return nil
 	}
@@ -153,8 +153,8 @@ func (r *rankData) leak(figs []BatchFigure, w window) *Leak {
 		batch  int
 	}
 	alive := map[int64]live{}
-	for _, e := range r.trace {
-		if w.before(e.TimeUS) || w.after(e.TimeUS) {
+	for _, e := range r.Trace {
+		if w.Before(e.TimeUS) || w.After(e.TimeUS) {
 			continue
 		}
 		switch e.Action {
@@ -220,9 +220,9 @@ type OutsideAllocator struct {
 	ProcessMaxBytes    *int64 `json:"process_max_bytes,omitempty"`
 }
 
-// outsideAllocator compares the rank's NVML samples inside w with its reserved
+// OutsideAllocatorOf compares the rank's NVML samples inside w with its reserved
 // curve (the analysis's, on the rank's own clock). nil without samples.
-func outsideAllocator(a *RankAnalysis, samples []sidecar.MemorySample, marks []sidecar.BatchMark, w window) *OutsideAllocator {
+func OutsideAllocatorOf(a *RankAnalysis, samples []sidecar.MemorySample, marks []sidecar.BatchMark, w Window) *OutsideAllocator {
 	if len(a.Curve) == 0 {
 		return nil
 	}
@@ -243,7 +243,7 @@ func outsideAllocator(a *RankAnalysis, samples []sidecar.MemorySample, marks []s
 	var pAt, pMax int64
 	hasProcess := false
 	for _, s := range samples {
-		if w.before(s.TimeUS) || w.after(s.TimeUS) || s.TimeUS < lo || s.TimeUS > hi || s.DeviceUsedBytes <= 0 {
+		if w.Before(s.TimeUS) || w.After(s.TimeUS) || s.TimeUS < lo || s.TimeUS > hi || s.DeviceUsedBytes <= 0 {
 			continue
 		}
 		res := reservedAt(s.TimeUS)

@@ -1,4 +1,4 @@
-package merge
+package analysis
 
 import (
 	"encoding/json"
@@ -67,11 +67,11 @@ func (c *Curve) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// downsampleCurve keeps at most about n points of c: the first point of each of n
+// DownsampleCurve keeps at most about n points of c: the first point of each of n
 // time buckets, holding the largest allocated and reserved bytes of the bucket (so
 // peaks survive), and the last point, so the curve ends where the rank ends. Time
 // is first made non-decreasing.
-func downsampleCurve(c Curve, n int) Curve {
+func DownsampleCurve(c Curve, n int) Curve {
 	for i := 1; i < len(c); i++ {
 		c[i].T = max(c[i].T, c[i-1].T)
 	}
@@ -87,7 +87,7 @@ func downsampleCurve(c Curve, n int) Curve {
 	out := make(Curve, 0, n+1)
 	cur := uint64(1 << 63)
 	for _, p := range c {
-		b := scaleDiv(uint64(p.T-t0), buckets, span)
+		b := ScaleDiv(uint64(p.T-t0), buckets, span)
 		if b != cur || len(out) == 0 {
 			out = append(out, p)
 			cur = b
@@ -102,8 +102,8 @@ func downsampleCurve(c Curve, n int) Curve {
 	return out
 }
 
-// scaleDiv returns d*n/span without overflow, for d < span.
-func scaleDiv(d, n, span uint64) uint64 {
+// ScaleDiv returns d*n/span without overflow, for d < span.
+func ScaleDiv(d, n, span uint64) uint64 {
 	if span == 0 {
 		return 0
 	}

@@ -1,4 +1,4 @@
-package merge
+package analysis
 
 import (
 	"slices"
@@ -28,7 +28,7 @@ func TestOutlierIsAboveTheMedian(t *testing.T) {
 		{[]int64{100, 100, 100, 50}, nil, "outlier: none (no rank peaks above the median)"},
 		{[]int64{7, 9}, []int{1}, "outlier: rank 1 (9 B)"},
 	} {
-		sp := computeSpread(ranks(c.peaks...))
+		sp := ComputeSpread(ranks(c.peaks...))
 		if !slices.Equal(sp.OutlierRanks, c.want) || !strings.HasSuffix(sp.Line(), c.text) {
 			t.Errorf("%v: outliers %v, %q; want %v, %q", c.peaks, sp.OutlierRanks, sp.Line(), c.want, c.text)
 		}

@@ -1,4 +1,4 @@
-package merge
+package analysis
 
 import (
 	"fmt"
@@ -57,8 +57,8 @@ func CategoryText(c string) string {
 	return strings.ReplaceAll(c, "_", " ")
 }
 
-// categoryNames are the categories in the order they are shown.
-var categoryNames = [...]string{CatParameters, CatGradients, CatOptimizerState, CatActivations, CatTemporaries, CatOther, CatUnknown}
+// CategoryNames are the categories in the order they are shown.
+var CategoryNames = [...]string{CatParameters, CatGradients, CatOptimizerState, CatActivations, CatTemporaries, CatOther, CatUnknown}
 
 const (
 	cParams = iota
@@ -499,12 +499,12 @@ func frameName(f *snapshot.Frame) string {
 // categories replays the trace: the bytes of each category after every event,
 // their values at the event peakIdx (-1: before the first event) and their most
 // inside w, and the modules at the peak.
-func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Categories {
-	ws, notes := watchedTensors(r.snap)
-	tr := r.trace
+func (r *RankData) categories(w Window, peakIdx int, startAllocated int64) *Categories {
+	ws, notes := watchedTensors(r.Snap)
+	tr := r.Trace
 	// the gradients the hook saw made, each matched to blocks allocated at its
 	// address in its batch (in the rank's clock; without usable marks, in any)
-	spans := spansOf(r.meta)
+	spans := spansOf(r.Meta)
 	idx := indexNotes(notes, spans != nil)
 	gradAt := func(e *snapshot.TraceEntry, size int64) (string, bool) {
 		k := noteKey{e.Addr, -1}
@@ -555,7 +555,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 	var sums [nCats]int64
 	var early []part
 	var earlyBytes int64
-	for _, g := range r.segs {
+	for _, g := range r.Segs {
 		if len(ws) == 0 {
 			break
 		}
@@ -603,7 +603,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 			}
 		}
 	}
-	inside := func(t int64) bool { return !w.before(t) && !w.after(t) }
+	inside := func(t int64) bool { return !w.Before(t) && !w.After(t) }
 	first := true
 	for i, e := range tr {
 		if first && inside(e.TimeUS) {
@@ -615,7 +615,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 				snap(-1)
 			}
 		}
-		size := max(e.Size, 0) // as deltas counts it
+		size := max(e.Size, 0) // as Deltas counts it
 		switch e.Action {
 		case snapshot.ActionAlloc:
 			if l, ok := alive[e.Addr]; ok { // allocated twice: the later wins
@@ -671,14 +671,14 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 	if peakIdx < 0 && peakAlive == nil { // no event inside the window
 		snap(-1)
 	}
-	for k, n := range categoryNames {
+	for k, n := range CategoryNames {
 		c.AtPeak[n], c.Max[n] = atPeak[k], max(maxes[k], atPeak[k])
 	}
 	// modules at the peak: the watched tensors' modules and the forward frames
 	mods := map[[2]string]int64{}
 	add := func(p part) {
 		if p.module != "" {
-			mods[[2]string{p.module, categoryNames[p.cat]}] += p.bytes
+			mods[[2]string{p.module, CategoryNames[p.cat]}] += p.bytes
 		}
 	}
 	for _, p := range early {
@@ -714,7 +714,7 @@ func (r *rankData) categories(w window, peakIdx int, startAllocated int64) *Cate
 
 // check refuses categories an analysis file should not hold.
 func (c *Categories) check() error {
-	if c.Watched < 0 || len(c.Modules) > analysisModules || len(c.AtPeak) > len(categoryNames) || len(c.Max) > len(categoryNames) {
+	if c.Watched < 0 || len(c.Modules) > analysisModules || len(c.AtPeak) > len(CategoryNames) || len(c.Max) > len(CategoryNames) {
 		return fmt.Errorf("categories: %d watched, %d modules", c.Watched, len(c.Modules))
 	}
 	for _, m := range []map[string]int64{c.AtPeak, c.Max} {
@@ -733,7 +733,7 @@ func (c *Categories) check() error {
 }
 
 func knownCategory(k string) bool {
-	for _, n := range categoryNames {
+	for _, n := range CategoryNames {
 		if n == k {
 			return true
 		}
@@ -745,7 +745,7 @@ func knownCategory(k string) bool {
 // gradients 32.0 MiB, ..."), the empty ones left out.
 func (c *Categories) Line() string {
 	var parts []string
-	for _, n := range categoryNames {
+	for _, n := range CategoryNames {
 		if v := c.AtPeak[n]; v > 0 {
 			parts = append(parts, CategoryText(n)+" "+HumanBytes(v))
 		}
