@@ -20,6 +20,7 @@ import (
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -198,13 +199,13 @@ func runMember(t *testing.T, cfg Config) (c *Coordinator, stop func()) {
 	return c, func() { cancel(); <-done }
 }
 
-func readManifest(t *testing.T, path string) *merge.Manifest {
+func readManifest(t *testing.T, path string) *publish.Manifest {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := merge.ParseManifest(b)
+	m, err := publish.ParseManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
@@ -495,7 +495,7 @@ func (sc *simCluster) live() []int {
 
 // removeWindow deletes a published window's inputs and outputs, so that repeated
 // windows do not fill the disk.
-func (sc *simCluster) removeWindow(m *merge.Manifest, manifest string) {
+func (sc *simCluster) removeWindow(m *publish.Manifest, manifest string) {
 	for _, in := range m.Inputs {
 		if rel, err := filepath.Rel(sc.dir, in.Source); err == nil && !strings.HasPrefix(rel, "..") {
 			os.Remove(in.Source)

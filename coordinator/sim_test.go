@@ -32,8 +32,8 @@ import (
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/internal/wait"
-	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/merge/synth"
@@ -1178,13 +1178,13 @@ func (sc *simCluster) leader() int {
 }
 
 // manifest reads a published window's manifest.
-func (sc *simCluster) manifest(url string) *merge.Manifest {
+func (sc *simCluster) manifest(url string) *publish.Manifest {
 	sc.tb.Helper()
 	b, err := os.ReadFile(url)
 	if err != nil {
 		sc.tb.Fatal(err)
 	}
-	m, err := merge.ParseManifest(b)
+	m, err := publish.ParseManifest(b)
 	if err != nil {
 		sc.tb.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -34,7 +35,7 @@ type builder struct {
 	ranks       []*rankEntry
 	byRank      map[int]*rankEntry
 	inputOf     map[int]int // rank -> index in inputs
-	refs        []InputRef
+	refs        []publish.InputRef
 	nextRank    int // one past the last rank merged
 	worldMeta   int
 	tracePoints int
@@ -52,7 +53,7 @@ type rankEntry struct {
 	shift int64
 	w     analysis.Window
 	marks []sidecar.BatchMark
-	ref   InputRef
+	ref   publish.InputRef
 }
 
 func newBuilder(cfg *Config, tmp string) (*builder, error) {
@@ -66,8 +67,8 @@ func newBuilder(cfg *Config, tmp string) (*builder, error) {
 		}
 		b.files[k] = &outFile{f: f, h: sha256.New()}
 	}
-	b.tw = newTraceWriter(b.files[OutTrace])
-	b.pbw = newPBWriter(b.files[OutPB], b.in)
+	b.tw = newTraceWriter(b.files[publish.OutTrace])
+	b.pbw = newPBWriter(b.files[publish.OutPB], b.in)
 	for _, in := range cfg.Inputs {
 		if in.Rank < 0 || cfg.Ranks.Has(in.Rank) {
 			b.inputs = append(b.inputs, in)
@@ -112,7 +113,7 @@ func (b *builder) admit(rank int, source string) error {
 
 // addRank merges one rank's analysis: its line of the summary, its process in the
 // trace, its curve for the report.
-func (b *builder) addRank(lr *loadedRank, ref InputRef) error {
+func (b *builder) addRank(lr *loadedRank, ref publish.InputRef) error {
 	if err := b.admit(lr.rank, lr.source); err != nil {
 		return err
 	}
@@ -288,7 +289,7 @@ func (b *builder) world() (int, error) {
 
 // finish writes every output and returns the summary and the outputs in the
 // order they are stored.
-func (b *builder) finish(keys map[string]string) (*analysis.Summary, []output, error) {
+func (b *builder) finish(keys map[string]string) (*analysis.Summary, []publish.Output, error) {
 	world, err := b.world()
 	if err != nil {
 		return nil, nil, err
@@ -305,27 +306,27 @@ func (b *builder) finish(keys map[string]string) (*analysis.Summary, []output, e
 	if err := b.pbw.finish(); err != nil {
 		return nil, nil, fmt.Errorf("merge: writing the timeline: %w", err)
 	}
-	if err := writeHTML(b.files[OutHTML], b.cfg.Title, sum, b.ranks); err != nil {
+	if err := writeHTML(b.files[publish.OutHTML], b.cfg.Title, sum, b.ranks); err != nil {
 		return nil, nil, fmt.Errorf("merge: writing the report: %w", err)
 	}
-	base := strings.TrimSuffix(keys[OutPickle], outSuffix[OutPickle])
-	outs := b.pickles.outputs(keys[OutPickle], base, b.cfg.PicklePartName)
+	base := strings.TrimSuffix(keys[publish.OutPickle], publish.OutSuffix[publish.OutPickle])
+	outs := b.pickles.outputs(keys[publish.OutPickle], base, b.cfg.PicklePartName)
 	sum.Outputs, sum.Pickles = map[string]string{}, []analysis.PicklePart{}
 	for _, o := range outs {
-		sum.Pickles = append(sum.Pickles, *o.part)
+		sum.Pickles = append(sum.Pickles, *o.Part)
 	}
 	for _, k := range fixedOutputs {
-		outs = append(outs, output{kind: k, key: keys[k], file: filepath.Join(b.tmp, k)})
+		outs = append(outs, publish.Output{Kind: k, Key: keys[k], File: filepath.Join(b.tmp, k)})
 	}
 	for _, o := range outs {
-		sum.Outputs[o.kind] = o.key
+		sum.Outputs[o.Kind] = o.Key
 	}
 	if err := b.writeSummary(sum); err != nil {
 		return nil, nil, err
 	}
 	for i := range outs {
-		if f, ok := b.files[outs[i].kind]; ok {
-			outs[i].sum = f.sum()
+		if f, ok := b.files[outs[i].Kind]; ok {
+			outs[i].Sum = f.sum()
 		}
 	}
 	return sum, outs, nil
@@ -363,7 +364,7 @@ func (b *builder) writeSummary(sum *analysis.Summary) error {
 	if err != nil {
 		return err
 	}
-	if _, err := b.files[OutSummary].Write(append(sb, '\n')); err != nil {
+	if _, err := b.files[publish.OutSummary].Write(append(sb, '\n')); err != nil {
 		return err
 	}
 	for _, k := range fixedOutputs {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -69,10 +70,10 @@ func TestPicklesSplitUnderTheCap(t *testing.T) {
 	if next != ranks {
 		t.Fatalf("the parts end at rank %d", next-1)
 	}
-	if _, ok := res.Outputs[OutPickle]; ok {
+	if _, ok := res.Outputs[publish.OutPickle]; ok {
 		t.Fatal("a split merge names an unsplit pickle")
 	}
-	m, err := ParseManifest(readFile(t, filepath.Join(dir, "merged.manifest.json")))
+	m, err := publish.ParseManifest(readFile(t, filepath.Join(dir, "merged.manifest.json")))
 	if err != nil || len(m.Pickles) != len(parts) || len(m.Outputs) != len(parts)+4 {
 		t.Fatalf("manifest: %v, %d pickles, %d outputs", err, len(m.Pickles), len(m.Outputs))
 	}

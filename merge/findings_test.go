@@ -11,6 +11,7 @@ import (
 
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/internal/testjob"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
@@ -200,7 +201,7 @@ func TestManifestCarriesTheAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := ParseManifest(b)
+	m, err := publish.ParseManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +214,7 @@ func TestManifestCarriesTheAnswer(t *testing.T) {
 	for _, bad := range [][]string{make([]string, analysis.MaxManifestFindings+1), {strings.Repeat("x", analysis.MaxFindingBytes+1)}} {
 		raw["findings"] = bad
 		nb, _ := json.Marshal(raw)
-		if _, err := ParseManifest(nb); err == nil {
+		if _, err := publish.ParseManifest(nb); err == nil {
 			t.Fatalf("a manifest with findings %.60q was accepted", bad)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -29,7 +30,7 @@ type loadedRank struct {
 // loaded is one input as the first pass read it.
 type loaded struct {
 	ranks []*loadedRank // one, or several for a .memsnap.pb
-	ref   InputRef
+	ref   publish.InputRef
 	err   error
 }
 
@@ -142,7 +143,7 @@ func (b *builder) load(ctx context.Context, i int, in Input) loaded {
 		}
 		return b.loadTimeline(ctx, in)
 	}
-	l := loaded{ref: InputRef{Rank: in.Rank, Source: in.Source}}
+	l := loaded{ref: publish.InputRef{Rank: in.Rank, Source: in.Source}}
 	lr := &loadedRank{rank: in.Rank, source: in.Source}
 	var err error
 	if lr.meta, l.ref.MetaSHA256, err = in.readMeta(ctx); err != nil {
@@ -175,7 +176,7 @@ func (b *builder) load(ctx context.Context, i int, in Input) loaded {
 
 // settle aligns a loaded rank, cuts it and analyses it when it has no analysis
 // yet; the decoded snapshot is kept only when its detail is written now.
-func (b *builder) settle(lr *loadedRank, ref InputRef) error {
+func (b *builder) settle(lr *loadedRank, ref publish.InputRef) error {
 	if d := lr.data; d != nil {
 		var t0 int64
 		if len(d.Trace) > 0 {
@@ -301,14 +302,14 @@ func (b *builder) loadTimeline(ctx context.Context, in Input) loaded {
 	if err != nil {
 		return loaded{err: fmt.Errorf("merge: reading %s: %w", in.Source, err)}
 	}
-	l := loaded{ref: InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}}
+	l := loaded{ref: publish.InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}}
 	ranks, err := ranksFromPB(data, in.Source)
 	if err != nil {
 		return loaded{err: err}
 	}
 	for _, rd := range ranks {
 		lr := &loadedRank{rank: rd.Rank, source: rd.Source, meta: rd.Meta, data: rd, decoded: true}
-		if err := b.settle(lr, InputRef{}); err != nil {
+		if err := b.settle(lr, publish.InputRef{}); err != nil {
 			return loaded{err: err}
 		}
 		lr.a.Snapshot = analysis.SnapshotRef{}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -133,7 +134,7 @@ func FuzzParseManifest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := ParseManifest(b)
+		m, err := publish.ParseManifest(b)
 		if err != nil {
 			if m != nil {
 				t.Fatalf("refused with %v but returned a manifest", err)
@@ -145,7 +146,7 @@ func FuzzParseManifest(f *testing.F) {
 		if err != nil {
 			t.Fatalf("an accepted manifest does not marshal: %v", err)
 		}
-		m2, err := ParseManifest(again)
+		m2, err := publish.ParseManifest(again)
 		if err != nil {
 			t.Fatalf("an accepted manifest, re-marshalled, is refused: %v\n%s", err, again)
 		}
@@ -157,12 +158,12 @@ func FuzzParseManifest(f *testing.F) {
 
 // checkManifest checks an accepted manifest against the rules its readers rely
 // on, independently of ParseManifest.
-func checkManifest(t *testing.T, m *Manifest) {
+func checkManifest(t *testing.T, m *publish.Manifest) {
 	t.Helper()
 	if m.Version != 1 || m.WorldSize < 0 || m.WorldSize > sidecar.MaxRanks {
 		t.Fatalf("accepted version %d, world size %d", m.Version, m.WorldSize)
 	}
-	plain := func(what string, o Object) {
+	plain := func(what string, o publish.Object) {
 		if o.Name == "" || o.Name == "." || o.Name == ".." || strings.ContainsAny(o.Name, "/\\") || o.Size < 0 || len(o.SHA256) != 64 {
 			t.Fatalf("accepted %s %+v", what, o)
 		}
@@ -176,7 +177,7 @@ func checkManifest(t *testing.T, m *Manifest) {
 	for k, o := range m.Outputs {
 		plain("output "+k, o)
 	}
-	if m.Claim != (Object{}) {
+	if m.Claim != (publish.Object{}) {
 		plain("claim", m.Claim)
 	}
 	rank := func(r int) {
@@ -201,7 +202,7 @@ func checkManifest(t *testing.T, m *Manifest) {
 		rank(r)
 	}
 	for _, k := range m.Pending {
-		if k != OutPickle && k != OutPB || len(m.Pending) > 2 {
+		if k != publish.OutPickle && k != publish.OutPB || len(m.Pending) > 2 {
 			t.Fatalf("accepted pending outputs %q", m.Pending)
 		}
 	}
@@ -211,7 +212,7 @@ func checkManifest(t *testing.T, m *Manifest) {
 // broken ones refused.
 func TestParseSeeds(t *testing.T) {
 	for i, b := range manifestSeeds(t) {
-		m, err := ParseManifest(b)
+		m, err := publish.ParseManifest(b)
 		if err != nil {
 			t.Fatalf("manifest %d: %v\n%s", i, err, b)
 		}
@@ -223,7 +224,7 @@ func TestParseSeeds(t *testing.T) {
 		}
 	}
 	for _, s := range brokenManifests {
-		if _, err := ParseManifest([]byte(s)); err == nil {
+		if _, err := publish.ParseManifest([]byte(s)); err == nil {
 			t.Errorf("accepted %s", s)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -26,7 +27,7 @@ const (
 )
 
 // fixedOutputs are the outputs after the pickles, in the order they are stored.
-var fixedOutputs = []string{OutTrace, OutSummary, OutHTML, OutPB}
+var fixedOutputs = []string{publish.OutTrace, publish.OutSummary, publish.OutHTML, publish.OutPB}
 
 // Detail chooses the ranks whose full traces the merged pickles and the merged
 // timeline hold.
@@ -136,7 +137,7 @@ type Config struct {
 type Result struct {
 	Summary *analysis.Summary
 	// Manifest is the manifest published.
-	Manifest *Manifest
+	Manifest *publish.Manifest
 	Outputs  map[string]string // output kind -> key in Out (with the claim and the manifest)
 	// Decoded are the ranks whose snapshots were decoded (in full), FromAnalyses
 	// the ranks whose figures came from their analyses; both in rank order, with
@@ -163,7 +164,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("merge: unknown alignment %q (wall, start or offsets)", c.Align)
 	}
 	if c.OutputBase == "" {
-		c.OutputBase = DefaultOutputBase
+		c.OutputBase = publish.DefaultOutputBase
 	}
 	if c.Workers <= 0 {
 		c.Workers = min(2, runtime.GOMAXPROCS(0))
@@ -225,7 +226,7 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	keys, err := OutputKeys(cfg.OutputBase, cfg.Vars)
+	keys, err := publish.OutputKeys(cfg.OutputBase, cfg.Vars)
 	if err != nil {
 		return nil, err
 	}
@@ -252,19 +253,19 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	man, err := publish(ctx, &cfg, keys, b.tmp, b.refs, sum, outs)
+	man, err := publish.Publish(ctx, cfg.publishing(), keys, b.tmp, b.refs, sum, outs)
 	if err != nil {
 		return nil, err
 	}
-	if plain[OutInputs] != keys[OutInputs] {
-		removeSuperseded(ctx, &cfg, plain, keys)
+	if plain[publish.OutInputs] != keys[publish.OutInputs] {
+		publish.RemoveSuperseded(ctx, cfg.publishing(), plain, keys)
 	}
 	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
 		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))
-	res := &Result{Summary: sum, Manifest: man, Outputs: map[string]string{OutInputs: keys[OutInputs], OutManifest: keys[OutManifest]},
+	res := &Result{Summary: sum, Manifest: man, Outputs: map[string]string{publish.OutInputs: keys[publish.OutInputs], publish.OutManifest: keys[publish.OutManifest]},
 		Decoded: b.decoded, FromAnalyses: b.fromAnalyses}
 	for _, o := range outs {
-		res.Outputs[o.kind] = o.key
+		res.Outputs[o.Kind] = o.Key
 	}
 	return res, nil
 }
@@ -274,10 +275,10 @@ func checkUnpublished(ctx context.Context, cfg *Config, keys map[string]string) 
 	if cfg.Overwrite {
 		return nil
 	}
-	_, err := cfg.Out.Stat(ctx, keys[OutManifest])
+	_, err := cfg.Out.Stat(ctx, keys[publish.OutManifest])
 	switch {
 	case err == nil:
-		return fmt.Errorf("merge: %s exists in %s: this merge was published already (pass overwrite to replace it): %w", keys[OutManifest], cfg.Out, store.ErrExists)
+		return fmt.Errorf("merge: %s exists in %s: this merge was published already (pass overwrite to replace it): %w", keys[publish.OutManifest], cfg.Out, store.ErrExists)
 	case !errors.Is(err, store.ErrNotFound):
 		return err
 	}
@@ -294,21 +295,21 @@ func attemptKeys(ctx context.Context, cfg *Config, keys map[string]string) (map[
 	if cfg.Attempt == "" || strings.ContainsAny(cfg.Attempt, "/\\.") || len(cfg.Attempt) > 32 {
 		return nil, fmt.Errorf("merge: attempt name %q (a short name without '.', '/')", cfg.Attempt)
 	}
-	prev, err := readClaim(ctx, cfg.Out, keys[OutInputs])
+	prev, err := publish.ReadClaim(ctx, cfg.Out, keys[publish.OutInputs])
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return keys, nil
-	case err != nil && !errors.Is(err, errBadClaim):
+	case err != nil && !errors.Is(err, publish.ErrBadClaim):
 		return nil, err
 	case err == nil && prev.Attempt == cfg.Attempt:
 		return keys, nil // this attempt's own claim, from a try the store interrupted
 	}
-	base := strings.TrimSuffix(keys[OutInputs], outSuffix[OutInputs])
+	base := strings.TrimSuffix(keys[publish.OutInputs], publish.OutSuffix[publish.OutInputs])
 	out := map[string]string{}
 	for k, v := range keys {
 		out[k] = v
-		if k != OutManifest {
-			out[k] = base + "." + cfg.Attempt + outSuffix[k]
+		if k != publish.OutManifest {
+			out[k] = base + "." + cfg.Attempt + publish.OutSuffix[k]
 		}
 	}
 	cfg.Logger.Info("another attempt claimed the window's names and did not publish; publishing under this attempt's names", "attempt", cfg.Attempt,
@@ -353,6 +354,13 @@ func (c *Config) tempDir() (string, error) {
 		return "", fmt.Errorf("merge: %w", err)
 	}
 	return tmp, nil
+}
+
+// publishing is how the merge publishes: the fields of c that publish.Config
+// names.
+func (c *Config) publishing() *publish.Config {
+	return &publish.Config{Out: c.Out, Overwrite: c.Overwrite, Align: c.Align, Offsets: c.Offsets, Title: c.Title, Window: c.Window,
+		Reason: c.Reason, Kind: c.Kind, Attempt: c.Attempt, Logger: c.Logger, Fence: c.Fence}
 }
 
 // shift returns what is added to a rank's time_us to align it; traceStart is its

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -209,15 +210,15 @@ func (pp *pickleParts) abort() {
 
 // outputs names the finished parts: one part alone is the plain merged pickle
 // (kind OutPickle, key plain); several are named by the part template.
-func (pp *pickleParts) outputs(plain, base, partName string) []output {
-	var out []output
+func (pp *pickleParts) outputs(plain, base, partName string) []publish.Output {
+	var out []publish.Output
 	for _, p := range pp.done {
-		o := output{kind: OutPickle, key: plain, file: p.path, sum: p.out.sum()}
+		o := publish.Output{Kind: publish.OutPickle, Key: plain, File: p.path, Sum: p.out.sum()}
 		if len(pp.done) > 1 {
 			suffix := renderPartName(partName, p.first, p.next-1)
-			o.kind, o.key = OutPickle+suffix, base+suffix+outSuffix[OutPickle]
+			o.Kind, o.Key = publish.OutPickle+suffix, base+suffix+publish.OutSuffix[publish.OutPickle]
 		}
-		o.part = &analysis.PicklePart{Name: o.key, FirstRank: p.first, LastRank: p.next - 1, Ranks: intsString(p.ranks), Bytes: p.size, OverCap: p.overCap}
+		o.Part = &analysis.PicklePart{Name: o.Key, FirstRank: p.first, LastRank: p.next - 1, Ranks: intsString(p.ranks), Bytes: p.size, OverCap: p.overCap}
 		out = append(out, o)
 	}
 	return out

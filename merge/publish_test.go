@@ -18,6 +18,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -104,7 +105,7 @@ func TestInterruptedMergeIsFinishedByARerun(t *testing.T) {
 			t.Fatalf("%s: %s has %s (%d bytes), the manifest says %s (%d)", kind, o.Name, sum, size, o.SHA256, o.Size)
 		}
 	}
-	if res.Outputs[OutManifest] != "merged.manifest.json" {
+	if res.Outputs[publish.OutManifest] != "merged.manifest.json" {
 		t.Fatalf("outputs %v", res.Outputs)
 	}
 	// published: a third run is refused without overwrite

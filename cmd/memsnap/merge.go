@@ -15,6 +15,7 @@ import (
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -37,7 +38,7 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	align := fs.String("align", "", "time alignment: wall (each host's clock, the default), start (each rank's first event at zero) or offsets")
 	offsets := fs.String("offsets", "", "a JSON file of per-rank clock offsets in microseconds, {\"1\": -35, ...}; implies --align offsets")
 	world := fs.Int("world-size", 0, "ranks expected (default: from the ranks' metadata, or the highest rank plus one); absent ones are reported missing")
-	base := fs.String("output-name", merge.DefaultOutputBase, "name template of the outputs, before their suffixes, e.g. '{run_name}/window{window}/merged'")
+	base := fs.String("output-name", publish.DefaultOutputBase, "name template of the outputs, before their suffixes, e.g. '{run_name}/window{window}/merged'")
 	fs.Var(&vars, "var", "a value for --output-name, key=value (repeatable)")
 	overwrite := fs.Bool("overwrite", false, "replace outputs that exist")
 	title := fs.String("title", "", "a title for the HTML report")

@@ -1,4 +1,4 @@
-package merge
+package publish
 
 import (
 	"fmt"
@@ -24,16 +24,17 @@ const (
 // their suffixes.
 const DefaultOutputBase = "merged"
 
-var outSuffix = map[string]string{
+// OutSuffix is each output kind's suffix, after the outputs' base name.
+var OutSuffix = map[string]string{
 	OutPickle: ".memory_snapshot.pickle", OutTrace: ".trace.json", OutSummary: ".summary.json",
 	OutHTML: ".html", OutPB: ".memsnap.pb", OutInputs: ".inputs.json", OutManifest: ".manifest.json",
 }
 
-// output is one finished output: its kind, its key in the store, its temporary
-// file and its SHA-256.
-type output struct {
-	kind, key, file, sum string
-	part                 *analysis.PicklePart
+// Output is one finished output: its kind, its key in the store, its temporary
+// file and its SHA-256; Part, for a merged pickle, the ranks it holds.
+type Output struct {
+	Kind, Key, File, Sum string
+	Part                 *analysis.PicklePart
 }
 
 // OutputKeys renders the names of the outputs, the claim and the manifest.
@@ -47,7 +48,7 @@ func OutputKeys(base string, vars naming.Vars) (map[string]string, error) {
 		return nil, fmt.Errorf("merge: output name: %w", err)
 	}
 	out := map[string]string{}
-	for k, s := range outSuffix {
+	for k, s := range OutSuffix {
 		if out[k], err = naming.CleanKey(b + s); err != nil {
 			return nil, err
 		}

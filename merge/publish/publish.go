@@ -1,4 +1,8 @@
-package merge
+// Package publish is how a merge's outputs become published: the names of the
+// outputs, the claim stored before them, and the manifest stored after them,
+// the commit point that names every output with its checksum; and how a
+// reader finds and reads what was published.
+package publish
 
 import (
 	"bytes"
@@ -6,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -56,18 +61,18 @@ type Claim struct {
 	MissingReasons map[string]string `json:"missing_reasons,omitempty"`
 }
 
-// errBadClaim: a stored claim does not parse.
-var errBadClaim = errors.New("merge: malformed claim")
+// ErrBadClaim: a stored claim does not parse.
+var ErrBadClaim = errors.New("merge: malformed claim")
 
-// readClaim reads the claim under key (store.ErrNotFound when there is none).
-func readClaim(ctx context.Context, st store.Store, key string) (*Claim, error) {
+// ReadClaim reads the claim under key (store.ErrNotFound when there is none).
+func ReadClaim(ctx context.Context, st store.Store, key string) (*Claim, error) {
 	b, _, err := store.ReadObject(ctx, st, key, maxManifest)
 	if err != nil && !errors.Is(err, store.ErrTooLarge) {
 		return nil, err
 	}
 	var c Claim
 	if err != nil || json.Unmarshal(b, &c) != nil {
-		return nil, fmt.Errorf("%w: %s", errBadClaim, key)
+		return nil, fmt.Errorf("%w: %s", ErrBadClaim, key)
 	}
 	return &c, nil
 }
@@ -230,6 +235,29 @@ func (o Object) valid() bool {
 	return err == nil
 }
 
+// Config is how a merge publishes: the store its outputs go to, whether they
+// replace what is there, what its claim and its manifest record beside its
+// inputs and its summary, and the fence asked before each commit. The fields
+// are merge.Config's of the same names.
+type Config struct {
+	Out       store.Store
+	Overwrite bool
+	// Align, Offsets, Title and Window decide bytes of the outputs: the claim
+	// records them.
+	Align   string
+	Offsets map[int]int64
+	Title   string
+	Window  *sidecar.WindowInfo
+	// Reason and Kind say why the window was recorded and what it is, for the
+	// manifest.
+	Reason, Kind string
+	// Attempt names this publication (see merge.Config.Attempt).
+	Attempt string
+	Logger  *slog.Logger
+	// Fence, when set, is asked before the claim and every manifest are stored.
+	Fence func(ctx context.Context) error
+}
+
 // putOnce stores a file under key unless the store holds it already with the same
 // checksum; without overwrite, other content under key is an error wrapping
 // store.ErrExists.
@@ -252,11 +280,11 @@ func putOnce(ctx context.Context, cfg *Config, key, file, sum string, kind strin
 	return Object{Name: path.Base(key), Size: info.Size, SHA256: sum}, nil
 }
 
-// publish stores the claim, then every output, then the manifest.
-func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *analysis.Summary, outs []output) (*Manifest, error) {
+// Publish stores the claim, then every output, then the manifest.
+func Publish(ctx context.Context, cfg *Config, keys map[string]string, tmp string, refs []InputRef, sum *analysis.Summary, outs []Output) (*Manifest, error) {
 	// the claim is written locally first: a disk too full for it fails the
 	// merge before an overwrite unpublishes anything
-	cpath, csum, err := writeClaim(cfg, tmp, refs, sum, outs)
+	cpath, csum, err := WriteClaim(cfg, tmp, refs, sum, outs)
 	if err != nil {
 		return nil, err
 	}
@@ -266,21 +294,21 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 			return nil, err
 		}
 	}
-	cobj, err := storeClaim(ctx, cfg, keys, cpath, csum)
+	cobj, err := StoreClaim(ctx, cfg, keys, cpath, csum)
 	if err != nil {
 		return nil, err
 	}
-	man := manifestOf(cfg, cobj, refs, sum)
-	if err := storeOutputs(ctx, cfg, &man, outs); err != nil {
+	man := ManifestOf(cfg, cobj, refs, sum)
+	if err := StoreOutputs(ctx, cfg, &man, outs); err != nil {
 		return nil, err
 	}
-	if err := putManifest(ctx, cfg, keys[OutManifest], &man, ""); err != nil {
+	if err := PutManifest(ctx, cfg, keys[OutManifest], &man, ""); err != nil {
 		if errors.Is(err, store.ErrExists) {
-			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
+			Unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
 			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
 		}
 		if errors.Is(err, ErrFenced) {
-			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
+			Unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
 		}
 		return nil, err
 	}
@@ -288,27 +316,27 @@ func publish(ctx context.Context, cfg *Config, keys map[string]string, tmp strin
 	return &man, nil
 }
 
-// storeOutputs stores each output (unless the store holds it already, the same)
+// StoreOutputs stores each output (unless the store holds it already, the same)
 // and names it in the manifest, a merged pickle in its list of pickles too.
-func storeOutputs(ctx context.Context, cfg *Config, man *Manifest, outs []output) error {
+func StoreOutputs(ctx context.Context, cfg *Config, man *Manifest, outs []Output) error {
 	for _, o := range outs {
-		obj, err := putOnce(ctx, cfg, o.key, o.file, o.sum, o.kind)
+		obj, err := putOnce(ctx, cfg, o.Key, o.File, o.Sum, o.Kind)
 		if err != nil {
-			return fmt.Errorf("merge: storing %s: %w", o.key, err)
+			return fmt.Errorf("merge: storing %s: %w", o.Key, err)
 		}
-		man.Outputs[o.kind] = obj
-		if o.part != nil {
-			p := *o.part
+		man.Outputs[o.Kind] = obj
+		if o.Part != nil {
+			p := *o.Part
 			p.Name = obj.Name
 			man.Pickles = append(man.Pickles, p)
 		}
-		cfg.Logger.Info("stored", "output", o.key, "bytes", obj.Size, "store", cfg.Out.String())
+		cfg.Logger.Info("stored", "output", o.Key, "bytes", obj.Size, "store", cfg.Out.String())
 	}
 	return nil
 }
 
-// putManifest stores a manifest, the merge's commit point (CommitManifest).
-func putManifest(ctx context.Context, cfg *Config, key string, man *Manifest, ifMatch string) error {
+// PutManifest stores a manifest, the merge's commit point (CommitManifest).
+func PutManifest(ctx context.Context, cfg *Config, key string, man *Manifest, ifMatch string) error {
 	_, err := CommitManifest(ctx, cfg.Out, key, man, ifMatch, cfg.fence)
 	return err
 }
@@ -382,7 +410,7 @@ func CommitFailed(ctx context.Context, st store.Store, key string, f FailedWindo
 			if m.MissingReasons == nil {
 				m.MissingReasons = map[string]string{}
 			}
-			m.MissingReasons[strconv.Itoa(r)] = cutReason(why)
+			m.MissingReasons[strconv.Itoa(r)] = CutReason(why)
 		}
 	}
 	if m.MissingRanks == nil {
@@ -406,11 +434,11 @@ func CommitFailed(ctx context.Context, st store.Store, key string, f FailedWindo
 	return m, nil
 }
 
-// unpublish removes, after another merge published first (or the fence refused
+// Unpublish removes, after another merge published first (or the fence refused
 // this one's commit), what this one stored and the published manifest, if any,
 // does not name (best effort: what stays behind is
 // never named by a manifest, so no reader finds it).
-func unpublish(ctx context.Context, cfg *Config, manifest, claim string, outs []output) {
+func Unpublish(ctx context.Context, cfg *Config, manifest, claim string, outs []Output) {
 	named := map[string]bool{}
 	m, err := ReadManifest(ctx, cfg.Out, manifest)
 	switch {
@@ -427,7 +455,7 @@ func unpublish(ctx context.Context, cfg *Config, manifest, claim string, outs []
 	}
 	keys := []string{claim}
 	for _, o := range outs {
-		keys = append(keys, o.key)
+		keys = append(keys, o.Key)
 	}
 	for _, k := range keys {
 		if path.Dir(k) == path.Dir(manifest) && !named[path.Base(k)] {
@@ -436,13 +464,13 @@ func unpublish(ctx context.Context, cfg *Config, manifest, claim string, outs []
 	}
 }
 
-// removeSuperseded removes, once this merge published under its attempt's names,
+// RemoveSuperseded removes, once this merge published under its attempt's names,
 // what the attempt it superseded (a leader that died or stalled while publishing)
 // stored under the window's own names: its claim and the outputs the claim names.
 // A stalled writer that stores more later removes it itself when it finds the
-// window published (unpublish).
-func removeSuperseded(ctx context.Context, cfg *Config, plain, mine map[string]string) {
-	prev, err := readClaim(ctx, cfg.Out, plain[OutInputs])
+// window published (Unpublish).
+func RemoveSuperseded(ctx context.Context, cfg *Config, plain, mine map[string]string) {
+	prev, err := ReadClaim(ctx, cfg.Out, plain[OutInputs])
 	if err != nil || prev.Attempt == cfg.Attempt {
 		return
 	}
@@ -461,13 +489,13 @@ func removeSuperseded(ctx context.Context, cfg *Config, plain, mine map[string]s
 	cfg.Logger.Info("removed what a superseded attempt stored", "attempt", prev.Attempt)
 }
 
-// writeClaim writes the claim (the inputs, the options and the outputs' names)
+// WriteClaim writes the claim (the inputs, the options and the outputs' names)
 // into tmp; it returns its path and SHA-256.
-func writeClaim(cfg *Config, tmp string, refs []InputRef, sum *analysis.Summary, outs []output) (string, string, error) {
+func WriteClaim(cfg *Config, tmp string, refs []InputRef, sum *analysis.Summary, outs []Output) (string, string, error) {
 	claim := Claim{Version: 1, Inputs: refs, WorldSize: sum.WorldSize, Align: cfg.Align, Title: cfg.Title, Outputs: map[string]string{}, Window: cfg.Window,
 		Attempt: cfg.Attempt, MissingReasons: sum.MissingReasons}
 	for _, o := range outs {
-		claim.Outputs[o.kind] = path.Base(o.key)
+		claim.Outputs[o.Kind] = path.Base(o.Key)
 	}
 	if len(cfg.Offsets) > 0 {
 		claim.Offsets = map[string]int64{}
@@ -484,8 +512,8 @@ func writeClaim(cfg *Config, tmp string, refs []InputRef, sum *analysis.Summary,
 	return cpath, digest.SHA256Hex(cb), nil
 }
 
-// storeClaim stores the claim writeClaim wrote.
-func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, cpath, csum string) (Object, error) {
+// StoreClaim stores the claim WriteClaim wrote.
+func StoreClaim(ctx context.Context, cfg *Config, keys map[string]string, cpath, csum string) (Object, error) {
 	if err := cfg.fence(ctx); err != nil {
 		return Object{}, err
 	}
@@ -499,7 +527,9 @@ func storeClaim(ctx context.Context, cfg *Config, keys map[string]string, cpath,
 	return cobj, nil
 }
 
-func manifestOf(cfg *Config, cobj Object, refs []InputRef, sum *analysis.Summary) Manifest {
+// ManifestOf is the manifest of a merge whose claim is stored as cobj: what
+// it merged and found, with no output named yet.
+func ManifestOf(cfg *Config, cobj Object, refs []InputRef, sum *analysis.Summary) Manifest {
 	man := Manifest{Version: 1, Claim: cobj, Outputs: map[string]Object{}, Inputs: refs, Window: cfg.Window, WorldSize: sum.WorldSize,
 		RanksMerged: sum.RanksMerged, MissingRanks: sum.MissingRanks, MissingReasons: sum.MissingReasons, ClockOffsetsUS: sum.ClockOffsetsUS, Align: sum.Align,
 		Reason: cfg.Reason, Kind: cfg.Kind, Attempt: cfg.Attempt}
@@ -540,8 +570,8 @@ func int64sKey(v []int64) []byte {
 	return b
 }
 
-// cutReason bounds a reason kept in a manifest.
-func cutReason(s string) string { return cutReasonN(s, analysis.MaxFindingBytes) }
+// CutReason bounds a reason kept in a manifest.
+func CutReason(s string) string { return cutReasonN(s, analysis.MaxFindingBytes) }
 
 func cutReasonN(s string, n int) string {
 	if len(s) > n {

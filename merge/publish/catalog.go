@@ -1,4 +1,4 @@
-package merge
+package publish
 
 import (
 	"context"
@@ -23,7 +23,7 @@ type Published struct {
 }
 
 // Base is the outputs' common name, the manifest's key without ".manifest.json".
-func (p Published) Base() string { return strings.TrimSuffix(p.Key, outSuffix[OutManifest]) }
+func (p Published) Base() string { return strings.TrimSuffix(p.Key, OutSuffix[OutManifest]) }
 
 // ListPublished finds the manifests under prefix and reads them, oldest first. A
 // manifest that cannot be read is returned with Err set, not dropped.
@@ -34,7 +34,7 @@ func ListPublished(ctx context.Context, st store.Store, prefix string) ([]Publis
 	}
 	var out []Published
 	for _, o := range objs {
-		if !strings.HasSuffix(o.Key, outSuffix[OutManifest]) {
+		if !strings.HasSuffix(o.Key, OutSuffix[OutManifest]) {
 			continue
 		}
 		p := Published{Key: o.Key, ModTime: o.ModTime}
