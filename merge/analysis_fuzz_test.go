@@ -11,6 +11,7 @@ import (
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/internal/testjob"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -106,21 +107,21 @@ func FuzzParseAnalysis(f *testing.F) {
 // leaderUse runs what a merge does with one rank's analysis, into nowhere.
 func leaderUse(t *testing.T, a *analysis.RankAnalysis) {
 	lr := &loadedRank{rank: a.Rank, source: "fuzz", a: a, shift: -12345}
-	e := &rankEntry{sum: rankSummary(lr), a: a, shift: lr.shift}
-	b := &builder{cfg: &Config{}, tw: newTraceWriter(io.Discard), tracePoints: 300, byRank: map[int]*rankEntry{a.Rank: e}}
+	e := &rankEntry{Rank: &render.Rank{Summary: rankSummary(lr), Analysis: a, Shift: lr.shift}}
+	b := &builder{cfg: &Config{}, tw: render.NewTraceWriter(io.Discard), tracePoints: 300, byRank: map[int]*rankEntry{a.Rank: e}}
 	b.writeTraceRank(lr)
-	if err := b.tw.finish(); err != nil {
+	if err := b.tw.Finish(); err != nil {
 		t.Fatal(err)
 	}
 	other := *a
 	other.Rank = a.Rank + 1
-	e2 := &rankEntry{sum: rankSummary(&loadedRank{rank: other.Rank, a: &other}), a: &other}
+	e2 := &rankEntry{Rank: &render.Rank{Summary: rankSummary(&loadedRank{rank: other.Rank, a: &other}), Analysis: &other}}
 	b.byRank[other.Rank] = e2
-	s := &analysis.Summary{Ranks: []analysis.RankSummary{e.sum, e2.sum}}
+	s := &analysis.Summary{Ranks: []analysis.RankSummary{e.Summary, e2.Summary}}
 	s.Spread = analysis.ComputeSpread(s.Ranks)
 	s.Diff, _ = b.diffs(s)
-	for _, entries := range [][]*rankEntry{{e, e2}, manyEntries(e, maxLines+1)} {
-		if err := writeHTML(io.Discard, "fuzz", s, entries); err != nil {
+	for _, entries := range [][]*render.Rank{{e.Rank, e2.Rank}, manyEntries(e.Rank, render.MaxLines+1)} {
+		if err := render.WriteHTML(io.Discard, "fuzz", s, entries); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -129,8 +130,8 @@ func leaderUse(t *testing.T, a *analysis.RankAnalysis) {
 	}
 }
 
-func manyEntries(e *rankEntry, n int) []*rankEntry {
-	out := make([]*rankEntry, n)
+func manyEntries(e *render.Rank, n int) []*render.Rank {
+	out := make([]*render.Rank, n)
 	for i := range out {
 		out[i] = e
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -24,15 +25,15 @@ type builder struct {
 	cfg     *Config
 	turns   []chan struct{} // the first pass: closed when input i may be decoded (decodeTurn)
 	tmp     string
-	files   map[string]*outFile // the outputs after the pickles
-	in      *interner
-	pickles *pickleParts
-	tw      *traceWriter
-	pbw     *pbWriter
+	files   map[string]*render.OutFile // the outputs after the pickles
+	in      *render.Interner
+	pickles *render.PickleParts
+	tw      *render.TraceWriter
+	pbw     *render.PBWriter
 	pbDone  chan struct{} // closed when the rank being written into the timeline is written; nil when none is
 
 	inputs      []Input // the inputs the cut keeps, in rank order
-	ranks       []*rankEntry
+	ranks       []*render.Rank
 	byRank      map[int]*rankEntry
 	inputOf     map[int]int // rank -> index in inputs
 	refs        []publish.InputRef
@@ -46,29 +47,26 @@ type builder struct {
 	deferred bool
 }
 
-// rankEntry is what the merge keeps of a rank once its pass is done.
+// rankEntry is what the merge keeps of a rank once its pass is done: what the
+// report draws of it, and its input as the claim records it.
 type rankEntry struct {
-	sum   analysis.RankSummary
-	a     *analysis.RankAnalysis
-	shift int64
-	w     analysis.Window
-	marks []sidecar.BatchMark
-	ref   publish.InputRef
+	*render.Rank
+	ref publish.InputRef
 }
 
 func newBuilder(cfg *Config, tmp string) (*builder, error) {
-	b := &builder{cfg: cfg, tmp: tmp, files: map[string]*outFile{}, in: newInterner(), byRank: map[int]*rankEntry{}, inputOf: map[int]int{},
-		pickles: &pickleParts{dir: tmp, cap: cfg.PickleMaxBytes}}
+	b := &builder{cfg: cfg, tmp: tmp, files: map[string]*render.OutFile{}, in: render.NewInterner(), byRank: map[int]*rankEntry{}, inputOf: map[int]int{},
+		pickles: &render.PickleParts{Dir: tmp, Cap: cfg.PickleMaxBytes}}
 	for _, k := range fixedOutputs {
 		f, err := os.Create(filepath.Join(tmp, k))
 		if err != nil {
 			b.close()
 			return nil, fmt.Errorf("merge: %w", err)
 		}
-		b.files[k] = &outFile{f: f, h: sha256.New()}
+		b.files[k] = &render.OutFile{F: f, H: sha256.New()}
 	}
-	b.tw = newTraceWriter(b.files[publish.OutTrace])
-	b.pbw = newPBWriter(b.files[publish.OutPB], b.in)
+	b.tw = render.NewTraceWriter(b.files[publish.OutTrace])
+	b.pbw = render.NewPBWriter(b.files[publish.OutPB], b.in)
 	for _, in := range cfg.Inputs {
 		if in.Rank < 0 || cfg.Ranks.Has(in.Rank) {
 			b.inputs = append(b.inputs, in)
@@ -81,9 +79,9 @@ func newBuilder(cfg *Config, tmp string) (*builder, error) {
 func (b *builder) close() {
 	b.pbWait()
 	for _, f := range b.files {
-		f.f.Close()
+		f.F.Close()
 	}
-	b.pickles.abort()
+	b.pickles.Abort()
 }
 
 // InputError is a merge that failed on one input: the caller can leave that rank
@@ -100,7 +98,7 @@ func (e *InputError) Unwrap() error { return e.Err }
 // admit checks that a rank may be merged next.
 func (b *builder) admit(rank int, source string) error {
 	if e, ok := b.byRank[rank]; ok {
-		return fmt.Errorf("merge: rank %d is in both %s and %s", rank, e.sum.Source, source)
+		return fmt.Errorf("merge: rank %d is in both %s and %s", rank, e.Summary.Source, source)
 	}
 	if rank < b.nextRank {
 		return fmt.Errorf("merge: rank %d of %s arrives after rank %d; pass one merged file per rank range", rank, source, b.nextRank-1)
@@ -121,15 +119,15 @@ func (b *builder) addRank(lr *loadedRank, ref publish.InputRef) error {
 	if lr.meta != nil {
 		b.worldMeta = max(b.worldMeta, lr.meta.WorldSize)
 	}
-	e := &rankEntry{sum: rankSummary(lr), a: lr.a, shift: lr.shift, w: lr.w, ref: ref}
+	e := &rankEntry{Rank: &render.Rank{Summary: rankSummary(lr), Analysis: lr.a, Shift: lr.shift, Window: lr.w}, ref: ref}
 	if _, given := b.cfg.Offsets[lr.rank]; b.cfg.Align == AlignOffsets && !given && (lr.meta == nil || lr.meta.ClockOffsetUS == nil) {
-		e.sum.ClockUnmeasured = true
+		e.Summary.ClockUnmeasured = true
 	}
 	if lr.meta != nil {
-		e.marks = lr.meta.Batches
+		e.Marks = lr.meta.Batches
 	}
 	b.writeTraceRank(lr)
-	b.ranks = append(b.ranks, e)
+	b.ranks = append(b.ranks, e.Rank)
 	b.byRank[lr.rank] = e
 	if lr.fromFile {
 		b.fromAnalyses = append(b.fromAnalyses, lr.rank)
@@ -184,37 +182,37 @@ func rankSummary(lr *loadedRank) analysis.RankSummary {
 // samples.
 func (b *builder) writeTraceRank(lr *loadedRank) {
 	tw, r, sh := b.tw, lr.rank, lr.shift
-	tw.process(r)
+	tw.Process(r)
 	lastA, lastR := int64(-1), int64(-1)
 	for i, p := range analysis.DownsampleCurve(append(analysis.Curve(nil), lr.a.Curve...), b.tracePoints) {
 		if i == 0 || p.A != lastA {
-			tw.counter(r, "allocated", p.T+sh, p.A)
+			tw.Counter(r, "allocated", p.T+sh, p.A)
 			lastA = p.A
 		}
 		if i == 0 || p.R != lastR {
-			tw.counter(r, "reserved", p.T+sh, p.R)
+			tw.Counter(r, "reserved", p.T+sh, p.R)
 			lastR = p.R
 		}
 	}
 	for _, o := range lr.a.OOMs {
 		o.TimeUS += sh
-		tw.oom(r, o)
+		tw.OOM(r, o)
 	}
 	if lr.meta == nil {
 		return
 	}
 	for _, m := range lr.meta.Batches {
 		if !lr.w.Before(m.EndUS) && !lr.w.After(m.StartUS) {
-			tw.batch(r, m, sh)
+			tw.Batch(r, m, sh)
 		}
 	}
 	for _, m := range lr.meta.Samples {
 		if lr.w.Before(m.TimeUS) || lr.w.After(m.TimeUS) {
 			continue
 		}
-		tw.counter(r, "device used (NVML)", m.TimeUS+sh, m.DeviceUsedBytes)
+		tw.Counter(r, "device used (NVML)", m.TimeUS+sh, m.DeviceUsedBytes)
 		if m.ProcessUsedBytes > 0 {
-			tw.counter(r, "process used (NVML)", m.TimeUS+sh, m.ProcessUsedBytes)
+			tw.Counter(r, "process used (NVML)", m.TimeUS+sh, m.ProcessUsedBytes)
 		}
 	}
 }
@@ -223,16 +221,16 @@ func (b *builder) writeTraceRank(lr *loadedRank) {
 // the timeline.
 func (b *builder) addDetail(r *analysis.RankData) error {
 	e := b.byRank[r.Rank]
-	r.ShiftUS = e.shift
+	r.ShiftUS = e.Shift
 	trace := r.Trace
-	if e.w.Cut() {
+	if e.Window.Cut() {
 		trace = nil
 		var tail []*snapshot.TraceEntry
 		for _, ev := range r.Trace {
 			switch {
-			case e.w.After(ev.TimeUS):
+			case e.Window.After(ev.TimeUS):
 				tail = append(tail, ev)
-			case !e.w.Before(ev.TimeUS):
+			case !e.Window.Before(ev.TimeUS):
 				trace = append(trace, ev)
 			}
 		}
@@ -240,23 +238,23 @@ func (b *builder) addDetail(r *analysis.RankData) error {
 		r.Segs = snapshot.SegmentsBefore(r.Segs, tail)
 	}
 	for _, ev := range trace {
-		b.in.frameList(ev.Frames)
+		b.in.FrameList(ev.Frames)
 	}
 	for _, g := range r.Segs {
-		b.in.frameList(g.Frames)
+		b.in.FrameList(g.Frames)
 		for _, bl := range g.Blocks {
-			b.in.frameList(bl.Frames)
+			b.in.FrameList(bl.Frames)
 		}
 	}
-	b.in.forget()
+	b.in.Forget()
 	b.pbWait()
-	done, rc, sum := make(chan struct{}), *r, e.sum
+	done, rc, sum := make(chan struct{}), *r, e.Summary
 	b.pbDone = done
 	go func() { // the timeline is written while the pickle is: they share nothing but the interned frames, read only
 		defer close(done)
-		b.pbw.rank(&rc, trace, sum)
+		b.pbw.Rank(&rc, trace, sum)
 	}()
-	if err := b.pickles.add(r, trace); err != nil {
+	if err := b.pickles.Add(r, trace); err != nil {
 		return err
 	}
 	r.Snap, r.Trace, r.Segs = nil, nil, nil // let the decoded rank go (once the timeline has it too)
@@ -294,23 +292,23 @@ func (b *builder) finish(keys map[string]string) (*analysis.Summary, []publish.O
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := b.pickles.finish(world); err != nil {
+	if err := b.pickles.Finish(world); err != nil {
 		return nil, nil, err
 	}
 	sum := b.summary(world)
-	if err := b.tw.finish(); err != nil {
+	if err := b.tw.Finish(); err != nil {
 		return nil, nil, fmt.Errorf("merge: writing the trace: %w", err)
 	}
 	b.pbWait()
-	b.pbw.header(b.cfg.Align, world, sum.MissingRanks)
-	if err := b.pbw.finish(); err != nil {
+	b.pbw.Header(b.cfg.Align, world, sum.MissingRanks)
+	if err := b.pbw.Finish(); err != nil {
 		return nil, nil, fmt.Errorf("merge: writing the timeline: %w", err)
 	}
-	if err := writeHTML(b.files[publish.OutHTML], b.cfg.Title, sum, b.ranks); err != nil {
+	if err := render.WriteHTML(b.files[publish.OutHTML], b.cfg.Title, sum, b.ranks); err != nil {
 		return nil, nil, fmt.Errorf("merge: writing the report: %w", err)
 	}
 	base := strings.TrimSuffix(keys[publish.OutPickle], publish.OutSuffix[publish.OutPickle])
-	outs := b.pickles.outputs(keys[publish.OutPickle], base, b.cfg.PicklePartName)
+	outs := b.pickles.Outputs(keys[publish.OutPickle], base, b.cfg.PicklePartName)
 	sum.Outputs, sum.Pickles = map[string]string{}, []analysis.PicklePart{}
 	for _, o := range outs {
 		sum.Pickles = append(sum.Pickles, *o.Part)
@@ -326,7 +324,7 @@ func (b *builder) finish(keys map[string]string) (*analysis.Summary, []publish.O
 	}
 	for i := range outs {
 		if f, ok := b.files[outs[i].Kind]; ok {
-			outs[i].Sum = f.sum()
+			outs[i].Sum = f.Sum()
 		}
 	}
 	return sum, outs, nil
@@ -337,13 +335,13 @@ func (b *builder) summary(world int) *analysis.Summary {
 	sum := &analysis.Summary{Version: 1, WorldSize: world, Align: b.cfg.Align, ClockOffsetsUS: map[string]int64{}, MissingRanks: []int{},
 		Ranks: make([]analysis.RankSummary, len(b.ranks)), Cut: b.cfg.cutInfo()}
 	for i, e := range b.ranks {
-		sum.Ranks[i] = e.sum
-		sum.RanksMerged = append(sum.RanksMerged, e.sum.Rank)
-		if e.sum.ClockUnmeasured {
-			sum.ClockUnmeasured = append(sum.ClockUnmeasured, e.sum.Rank)
+		sum.Ranks[i] = e.Summary
+		sum.RanksMerged = append(sum.RanksMerged, e.Summary.Rank)
+		if e.Summary.ClockUnmeasured {
+			sum.ClockUnmeasured = append(sum.ClockUnmeasured, e.Summary.Rank)
 			continue
 		}
-		sum.ClockOffsetsUS[strconv.Itoa(e.sum.Rank)] = e.sum.ClockOffsetUS
+		sum.ClockOffsetsUS[strconv.Itoa(e.Summary.Rank)] = e.Summary.ClockOffsetUS
 	}
 	for r := 0; r < world; r++ {
 		if _, ok := b.byRank[r]; !ok && b.cfg.Ranks.Has(r) {
@@ -368,7 +366,7 @@ func (b *builder) writeSummary(sum *analysis.Summary) error {
 		return err
 	}
 	for _, k := range fixedOutputs {
-		if err := b.files[k].f.Close(); err != nil {
+		if err := b.files[k].F.Close(); err != nil {
 			return fmt.Errorf("merge: writing %s: %w", k, err)
 		}
 	}
@@ -383,7 +381,7 @@ func (b *builder) diffs(sum *analysis.Summary) (*analysis.RankDiff, []analysis.R
 	}
 	side := func(r int) analysis.DiffInput {
 		e := b.byRank[r]
-		return analysis.DiffInput{Label: fmt.Sprintf("rank %d", r), Source: e.sum.Source, A: e.a, ShiftUS: e.shift}
+		return analysis.DiffInput{Label: fmt.Sprintf("rank %d", r), Source: e.Summary.Source, A: e.Analysis, ShiftUS: e.Shift}
 	}
 	out := sum.Spread.OutlierRank
 	med, ok := analysis.MedianRank(sum.Ranks, sum.Spread, out)

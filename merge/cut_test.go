@@ -79,32 +79,6 @@ func TestPicklesSplitUnderTheCap(t *testing.T) {
 	}
 }
 
-// TestPickleCostBoundsTheEncoding: the bound a part is planned with is never
-// below what the encoder writes, and not wildly above it.
-func TestPickleCostBoundsTheEncoding(t *testing.T) {
-	for _, name := range []string{"ddp4/rank3.5.memory_snapshot.pickle", "single/transformer.memory_snapshot.pickle", "single/expandable.memory_snapshot.pickle", "single/oom.memory_snapshot.pickle"} {
-		s, err := snapshot.ReadFile(testutil.Snapshot(t, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pp := &pickleParts{dir: t.TempDir(), cap: 1 << 40}
-		r := analysis.RankFromSnapshot(s, 0, name)
-		tr, tail := newPickleCost().rank(r, r.Trace)
-		bound := pickleOverhead + tr + tail
-		if err := pp.add(r, r.Trace); err != nil {
-			t.Fatal(err)
-		}
-		if err := pp.finish(1); err != nil {
-			t.Fatal(err)
-		}
-		size := pp.done[0].size
-		t.Logf("%s: written %d bytes, bound %d", name, size, bound)
-		if size > bound || bound > 3*size+pickleOverhead {
-			t.Fatalf("%s: written %d bytes, bound %d", name, size, bound)
-		}
-	}
-}
-
 // TestRankAndBatchCuts: --ranks merges only those ranks (the others are not
 // missing); --batches keeps each rank's events inside those batches, in every
 // output; --from/--to cut in aligned time.

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -82,7 +83,7 @@ func TimelineAnalyses(ctx context.Context, path string) ([]*analysis.RankAnalysi
 	if err != nil {
 		return nil, err
 	}
-	ranks, err := ranksFromPB(data, path)
+	ranks, err := render.RanksFromPB(data, path)
 	if err != nil {
 		return nil, err
 	}

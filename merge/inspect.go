@@ -7,6 +7,7 @@ import (
 	"context"
 
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -31,7 +32,7 @@ func InspectFileContext(ctx context.Context, path string) (FileFigures, error) {
 // the history's cap: nil when it was not, or nothing says. A sidecar that cannot
 // be read is not an error here (the figures stand without it).
 func InspectFileHistory(ctx context.Context, path string) (FileFigures, *analysis.Truncation, error) {
-	s, err := readSnapshotFile(ctx, path)
+	s, err := render.ReadSnapshotFile(ctx, path)
 	if err != nil {
 		return FileFigures{}, nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
@@ -303,7 +304,7 @@ func (b *builder) loadTimeline(ctx context.Context, in Input) loaded {
 		return loaded{err: fmt.Errorf("merge: reading %s: %w", in.Source, err)}
 	}
 	l := loaded{ref: publish.InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}}
-	ranks, err := ranksFromPB(data, in.Source)
+	ranks, err := render.RanksFromPB(data, in.Source)
 	if err != nil {
 		return loaded{err: err}
 	}
@@ -350,7 +351,7 @@ func (b *builder) decodeAgain(ctx context.Context, r int) (*analysis.RankData, e
 		if digest.SHA256Hex(data) != e.ref.SHA256 {
 			return nil, fmt.Errorf("merge: %s changed during the merge", in.Source)
 		}
-		ranks, err := ranksFromPB(data, in.Source)
+		ranks, err := render.RanksFromPB(data, in.Source)
 		if err != nil {
 			return nil, err
 		}
@@ -377,7 +378,7 @@ func (b *builder) decodeAgain(ctx context.Context, r int) (*analysis.RankData, e
 func (b *builder) diffRanks() []int {
 	sums := make([]analysis.RankSummary, len(b.ranks))
 	for i, e := range b.ranks {
-		sums[i] = e.sum
+		sums[i] = e.Summary
 	}
 	set := map[int]bool{}
 	if sp := analysis.ComputeSpread(sums); sp != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -184,15 +185,15 @@ func (c *Config) validate() error {
 // validateCut fills the defaults of the pickles' bound and checks the cut.
 func (c *Config) validateCut() error {
 	if c.PickleMaxBytes == 0 {
-		c.PickleMaxBytes = DefaultPickleMaxBytes
+		c.PickleMaxBytes = render.DefaultPickleMaxBytes
 	}
 	if c.PicklePartName == "" {
-		c.PicklePartName = DefaultPicklePartName
+		c.PicklePartName = render.DefaultPicklePartName
 	}
 	if c.PickleMaxBytes < 0 {
 		return fmt.Errorf("merge: a pickle bound of %d bytes", c.PickleMaxBytes)
 	}
-	if err := checkPartName(c.PicklePartName); err != nil {
+	if err := render.CheckPartName(c.PicklePartName); err != nil {
 		return err
 	}
 	if c.From != nil && c.To != nil && *c.To < *c.From {

@@ -17,6 +17,7 @@ import (
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
@@ -125,10 +126,10 @@ var pendingOutputs = []string{publish.OutPickle, publish.OutPB}
 // manifest that says the pickles and the timeline are coming.
 func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum *analysis.Summary) (*publish.Manifest, error) {
 	cfg := b.cfg
-	if err := b.tw.finish(); err != nil {
+	if err := b.tw.Finish(); err != nil {
 		return nil, fmt.Errorf("merge: writing the trace: %w", err)
 	}
-	if err := writeHTML(b.files[publish.OutHTML], cfg.Title, sum, b.ranks); err != nil {
+	if err := render.WriteHTML(b.files[publish.OutHTML], cfg.Title, sum, b.ranks); err != nil {
 		return nil, fmt.Errorf("merge: writing the report: %w", err)
 	}
 	// the summary names the outputs whose names are known now; the manifest
@@ -146,10 +147,10 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 	}
 	var outs []publish.Output
 	for _, k := range []string{publish.OutTrace, publish.OutSummary, publish.OutHTML} {
-		if err := b.files[k].f.Close(); err != nil {
+		if err := b.files[k].F.Close(); err != nil {
 			return nil, fmt.Errorf("merge: writing %s: %w", k, err)
 		}
-		outs = append(outs, publish.Output{Kind: k, Key: keys[k], File: filepath.Join(b.tmp, k), Sum: b.files[k].sum()})
+		outs = append(outs, publish.Output{Kind: k, Key: keys[k], File: filepath.Join(b.tmp, k), Sum: b.files[k].Sum()})
 	}
 	// the claim names every output of both steps (the pickles by their plain
 	// name: parts are named in the second step's intent)
@@ -190,28 +191,28 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	if cfg.Detail == DetailAll {
 		ranks = ranks[:0]
 		for _, e := range b.ranks {
-			ranks = append(ranks, e.sum.Rank)
+			ranks = append(ranks, e.Summary.Rank)
 		}
 	}
 	lacking, err := b.decodeRanks(ctx, ranks)
 	if err != nil {
 		return nil, err
 	}
-	if err := b.pickles.finish(world); err != nil {
+	if err := b.pickles.Finish(world); err != nil {
 		return nil, err
 	}
 	b.pbWait()
-	b.pbw.header(cfg.Align, world, answered.MissingRanks)
-	if err := b.pbw.finish(); err != nil {
+	b.pbw.Header(cfg.Align, world, answered.MissingRanks)
+	if err := b.pbw.Finish(); err != nil {
 		return nil, fmt.Errorf("merge: writing the timeline: %w", err)
 	}
-	if err := b.files[publish.OutPB].f.Close(); err != nil {
+	if err := b.files[publish.OutPB].F.Close(); err != nil {
 		return nil, fmt.Errorf("merge: writing %s: %w", publish.OutPB, err)
 	}
 	// the answer's names: base is where its claim lies, <base>.inputs.json
 	base := path.Join(path.Dir(keys[publish.OutManifest]), strings.TrimSuffix(answered.Claim.Name, publish.OutSuffix[publish.OutInputs]))
-	outs := b.pickles.outputs(base+publish.OutSuffix[publish.OutPickle], base, cfg.PicklePartName)
-	outs = append(outs, publish.Output{Kind: publish.OutPB, Key: base + publish.OutSuffix[publish.OutPB], File: filepath.Join(b.tmp, publish.OutPB), Sum: b.files[publish.OutPB].sum()})
+	outs := b.pickles.Outputs(base+publish.OutSuffix[publish.OutPickle], base, cfg.PicklePartName)
+	outs = append(outs, publish.Output{Kind: publish.OutPB, Key: base + publish.OutSuffix[publish.OutPB], File: filepath.Join(b.tmp, publish.OutPB), Sum: b.files[publish.OutPB].Sum()})
 	man := *answered
 	man.Outputs = map[string]publish.Object{}
 	for k, o := range answered.Outputs {

@@ -16,6 +16,7 @@ import (
 	"github.com/memsnap/memsnap/merge"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -211,8 +212,8 @@ func (c *cutFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.batches, "batches", "", "keep only the batches A to B-1 of every rank (A:B, by its batch marks)")
 	fs.Func("from", "keep only events at or after this aligned time (microseconds, as the summary's times)", intFlag(&c.from, &c.fromSet))
 	fs.Func("to", "keep only events at or before this aligned time (microseconds)", intFlag(&c.to, &c.toSet))
-	fs.Int64Var(&c.pickleMax, "pickle-max-bytes", merge.DefaultPickleMaxBytes, "the largest merged pickle: ranks are split into groups that fit")
-	fs.StringVar(&c.partName, "pickle-part-name", merge.DefaultPicklePartName, "how a part of a split pickle is named after --output-name ({first}, {last}: its ranks)")
+	fs.Int64Var(&c.pickleMax, "pickle-max-bytes", render.DefaultPickleMaxBytes, "the largest merged pickle: ranks are split into groups that fit")
+	fs.StringVar(&c.partName, "pickle-part-name", render.DefaultPicklePartName, "how a part of a split pickle is named after --output-name ({first}, {last}: its ranks)")
 	fs.BoolVar(&c.analyses, "from-analyses", false, "take each rank's figures from the X.analysis.json beside its snapshot (as rank agents upload them) instead of decoding it")
 	fs.StringVar(&c.detail, "detail", "all", "the ranks whose full traces go into the pickles and the timeline: all, or diff (the outlier, the median rank and --diff-rank)")
 	fs.Var(&c.diffRanks, "diff-rank", "a rank the summary also compares with the median rank (repeatable)")

@@ -1,4 +1,4 @@
-package merge
+package render
 
 import (
 	"crypto/sha256"
@@ -26,9 +26,9 @@ const DefaultPickleMaxBytes = 128 << 20
 // part's first and last rank.
 const DefaultPicklePartName = ".ranks-{first}-{last}"
 
-// checkPartName checks a part name template: {first} and {last}, once each, and
+// CheckPartName checks a part name template: {first} and {last}, once each, and
 // no other field.
-func checkPartName(t string) error {
+func CheckPartName(t string) error {
 	rest := strings.NewReplacer("{first}", "", "{last}", "").Replace(t)
 	if strings.Count(t, "{first}") != 1 || strings.Count(t, "{last}") != 1 || strings.ContainsAny(rest, "{}/\\") {
 		return fmt.Errorf("merge: pickle part name %q: want {first} and {last} once each, no other field and no '/'", t)
@@ -40,20 +40,20 @@ func renderPartName(t string, first, last int) string {
 	return strings.NewReplacer("{first}", strconv.Itoa(first), "{last}", strconv.Itoa(last)).Replace(t)
 }
 
-// pickleParts writes the merged pickles: ranks are added in rank order, and a
+// PickleParts writes the merged pickles: ranks are added in rank order, and a
 // part is closed before a rank whose bound (pickleCost) would carry it over the
 // cap. Parts tile the ranks: the first starts at rank 0, each next one where the
 // previous ended, the last ends at the world's last rank.
-type pickleParts struct {
-	dir   string
-	cap   int64
+type PickleParts struct {
+	Dir   string
+	Cap   int64
 	done  []*picklePart
 	cur   *picklePart
 	count int
 }
 
 type picklePart struct {
-	out         *outFile
+	out         *OutFile
 	path        string
 	w           *snapshot.Writer
 	first, next int // ranks [first, next) are written
@@ -67,14 +67,14 @@ type picklePart struct {
 	size        int64
 }
 
-func (pp *pickleParts) open(first int) error {
-	path := filepath.Join(pp.dir, fmt.Sprintf("pickle.%d", pp.count))
+func (pp *PickleParts) open(first int) error {
+	path := filepath.Join(pp.Dir, fmt.Sprintf("pickle.%d", pp.count))
 	pp.count++
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("merge: %w", err)
 	}
-	p := &picklePart{out: &outFile{f: f, h: sha256.New()}, path: path, first: first, next: first, cost: newPickleCost()}
+	p := &picklePart{out: &OutFile{F: f, H: sha256.New()}, path: path, first: first, next: first, cost: newPickleCost()}
 	if p.w, err = snapshot.NewWriter(p.out); err != nil {
 		f.Close()
 		return err
@@ -93,9 +93,9 @@ func (p *picklePart) bound(tr, tail int64) int64 {
 	return p.out.n + pendingMax + pickleOverhead + p.tail + tr + tail
 }
 
-// add writes rank r's trace (already cut) into the current part, or into a new
+// Add writes rank r's trace (already cut) into the current part, or into a new
 // one when it would not fit.
-func (pp *pickleParts) add(r *analysis.RankData, trace []*snapshot.TraceEntry) error {
+func (pp *PickleParts) Add(r *analysis.RankData, trace []*snapshot.TraceEntry) error {
 	if pp.cur == nil {
 		if err := pp.open(0); err != nil {
 			return err
@@ -104,7 +104,7 @@ func (pp *pickleParts) add(r *analysis.RankData, trace []*snapshot.TraceEntry) e
 	p := pp.cur
 	tr, tail := p.cost.rank(r, trace)
 	tr += emptyTraceCost * int64(r.Rank-p.next)
-	if len(p.ranks) > 0 && p.bound(tr, tail) > pp.cap {
+	if len(p.ranks) > 0 && p.bound(tr, tail) > pp.Cap {
 		if err := pp.close(r.Rank); err != nil {
 			return err
 		}
@@ -115,7 +115,7 @@ func (pp *pickleParts) add(r *analysis.RankData, trace []*snapshot.TraceEntry) e
 		tr, tail = p.cost.rank(r, trace)
 	}
 	p.cost.commit()
-	p.overCap = p.overCap || p.bound(tr, tail) > pp.cap
+	p.overCap = p.overCap || p.bound(tr, tail) > pp.Cap
 	p.tail += tail
 	if err := p.pad(r.Rank); err != nil {
 		return err
@@ -162,7 +162,7 @@ func (p *picklePart) pad(rank int) error {
 }
 
 // close pads the current part up to rank end (exclusive) and finishes it.
-func (pp *pickleParts) close(end int) error {
+func (pp *PickleParts) close(end int) error {
 	p := pp.cur
 	if err := p.pad(end); err != nil {
 		return err
@@ -174,11 +174,11 @@ func (pp *pickleParts) close(end int) error {
 	if err := p.w.Finish(p.segments, p.settings, annotations, nil); err != nil {
 		return fmt.Errorf("merge: writing the merged pickle: %w", err)
 	}
-	st, err := p.out.f.Stat()
+	st, err := p.out.F.Stat()
 	if err != nil {
 		return fmt.Errorf("merge: %w", err)
 	}
-	if err := p.out.f.Close(); err != nil {
+	if err := p.out.F.Close(); err != nil {
 		return fmt.Errorf("merge: writing the merged pickle: %w", err)
 	}
 	p.size, p.segments, p.annots, p.cost = st.Size(), nil, nil, nil
@@ -187,9 +187,9 @@ func (pp *pickleParts) close(end int) error {
 	return nil
 }
 
-// finish closes the last part at the world's end; with no rank written, it
+// Finish closes the last part at the world's end; with no rank written, it
 // writes one pickle of empty traces.
-func (pp *pickleParts) finish(world int) error {
+func (pp *PickleParts) Finish(world int) error {
 	if pp.cur == nil && len(pp.done) == 0 {
 		if err := pp.open(0); err != nil {
 			return err
@@ -201,19 +201,19 @@ func (pp *pickleParts) finish(world int) error {
 	return nil
 }
 
-// abort closes any part left open.
-func (pp *pickleParts) abort() {
+// Abort closes any part left open.
+func (pp *PickleParts) Abort() {
 	if pp.cur != nil {
-		pp.cur.out.f.Close()
+		pp.cur.out.F.Close()
 	}
 }
 
-// outputs names the finished parts: one part alone is the plain merged pickle
+// Outputs names the finished parts: one part alone is the plain merged pickle
 // (kind OutPickle, key plain); several are named by the part template.
-func (pp *pickleParts) outputs(plain, base, partName string) []publish.Output {
+func (pp *PickleParts) Outputs(plain, base, partName string) []publish.Output {
 	var out []publish.Output
 	for _, p := range pp.done {
-		o := publish.Output{Kind: publish.OutPickle, Key: plain, File: p.path, Sum: p.out.sum()}
+		o := publish.Output{Kind: publish.OutPickle, Key: plain, File: p.path, Sum: p.out.Sum()}
 		if len(pp.done) > 1 {
 			suffix := renderPartName(partName, p.first, p.next-1)
 			o.Kind, o.Key = publish.OutPickle+suffix, base+suffix+publish.OutSuffix[publish.OutPickle]

@@ -1,6 +1,6 @@
-package merge
+package render
 
-// reportJS draws the report's chart: lines (or, past maxLines ranks, a min-max
+// reportJS draws the report's chart: lines (or, past MaxLines ranks, a min-max
 // band, the median and the outliers, plus a picked rank) on a wall-time or a batch
 // axis (it opens on the one htmlData.Axis says; #axis= in the address chooses). On the batch axis a rank's time t inside batch k (its own marks) is at
 // k + (t - start) / (end - start); time between two batches collapses onto the

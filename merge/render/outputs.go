@@ -1,4 +1,7 @@
-package merge
+// Package render writes a merge's outputs from its ranks' analyses and decoded
+// traces: the HTML report, the Perfetto trace, the merged torch pickles and the
+// protobuf timeline (and reads that timeline back).
+package render
 
 import (
 	"bufio"
@@ -17,22 +20,23 @@ import (
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
-// outFile is one output being written, hashed as it goes so publishing need not
+// OutFile is one output being written, hashed as it goes so publishing need not
 // read it again.
-type outFile struct {
-	f *os.File
-	h hash.Hash
+type OutFile struct {
+	F *os.File
+	H hash.Hash
 	n int64 // bytes written
 }
 
-func (o *outFile) Write(p []byte) (int, error) {
-	n, err := o.f.Write(p)
-	o.h.Write(p[:n])
+func (o *OutFile) Write(p []byte) (int, error) {
+	n, err := o.F.Write(p)
+	o.H.Write(p[:n])
 	o.n += int64(n)
 	return n, err
 }
 
-func (o *outFile) sum() string { return hex.EncodeToString(o.h.Sum(nil)) }
+// Sum is the SHA-256 of what was written, in hex.
+func (o *OutFile) Sum() string { return hex.EncodeToString(o.H.Sum(nil)) }
 
 // frameKey identifies a frame by value, for sharing frames across ranks.
 type frameKey struct {
@@ -41,8 +45,8 @@ type frameKey struct {
 	has        uint8
 }
 
-// interner shares frames (by value) and strings across all ranks of a merge.
-type interner struct {
+// Interner shares frames (by value) and strings across all ranks of a merge.
+type Interner struct {
 	seen     map[*snapshot.Frame]*snapshot.Frame // decoded frame -> canonical frame
 	frames   map[frameKey]*snapshot.Frame
 	frameIDs map[*snapshot.Frame]uint32
@@ -51,11 +55,12 @@ type interner struct {
 	strList  []string
 }
 
-func newInterner() *interner {
-	return &interner{seen: map[*snapshot.Frame]*snapshot.Frame{}, frames: map[frameKey]*snapshot.Frame{}, frameIDs: map[*snapshot.Frame]uint32{}, strs: map[string]uint32{"": 0}, strList: []string{""}}
+// NewInterner returns an interner that knows nothing yet.
+func NewInterner() *Interner {
+	return &Interner{seen: map[*snapshot.Frame]*snapshot.Frame{}, frames: map[frameKey]*snapshot.Frame{}, frameIDs: map[*snapshot.Frame]uint32{}, strs: map[string]uint32{"": 0}, strList: []string{""}}
 }
 
-func (in *interner) frame(f *snapshot.Frame) *snapshot.Frame {
+func (in *Interner) frame(f *snapshot.Frame) *snapshot.Frame {
 	if f == nil || len(f.Extra) > 0 {
 		return f
 	}
@@ -71,17 +76,18 @@ func (in *interner) frame(f *snapshot.Frame) *snapshot.Frame {
 	return c
 }
 
-// forget drops what the interner knows of the decoded frames of the rank just
+// Forget drops what the interner knows of the decoded frames of the rank just
 // merged (their canonical frames stay), so those can be collected.
-func (in *interner) forget() { clear(in.seen) }
+func (in *Interner) Forget() { clear(in.seen) }
 
-func (in *interner) frameList(fs []*snapshot.Frame) {
+// FrameList interns a list of frames in place.
+func (in *Interner) FrameList(fs []*snapshot.Frame) {
 	for i, f := range fs {
 		fs[i] = in.frame(f)
 	}
 }
 
-func (in *interner) str(s string) uint32 {
+func (in *Interner) str(s string) uint32 {
 	if id, ok := in.strs[s]; ok {
 		return id
 	}
@@ -91,7 +97,7 @@ func (in *interner) str(s string) uint32 {
 	return id
 }
 
-func (in *interner) frameID(f *snapshot.Frame) uint32 {
+func (in *Interner) frameID(f *snapshot.Frame) uint32 {
 	if id, ok := in.frameIDs[f]; ok {
 		return id
 	}
@@ -105,8 +111,8 @@ func (in *interner) frameID(f *snapshot.Frame) uint32 {
 	return id
 }
 
-// traceWriter streams merged.trace.json (Chrome/Perfetto trace events).
-type traceWriter struct {
+// TraceWriter streams merged.trace.json (Chrome/Perfetto trace events).
+type TraceWriter struct {
 	w     *bufio.Writer
 	first bool
 	buf   []byte
@@ -114,8 +120,8 @@ type traceWriter struct {
 
 // Perfetto treats pid 0 specially, so rank r is process r+1 (pidOf); the trace's
 // otherData and every process's labels say so.
-func newTraceWriter(w io.Writer) *traceWriter {
-	t := &traceWriter{w: bufio.NewWriterSize(w, 256<<10), first: true}
+func NewTraceWriter(w io.Writer) *TraceWriter {
+	t := &TraceWriter{w: bufio.NewWriterSize(w, 256<<10), first: true}
 	t.w.WriteString(`{"displayTimeUnit":"ms","otherData":{"producer":"memsnap","pid":"rank + 1"},"traceEvents":[`)
 	return t
 }
@@ -123,7 +129,7 @@ func newTraceWriter(w io.Writer) *traceWriter {
 // pidOf is rank r's process id in the trace.
 func pidOf(rank int) int64 { return int64(rank) + 1 }
 
-func (t *traceWriter) event(b []byte) {
+func (t *TraceWriter) event(b []byte) {
 	if !t.first {
 		t.w.WriteString(",\n")
 	}
@@ -131,7 +137,8 @@ func (t *traceWriter) event(b []byte) {
 	t.w.Write(b)
 }
 
-func (t *traceWriter) process(rank int) {
+// Process names rank's process in the trace.
+func (t *TraceWriter) Process(rank int) {
 	b := t.buf[:0]
 	b = append(b, `{"name":"process_name","ph":"M","pid":`...)
 	b = strconv.AppendInt(b, pidOf(rank), 10)
@@ -167,7 +174,8 @@ func (t *traceWriter) process(rank int) {
 	t.buf = b
 }
 
-func (t *traceWriter) counter(rank int, name string, ts, v int64) {
+// Counter writes one point of rank's counter name at ts.
+func (t *TraceWriter) Counter(rank int, name string, ts, v int64) {
 	b := t.buf[:0]
 	b = append(b, `{"name":"`...)
 	b = append(b, name...)
@@ -182,7 +190,8 @@ func (t *traceWriter) counter(rank int, name string, ts, v int64) {
 	t.buf = b
 }
 
-func (t *traceWriter) oom(rank int, o analysis.OOM) {
+// OOM writes one of rank's out-of-memory events.
+func (t *TraceWriter) OOM(rank int, o analysis.OOM) {
 	b := t.buf[:0]
 	b = append(b, `{"name":"OOM","ph":"i","s":"p","pid":`...)
 	b = strconv.AppendInt(b, pidOf(rank), 10)
@@ -199,7 +208,8 @@ func (t *traceWriter) oom(rank int, o analysis.OOM) {
 	t.buf = b
 }
 
-func (t *traceWriter) batch(rank int, m sidecar.BatchMark, shift int64) {
+// Batch writes one of rank's batches, its times shifted by shift.
+func (t *TraceWriter) Batch(rank int, m sidecar.BatchMark, shift int64) {
 	b := t.buf[:0]
 	b = append(b, `{"name":"batch `...)
 	b = strconv.AppendInt(b, m.Batch, 10)
@@ -216,23 +226,25 @@ func (t *traceWriter) batch(rank int, m sidecar.BatchMark, shift int64) {
 	t.buf = b
 }
 
-func (t *traceWriter) finish() error {
+// Finish ends the trace and flushes it.
+func (t *TraceWriter) Finish() error {
 	t.w.WriteString("]}\n")
 	return t.w.Flush()
 }
 
-// pbWriter streams merged.memsnap.pb: each rank is written as one occurrence of the
+// PBWriter streams merged.memsnap.pb: each rank is written as one occurrence of the
 // repeated Timeline.ranks field as soon as it is merged; the interned strings and
 // frames follow at the end. Concatenated fields form one valid Timeline message.
-type pbWriter struct {
+type PBWriter struct {
 	w   *bufio.Writer
-	in  *interner
+	in  *Interner
 	err error
 	buf []byte // a rank's bytes, kept for the next rank
 }
 
-func newPBWriter(w io.Writer, in *interner) *pbWriter {
-	return &pbWriter{w: bufio.NewWriterSize(w, 256<<10), in: in}
+// NewPBWriter returns a writer of a timeline into w, its frames interned by in.
+func NewPBWriter(w io.Writer, in *Interner) *PBWriter {
+	return &PBWriter{w: bufio.NewWriterSize(w, 256<<10), in: in}
 }
 
 var actionCodes = map[string]pb.Action{
@@ -258,7 +270,7 @@ func actionCode(a string) pb.Action {
 	return pb.Action_OTHER
 }
 
-func (p *pbWriter) field(num protowire.Number, m proto.Message) {
+func (p *PBWriter) field(num protowire.Number, m proto.Message) {
 	if p.err != nil {
 		return
 	}
@@ -275,7 +287,9 @@ func (p *pbWriter) field(num protowire.Number, m proto.Message) {
 	p.buf = b
 }
 
-func (p *pbWriter) header(align string, world int, missing []int) {
+// Header writes the timeline's header: its alignment, world size and missing
+// ranks.
+func (p *PBWriter) Header(align string, world int, missing []int) {
 	m := &pb.Timeline{Version: 1, Align: align, WorldSize: int32(world)}
 	for _, r := range missing {
 		m.MissingRanks = append(m.MissingRanks, int32(r))
@@ -288,9 +302,9 @@ func (p *pbWriter) header(align string, world int, missing []int) {
 	p.w.Write(b)
 }
 
-// rank writes one RankTimeline. Events are encoded by hand with protowire (field
+// Rank writes one RankTimeline. Events are encoded by hand with protowire (field
 // numbers as in memsnap.proto): a merge writes millions of them.
-func (p *pbWriter) rank(r *analysis.RankData, trace []*snapshot.TraceEntry, s analysis.RankSummary) {
+func (p *PBWriter) Rank(r *analysis.RankData, trace []*snapshot.TraceEntry, s analysis.RankSummary) {
 	if p.err != nil {
 		return
 	}
@@ -382,7 +396,8 @@ func (p *pbWriter) rank(r *analysis.RankData, trace []*snapshot.TraceEntry, s an
 	p.buf = b
 }
 
-func (p *pbWriter) finish() error {
+// Finish writes the interned strings and frames and flushes the timeline.
+func (p *PBWriter) Finish() error {
 	if p.err != nil {
 		return p.err
 	}

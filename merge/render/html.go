@@ -1,4 +1,4 @@
-package merge
+package render
 
 import (
 	"bufio"
@@ -14,12 +14,13 @@ import (
 	"strconv"
 
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
-// maxLines is the most ranks the report draws as individual lines; above it, the
+// MaxLines is the most ranks the report draws as individual lines; above it, the
 // chart is a min-max band, the median and the ranks farthest from it, with a rank
 // picker that draws any one rank on demand.
-const maxLines = 16
+const MaxLines = 16
 
 // Sizes of the report's embedded curves.
 const (
@@ -142,7 +143,19 @@ type htmlDiff struct {
 	Base, Othr string
 }
 
-func writeHTML(w io.Writer, title string, s *analysis.Summary, ranks []*rankEntry) error {
+// Rank is what the report draws of one merged rank: its line of the
+// summary, its analysis, the shift that aligns its clock, the part of its trace
+// kept and its batch marks.
+type Rank struct {
+	Summary  analysis.RankSummary
+	Analysis *analysis.RankAnalysis
+	Shift    int64
+	Window   analysis.Window
+	Marks    []sidecar.BatchMark
+}
+
+// WriteHTML writes the report: the summary s of the merged ranks, titled title.
+func WriteHTML(w io.Writer, title string, s *analysis.Summary, ranks []*Rank) error {
 	d := chartData(s, ranks)
 	js, err := json.Marshal(d) // escapes <, > and & so it cannot close the script
 	if err != nil {
@@ -201,15 +214,15 @@ func writeHTML(w io.Writer, title string, s *analysis.Summary, ranks []*rankEntr
 	// 1,024-rank report was some 30,000 writes to its file, and a leader whose
 	// goroutine gave its core up at each one (a simulated cluster busy with a
 	// new term's gossip) took 15 s over it
-	bw := bufio.NewWriterSize(w, htmlBuffer)
+	bw := bufio.NewWriterSize(w, HTMLBuffer)
 	if err := reportTmpl.Execute(bw, v); err != nil {
 		return err
 	}
 	return bw.Flush()
 }
 
-// htmlBuffer is how much of the report is written at a time.
-const htmlBuffer = 64 << 10
+// HTMLBuffer is how much of the report is written at a time.
+const HTMLBuffer = 64 << 10
 
 // peakRow is a rank's row of the peaks table.
 func peakRow(s *analysis.Summary, r analysis.RankSummary, t0 int64) htmlRow {
@@ -239,14 +252,14 @@ func firstEvent(s *analysis.Summary) int64 {
 }
 
 // chartData is what the report's script draws: every rank's curve as a line
-// (up to maxLines ranks), or on the grid.
-func chartData(s *analysis.Summary, ranks []*rankEntry) *htmlData {
-	d := &htmlData{Band: len(ranks) > maxLines, Outliers: []int{}, Median: -1, T0: math.MaxInt64, T1: math.MinInt64}
+// (up to MaxLines ranks), or on the grid.
+func chartData(s *analysis.Summary, ranks []*Rank) *htmlData {
+	d := &htmlData{Band: len(ranks) > MaxLines, Outliers: []int{}, Median: -1, T0: math.MaxInt64, T1: math.MinInt64}
 	for _, e := range ranks {
-		if n := len(e.a.Curve); n > 0 {
-			d.T0, d.T1 = min(d.T0, e.a.Curve[0].T+e.shift), max(d.T1, e.a.Curve[n-1].T+e.shift)
+		if n := len(e.Analysis.Curve); n > 0 {
+			d.T0, d.T1 = min(d.T0, e.Analysis.Curve[0].T+e.Shift), max(d.T1, e.Analysis.Curve[n-1].T+e.Shift)
 		}
-		d.VMax = max(d.VMax, e.a.PeakAllocatedBytes)
+		d.VMax = max(d.VMax, e.Analysis.PeakAllocatedBytes)
 	}
 	if d.T0 > d.T1 {
 		d.T0, d.T1 = 0, 1
@@ -316,27 +329,27 @@ func abs64(v int64) int64 {
 }
 
 // rank is one rank's chart data.
-func (d *htmlData) rank(e *rankEntry, names map[string]int) htmlRank {
-	h := htmlRank{Rank: e.sum.Rank, Peak: e.a.PeakAllocatedBytes}
-	for _, o := range e.sum.OOMs {
+func (d *htmlData) rank(e *Rank, names map[string]int) htmlRank {
+	h := htmlRank{Rank: e.Summary.Rank, Peak: e.Analysis.PeakAllocatedBytes}
+	for _, o := range e.Summary.OOMs {
 		h.OOMs = append(h.OOMs, [2]int64{o.TimeUS, o.AllocatedThen})
 	}
-	for _, m := range e.marks {
-		if !e.w.Before(m.EndUS) && !e.w.After(m.StartUS) {
-			h.Batches = append(h.Batches, [3]int64{m.Batch, m.StartUS + e.shift, m.EndUS + e.shift})
+	for _, m := range e.Marks {
+		if !e.Window.Before(m.EndUS) && !e.Window.After(m.StartUS) {
+			h.Batches = append(h.Batches, [3]int64{m.Batch, m.StartUS + e.Shift, m.EndUS + e.Shift})
 		}
 	}
 	if !d.Band {
 		var pt, pv int64 = d.T0, 0
-		for _, p := range analysis.DownsampleCurve(append(analysis.Curve(nil), e.a.Curve...), linePoints) {
-			t := p.T + e.shift
+		for _, p := range analysis.DownsampleCurve(append(analysis.Curve(nil), e.Analysis.Curve...), linePoints) {
+			t := p.T + e.Shift
 			h.Pts = append(h.Pts, t-pt, p.A-pv)
 			pt, pv = t, p.A
 		}
 		return h
 	}
-	d.Grid.Cols = append(d.Grid.Cols, gridColumn(e.a.Curve, e.shift, d.T0, d.T1, d.Grid.N, d.Grid.Unit))
-	for _, st := range e.sum.TopSites {
+	d.Grid.Cols = append(d.Grid.Cols, gridColumn(e.Analysis.Curve, e.Shift, d.T0, d.T1, d.Grid.N, d.Grid.Unit))
+	for _, st := range e.Summary.TopSites {
 		i, ok := names[st.Site]
 		if !ok {
 			i = len(d.SiteNames)

@@ -1,4 +1,4 @@
-package merge
+package render
 
 // reportHTML is the report's template: static tables (they need no script) and a
 // script that draws the chart from the embedded JSON. The URL's fragment picks the

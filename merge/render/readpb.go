@@ -1,4 +1,4 @@
-package merge
+package render
 
 import (
 	"context"
@@ -120,8 +120,8 @@ func timelineFrames(tl *pb.Timeline) []*snapshot.Frame {
 	return fr
 }
 
-// ranksFromPB turns a merged timeline back into per-rank inputs of a merge.
-func ranksFromPB(data []byte, source string) ([]*analysis.RankData, error) {
+// RanksFromPB turns a merged timeline back into per-rank inputs of a merge.
+func RanksFromPB(data []byte, source string) ([]*analysis.RankData, error) {
 	tl, err := ReadTimeline(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
@@ -161,9 +161,9 @@ func TimelineSnapshot(tl *pb.Timeline) *snapshot.Snapshot {
 	return s
 }
 
-// readSnapshotFile reads a torch pickle or a merged timeline as a snapshot; only
+// ReadSnapshotFile reads a torch pickle or a merged timeline as a snapshot; only
 // regular files are read, and reading stops when ctx is done.
-func readSnapshotFile(ctx context.Context, path string) (*snapshot.Snapshot, error) {
+func ReadSnapshotFile(ctx context.Context, path string) (*snapshot.Snapshot, error) {
 	if !strings.HasSuffix(path, ".pb") {
 		return snapshot.ReadFileContext(ctx, path)
 	}

@@ -1,4 +1,4 @@
-package merge
+package render
 
 import (
 	"path/filepath"
@@ -22,7 +22,7 @@ func TestPickleCostShortcuts(t *testing.T) {
 	}
 	fast, slow := newPickleCost(), newPickleCost()
 	slow.slow = true
-	in := newInterner()
+	in := NewInterner()
 	for i, name := range names {
 		s, err := snapshot.ReadFile(name)
 		if err != nil {
@@ -30,9 +30,9 @@ func TestPickleCostShortcuts(t *testing.T) {
 		}
 		r := analysis.RankFromSnapshot(s, i, name)
 		for _, ev := range r.Trace { // frames shared across ranks, as a merge shares them
-			in.frameList(ev.Frames)
+			in.FrameList(ev.Frames)
 		}
-		in.forget()
+		in.Forget()
 		ftr, ftail := fast.rank(r, r.Trace)
 		str, stail := slow.rank(r, r.Trace)
 		if ftr != str || ftail != stail {
