@@ -1,6 +1,10 @@
 // Package merge merges per-rank PyTorch memory snapshots into one combined timeline
 // and writes the merged outputs (torch pickle, Perfetto trace, summary, HTML report,
-// protobuf timeline). The snapshot model and its codec live in merge/snapshot.
+// protobuf timeline): it resolves and reads the inputs, runs the merge's passes and
+// publishes the outputs. Its parts have packages of their own: the snapshot model
+// and its codec (merge/snapshot), the rank sidecar (merge/sidecar), the analysis of
+// snapshots (merge/analysis), the outputs' writers (merge/render) and publication
+// (merge/publish).
 package merge
 
 import (
