@@ -19,6 +19,8 @@ import (
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -197,13 +199,13 @@ func runMember(t *testing.T, cfg Config) (c *Coordinator, stop func()) {
 	return c, func() { cancel(); <-done }
 }
 
-func readManifest(t *testing.T, path string) *merge.Manifest {
+func readManifest(t *testing.T, path string) *publish.Manifest {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := merge.ParseManifest(b)
+	m, err := publish.ParseManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +254,7 @@ func TestClusterOnDemandWindow(t *testing.T) {
 	if an, _ := filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "rank*.analysis.json")); len(an) != 4 {
 		t.Fatalf("analyses in the store: %v", an)
 	}
-	var sum merge.Summary
+	var sum analysis.Summary
 	b, _ := os.ReadFile(outputEnding(res.Outputs, ".summary.json"))
 	if err := jsonUnmarshal(b, &sum); err != nil || len(sum.Ranks) != 4 || sum.Align != merge.AlignOffsets {
 		t.Fatalf("summary: %v %+v", err, sum.Align)

@@ -15,7 +15,8 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -199,7 +200,7 @@ func TestClockSkew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum merge.Summary
+	var sum analysis.Summary
 	if err := jsonUnmarshal(b, &sum); err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +258,7 @@ func TestOOMPostmortem(t *testing.T) {
 	for r := 0; r < 3; r++ {
 		tc.startRank(r, 3)
 	}
-	var m *merge.Manifest
+	var m *publish.Manifest
 	testutil.Eventually(t, time.Minute, "a published post-mortem", func() bool {
 		ms, _ := filepath.Glob(filepath.Join(tc.dir, tc.run, "torch_memory_traces", "window*", "merged.manifest.json"))
 		if ms = publishedOnly(t, ms); len(ms) != 1 {
@@ -416,7 +417,7 @@ func TestFailedOutcomeNotWritten(t *testing.T) {
 					t.Fatalf("result %+v", res)
 				}
 				st, _ := store.OpenDir(tc.dir, false)
-				if m, err := merge.ReadManifest(context.Background(), st, strings.TrimPrefix(res.Manifest, tc.dir+"/")); err != nil || !m.Failed() {
+				if m, err := publish.ReadManifest(context.Background(), st, strings.TrimPrefix(res.Manifest, tc.dir+"/")); err != nil || !m.Failed() {
 					t.Fatalf("the failed window's manifest: %+v %v", m, err)
 				}
 			case "manifest":

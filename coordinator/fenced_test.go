@@ -14,7 +14,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -63,7 +63,7 @@ func checkLog(t *testing.T, st store.Store, run string) map[uint64]window.Phase 
 			t.Fatal(err)
 		}
 		var c *window.Commit
-		if m, err := merge.ReadManifest(ctx, st, p.Manifest); err == nil {
+		if m, err := publish.ReadManifest(ctx, st, p.Manifest); err == nil {
 			c = commitOf(m)
 		} else if !errors.Is(err, store.ErrNotFound) {
 			t.Fatal(err)
@@ -418,7 +418,7 @@ func TestStaleLeaderPlansNothing(t *testing.T) {
 			}
 			// and its failure of a window is not committed either
 			w := newWin(window.New(window.Config{ID: 1, World: 1, Asked: map[int]int64{0: 1}}), "", nil, "job/w1/merged.manifest.json")
-			if _, err := merge.CommitFailed(ctx, st, w.manifest, merge.FailedWindow{Error: "x", WorldSize: 1}, l.fence); !errors.Is(err, runlog.ErrSuperseded) {
+			if _, err := publish.CommitFailed(ctx, st, w.manifest, publish.FailedWindow{Error: "x", WorldSize: 1}, l.fence); !errors.Is(err, runlog.ErrSuperseded) {
 				t.Fatalf("a stale leader's failure: %v", err)
 			}
 			if _, err := st.Stat(ctx, w.manifest); !errors.Is(err, store.ErrNotFound) {

@@ -16,7 +16,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/memsnap/memsnap/internal/retry"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // JoinEnv is the environment variable that lists members to join (comma-separated
@@ -523,7 +523,7 @@ func parsePingPayload(b []byte) (int64, bool) {
 		return 0, false
 	}
 	n, k := binary.Uvarint(b[1:])
-	if k <= 0 || n > merge.MaxRanks {
+	if k <= 0 || n > sidecar.MaxRanks {
 		return 0, false
 	}
 	return int64(n), true

@@ -15,7 +15,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -95,8 +95,8 @@ func TestParseKey(t *testing.T) {
 // TestMetaFits: the largest metadata a member can have fits memberlist's 512 bytes
 // and reads back.
 func TestMetaFits(t *testing.T) {
-	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: merge.MaxRanks - 1, LocalRank: merge.MaxRanks - 1, NodeRank: merge.MaxRanks - 1,
-		WorldSize: merge.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: maxWindowID, Hostname: strings.Repeat("h", 64), Term: maxWindowID}
+	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: sidecar.MaxRanks - 1, LocalRank: sidecar.MaxRanks - 1, NodeRank: sidecar.MaxRanks - 1,
+		WorldSize: sidecar.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: maxWindowID, Hostname: strings.Repeat("h", 64), Term: maxWindowID}
 	b, err := proto.Marshal(m)
 	if err != nil || len(b) > maxMeta {
 		t.Fatalf("%d bytes (%v)", len(b), err)

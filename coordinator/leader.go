@@ -17,7 +17,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -422,9 +422,9 @@ func (l *leaderRun) answerWatch(ctx context.Context, req *pb.Envelope) {
 // ended (res says how), or not yet (res is its answer when it has one).
 func (l *leaderRun) windowEnd(ctx context.Context, p *runlog.Plan) (res *pb.WindowResult, done bool, err error) {
 	var c *window.Commit
-	var m *merge.Manifest
+	var m *publish.Manifest
 	if p.Manifest != "" {
-		m, err = merge.ReadManifest(ctx, l.st, p.Manifest)
+		m, err = publish.ReadManifest(ctx, l.st, p.Manifest)
 		switch {
 		case err == nil:
 			c = commitOf(m)
@@ -661,11 +661,11 @@ func (l *leaderRun) reply(req, env *pb.Envelope, last bool) {
 
 // manifestKey renders the name of window id's manifest.
 func (l *leaderRun) manifestKey(id uint64, stop int64) (string, error) {
-	keys, err := merge.OutputKeys(l.c.cfg.MergedName, l.vars(id, stop))
+	keys, err := publish.OutputKeys(l.c.cfg.MergedName, l.vars(id, stop))
 	if err != nil {
 		return "", err
 	}
-	return keys[merge.OutManifest], nil
+	return keys[publish.OutManifest], nil
 }
 
 func (l *leaderRun) vars(id uint64, stop int64) naming.Vars {

@@ -19,7 +19,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -250,7 +250,7 @@ func checkOnePublication(t *testing.T, st store.Store, folder string) {
 	if len(ms) != 1 {
 		t.Fatalf("manifests %v", ms)
 	}
-	m, err := merge.ReadManifest(ctx, st, ms[0])
+	m, err := publish.ReadManifest(ctx, st, ms[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func extraFiles(t *testing.T, st store.Store, folder string) []string {
 	if len(ms) != 1 {
 		return ms
 	}
-	m, err := merge.ReadManifest(ctx, st, ms[0])
+	m, err := publish.ReadManifest(ctx, st, ms[0])
 	if err != nil {
 		return []string{err.Error()}
 	}
@@ -300,7 +300,7 @@ func extraFiles(t *testing.T, st store.Store, folder string) []string {
 	return extra
 }
 
-var _ = merge.OutManifest
+var _ = publish.OutManifest
 var _ = fmt.Sprint
 
 // TestAnswerBeforeThePickles: the members waiting hear a window's answer while
@@ -350,7 +350,7 @@ func TestAnswerBeforeThePickles(t *testing.T) {
 	m := readManifest(t, filepath.Join(folder, "merged.manifest.json"))
 	st, _ := store.OpenDir(tc.dir, false)
 	prefix := fmt.Sprintf("%s/torch_memory_traces/window%d/", tc.run, ans.Window)
-	if len(m.Pending) != 2 || m.Outputs[merge.OutSummary].Name == "" || m.Outputs[merge.OutPickle].Name != "" {
+	if len(m.Pending) != 2 || m.Outputs[publish.OutSummary].Name == "" || m.Outputs[publish.OutPickle].Name != "" {
 		t.Fatalf("the manifest while the pickles are written: %+v", m)
 	}
 	select {

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // Limits on what a message may carry: gossip payloads stay small, and a member
@@ -41,11 +41,11 @@ func decodeMeta(b []byte) (*pb.NodeMeta, error) {
 		return nil, fmt.Errorf("%w: metadata version %d", errMalformed, m.Version)
 	case m.Run == "" || !utf8.ValidString(m.Run):
 		return nil, fmt.Errorf("%w: no run name", errMalformed)
-	case m.Rank < -1 || m.Rank >= merge.MaxRanks || m.WorldSize < 0 || m.WorldSize > merge.MaxRanks:
+	case m.Rank < -1 || m.Rank >= sidecar.MaxRanks || m.WorldSize < 0 || m.WorldSize > sidecar.MaxRanks:
 		return nil, fmt.Errorf("%w: rank %d of world size %d", errMalformed, m.Rank, m.WorldSize)
 	case m.Rank >= 0 && m.Rank >= m.WorldSize:
 		return nil, fmt.Errorf("%w: rank %d outside world size %d", errMalformed, m.Rank, m.WorldSize)
-	case m.LocalRank < 0 || m.NodeRank < 0 || m.LocalRank >= merge.MaxRanks || m.NodeRank >= merge.MaxRanks:
+	case m.LocalRank < 0 || m.NodeRank < 0 || m.LocalRank >= sidecar.MaxRanks || m.NodeRank >= sidecar.MaxRanks:
 		return nil, fmt.Errorf("%w: local rank %d, node rank %d", errMalformed, m.LocalRank, m.NodeRank)
 	case m.LastWindow > maxWindowID || m.Term > maxWindowID:
 		return nil, fmt.Errorf("%w: window id %d, term %d", errMalformed, m.LastWindow, m.Term)
@@ -133,13 +133,13 @@ func checkFigures(f *pb.Figures) error {
 }
 
 func checkView(v *pb.ClusterView) error {
-	if len(v.Ranks) > merge.MaxRanks {
+	if len(v.Ranks) > sidecar.MaxRanks {
 		return bad("a view of %d ranks", len(v.Ranks))
 	}
 	if err := checkRank("leader rank", v.LeaderRank, true); err != nil {
 		return err
 	}
-	if v.WorldSize < 0 || v.WorldSize > merge.MaxRanks {
+	if v.WorldSize < 0 || v.WorldSize > sidecar.MaxRanks {
 		return bad("world size %d", v.WorldSize)
 	}
 	for _, r := range v.Ranks {
@@ -166,7 +166,7 @@ func checkHeader(e *pb.Envelope) error {
 		return bad("no body")
 	case e.Sender == "" || len(e.Sender) > 512:
 		return bad("sender %q", e.Sender)
-	case e.SenderRank < -1 || e.SenderRank >= merge.MaxRanks:
+	case e.SenderRank < -1 || e.SenderRank >= sidecar.MaxRanks:
 		return bad("sender rank %d", e.SenderRank)
 	case e.WindowId > maxWindowID || e.Term > maxWindowID:
 		return bad("window id %d, term %d", e.WindowId, e.Term)
@@ -196,7 +196,7 @@ func checkLong(ss ...string) error {
 
 // checkRank checks a rank a message names; -1 stands for none where none is allowed.
 func checkRank(what string, r int32, none bool) error {
-	if r >= merge.MaxRanks || r < 0 && !(none && r == -1) {
+	if r >= sidecar.MaxRanks || r < 0 && !(none && r == -1) {
 		return bad("%s %d", what, r)
 	}
 	return nil
@@ -208,9 +208,9 @@ func checkPlan(id uint64, p *pb.Plan) error {
 		return bad("plan without a window id")
 	case p.Start < 0 || p.Stop <= p.Start:
 		return bad("window [%d, %d)", p.Start, p.Stop)
-	case p.WorldSize < 0 || p.WorldSize > merge.MaxRanks:
+	case p.WorldSize < 0 || p.WorldSize > sidecar.MaxRanks:
 		return bad("plan for world size %d", p.WorldSize)
-	case len(p.Ranks) > merge.MaxRanks:
+	case len(p.Ranks) > sidecar.MaxRanks:
 		return bad("plan for %d ranks", len(p.Ranks))
 	}
 	for _, r := range p.Ranks {
@@ -259,7 +259,7 @@ func checkProgress(p *pb.Progress) error {
 	if p.DeadlineUs < 0 {
 		return bad("a deadline of %d", p.DeadlineUs)
 	}
-	if len(p.Steps) > merge.MaxRanks {
+	if len(p.Steps) > sidecar.MaxRanks {
 		return bad("progress of %d steps", len(p.Steps))
 	}
 	for _, st := range p.Steps {
@@ -297,7 +297,7 @@ func checkRequest(r *pb.SnapshotRequest) error {
 }
 
 func checkWindowResult(w *pb.WindowResult) error {
-	if len(w.Missing) > merge.MaxRanks || len(w.Ranks) > merge.MaxRanks || len(w.Outputs) > 64 {
+	if len(w.Missing) > sidecar.MaxRanks || len(w.Ranks) > sidecar.MaxRanks || len(w.Outputs) > 64 {
 		return bad("a result naming too much")
 	}
 	for _, r := range w.Ranks {

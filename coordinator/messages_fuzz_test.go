@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // envelopeSeeds is one valid envelope of every body type.
@@ -93,7 +93,7 @@ func brokenEnvelopes(t testing.TB) [][]byte {
 		{Sender: "x", Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 5, Stop: 8}}},                                         // no window id
 		{Sender: "x", WindowId: 1, Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 8, Stop: 8}}},                            // empty window
 		{Sender: "x", WindowId: 1, Body: &pb.Envelope_Plan{Plan: &pb.Plan{Start: 1, Stop: 8, Ranks: []int32{-1}}}},        // negative rank
-		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: merge.MaxRanks}}},                          // rank too large
+		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: sidecar.MaxRanks}}},                        // rank too large
 		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{Rank: -1}}}}},   // a step of no rank
 		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{State: 999}}}}}, // unknown state
 		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{Reason: strings.Repeat("m", maxString+1)}}}}},
@@ -147,7 +147,7 @@ func unknownField(n int) []byte {
 func checkAccepted(t *testing.T, e *pb.Envelope) {
 	t.Helper()
 	inRank := func(what string, r int32, none bool) {
-		if r >= merge.MaxRanks || r < -1 || (r == -1 && !none) {
+		if r >= sidecar.MaxRanks || r < -1 || (r == -1 && !none) {
 			t.Fatalf("accepted %s %d", what, r)
 		}
 	}
@@ -176,7 +176,7 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 	switch b := e.Body.(type) {
 	case *pb.Envelope_Plan:
 		p := b.Plan
-		if e.WindowId == 0 || p.Start < 0 || p.Stop <= p.Start || p.WorldSize < 0 || p.WorldSize > merge.MaxRanks || len(p.Ranks) > merge.MaxRanks {
+		if e.WindowId == 0 || p.Start < 0 || p.Stop <= p.Start || p.WorldSize < 0 || p.WorldSize > sidecar.MaxRanks || len(p.Ranks) > sidecar.MaxRanks {
 			t.Fatalf("accepted plan %v of window %d", p, e.WindowId)
 		}
 		for _, r := range p.Ranks {
@@ -198,7 +198,7 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 		inRank("progress rank", b.Progress.Rank, true)
 		known("progress state", int32(b.Progress.State), pb.Step_name)
 		short(b.Progress.Reason)
-		if len(b.Progress.Steps) > merge.MaxRanks {
+		if len(b.Progress.Steps) > sidecar.MaxRanks {
 			t.Fatalf("accepted %d steps", len(b.Progress.Steps))
 		}
 		for _, st := range b.Progress.Steps {
@@ -217,7 +217,7 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 		short(b.Request.Reason, b.Request.Cause)
 	case *pb.Envelope_WindowResult:
 		w := b.WindowResult
-		if len(w.Outputs) > 64 || len(w.Ranks) > merge.MaxRanks || len(w.Missing) > merge.MaxRanks {
+		if len(w.Outputs) > 64 || len(w.Ranks) > sidecar.MaxRanks || len(w.Missing) > sidecar.MaxRanks {
 			t.Fatalf("accepted a result of %d outputs, %d ranks, %d missing", len(w.Outputs), len(w.Ranks), len(w.Missing))
 		}
 		for _, r := range w.Ranks {
@@ -291,7 +291,7 @@ func nodeMetaSeeds() []*pb.NodeMeta {
 		{Version: 1, Run: "gpt", Rank: 3, LocalRank: 3, NodeRank: 0, WorldSize: 8, GpuUuid: "GPU-5c1b3f3e-0000-4000-8000-000000000000", LastWindow: 12, Hostname: "node001",
 			Term: 4},
 		{Version: 1, Run: "gpt", Rank: -1, Hostname: "laptop"},
-		{Version: 1, Run: "r", Rank: merge.MaxRanks - 1, LocalRank: 7, NodeRank: merge.MaxRanks/8 - 1, WorldSize: merge.MaxRanks},
+		{Version: 1, Run: "r", Rank: sidecar.MaxRanks - 1, LocalRank: 7, NodeRank: sidecar.MaxRanks/8 - 1, WorldSize: sidecar.MaxRanks},
 		{Version: 1, Run: strings.Repeat("r", 200), Rank: -1, Hostname: strings.Repeat("h", 64)},
 	}
 }
@@ -309,7 +309,7 @@ func FuzzDecodeMeta(f *testing.F) {
 		{Version: 1, Rank: 0, WorldSize: 1},             // no run
 		{Version: 1, Run: "gpt", Rank: 4, WorldSize: 4}, // rank outside the world
 		{Version: 1, Run: "gpt", Rank: -2},
-		{Version: 1, Run: "gpt", Rank: 0, WorldSize: merge.MaxRanks + 1},
+		{Version: 1, Run: "gpt", Rank: 0, WorldSize: sidecar.MaxRanks + 1},
 		{Version: 1, Run: "gpt", Rank: -1, LocalRank: -1},
 		{Version: 1, Run: "gpt", Rank: -1, Hostname: strings.Repeat("h", maxMeta)},
 		{Version: 1, Run: "gpt", Rank: -1, Term: maxWindowID + 1},
@@ -334,9 +334,9 @@ func FuzzDecodeMeta(f *testing.F) {
 			t.Fatalf("accepted %d bytes", len(b))
 		case m.Version != 1 || m.Run == "" || !utf8.ValidString(m.Run):
 			t.Fatalf("accepted version %d, run %q", m.Version, m.Run)
-		case m.Rank < -1 || m.Rank >= merge.MaxRanks || m.WorldSize < 0 || m.WorldSize > merge.MaxRanks || (m.Rank >= 0 && m.Rank >= m.WorldSize):
+		case m.Rank < -1 || m.Rank >= sidecar.MaxRanks || m.WorldSize < 0 || m.WorldSize > sidecar.MaxRanks || (m.Rank >= 0 && m.Rank >= m.WorldSize):
 			t.Fatalf("accepted rank %d of world size %d", m.Rank, m.WorldSize)
-		case m.LocalRank < 0 || m.LocalRank >= merge.MaxRanks || m.NodeRank < 0 || m.NodeRank >= merge.MaxRanks:
+		case m.LocalRank < 0 || m.LocalRank >= sidecar.MaxRanks || m.NodeRank < 0 || m.NodeRank >= sidecar.MaxRanks:
 			t.Fatalf("accepted local rank %d, node rank %d", m.LocalRank, m.NodeRank)
 		case m.LastWindow > maxWindowID || m.Term > maxWindowID:
 			t.Fatalf("accepted window id %d, term %d", m.LastWindow, m.Term)

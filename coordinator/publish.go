@@ -16,6 +16,8 @@ import (
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -48,14 +50,14 @@ func (l *leaderRun) fence(ctx context.Context) error { return l.rl.Fence(ctx, l.
 func (l *leaderRun) attempt() string { return "t" + strconv.FormatUint(l.term, 10) }
 
 // commitOf is a manifest as the machine reads it.
-func commitOf(m *merge.Manifest) *window.Commit {
+func commitOf(m *publish.Manifest) *window.Commit {
 	return &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
 }
 
 // held reads the commit another leader made under w's manifest, for a
 // publication refused because of it.
 func (l *leaderRun) held(ctx context.Context, w *win, cause error) window.Publication {
-	m, err := merge.ReadManifest(ctx, l.st, w.manifest)
+	m, err := publish.ReadManifest(ctx, l.st, w.manifest)
 	if err != nil {
 		return window.Publication{At: time.Now(), Err: fmt.Sprintf("%v (and its manifest cannot be read: %v)", cause, err), Retryable: true}
 	}
@@ -84,7 +86,7 @@ func (l *leaderRun) publicationOf(ctx context.Context, w *win, inputs map[int]me
 // publish merges the stored snapshots of the given ranks and commits the window:
 // the answer first (the machine hears AnswerCommitted), then the rest.
 func (l *leaderRun) publish(ctx context.Context, w *win, ranks []int) {
-	if m, err := merge.ReadManifest(ctx, l.st, w.manifest); err == nil {
+	if m, err := publish.ReadManifest(ctx, l.st, w.manifest); err == nil {
 		// committed already (an earlier try of this leader's, or another leader)
 		l.step(ctx, w, window.Publication{At: time.Now(), Held: commitOf(m)})
 		return
@@ -107,7 +109,7 @@ func (l *leaderRun) publish(ctx context.Context, w *win, ranks []int) {
 // complete writes the merged pickles and the timeline of the answer the store
 // holds, from the snapshots it names, whoever answered.
 func (l *leaderRun) complete(ctx context.Context, w *win) {
-	m, err := merge.ReadManifest(ctx, l.st, w.manifest)
+	m, err := publish.ReadManifest(ctx, l.st, w.manifest)
 	switch {
 	case err != nil:
 		l.step(ctx, w, window.Publication{At: time.Now(), Err: err.Error(), Retryable: retryable(err) || errors.Is(err, store.ErrNotFound)})
@@ -147,7 +149,7 @@ func (l *leaderRun) merge(ctx context.Context, w *win, inputs map[int]merge.Inpu
 		l.step(ctx, w, ev)
 		return
 	}
-	res := resultFromManifest(out.Outputs[merge.OutManifest], out.Manifest, l.st)
+	res := resultFromManifest(out.Outputs[publish.OutManifest], out.Manifest, l.st)
 	res.Window, res.Kind, res.Start, res.Stop = w.id(), w.m.Kind, w.m.Start, w.m.Stop
 	w.res = res
 	l.log.Info("window published", "window", w.id(), "manifest", res.Manifest, "ranks", len(res.Ranks), "missing", len(res.Missing), "store", l.st.String())
@@ -167,9 +169,9 @@ func (l *leaderRun) commitFailure(ctx context.Context, w *win, e window.CommitFa
 		l.step(ctx, w, ev)
 		return
 	}
-	f := merge.FailedWindow{Error: e.Why, WorldSize: w.m.World, MissingReasons: e.Missing, Reason: w.reason, Kind: kindName(w.m.Kind), Attempt: l.attempt(),
-		Window: &merge.WindowInfo{ID: w.id(), Start: w.m.Start, Stop: w.m.Stop}}
-	held, err := merge.CommitFailed(ctx, l.st, w.manifest, f, l.fence)
+	f := publish.FailedWindow{Error: e.Why, WorldSize: w.m.World, MissingReasons: e.Missing, Reason: w.reason, Kind: kindName(w.m.Kind), Attempt: l.attempt(),
+		Window: &sidecar.WindowInfo{ID: w.id(), Start: w.m.Start, Stop: w.m.Stop}}
+	held, err := publish.CommitFailed(ctx, l.st, w.manifest, f, l.fence)
 	switch {
 	case isSuperseded(err):
 		ev.Superseded = true
@@ -236,7 +238,7 @@ func (l *leaderRun) tellEnd(ctx context.Context, w *win) {
 // resultOfCommit is w's result as its commit says (the machine's word where the
 // commit cannot be read).
 func (l *leaderRun) resultOfCommit(ctx context.Context, w *win) *pb.WindowResult {
-	m, err := merge.ReadManifest(ctx, l.st, w.manifest)
+	m, err := publish.ReadManifest(ctx, l.st, w.manifest)
 	if err == nil {
 		res := l.resultOfManifest(w.manifest, m)
 		res.Window, res.Kind = w.id(), w.m.Kind
@@ -266,7 +268,7 @@ func (l *leaderRun) resultOfCommit(ctx context.Context, w *win) *pb.WindowResult
 
 // resultOfManifest is a committed window's result: published (or answered), or
 // failed with its reason.
-func (l *leaderRun) resultOfManifest(key string, m *merge.Manifest) *pb.WindowResult {
+func (l *leaderRun) resultOfManifest(key string, m *publish.Manifest) *pb.WindowResult {
 	if !m.Failed() {
 		return resultFromManifest(key, m, l.st)
 	}
@@ -364,7 +366,7 @@ func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config
 	id, start, stop := w.id(), w.m.Start, w.m.Stop
 	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(id, stop), WorldSize: w.m.World, Progressive: true,
 		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, id, start, stop-1),
-		Window: &merge.WindowInfo{ID: id, Start: start, Stop: stop}, MissingReasons: w.m.MissingReasons(), Logger: l.log.With("window", id),
+		Window: &sidecar.WindowInfo{ID: id, Start: start, Stop: stop}, MissingReasons: w.m.MissingReasons(), Logger: l.log.With("window", id),
 		Reason: w.reason, Kind: kindName(w.m.Kind), FromAnalyses: true, Supersede: true, Attempt: l.attempt(), Fence: l.fence}
 	if w.m.World > l.c.cfg.FullDetailRanks {
 		cfg.Detail = merge.DetailDiff // the pickles hold the ranks the diff compares; the rest is in the summary and report
@@ -408,7 +410,7 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank in
 		}
 		return nil, "its metadata cannot be read: " + err.Error(), nil
 	}
-	m, err := merge.ParseRankMeta(b)
+	m, err := sidecar.ParseRankMeta(b)
 	if err != nil {
 		return nil, err.Error(), nil
 	}
@@ -420,7 +422,7 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank in
 
 // coverageOf says why a rank's sidecar does not cover exactly the window's
 // batches ("" when it does).
-func (l *leaderRun) coverageOf(m *merge.RankMeta, rank int, w *win) string {
+func (l *leaderRun) coverageOf(m *sidecar.RankMeta, rank int, w *win) string {
 	start, stop := w.m.Start, w.m.Stop
 	if m.Window == nil || m.Window.ID != w.id() {
 		return "its metadata names another window"
@@ -444,12 +446,12 @@ func (l *leaderRun) coverageOf(m *merge.RankMeta, rank int, w *win) string {
 func outputURLs(st store.Store, outputs map[string]string) []string {
 	var keys []string
 	for kind, k := range outputs {
-		if kind != merge.OutInputs && kind != merge.OutManifest && kind != merge.OutHTML && k != "" {
+		if kind != publish.OutInputs && kind != publish.OutManifest && kind != publish.OutHTML && k != "" {
 			keys = append(keys, k)
 		}
 	}
 	sort.Strings(keys)
-	if k := outputs[merge.OutHTML]; k != "" {
+	if k := outputs[publish.OutHTML]; k != "" {
 		keys = append([]string{k}, keys...)
 	}
 	out := make([]string, len(keys))
@@ -461,13 +463,13 @@ func outputURLs(st store.Store, outputs map[string]string) []string {
 
 // resultFromManifest is a published window's result; m nil when only the
 // manifest's key is known.
-func resultFromManifest(key string, m *merge.Manifest, st store.Store) *pb.WindowResult {
+func resultFromManifest(key string, m *publish.Manifest, st store.Store) *pb.WindowResult {
 	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_PUBLISHED, Manifest: st.URL(key), Store: st.String(), Missing: map[int32]string{}}
 	if m == nil {
 		return res
 	}
 	res.Pending = len(m.Pending) > 0
-	p := merge.Published{Key: key, Manifest: m}
+	p := publish.Published{Key: key, Manifest: m}
 	keys := map[string]string{}
 	for kind := range m.Outputs {
 		keys[kind], _ = p.OutputKey(kind)
@@ -514,7 +516,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 		return w
 	}
 	if p.Manifest != "" {
-		m, err := merge.ReadManifest(ctx, l.st, p.Manifest)
+		m, err := publish.ReadManifest(ctx, l.st, p.Manifest)
 		switch {
 		case err == nil:
 			// committed, and its outcome never written (or its answer's detail is to come)

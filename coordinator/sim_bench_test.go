@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 var (
@@ -493,12 +495,12 @@ func (sc *simCluster) live() []int {
 
 // removeWindow deletes a published window's inputs and outputs, so that repeated
 // windows do not fill the disk.
-func (sc *simCluster) removeWindow(m *merge.Manifest, manifest string) {
+func (sc *simCluster) removeWindow(m *publish.Manifest, manifest string) {
 	for _, in := range m.Inputs {
 		if rel, err := filepath.Rel(sc.dir, in.Source); err == nil && !strings.HasPrefix(rel, "..") {
 			os.Remove(in.Source)
-			os.Remove(merge.MetaName(in.Source))
-			os.Remove(merge.AnalysisName(in.Source))
+			os.Remove(sidecar.MetaName(in.Source))
+			os.Remove(analysis.AnalysisName(in.Source))
 		}
 	}
 	os.RemoveAll(filepath.Dir(manifest))

@@ -32,7 +32,9 @@ import (
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/internal/wait"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/rankagent"
@@ -264,7 +266,7 @@ type simSnapshot struct {
 // simAnalysis is a snapshot's analysis for windows of one length, computed once
 // (as rank 0's, of a window starting at batch 0), and how long that took.
 type simAnalysis struct {
-	a    *merge.RankAnalysis
+	a    *analysis.RankAnalysis
 	took time.Duration
 }
 
@@ -276,9 +278,9 @@ func (s *simSnapshot) analysis(ctx context.Context, n int64) (*simAnalysis, erro
 	if a := s.analyses[n]; a != nil {
 		return a, nil
 	}
-	meta := merge.RankMeta{Version: 1, Batches: s.marks(0, n)}
+	meta := sidecar.RankMeta{Version: 1, Batches: s.marks(0, n)}
 	t0 := time.Now()
-	an, err := merge.AnalyzeSnapshot(ctx, s.snap, &meta, merge.AnalyzeOptions{Rank: 0})
+	an, err := analysis.AnalyzeSnapshot(ctx, s.snap, &meta, analysis.AnalyzeOptions{Rank: 0})
 	if err != nil {
 		return nil, err
 	}
@@ -291,11 +293,11 @@ func (s *simSnapshot) analysis(ctx context.Context, n int64) (*simAnalysis, erro
 }
 
 // marks divides the snapshot's span among the n batches from start.
-func (s *simSnapshot) marks(start, n int64) []merge.BatchMark {
-	var out []merge.BatchMark
+func (s *simSnapshot) marks(start, n int64) []sidecar.BatchMark {
+	var out []sidecar.BatchMark
 	span := s.t1 - s.t0 + 1
 	for i := int64(0); i < n; i++ {
-		out = append(out, merge.BatchMark{Batch: start + i, StartUS: s.t0 + span*i/n, EndUS: s.t0 + span*(i+1)/n - 1})
+		out = append(out, sidecar.BatchMark{Batch: start + i, StartUS: s.t0 + span*i/n, EndUS: s.t0 + span*(i+1)/n - 1})
 	}
 	return out
 }
@@ -303,7 +305,7 @@ func (s *simSnapshot) marks(start, n int64) []merge.BatchMark {
 // as returns the analysis as rank's, of a window starting at batch start: what
 // AnalyzeSnapshot gives for that rank's metadata (only the rank and the batch
 // numbers differ). It shares everything else with a.
-func (a *simAnalysis) as(rank int, start int64) *merge.RankAnalysis {
+func (a *simAnalysis) as(rank int, start int64) *analysis.RankAnalysis {
 	cp := *a.a
 	cp.Rank = rank
 	cp.Batches = slices.Clone(a.a.Batches)
@@ -555,11 +557,11 @@ func simKey(run string, rank int, w rankagent.Window) string {
 // recorded in it.
 func (r *simRank) upload(ctx context.Context, w rankagent.Window) *rankagent.UploadResult {
 	key := simKey(r.id.RunName, r.id.Rank, w)
-	res := &rankagent.UploadResult{Key: key, MetaKey: merge.MetaName(key), Size: int64(len(r.snap.data)), SHA256: r.snap.sha,
+	res := &rankagent.UploadResult{Key: key, MetaKey: sidecar.MetaName(key), Size: int64(len(r.snap.data)), SHA256: r.snap.sha,
 		Events: r.snap.events, Window: w, Reason: "window"}
-	meta := merge.RankMeta{Version: 1, RunName: r.id.RunName, Rank: r.id.Rank, LocalRank: r.id.LocalRank, NodeRank: r.id.NodeRank,
+	meta := sidecar.RankMeta{Version: 1, RunName: r.id.RunName, Rank: r.id.Rank, LocalRank: r.id.LocalRank, NodeRank: r.id.NodeRank,
 		WorldSize: r.id.WorldSize, LocalWorldSize: r.id.LocalWorldSize, Hostname: fmt.Sprintf("node%04d", r.id.NodeRank),
-		GPU: &merge.GPUInfo{UUID: fmt.Sprintf("GPU-sim-%d", r.id.Rank)}, Window: &merge.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}, Reason: "window"}
+		GPU: &sidecar.GPUInfo{UUID: fmt.Sprintf("GPU-sim-%d", r.id.Rank)}, Window: &sidecar.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}, Reason: "window"}
 	meta.Batches = r.snap.marks(w.Start, w.Stop-w.Start)
 	r.mu.Lock()
 	if r.offsetK {
@@ -573,13 +575,13 @@ func (r *simRank) upload(ctx context.Context, w rankagent.Window) *rankagent.Upl
 		return res
 	}
 	var ab []byte
-	analyze := func() (*merge.RankAnalysis, error) {
-		return merge.AnalyzeSnapshot(ctx, r.snap.snap, &meta, merge.AnalyzeOptions{Rank: r.id.Rank})
+	analyze := func() (*analysis.RankAnalysis, error) {
+		return analysis.AnalyzeSnapshot(ctx, r.snap.snap, &meta, analysis.AnalyzeOptions{Rank: r.id.Rank})
 	}
 	if r.ownCores {
 		// the rank's analysis takes as long as on a core of its own, and none of
 		// the cores every member shares here
-		analyze = func() (*merge.RankAnalysis, error) {
+		analyze = func() (*analysis.RankAnalysis, error) {
 			a, err := r.snap.analysis(ctx, w.Stop-w.Start)
 			if err != nil {
 				return nil, err
@@ -595,9 +597,9 @@ func (r *simRank) upload(ctx context.Context, w rankagent.Window) *rankagent.Upl
 		}
 	}
 	if an, err := analyze(); err == nil {
-		an.Snapshot = merge.SnapshotRef{Size: res.Size, SHA256: res.SHA256}
+		an.Snapshot = analysis.SnapshotRef{Size: res.Size, SHA256: res.SHA256}
 		if ab, err = an.Marshal(); err == nil {
-			res.AnalysisKey = merge.AnalysisName(key)
+			res.AnalysisKey = analysis.AnalysisName(key)
 		}
 	}
 	put := func(k string, b []byte, sum string, overwrite bool) error {
@@ -1176,13 +1178,13 @@ func (sc *simCluster) leader() int {
 }
 
 // manifest reads a published window's manifest.
-func (sc *simCluster) manifest(url string) *merge.Manifest {
+func (sc *simCluster) manifest(url string) *publish.Manifest {
 	sc.tb.Helper()
 	b, err := os.ReadFile(url)
 	if err != nil {
 		sc.tb.Fatal(err)
 	}
-	m, err := merge.ParseManifest(b)
+	m, err := publish.ParseManifest(b)
 	if err != nil {
 		sc.tb.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 )
 
 // Triggers are the thresholds that make the leader take a window before an OOM:
@@ -40,9 +40,9 @@ func (t Triggers) Crossed(rank int, f *pb.Figures) string {
 		pct := 100 * float64(f.Headroom) / float64(f.DeviceTotal)
 		switch {
 		case t.HeadroomRatio > 0 && float64(f.Headroom) < t.HeadroomRatio*float64(f.DeviceTotal):
-			parts = append(parts, fmt.Sprintf("headroom %s (%.1f%%) < %g%%", merge.HumanBytes(f.Headroom), pct, 100*t.HeadroomRatio))
+			parts = append(parts, fmt.Sprintf("headroom %s (%.1f%%) < %g%%", analysis.HumanBytes(f.Headroom), pct, 100*t.HeadroomRatio))
 		case t.HeadroomBytes > 0 && f.Headroom < t.HeadroomBytes:
-			parts = append(parts, fmt.Sprintf("headroom %s (%.1f%%) < %s", merge.HumanBytes(f.Headroom), pct, merge.HumanBytes(t.HeadroomBytes)))
+			parts = append(parts, fmt.Sprintf("headroom %s (%.1f%%) < %s", analysis.HumanBytes(f.Headroom), pct, analysis.HumanBytes(t.HeadroomBytes)))
 		}
 	}
 	n := max(t.GrowthBatches, 1)
@@ -52,9 +52,9 @@ func (t Triggers) Crossed(rank int, f *pb.Figures) string {
 	}
 	switch {
 	case grows:
-		parts = append(parts, fmt.Sprintf("growing %s a batch (%s or more over %d batches)", merge.HumanBytes(int64(f.Growth)), merge.HumanBytes(t.GrowthBytes), n))
+		parts = append(parts, fmt.Sprintf("growing %s a batch (%s or more over %d batches)", analysis.HumanBytes(int64(f.Growth)), analysis.HumanBytes(t.GrowthBytes), n))
 	case f.Growth > 0:
-		parts = append(parts, fmt.Sprintf("growing %s a batch", merge.HumanBytes(int64(f.Growth))))
+		parts = append(parts, fmt.Sprintf("growing %s a batch", analysis.HumanBytes(int64(f.Growth))))
 	}
 	return fmt.Sprintf("rank %d: %s", rank, strings.Join(parts, ", "))
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -97,15 +97,15 @@ func TestAnotherRanksSnapshotIsNotTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	put := func(key string, m merge.RankMeta) {
+	put := func(key string, m sidecar.RankMeta) {
 		b, _ := json.Marshal(m)
 		if _, err := st.Put(ctx, key, bytes.NewReader(b), store.PutOptions{Overwrite: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	marks := []merge.BatchMark{{Batch: 10, StartUS: 1, EndUS: 2}, {Batch: 11, StartUS: 2, EndUS: 3}}
-	put("r0.json", merge.RankMeta{Version: 1, RunName: "gpt", Rank: 0, WorldSize: 2, Window: &merge.WindowInfo{ID: 5, Start: 10, Stop: 12}, Batches: marks})
-	put("other.json", merge.RankMeta{Version: 1, RunName: "bert", Rank: 1, WorldSize: 2, Window: &merge.WindowInfo{ID: 5, Start: 10, Stop: 12}, Batches: marks})
+	marks := []sidecar.BatchMark{{Batch: 10, StartUS: 1, EndUS: 2}, {Batch: 11, StartUS: 2, EndUS: 3}}
+	put("r0.json", sidecar.RankMeta{Version: 1, RunName: "gpt", Rank: 0, WorldSize: 2, Window: &sidecar.WindowInfo{ID: 5, Start: 10, Stop: 12}, Batches: marks})
+	put("other.json", sidecar.RankMeta{Version: 1, RunName: "bert", Rank: 1, WorldSize: 2, Window: &sidecar.WindowInfo{ID: 5, Start: 10, Stop: 12}, Batches: marks})
 	l := &leaderRun{c: &Coordinator{cfg: Config{Identity: rankagent.Identity{RunName: "gpt"}}}, st: st}
 	w := newWin(window.New(window.Config{ID: 5, Start: 10, Stop: 12, World: 2}), "", nil, "")
 	for _, c := range []struct {

@@ -9,6 +9,9 @@ import (
 	"testing"
 
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/internal/testjob"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -21,7 +24,7 @@ func analysisSeeds(t testing.TB) [][]byte {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := Analyze(context.Background(), data, markedMeta(t, data, 3), AnalyzeOptions{Rank: -1})
+		a, err := analysis.Analyze(context.Background(), data, markedMeta(t, data, 3), analysis.AnalyzeOptions{Rank: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -29,16 +32,16 @@ func analysisSeeds(t testing.TB) [][]byte {
 	}
 	// the hook's version 2: gradients told with the batch each was made in, one
 	// address handed to the optimizer's temporaries the next batch
-	s, meta := (synthJob{batches: 6, watch: true, gradFlip: true, madeNotes: true, optTemp: true, gradFreed: true}).build(1_700_000_000_000_000)
+	s, meta := (testjob.Job{Batches: 6, Watch: true, GradFlip: true, MadeNotes: true, OptTemp: true, GradFreed: true}).Build(1_700_000_000_000_000)
 	data, err := snapshot.EncodeBytes(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := Analyze(context.Background(), data, meta, AnalyzeOptions{Rank: 2})
+	a, err := analysis.Analyze(context.Background(), data, meta, analysis.AnalyzeOptions{Rank: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Categories == nil || a.Categories.AtPeak[CatGradients] == 0 {
+	if a.Categories == nil || a.Categories.AtPeak[analysis.CatGradients] == 0 {
 		t.Fatalf("the gradients_made seed has no gradients: %+v", a.Categories)
 	}
 	return append(out, marshal(t, a))
@@ -63,16 +66,16 @@ var brokenAnalyses = []string{
 
 func TestParseAnalysisRefuses(t *testing.T) {
 	for _, b := range brokenAnalyses {
-		if _, err := ParseAnalysis([]byte(b)); err == nil {
+		if _, err := analysis.ParseAnalysis([]byte(b)); err == nil {
 			t.Errorf("accepted %s", b)
 		}
 	}
-	big := `{"version":1,"note":"` + strings.Repeat("x", MaxAnalysisBytes) + `"}`
-	if _, err := ParseAnalysis([]byte(big)); err == nil || !strings.Contains(err.Error(), "bytes") {
+	big := `{"version":1,"note":"` + strings.Repeat("x", analysis.MaxAnalysisBytes) + `"}`
+	if _, err := analysis.ParseAnalysis([]byte(big)); err == nil || !strings.Contains(err.Error(), "bytes") {
 		t.Errorf("an analysis larger than MaxAnalysisBytes: %v", err)
 	}
 	for _, b := range analysisSeeds(t) {
-		if _, err := ParseAnalysis(b); err != nil {
+		if _, err := analysis.ParseAnalysis(b); err != nil {
 			t.Fatalf("a real analysis is refused: %v", err)
 		}
 	}
@@ -89,11 +92,11 @@ func FuzzParseAnalysis(f *testing.F) {
 		f.Add([]byte(b))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		a, err := ParseAnalysis(b)
+		a, err := analysis.ParseAnalysis(b)
 		if err != nil {
 			return
 		}
-		again, err := ParseAnalysis(marshal(t, a))
+		again, err := analysis.ParseAnalysis(marshal(t, a))
 		if err != nil || !reflect.DeepEqual(a, again) {
 			t.Fatalf("re-marshalled: %v", err)
 		}
@@ -102,23 +105,23 @@ func FuzzParseAnalysis(f *testing.F) {
 }
 
 // leaderUse runs what a merge does with one rank's analysis, into nowhere.
-func leaderUse(t *testing.T, a *RankAnalysis) {
+func leaderUse(t *testing.T, a *analysis.RankAnalysis) {
 	lr := &loadedRank{rank: a.Rank, source: "fuzz", a: a, shift: -12345}
-	e := &rankEntry{sum: rankSummary(lr), a: a, shift: lr.shift}
-	b := &builder{cfg: &Config{}, tw: newTraceWriter(io.Discard), tracePoints: 300, byRank: map[int]*rankEntry{a.Rank: e}}
+	e := &rankEntry{Rank: &render.Rank{Summary: rankSummary(lr), Analysis: a, Shift: lr.shift}}
+	b := &builder{cfg: &Config{}, tw: render.NewTraceWriter(io.Discard), tracePoints: 300, byRank: map[int]*rankEntry{a.Rank: e}}
 	b.writeTraceRank(lr)
-	if err := b.tw.finish(); err != nil {
+	if err := b.tw.Finish(); err != nil {
 		t.Fatal(err)
 	}
 	other := *a
 	other.Rank = a.Rank + 1
-	e2 := &rankEntry{sum: rankSummary(&loadedRank{rank: other.Rank, a: &other}), a: &other}
+	e2 := &rankEntry{Rank: &render.Rank{Summary: rankSummary(&loadedRank{rank: other.Rank, a: &other}), Analysis: &other}}
 	b.byRank[other.Rank] = e2
-	s := &Summary{Ranks: []RankSummary{e.sum, e2.sum}}
-	s.Spread = computeSpread(s.Ranks)
+	s := &analysis.Summary{Ranks: []analysis.RankSummary{e.Summary, e2.Summary}}
+	s.Spread = analysis.ComputeSpread(s.Ranks)
 	s.Diff, _ = b.diffs(s)
-	for _, entries := range [][]*rankEntry{{e, e2}, manyEntries(e, maxLines+1)} {
-		if err := writeHTML(io.Discard, "fuzz", s, entries); err != nil {
+	for _, entries := range [][]*render.Rank{{e.Rank, e2.Rank}, manyEntries(e.Rank, render.MaxLines+1)} {
+		if err := render.WriteHTML(io.Discard, "fuzz", s, entries); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -127,8 +130,8 @@ func leaderUse(t *testing.T, a *RankAnalysis) {
 	}
 }
 
-func manyEntries(e *rankEntry, n int) []*rankEntry {
-	out := make([]*rankEntry, n)
+func manyEntries(e *render.Rank, n int) []*render.Rank {
+	out := make([]*render.Rank, n)
 	for i := range out {
 		out[i] = e
 	}

@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -37,11 +38,11 @@ func ddp4Marked(t testing.TB, analyses bool) string {
 		meta := markedMeta(t, data, r)
 		mb, _ := json.Marshal(meta)
 		write(t, filepath.Join(dir, name), data)
-		write(t, filepath.Join(dir, MetaName(name)), mb)
+		write(t, filepath.Join(dir, sidecar.MetaName(name)), mb)
 		if !analyses {
 			continue
 		}
-		a, err := Analyze(context.Background(), data, meta, AnalyzeOptions{Rank: -1})
+		a, err := analysis.Analyze(context.Background(), data, meta, analysis.AnalyzeOptions{Rank: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +50,7 @@ func ddp4Marked(t testing.TB, analyses bool) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		write(t, filepath.Join(dir, AnalysisName(name)), ab)
+		write(t, filepath.Join(dir, analysis.AnalysisName(name)), ab)
 	}
 	return dir
 }
@@ -66,7 +67,7 @@ func write(t testing.TB, p string, b []byte) {
 }
 
 // markedMeta is rank r's sidecar: three batches splitting its trace's time span.
-func markedMeta(t testing.TB, data []byte, r int) *RankMeta {
+func markedMeta(t testing.TB, data []byte, r int) *sidecar.RankMeta {
 	s, err := snapshot.Decode(data)
 	if err != nil {
 		t.Fatal(err)
@@ -74,9 +75,9 @@ func markedMeta(t testing.TB, data []byte, r int) *RankMeta {
 	tr := s.DeviceTraces[0]
 	t0, t1 := tr[0].TimeUS, tr[len(tr)-1].TimeUS
 	step := (t1 - t0 + 3) / 3
-	m := &RankMeta{Version: 1, Rank: r, WorldSize: 4, Window: &WindowInfo{ID: 1, Start: 5, Stop: 8}, StallUS: int64(1000 + r)}
+	m := &sidecar.RankMeta{Version: 1, Rank: r, WorldSize: 4, Window: &sidecar.WindowInfo{ID: 1, Start: 5, Stop: 8}, StallUS: int64(1000 + r)}
 	for b := int64(0); b < 3; b++ {
-		m.Batches = append(m.Batches, BatchMark{Batch: 5 + b, StartUS: t0 + b*step, EndUS: t0 + (b+1)*step - 1})
+		m.Batches = append(m.Batches, sidecar.BatchMark{Batch: 5 + b, StartUS: t0 + b*step, EndUS: t0 + (b+1)*step - 1})
 	}
 	return m
 }
@@ -140,21 +141,21 @@ func TestDetailDiffPickleHoldsTheDiffRanks(t *testing.T) {
 // full merge's); one of another snapshot fails the merge when it is decoded.
 func TestUnusableAnalysesAreNotTrusted(t *testing.T) {
 	ref := ddp4Marked(t, true)
-	a1, _ := os.ReadFile(filepath.Join(ref, AnalysisName("rank1.5.memory_snapshot.pickle")))
-	cases := map[string]func(a *RankAnalysis) []byte{
-		"another rank": func(a *RankAnalysis) []byte { return must(t, a1) },
-		"other marks":  func(a *RankAnalysis) []byte { a.Batches[0].EndUS++; return marshal(t, a) },
-		"malformed": func(a *RankAnalysis) []byte {
+	a1, _ := os.ReadFile(filepath.Join(ref, analysis.AnalysisName("rank1.5.memory_snapshot.pickle")))
+	cases := map[string]func(a *analysis.RankAnalysis) []byte{
+		"another rank": func(a *analysis.RankAnalysis) []byte { return must(t, a1) },
+		"other marks":  func(a *analysis.RankAnalysis) []byte { a.Batches[0].EndUS++; return marshal(t, a) },
+		"malformed": func(a *analysis.RankAnalysis) []byte {
 			return []byte(`{"version":1,"rank":2,"curve":{"t":[1,-5],"a":[0,0],"r":[0,0]}}`)
 		},
-		"garbage": func(a *RankAnalysis) []byte { return []byte("\x00not json") },
+		"garbage": func(a *analysis.RankAnalysis) []byte { return []byte("\x00not json") },
 	}
 	for name, spoil := range cases {
 		t.Run(name, func(t *testing.T) {
 			dir := ddp4Marked(t, true)
-			p := filepath.Join(dir, AnalysisName("rank2.5.memory_snapshot.pickle"))
+			p := filepath.Join(dir, analysis.AnalysisName("rank2.5.memory_snapshot.pickle"))
 			b, _ := os.ReadFile(p)
-			a, err := ParseAnalysis(b)
+			a, err := analysis.ParseAnalysis(b)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -170,9 +171,9 @@ func TestUnusableAnalysesAreNotTrusted(t *testing.T) {
 		})
 	}
 	dir := ddp4Marked(t, true)
-	p := filepath.Join(dir, AnalysisName("rank2.5.memory_snapshot.pickle"))
+	p := filepath.Join(dir, analysis.AnalysisName("rank2.5.memory_snapshot.pickle"))
 	b, _ := os.ReadFile(p)
-	a, _ := ParseAnalysis(b)
+	a, _ := analysis.ParseAnalysis(b)
 	a.Snapshot.SHA256 = strings.Repeat("ab", 32)
 	write(t, p, marshal(t, a))
 	st := openDir(t)
@@ -189,7 +190,7 @@ func must(t *testing.T, b []byte) []byte {
 	return b
 }
 
-func marshal(t testing.TB, a *RankAnalysis) []byte {
+func marshal(t testing.TB, a *analysis.RankAnalysis) []byte {
 	b, err := a.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +227,7 @@ func TestSummaryDiffNamesThePlantedSite(t *testing.T) {
 	if sum != d.PeakDeltaBytes || d.PeakDeltaBytes != res.Summary.Ranks[3].PeakAllocatedBytes-res.Summary.Ranks[1].PeakAllocatedBytes {
 		t.Fatalf("the rows add up to %d, the peaks differ by %d", sum, d.PeakDeltaBytes)
 	}
-	if d.Other.PeakBatch == nil || d.Other.PeakPhase != PhaseOptimizer {
+	if d.Other.PeakBatch == nil || d.Other.PeakPhase != analysis.PhaseOptimizer {
 		t.Fatalf("rank 3's peak: batch %v, phase %q", d.Other.PeakBatch, d.Other.PeakPhase)
 	}
 	if len(res.Summary.DiffsAsked) != 1 || res.Summary.DiffsAsked[0].Other.Rank != 2 {
@@ -264,107 +265,25 @@ func TestBatchFigures(t *testing.T) {
 func replay(tr []*snapshot.TraceEntry, atEnd, from, to int64) (start, end, peak int64) {
 	a := atEnd
 	for _, e := range tr {
-		dA, _ := deltas(e)
+		dA, _ := analysis.Deltas(e)
 		a -= dA
 	}
 	peak = -1 << 62
 	for _, e := range tr {
 		if e.TimeUS < from {
-			dA, _ := deltas(e)
+			dA, _ := analysis.Deltas(e)
 			a += dA
 		}
 	}
 	start, peak = a, a
 	for _, e := range tr {
 		if e.TimeUS >= from && e.TimeUS <= to {
-			dA, _ := deltas(e)
+			dA, _ := analysis.Deltas(e)
 			a += dA
 			peak = max(peak, a)
 		}
 	}
 	return start, a, peak
-}
-
-func TestStackPhase(t *testing.T) {
-	f := func(name, file string) *snapshot.Frame { return &snapshot.Frame{Name: name, Filename: file} }
-	cases := []struct {
-		frames []*snapshot.Frame
-		want   string
-	}{
-		{[]*snapshot.Frame{f("_multi_tensor_adam", "/usr/lib/python3/site-packages/torch/optim/adam.py"), f("<module>", "train.py")}, PhaseOptimizer},
-		{[]*snapshot.Frame{f("_make_grads", "/x/torch/autograd/__init__.py"), f("backward", "/x/torch/_tensor.py"), f("<module>", "train.py")}, PhaseBackward},
-		{[]*snapshot.Frame{f("forward", "model.py"), f("apply", "/x/torch/autograd/function.py"), f("<module>", "train.py")}, PhaseForward},
-		{[]*snapshot.Frame{f("forward", "/x/torch/nn/modules/linear.py"), f("<module>", "train.py")}, PhaseForward},
-		{[]*snapshot.Frame{f("torch::autograd::Engine::thread_main(...)", "??")}, PhaseBackward},
-		{[]*snapshot.Frame{f("optimizer_step", "/x/lightning/pytorch/core/module.py")}, PhaseOptimizer},
-		{nil, ""},
-		{[]*snapshot.Frame{f("c10::cuda::alloc", "??")}, ""},
-	}
-	for i, c := range cases {
-		if got := stackPhase(c.frames); got != c.want {
-			t.Errorf("case %d: %q, want %q", i, got, c.want)
-		}
-	}
-	// an event without a stack takes the phase of the nearest earlier one with one
-	tr := []*snapshot.TraceEntry{{Frames: cases[1].frames}, {}, {}}
-	if got := peakPhase(tr, 2); got != PhaseBackward {
-		t.Fatalf("peakPhase: %q", got)
-	}
-	if got := peakPhase(tr, -1); got != "" {
-		t.Fatalf("peakPhase at the start: %q", got)
-	}
-}
-
-// TestAnalysisRoundTrips: an analysis reads back as it was written, and a curve
-// is a third of the bytes of its points written out.
-func TestAnalysisRoundTrips(t *testing.T) {
-	data, _ := os.ReadFile(testutil.Snapshot(t, "single/transformer.memory_snapshot.pickle"))
-	a, err := Analyze(context.Background(), data, nil, AnalyzeOptions{Rank: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.Rank != 5 || len(a.Curve) < 10 || a.Snapshot.SHA256 != sha256Hex(data) || len(a.Sites) == 0 {
-		t.Fatalf("analysis: rank %d, %d points, %d sites", a.Rank, len(a.Curve), len(a.Sites))
-	}
-	b := marshal(t, a)
-	back, err := ParseAnalysis(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(a, back) {
-		t.Fatal("the analysis changed through JSON")
-	}
-	if AnalysisName("x/rank3.5.memory_snapshot.pickle.zst") != "x/rank3.5.memory_snapshot.analysis.json" {
-		t.Fatal(AnalysisName("x/rank3.5.memory_snapshot.pickle.zst"))
-	}
-}
-
-// TestDownsampleKeepsPeaks: a long curve is cut to CurvePoints points and its
-// peaks (allocated and reserved) survive.
-func TestDownsampleKeepsPeaks(t *testing.T) {
-	var c Curve
-	for i := int64(0); i < 100000; i++ {
-		c = append(c, CurvePoint{T: i * 10, A: i % 977, R: (i * 7) % 1013})
-	}
-	c[54321].A, c[12345].R = 1<<40, 1<<41
-	d := downsampleCurve(append(Curve(nil), c...), CurvePoints)
-	var ma, mr int64
-	for _, p := range d {
-		ma, mr = max(ma, p.A), max(mr, p.R)
-	}
-	if len(d) > CurvePoints || ma != 1<<40 || mr != 1<<41 || d[len(d)-1] != c[len(c)-1] {
-		t.Fatalf("%d points, peaks %d %d", len(d), ma, mr)
-	}
-	// what a rank writes, its leader reads (a curve of CurvePoints+1 points was
-	// refused, and every large rank's snapshot decoded again)
-	b, err := json.Marshal(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back Curve
-	if err := json.Unmarshal(b, &back); err != nil || len(back) != len(d) {
-		t.Fatalf("the downsampled curve does not read back: %v (%d points of %d)", err, len(back), len(d))
-	}
 }
 
 func openDir(t testing.TB) *store.Dir {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/merge/synth"
 )
@@ -99,29 +101,29 @@ func storeAnswerRanks(tb testing.TB, n, events int) ([]Input, *store.Dir) {
 	for r := 0; r < n; r++ {
 		bs := bases[r%len(bases)]
 		key := fmt.Sprintf("bench/rank%d.pickle", r)
-		meta := RankMeta{Version: 1, RunName: "bench", Rank: r, WorldSize: n, Hostname: fmt.Sprintf("node%04d", r/8),
-			Window: &WindowInfo{ID: 1, Start: 10, Stop: 13}}
+		meta := sidecar.RankMeta{Version: 1, RunName: "bench", Rank: r, WorldSize: n, Hostname: fmt.Sprintf("node%04d", r/8),
+			Window: &sidecar.WindowInfo{ID: 1, Start: 10, Stop: 13}}
 		t0, t1 := bs.t0, bs.t1+1
 		for i := int64(0); i < 3; i++ {
-			meta.Batches = append(meta.Batches, BatchMark{Batch: 10 + i, StartUS: t0 + (t1-t0)*i/3, EndUS: t0 + (t1-t0)*(i+1)/3 - 1})
+			meta.Batches = append(meta.Batches, sidecar.BatchMark{Batch: 10 + i, StartUS: t0 + (t1-t0)*i/3, EndUS: t0 + (t1-t0)*(i+1)/3 - 1})
 		}
 		mb, err := json.Marshal(meta)
 		if err != nil {
 			tb.Fatal(err)
 		}
-		an, err := AnalyzeSnapshot(ctx, bs.snap, &meta, AnalyzeOptions{Rank: r})
+		an, err := analysis.AnalyzeSnapshot(ctx, bs.snap, &meta, analysis.AnalyzeOptions{Rank: r})
 		if err != nil {
 			tb.Fatal(err)
 		}
-		an.Snapshot = SnapshotRef{Size: int64(len(bs.data)), SHA256: bs.sha}
+		an.Snapshot = analysis.SnapshotRef{Size: int64(len(bs.data)), SHA256: bs.sha}
 		ab, err := an.Marshal()
 		if err != nil {
 			tb.Fatal(err)
 		}
 		put(key, bs.data)
-		put(MetaName(key), mb)
-		put(AnalysisName(key), ab)
-		ins = append(ins, StoreInput(st, key, MetaName(key), r).WithAnalysis(StoreAnalysis(st, AnalysisName(key))))
+		put(sidecar.MetaName(key), mb)
+		put(analysis.AnalysisName(key), ab)
+		ins = append(ins, StoreInput(st, key, sidecar.MetaName(key), r).WithAnalysis(StoreAnalysis(st, analysis.AnalysisName(key))))
 	}
 	return ins, st
 }

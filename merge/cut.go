@@ -5,6 +5,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // RankSet is a set of ranks written as ranges, "0-7,63".
@@ -26,8 +29,8 @@ func ParseRankSet(s string) (*RankSet, error) {
 		if isRange {
 			b, err2 = strconv.Atoi(hi)
 		}
-		if err1 != nil || err2 != nil || a < 0 || b < a || b >= MaxRanks {
-			return nil, fmt.Errorf("merge: ranks %q: %q is not a rank or a range A-B of ranks below %d", s, part, MaxRanks)
+		if err1 != nil || err2 != nil || a < 0 || b < a || b >= sidecar.MaxRanks {
+			return nil, fmt.Errorf("merge: ranks %q: %q is not a rank or a range A-B of ranks below %d", s, part, sidecar.MaxRanks)
 		}
 		spans = append(spans, [2]int{a, b})
 		if len(spans) > maxRankSpans {
@@ -90,7 +93,7 @@ func (b *BatchRange) String() string { return fmt.Sprintf("%d:%d", b.Start, b.St
 
 // span returns the rank's own-clock time from the start of the range's first
 // batch to the end of its last, by the rank's batch marks.
-func (b *BatchRange) span(m *RankMeta) (from, to int64, ok bool) {
+func (b *BatchRange) span(m *sidecar.RankMeta) (from, to int64, ok bool) {
 	if m == nil {
 		return 0, 0, false
 	}
@@ -107,20 +110,12 @@ func (b *BatchRange) span(m *RankMeta) (from, to int64, ok bool) {
 	return from, to, ok
 }
 
-// CutInfo is how a merge was cut, as the summary records it.
-type CutInfo struct {
-	Ranks   string `json:"ranks,omitempty"`
-	Batches string `json:"batches,omitempty"`
-	FromUS  *int64 `json:"from_us,omitempty"` // aligned
-	ToUS    *int64 `json:"to_us,omitempty"`
-}
-
 // cutInfo describes the cut of c, or nil when nothing is cut.
-func (c *Config) cutInfo() *CutInfo {
+func (c *Config) cutInfo() *analysis.CutInfo {
 	if c.Ranks == nil && !c.timeCut() {
 		return nil
 	}
-	ci := &CutInfo{Ranks: c.Ranks.String(), FromUS: c.From, ToUS: c.To}
+	ci := &analysis.CutInfo{Ranks: c.Ranks.String(), FromUS: c.From, ToUS: c.To}
 	if c.Batches != nil {
 		ci.Batches = c.Batches.String()
 	}
@@ -131,25 +126,25 @@ func (c *Config) cutInfo() *CutInfo {
 func (c *Config) timeCut() bool { return c.Batches != nil || c.From != nil || c.To != nil }
 
 // window is the part of a rank's trace (its own clock) the merge keeps.
-func (c *Config) window(rank int, meta *RankMeta, shift int64) (window, error) {
-	var w window
+func (c *Config) window(rank int, meta *sidecar.RankMeta, shift int64) (analysis.Window, error) {
+	var w analysis.Window
 	if c.Batches != nil {
 		from, to, ok := c.Batches.span(meta)
 		if !ok {
 			return w, fmt.Errorf("merge: rank %d has no batch marks for batches %s", rank, c.Batches)
 		}
-		w = window{from: &from, to: &to}
+		w = analysis.Window{From: &from, To: &to}
 	}
 	if c.From != nil {
 		f := *c.From - shift
-		if w.from == nil || f > *w.from {
-			w.from = &f
+		if w.From == nil || f > *w.From {
+			w.From = &f
 		}
 	}
 	if c.To != nil {
 		t := *c.To - shift
-		if w.to == nil || t < *w.to {
-			w.to = &t
+		if w.To == nil || t < *w.To {
+			w.To = &t
 		}
 	}
 	return w, nil

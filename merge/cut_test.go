@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -68,38 +70,12 @@ func TestPicklesSplitUnderTheCap(t *testing.T) {
 	if next != ranks {
 		t.Fatalf("the parts end at rank %d", next-1)
 	}
-	if _, ok := res.Outputs[OutPickle]; ok {
+	if _, ok := res.Outputs[publish.OutPickle]; ok {
 		t.Fatal("a split merge names an unsplit pickle")
 	}
-	m, err := ParseManifest(readFile(t, filepath.Join(dir, "merged.manifest.json")))
+	m, err := publish.ParseManifest(readFile(t, filepath.Join(dir, "merged.manifest.json")))
 	if err != nil || len(m.Pickles) != len(parts) || len(m.Outputs) != len(parts)+4 {
 		t.Fatalf("manifest: %v, %d pickles, %d outputs", err, len(m.Pickles), len(m.Outputs))
-	}
-}
-
-// TestPickleCostBoundsTheEncoding: the bound a part is planned with is never
-// below what the encoder writes, and not wildly above it.
-func TestPickleCostBoundsTheEncoding(t *testing.T) {
-	for _, name := range []string{"ddp4/rank3.5.memory_snapshot.pickle", "single/transformer.memory_snapshot.pickle", "single/expandable.memory_snapshot.pickle", "single/oom.memory_snapshot.pickle"} {
-		s, err := snapshot.ReadFile(testutil.Snapshot(t, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pp := &pickleParts{dir: t.TempDir(), cap: 1 << 40}
-		r := rankFromSnapshot(s, 0, name)
-		tr, tail := newPickleCost().rank(r, r.trace)
-		bound := pickleOverhead + tr + tail
-		if err := pp.add(r, r.trace); err != nil {
-			t.Fatal(err)
-		}
-		if err := pp.finish(1); err != nil {
-			t.Fatal(err)
-		}
-		size := pp.done[0].size
-		t.Logf("%s: written %d bytes, bound %d", name, size, bound)
-		if size > bound || bound > 3*size+pickleOverhead {
-			t.Fatalf("%s: written %d bytes, bound %d", name, size, bound)
-		}
 	}
 }
 
@@ -187,7 +163,7 @@ func TestTraceBatchSlicesAndOOMs(t *testing.T) {
 			n++
 		}
 	}
-	var sum Summary
+	var sum analysis.Summary
 	json.Unmarshal(readFile(t, filepath.Join(dir, "merged.summary.json")), &sum)
 	if n == 0 || n != len(sum.Ranks[0].OOMs) {
 		t.Fatalf("%d OOM instants, the summary has %d OOMs", n, len(sum.Ranks[0].OOMs))

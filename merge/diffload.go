@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/render"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -19,7 +22,7 @@ func IsTimeline(path string) bool { return isPB(path) }
 // that lies beside it, when one does), a rank analysis (.analysis.json), or rank
 // `rank` of a merged timeline (.memsnap.pb; -1 takes its only rank). Only
 // regular files are read; reading stops when ctx is done.
-func AnalyzeFile(ctx context.Context, path string, rank int) (*RankAnalysis, error) {
+func AnalyzeFile(ctx context.Context, path string, rank int) (*analysis.RankAnalysis, error) {
 	switch {
 	case isPB(path):
 		all, err := TimelineAnalyses(ctx, path)
@@ -35,7 +38,7 @@ func AnalyzeFile(ctx context.Context, path string, rank int) (*RankAnalysis, err
 		if err != nil {
 			return nil, fmt.Errorf("merge: reading %s: %w", path, err)
 		}
-		a, err := ParseAnalysis(b)
+		a, err := analysis.ParseAnalysis(b)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
@@ -49,7 +52,7 @@ func AnalyzeFile(ctx context.Context, path string, rank int) (*RankAnalysis, err
 	if err != nil {
 		return nil, err
 	}
-	a, err := Analyze(ctx, data, meta, AnalyzeOptions{Rank: max(rank, -1)})
+	a, err := analysis.Analyze(ctx, data, meta, analysis.AnalyzeOptions{Rank: max(rank, -1)})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -57,8 +60,8 @@ func AnalyzeFile(ctx context.Context, path string, rank int) (*RankAnalysis, err
 }
 
 // sidecarOf reads the sidecar beside a snapshot file; nil when there is none.
-func sidecarOf(ctx context.Context, path string) (*RankMeta, error) {
-	p := filepath.Join(filepath.Dir(path), MetaName(filepath.Base(path)))
+func sidecarOf(ctx context.Context, path string) (*sidecar.RankMeta, error) {
+	p := filepath.Join(filepath.Dir(path), sidecar.MetaName(filepath.Base(path)))
 	if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -66,7 +69,7 @@ func sidecarOf(ctx context.Context, path string) (*RankMeta, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := ParseRankMeta(b)
+	m, err := sidecar.ParseRankMeta(b)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
@@ -75,26 +78,26 @@ func sidecarOf(ctx context.Context, path string) (*RankMeta, error) {
 
 // TimelineAnalyses analyses every rank of a merged timeline, in rank order (times
 // in each rank's own clock).
-func TimelineAnalyses(ctx context.Context, path string) ([]*RankAnalysis, error) {
+func TimelineAnalyses(ctx context.Context, path string) ([]*analysis.RankAnalysis, error) {
 	data, err := snapshot.ReadFileBytes(ctx, path)
 	if err != nil {
 		return nil, err
 	}
-	ranks, err := ranksFromPB(data, path)
+	ranks, err := render.RanksFromPB(data, path)
 	if err != nil {
 		return nil, err
 	}
-	var out []*RankAnalysis
+	var out []*analysis.RankAnalysis
 	for _, r := range ranks {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		out = append(out, r.analysis(window{}))
+		out = append(out, r.Analysis(analysis.Window{}))
 	}
 	return out, nil
 }
 
-func pickRank(all []*RankAnalysis, path string, rank int) (*RankAnalysis, error) {
+func pickRank(all []*analysis.RankAnalysis, path string, rank int) (*analysis.RankAnalysis, error) {
 	if rank < 0 {
 		if len(all) != 1 {
 			return nil, fmt.Errorf("merge: %s holds %d ranks: say which", path, len(all))
@@ -111,24 +114,24 @@ func pickRank(all []*RankAnalysis, path string, rank int) (*RankAnalysis, error)
 
 // OutlierAndMedian picks, as a merge's summary does, the outlier and the median
 // rank of a window's analyses; false with fewer than two ranks.
-func OutlierAndMedian(all []*RankAnalysis) (outlier, median *RankAnalysis, ok bool) {
-	sums := make([]RankSummary, len(all))
-	by := map[int]*RankAnalysis{}
+func OutlierAndMedian(all []*analysis.RankAnalysis) (outlier, median *analysis.RankAnalysis, ok bool) {
+	sums := make([]analysis.RankSummary, len(all))
+	by := map[int]*analysis.RankAnalysis{}
 	for i, a := range all {
-		sums[i] = RankSummary{Rank: a.Rank, PeakAllocatedBytes: a.PeakAllocatedBytes}
+		sums[i] = analysis.RankSummary{Rank: a.Rank, PeakAllocatedBytes: a.PeakAllocatedBytes}
 		by[a.Rank] = a
 	}
-	sp := computeSpread(sums)
+	sp := analysis.ComputeSpread(sums)
 	if sp == nil || len(all) < 2 {
 		return nil, nil, false
 	}
-	m, ok := medianRank(sums, sp, sp.OutlierRank)
+	m, ok := analysis.MedianRank(sums, sp, sp.OutlierRank)
 	return by[sp.OutlierRank], by[m], ok
 }
 
 // FileLabel is a short name for a file in a diff's header.
 func FileLabel(path string, rank int) string {
-	l := shortLabel(path)
+	l := analysis.ShortLabel(path)
 	if rank >= 0 && isPB(path) {
 		l += fmt.Sprintf("#rank%d", rank)
 	}

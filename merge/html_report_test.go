@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/internal/testjob"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -109,7 +111,7 @@ func memInputs(t *testing.T, n int) []Input {
 		meta := markedMeta(t, data, r)
 		meta.WorldSize = n
 		mb, _ := json.Marshal(meta)
-		a, err := Analyze(context.Background(), data, meta, AnalyzeOptions{Rank: r})
+		a, err := analysis.Analyze(context.Background(), data, meta, analysis.AnalyzeOptions{Rank: r})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +162,7 @@ func TestHTMLReport1024RanksPicker(t *testing.T) {
 // site whose blocks outlive their batch, per batch. The screenshot is kept where
 // MEMSNAP_KEEP_SCREENSHOT says and its path logged.
 func TestHTMLCategoriesAndLeakInChromium(t *testing.T) {
-	res, out := mergeSynth(t, "categories and a leak", synthJob{batches: 6, watch: true}, synthJob{batches: 6, watch: true, leak: 8 * mib}, synthJob{batches: 6, watch: true})
+	res, out := mergeSynth(t, "categories and a leak", testjob.Job{Batches: 6, Watch: true}, testjob.Job{Batches: 6, Watch: true, Leak: 8 * mib}, testjob.Job{Batches: 6, Watch: true})
 	if l := res.Summary.Ranks[1].Leak; l == nil || l.PerBatchBytes != 8*mib {
 		t.Fatalf("rank 1's leak in the summary: %+v", l)
 	}
@@ -184,8 +186,8 @@ func TestHTMLCategoriesAndLeakInChromium(t *testing.T) {
 		t.Fatalf("the categories table has %d rows:\n%s", n, cats)
 	}
 	leak := regexp.MustCompile(`(?s)<table class="leak" id="leak-1">.*?</table>`).FindString(dom)
-	if leak == "" || !strings.Contains(leak, html.EscapeString(leakSite)) || !strings.Contains(leak, "8.0 MiB") {
-		t.Fatalf("the report does not name rank 1's leak at %s, 8 MiB a batch:\n%s", leakSite, leak)
+	if leak == "" || !strings.Contains(leak, html.EscapeString(testjob.LeakSite)) || !strings.Contains(leak, "8.0 MiB") {
+		t.Fatalf("the report does not name rank 1's leak at %s, 8 MiB a batch:\n%s", testjob.LeakSite, leak)
 	}
 	if strings.Contains(dom, `id="leak-0"`) || strings.Contains(dom, `id="leak-2"`) {
 		t.Fatal("a steady rank is shown leaking")

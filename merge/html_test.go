@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -161,7 +163,7 @@ func (w *writeCounter) Write(p []byte) (int, error) {
 }
 
 // TestReportWritesInLargePieces: the report reaches its file in pieces of
-// htmlBuffer, not in the template's own pieces of a few bytes (a 1,024-rank
+// render.HTMLBuffer, not in the template's own pieces of a few bytes (a 1,024-rank
 // report was some 30,000 writes, and a leader on a busy machine gave its core up
 // at each).
 func TestReportWritesInLargePieces(t *testing.T) {
@@ -173,28 +175,28 @@ func TestReportWritesInLargePieces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := AnalyzeSnapshot(t.Context(), s, nil, AnalyzeOptions{Rank: 0})
+	a, err := analysis.AnalyzeSnapshot(t.Context(), s, nil, analysis.AnalyzeOptions{Rank: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var entries []*rankEntry
-	sum := &Summary{}
+	var entries []*render.Rank
+	sum := &analysis.Summary{}
 	for r := 0; r < 256; r++ {
 		ar := *a
 		ar.Rank = r
-		e := &rankEntry{sum: rankSummary(&loadedRank{rank: r, source: fmt.Sprintf("rank%d", r), a: &ar}), a: &ar}
+		e := &render.Rank{Summary: rankSummary(&loadedRank{rank: r, source: fmt.Sprintf("rank%d", r), a: &ar}), Analysis: &ar}
 		entries = append(entries, e)
-		sum.Ranks = append(sum.Ranks, e.sum)
+		sum.Ranks = append(sum.Ranks, e.Summary)
 	}
-	sum.Spread = computeSpread(sum.Ranks)
+	sum.Spread = analysis.ComputeSpread(sum.Ranks)
 	var w writeCounter
-	if err := writeHTML(&w, "pieces", sum, entries); err != nil {
+	if err := render.WriteHTML(&w, "pieces", sum, entries); err != nil {
 		t.Fatal(err)
 	}
-	if w.bytes < 2*htmlBuffer {
+	if w.bytes < 2*render.HTMLBuffer {
 		t.Fatalf("a 256-rank report of %d bytes: too small to tell", w.bytes)
 	}
-	if most := w.bytes/htmlBuffer + 1; w.writes > most {
+	if most := w.bytes/render.HTMLBuffer + 1; w.writes > most {
 		t.Fatalf("a report of %d bytes in %d writes, want at most %d", w.bytes, w.writes, most)
 	}
 }

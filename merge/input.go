@@ -13,7 +13,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -40,9 +43,9 @@ type Input struct {
 // merge (Preload); a field is nil when it was not read or does not parse, and
 // the merge then reads it as usual.
 type preloaded struct {
-	meta    *RankMeta
+	meta    *sidecar.RankMeta
 	metaSHA string
-	a       *RankAnalysis
+	a       *analysis.RankAnalysis
 }
 
 // Preload reads in's sidecar and analysis now, and parses them: a merge then takes
@@ -54,15 +57,15 @@ func Preload(ctx context.Context, in Input) Input {
 	p := &preloaded{}
 	if in.meta != nil {
 		if raw, err := in.meta(ctx); err == nil && raw != nil {
-			if m, err := ParseRankMeta(raw); err == nil {
-				p.meta, p.metaSHA = m, sha256Hex(raw)
+			if m, err := sidecar.ParseRankMeta(raw); err == nil {
+				p.meta, p.metaSHA = m, digest.SHA256Hex(raw)
 				in.meta = func(context.Context) ([]byte, error) { return raw, nil }
 			}
 		}
 	}
 	if in.analysis != nil {
 		if raw, err := in.analysis(ctx); err == nil && raw != nil {
-			if a, err := ParseAnalysis(raw); err == nil {
+			if a, err := analysis.ParseAnalysis(raw); err == nil {
 				p.a = a
 			}
 		}
@@ -72,7 +75,7 @@ func Preload(ctx context.Context, in Input) Input {
 }
 
 // Meta is the sidecar Preload read and parsed, or nil.
-func (in Input) Meta() *RankMeta {
+func (in Input) Meta() *sidecar.RankMeta {
 	if in.pre == nil {
 		return nil
 	}
@@ -106,7 +109,7 @@ func StoreAnalysis(st store.Store, key string) func(ctx context.Context) ([]byte
 			return nil, err
 		}
 		defer rc.Close()
-		return readBounded(rc, key, MaxAnalysisBytes)
+		return readBounded(rc, key, analysis.MaxAnalysisBytes)
 	}
 }
 
@@ -120,8 +123,8 @@ func fileAnalysis(p string) func(ctx context.Context) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		if st.Size() > MaxAnalysisBytes {
-			return nil, fmt.Errorf("merge: %s is larger than %d bytes", p, MaxAnalysisBytes)
+		if st.Size() > analysis.MaxAnalysisBytes {
+			return nil, fmt.Errorf("merge: %s is larger than %d bytes", p, analysis.MaxAnalysisBytes)
 		}
 		return snapshot.ReadFileBytes(ctx, p)
 	}
@@ -268,9 +271,9 @@ func (r *Resolver) fileInput(p string, rank int, explicit bool) (Input, bool) {
 	} else if !explicit && !strings.Contains(base, ".pickle") {
 		return Input{}, false
 	}
-	metaPath := filepath.Join(filepath.Dir(p), MetaName(base))
+	metaPath := filepath.Join(filepath.Dir(p), sidecar.MetaName(base))
 	return Input{
-		Rank: rank, Source: p, analysis: fileAnalysis(filepath.Join(filepath.Dir(p), AnalysisName(base))),
+		Rank: rank, Source: p, analysis: fileAnalysis(filepath.Join(filepath.Dir(p), analysis.AnalysisName(base))),
 		load: func(ctx context.Context) ([]byte, error) { return snapshot.ReadFileBytes(ctx, p) },
 		meta: func(ctx context.Context) ([]byte, error) {
 			b, err := snapshot.ReadFileBytes(ctx, metaPath)
@@ -303,13 +306,13 @@ func (r *Resolver) expandS3(ctx context.Context, arg string, rank int) ([]Input,
 		keys[o.Key] = true
 	}
 	mk := func(key string, rank int) Input {
-		metaKey := path.Join(path.Dir(key), MetaName(path.Base(key)))
+		metaKey := path.Join(path.Dir(key), sidecar.MetaName(path.Base(key)))
 		in := Input{Rank: rank, Source: "s3://" + u.Bucket + "/" + key,
 			load: func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, key) }}
 		if keys[metaKey] {
 			in.meta = func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, metaKey) }
 		}
-		if ak := path.Join(path.Dir(key), AnalysisName(path.Base(key))); keys[ak] {
+		if ak := path.Join(path.Dir(key), analysis.AnalysisName(path.Base(key))); keys[ak] {
 			in.analysis = StoreAnalysis(st, ak)
 		}
 		return in

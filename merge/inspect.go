@@ -1,11 +1,17 @@
 // Package merge merges per-rank PyTorch memory snapshots into one combined timeline
 // and writes the merged outputs (torch pickle, Perfetto trace, summary, HTML report,
-// protobuf timeline). The snapshot model and its codec live in merge/snapshot.
+// protobuf timeline): it resolves and reads the inputs, runs the merge's passes and
+// publishes the outputs. Its parts have packages of their own: the snapshot model
+// and its codec (merge/snapshot), the rank sidecar (merge/sidecar), the analysis of
+// snapshots (merge/analysis), the outputs' writers (merge/render) and publication
+// (merge/publish).
 package merge
 
 import (
 	"context"
 
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -29,8 +35,8 @@ func InspectFileContext(ctx context.Context, path string) (FileFigures, error) {
 // history was truncated, when a sidecar beside the file (X.memsnap.json) gives
 // the history's cap: nil when it was not, or nothing says. A sidecar that cannot
 // be read is not an error here (the figures stand without it).
-func InspectFileHistory(ctx context.Context, path string) (FileFigures, *Truncation, error) {
-	s, err := readSnapshotFile(ctx, path)
+func InspectFileHistory(ctx context.Context, path string) (FileFigures, *analysis.Truncation, error) {
+	s, err := render.ReadSnapshotFile(ctx, path)
 	if err != nil {
 		return FileFigures{}, nil, err
 	}
@@ -42,7 +48,7 @@ func InspectFileHistory(ctx context.Context, path string) (FileFigures, *Truncat
 	if err != nil || meta == nil || meta.MaxEntries <= 0 {
 		return fig, nil, nil
 	}
-	r := rankFromSnapshot(s, meta.Rank, path)
-	r.meta = meta
-	return fig, r.truncation(), nil
+	r := analysis.RankFromSnapshot(s, meta.Rank, path)
+	r.Meta = meta
+	return fig, r.Truncation(), nil
 }

@@ -7,6 +7,11 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/memsnap/memsnap/internal/digest"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/render"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -14,11 +19,11 @@ import (
 type loadedRank struct {
 	rank     int
 	source   string
-	meta     *RankMeta
+	meta     *sidecar.RankMeta
 	shift    int64
-	w        window
-	a        *RankAnalysis
-	data     *rankData // the decoded snapshot, when the rank's detail is written now
+	w        analysis.Window
+	a        *analysis.RankAnalysis
+	data     *analysis.RankData // the decoded snapshot, when the rank's detail is written now
 	decoded  bool
 	fromFile bool // a came from the rank's analysis file
 }
@@ -26,7 +31,7 @@ type loadedRank struct {
 // loaded is one input as the first pass read it.
 type loaded struct {
 	ranks []*loadedRank // one, or several for a .memsnap.pb
-	ref   InputRef
+	ref   publish.InputRef
 	err   error
 }
 
@@ -139,7 +144,7 @@ func (b *builder) load(ctx context.Context, i int, in Input) loaded {
 		}
 		return b.loadTimeline(ctx, in)
 	}
-	l := loaded{ref: InputRef{Rank: in.Rank, Source: in.Source}}
+	l := loaded{ref: publish.InputRef{Rank: in.Rank, Source: in.Source}}
 	lr := &loadedRank{rank: in.Rank, source: in.Source}
 	var err error
 	if lr.meta, l.ref.MetaSHA256, err = in.readMeta(ctx); err != nil {
@@ -161,7 +166,7 @@ func (b *builder) load(ctx context.Context, i int, in Input) loaded {
 			return loaded{err: err}
 		}
 		l.ref.Size, l.ref.SHA256 = ref.Size, ref.SHA256
-		rd.meta, lr.data, lr.decoded = lr.meta, rd, true
+		rd.Meta, lr.data, lr.decoded = lr.meta, rd, true
 	}
 	if err := b.settle(lr, l.ref); err != nil {
 		return loaded{err: err}
@@ -172,13 +177,13 @@ func (b *builder) load(ctx context.Context, i int, in Input) loaded {
 
 // settle aligns a loaded rank, cuts it and analyses it when it has no analysis
 // yet; the decoded snapshot is kept only when its detail is written now.
-func (b *builder) settle(lr *loadedRank, ref InputRef) error {
+func (b *builder) settle(lr *loadedRank, ref publish.InputRef) error {
 	if d := lr.data; d != nil {
 		var t0 int64
-		if len(d.trace) > 0 {
-			t0 = d.trace[0].TimeUS
+		if len(d.Trace) > 0 {
+			t0 = d.Trace[0].TimeUS
 		}
-		lr.shift = b.cfg.shift(lr.rank, lr.meta, t0, len(d.trace) > 0)
+		lr.shift = b.cfg.shift(lr.rank, lr.meta, t0, len(d.Trace) > 0)
 	} else {
 		lr.shift = b.cfg.shift(lr.rank, lr.meta, lr.a.TraceStartUS, lr.a.Events > 0)
 	}
@@ -187,8 +192,8 @@ func (b *builder) settle(lr *loadedRank, ref InputRef) error {
 		return err
 	}
 	if lr.a == nil {
-		lr.a = lr.data.analysis(lr.w)
-		lr.a.Snapshot = SnapshotRef{Size: ref.Size, SHA256: ref.SHA256}
+		lr.a = lr.data.Analysis(lr.w)
+		lr.a.Snapshot = analysis.SnapshotRef{Size: ref.Size, SHA256: ref.SHA256}
 	}
 	if b.cfg.Detail != DetailAll || b.deferred {
 		lr.data = nil
@@ -198,12 +203,12 @@ func (b *builder) settle(lr *loadedRank, ref InputRef) error {
 
 // decodeInput reads and decodes a rank's snapshot; when the rank has an analysis,
 // the snapshot must be the one it analysed.
-func decodeInput(ctx context.Context, in Input, a *RankAnalysis) (*rankData, SnapshotRef, error) {
+func decodeInput(ctx context.Context, in Input, a *analysis.RankAnalysis) (*analysis.RankData, analysis.SnapshotRef, error) {
 	data, err := in.load(ctx)
 	if err != nil {
-		return nil, SnapshotRef{}, fmt.Errorf("merge: reading %s: %w", in.Source, err)
+		return nil, analysis.SnapshotRef{}, fmt.Errorf("merge: reading %s: %w", in.Source, err)
 	}
-	ref := SnapshotRef{Size: int64(len(data)), SHA256: sha256Hex(data)}
+	ref := analysis.SnapshotRef{Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}
 	if a != nil && a.Snapshot != ref {
 		return nil, ref, fmt.Errorf("merge: %s is not the snapshot its analysis describes (%d bytes, SHA-256 %s; the analysis says %d bytes, %s)",
 			in.Source, ref.Size, ref.SHA256, a.Snapshot.Size, a.Snapshot.SHA256)
@@ -212,14 +217,14 @@ func decodeInput(ctx context.Context, in Input, a *RankAnalysis) (*rankData, Sna
 	if err != nil {
 		return nil, ref, fmt.Errorf("merge: %s: %w", in.Source, err)
 	}
-	return rankFromSnapshot(s, in.Rank, in.Source), ref, nil
+	return analysis.RankFromSnapshot(s, in.Rank, in.Source), ref, nil
 }
 
 // readAnalysis reads and checks a rank's analysis; nil (with the reason logged)
 // when there is none or it cannot be used: malformed, another rank's, or computed
 // with other batch marks than the sidecar's.
-func (b *builder) readAnalysis(ctx context.Context, in Input, meta *RankMeta) *RankAnalysis {
-	var a *RankAnalysis
+func (b *builder) readAnalysis(ctx context.Context, in Input, meta *sidecar.RankMeta) *analysis.RankAnalysis {
+	var a *analysis.RankAnalysis
 	var err error
 	if in.pre != nil && in.pre.a != nil {
 		a = in.pre.a
@@ -231,7 +236,7 @@ func (b *builder) readAnalysis(ctx context.Context, in Input, meta *RankMeta) *R
 			}
 			return nil
 		}
-		a, err = ParseAnalysis(raw)
+		a, err = analysis.ParseAnalysis(raw)
 	}
 	switch {
 	case err != nil:
@@ -248,10 +253,10 @@ func (b *builder) readAnalysis(ctx context.Context, in Input, meta *RankMeta) *R
 }
 
 // sameMarks reports whether an analysis's batches are the sidecar's marks.
-func sameMarks(fs []BatchFigure, meta *RankMeta) bool {
-	var marks []BatchMark
+func sameMarks(fs []analysis.BatchFigure, meta *sidecar.RankMeta) bool {
+	var marks []sidecar.BatchMark
 	if meta != nil {
-		marks = meta.Batches[:min(len(meta.Batches), MaxAnalysisBatches)]
+		marks = meta.Batches[:min(len(meta.Batches), analysis.MaxAnalysisBatches)]
 	}
 	if len(fs) != len(marks) {
 		return false
@@ -265,7 +270,7 @@ func sameMarks(fs []BatchFigure, meta *RankMeta) bool {
 }
 
 // readMeta reads and checks an input's sidecar; nil when it has none.
-func (in Input) readMeta(ctx context.Context) (*RankMeta, string, error) {
+func (in Input) readMeta(ctx context.Context) (*sidecar.RankMeta, string, error) {
 	if in.pre != nil && in.pre.meta != nil {
 		if m := in.pre.meta; m.Rank != in.Rank {
 			return nil, "", fmt.Errorf("merge: %s is rank %d by its name but its metadata says rank %d", in.Source, in.Rank, m.Rank)
@@ -282,14 +287,14 @@ func (in Input) readMeta(ctx context.Context) (*RankMeta, string, error) {
 	if raw == nil {
 		return nil, "", nil
 	}
-	m, err := ParseRankMeta(raw)
+	m, err := sidecar.ParseRankMeta(raw)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", in.Source, err)
 	}
 	if m.Rank != in.Rank {
 		return nil, "", fmt.Errorf("merge: %s is rank %d by its name but its metadata says rank %d", in.Source, in.Rank, m.Rank)
 	}
-	return m, sha256Hex(raw), nil
+	return m, digest.SHA256Hex(raw), nil
 }
 
 // loadTimeline reads a merged .memsnap.pb: every rank in it is decoded.
@@ -298,17 +303,17 @@ func (b *builder) loadTimeline(ctx context.Context, in Input) loaded {
 	if err != nil {
 		return loaded{err: fmt.Errorf("merge: reading %s: %w", in.Source, err)}
 	}
-	l := loaded{ref: InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: sha256Hex(data)}}
-	ranks, err := ranksFromPB(data, in.Source)
+	l := loaded{ref: publish.InputRef{Rank: in.Rank, Source: in.Source, Size: int64(len(data)), SHA256: digest.SHA256Hex(data)}}
+	ranks, err := render.RanksFromPB(data, in.Source)
 	if err != nil {
 		return loaded{err: err}
 	}
 	for _, rd := range ranks {
-		lr := &loadedRank{rank: rd.rank, source: rd.source, meta: rd.meta, data: rd, decoded: true}
-		if err := b.settle(lr, InputRef{}); err != nil {
+		lr := &loadedRank{rank: rd.Rank, source: rd.Source, meta: rd.Meta, data: rd, decoded: true}
+		if err := b.settle(lr, publish.InputRef{}); err != nil {
 			return loaded{err: err}
 		}
-		lr.a.Snapshot = SnapshotRef{}
+		lr.a.Snapshot = analysis.SnapshotRef{}
 		l.ranks = append(l.ranks, lr)
 	}
 	return l
@@ -336,22 +341,22 @@ func (b *builder) detailPass(ctx context.Context) error {
 
 // decodeAgain decodes rank r's snapshot a second time: it must be the one the
 // first pass recorded in the claim.
-func (b *builder) decodeAgain(ctx context.Context, r int) (*rankData, error) {
+func (b *builder) decodeAgain(ctx context.Context, r int) (*analysis.RankData, error) {
 	in, e := b.inputs[b.inputOf[r]], b.byRank[r]
 	if isPB(in.Source) {
 		data, err := in.load(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("merge: reading %s: %w", in.Source, err)
 		}
-		if sha256Hex(data) != e.ref.SHA256 {
+		if digest.SHA256Hex(data) != e.ref.SHA256 {
 			return nil, fmt.Errorf("merge: %s changed during the merge", in.Source)
 		}
-		ranks, err := ranksFromPB(data, in.Source)
+		ranks, err := render.RanksFromPB(data, in.Source)
 		if err != nil {
 			return nil, err
 		}
 		for _, rd := range ranks {
-			if rd.rank == r {
+			if rd.Rank == r {
 				return rd, nil
 			}
 		}
@@ -361,24 +366,24 @@ func (b *builder) decodeAgain(ctx context.Context, r int) (*rankData, error) {
 	if err != nil {
 		return nil, err
 	}
-	rd, _, err := decodeInput(ctx, in, &RankAnalysis{Snapshot: SnapshotRef{Size: e.ref.Size, SHA256: e.ref.SHA256}})
+	rd, _, err := decodeInput(ctx, in, &analysis.RankAnalysis{Snapshot: analysis.SnapshotRef{Size: e.ref.Size, SHA256: e.ref.SHA256}})
 	if err != nil {
 		return nil, err
 	}
-	rd.meta = meta
+	rd.Meta = meta
 	return rd, nil
 }
 
 // diffRanks are the ranks the diffs compare, in rank order.
 func (b *builder) diffRanks() []int {
-	sums := make([]RankSummary, len(b.ranks))
+	sums := make([]analysis.RankSummary, len(b.ranks))
 	for i, e := range b.ranks {
-		sums[i] = e.sum
+		sums[i] = e.Summary
 	}
 	set := map[int]bool{}
-	if sp := computeSpread(sums); sp != nil {
+	if sp := analysis.ComputeSpread(sums); sp != nil {
 		set[sp.OutlierRank] = true
-		if m, ok := medianRank(sums, sp, sp.OutlierRank); ok {
+		if m, ok := analysis.MedianRank(sums, sp, sp.OutlierRank); ok {
 			set[m] = true
 		}
 	}

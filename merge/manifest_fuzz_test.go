@@ -15,20 +15,22 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
 // seedSidecar is a sidecar as a rank agent writes it: rank r of world, window 3
 // over batches [5, 8).
-func seedSidecar(r, world int) RankMeta {
+func seedSidecar(r, world int) sidecar.RankMeta {
 	off, rtt := int64(-1200+100*r), int64(300)
-	m := RankMeta{Version: 1, RunName: "gpt", Rank: r, LocalRank: r % 8, NodeRank: r / 8, WorldSize: world, LocalWorldSize: 8, Hostname: "node001",
-		GPU:    &GPUInfo{UUID: "GPU-5c1b3f3e-0000-4000-8000-00000000000" + strconv.Itoa(r%10), Name: "NVIDIA H200", TotalBytes: 150 << 30, PCIBusID: "00000000:19:00.0"},
-		Window: &WindowInfo{ID: 3, Start: 5, Stop: 8}, ClockOffsetUS: &off, ClockRTTUS: &rtt, Reason: "window", StallUS: 2500}
+	m := sidecar.RankMeta{Version: 1, RunName: "gpt", Rank: r, LocalRank: r % 8, NodeRank: r / 8, WorldSize: world, LocalWorldSize: 8, Hostname: "node001",
+		GPU:    &sidecar.GPUInfo{UUID: "GPU-5c1b3f3e-0000-4000-8000-00000000000" + strconv.Itoa(r%10), Name: "NVIDIA H200", TotalBytes: 150 << 30, PCIBusID: "00000000:19:00.0"},
+		Window: &sidecar.WindowInfo{ID: 3, Start: 5, Stop: 8}, ClockOffsetUS: &off, ClockRTTUS: &rtt, Reason: "window", StallUS: 2500}
 	for b := int64(5); b < 8; b++ {
 		t := 1700000000000000 + b*150000
-		m.Batches = append(m.Batches, BatchMark{Batch: b, StartUS: t, EndUS: t + 140000})
-		m.Samples = append(m.Samples, MemorySample{TimeUS: t + 10, DeviceUsedBytes: 40 << 30, ProcessUsedBytes: 38 << 30})
+		m.Batches = append(m.Batches, sidecar.BatchMark{Batch: b, StartUS: t, EndUS: t + 140000})
+		m.Samples = append(m.Samples, sidecar.MemorySample{TimeUS: t + 10, DeviceUsedBytes: 40 << 30, ProcessUsedBytes: 38 << 30})
 	}
 	return m
 }
@@ -49,7 +51,7 @@ func manifestSeeds(t testing.TB) [][]byte {
 		if err := os.WriteFile(filepath.Join(withMeta, name), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(withMeta, MetaName(name)), mb, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(withMeta, sidecar.MetaName(name)), mb, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -59,7 +61,7 @@ func manifestSeeds(t testing.TB) [][]byte {
 		cfg Config
 	}{
 		{src, Config{Title: "ddp4"}},
-		{withMeta, Config{Window: &WindowInfo{ID: 3, Start: 5, Stop: 8}, MissingReasons: map[int]string{4: "unreachable"}, Reason: "schedule", Align: AlignOffsets}},
+		{withMeta, Config{Window: &sidecar.WindowInfo{ID: 3, Start: 5, Stop: 8}, MissingReasons: map[int]string{4: "unreachable"}, Reason: "schedule", Align: AlignOffsets}},
 	} {
 		r := &Resolver{Template: naming.MustParse(naming.ComposerSnapshotName)}
 		ins, err := r.Resolve(context.Background(), []string{c.dir}, nil)
@@ -132,7 +134,7 @@ func FuzzParseManifest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := ParseManifest(b)
+		m, err := publish.ParseManifest(b)
 		if err != nil {
 			if m != nil {
 				t.Fatalf("refused with %v but returned a manifest", err)
@@ -144,7 +146,7 @@ func FuzzParseManifest(f *testing.F) {
 		if err != nil {
 			t.Fatalf("an accepted manifest does not marshal: %v", err)
 		}
-		m2, err := ParseManifest(again)
+		m2, err := publish.ParseManifest(again)
 		if err != nil {
 			t.Fatalf("an accepted manifest, re-marshalled, is refused: %v\n%s", err, again)
 		}
@@ -156,12 +158,12 @@ func FuzzParseManifest(f *testing.F) {
 
 // checkManifest checks an accepted manifest against the rules its readers rely
 // on, independently of ParseManifest.
-func checkManifest(t *testing.T, m *Manifest) {
+func checkManifest(t *testing.T, m *publish.Manifest) {
 	t.Helper()
-	if m.Version != 1 || m.WorldSize < 0 || m.WorldSize > MaxRanks {
+	if m.Version != 1 || m.WorldSize < 0 || m.WorldSize > sidecar.MaxRanks {
 		t.Fatalf("accepted version %d, world size %d", m.Version, m.WorldSize)
 	}
-	plain := func(what string, o Object) {
+	plain := func(what string, o publish.Object) {
 		if o.Name == "" || o.Name == "." || o.Name == ".." || strings.ContainsAny(o.Name, "/\\") || o.Size < 0 || len(o.SHA256) != 64 {
 			t.Fatalf("accepted %s %+v", what, o)
 		}
@@ -175,11 +177,11 @@ func checkManifest(t *testing.T, m *Manifest) {
 	for k, o := range m.Outputs {
 		plain("output "+k, o)
 	}
-	if m.Claim != (Object{}) {
+	if m.Claim != (publish.Object{}) {
 		plain("claim", m.Claim)
 	}
 	rank := func(r int) {
-		if r < 0 || r >= MaxRanks || (m.WorldSize > 0 && r >= m.WorldSize) {
+		if r < 0 || r >= sidecar.MaxRanks || (m.WorldSize > 0 && r >= m.WorldSize) {
 			t.Fatalf("accepted rank %d of world size %d", r, m.WorldSize)
 		}
 	}
@@ -200,83 +202,17 @@ func checkManifest(t *testing.T, m *Manifest) {
 		rank(r)
 	}
 	for _, k := range m.Pending {
-		if k != OutPickle && k != OutPB || len(m.Pending) > 2 {
+		if k != publish.OutPickle && k != publish.OutPB || len(m.Pending) > 2 {
 			t.Fatalf("accepted pending outputs %q", m.Pending)
 		}
 	}
 }
 
-// brokenSidecars are sidecars ParseRankMeta refuses.
-var brokenSidecars = []string{
-	`{"version":1,"rank":4,"world_size":4}`,
-	`{"version":1,"rank":-1,"world_size":4}`,
-	`{"version":1,"rank":0,"world_size":-1}`,
-	`{"version":1,"rank":65536}`,
-	`{"version":1,"rank":0,"world_size":2147483647}`,
-	`{"version":1,"rank":0,"batches":[{"batch":5,"start_us":10,"end_us":9}]}`,
-	`{"version":1,"rank":0,"stall_us":-1}`,
-	`{"version":1,"rank":"0"}`,
-	`{"version":1,"rank":1.5}`,
-	`{"version":1,"rank":0,"batches":{}}`,
-	`{"version":1`,
-}
-
-// FuzzParseRankMeta: ParseRankMeta never panics, refuses ranks outside the world
-// and batch marks that end before they start, and what it accepts reads the same
-// once re-marshalled.
-func FuzzParseRankMeta(f *testing.F) {
-	for _, m := range []RankMeta{seedSidecar(0, 4), seedSidecar(3, 4), seedSidecar(65535, 65536), {Version: 1, Rank: 2}} {
-		b, err := json.Marshal(m)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
-	// a partial snapshot's sidecar, and a post-mortem's
-	f.Add([]byte(`{"version":1,"run_name":"gpt","rank":1,"local_rank":1,"node_rank":0,"world_size":2,"window":{"id":4,"start":10,"stop":13},` +
-		`"batches":[{"batch":10,"start_us":100,"end_us":100}],"partial":"the trainer stopped at batch 11","nvml_samples":[]}`))
-	f.Add([]byte(`{"version":1,"rank":0,"world_size":2,"window":{"id":9,"start":0,"stop":0},"reason":"oom","batches":[]}`))
-	for _, s := range brokenSidecars {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := ParseRankMeta(b)
-		if err != nil {
-			if m != nil {
-				t.Fatalf("refused with %v but returned metadata", err)
-			}
-			return
-		}
-		if m.Rank < 0 || m.Rank >= MaxRanks || m.WorldSize < 0 || m.WorldSize > MaxRanks || (m.WorldSize > 0 && m.Rank >= m.WorldSize) {
-			t.Fatalf("accepted rank %d of world size %d", m.Rank, m.WorldSize)
-		}
-		for _, bm := range m.Batches {
-			if bm.EndUS < bm.StartUS {
-				t.Fatalf("accepted batch %d ending at %d before its start %d", bm.Batch, bm.EndUS, bm.StartUS)
-			}
-		}
-		if m.StallUS < 0 {
-			t.Fatalf("accepted a stall of %d us", m.StallUS)
-		}
-		again, err := json.Marshal(m)
-		if err != nil {
-			t.Fatalf("accepted metadata does not marshal: %v", err)
-		}
-		m2, err := ParseRankMeta(again)
-		if err != nil {
-			t.Fatalf("accepted metadata, re-marshalled, is refused: %v\n%s", err, again)
-		}
-		if !reflect.DeepEqual(m, m2) {
-			t.Fatalf("a round trip changed the metadata:\n%#v\n%#v", m, m2)
-		}
-	})
-}
-
-// TestParseSeeds: the seeds are what they say: real manifests and sidecars are
-// accepted, broken ones refused.
+// TestParseSeeds: the seeds are what they say: real manifests are accepted,
+// broken ones refused.
 func TestParseSeeds(t *testing.T) {
 	for i, b := range manifestSeeds(t) {
-		m, err := ParseManifest(b)
+		m, err := publish.ParseManifest(b)
 		if err != nil {
 			t.Fatalf("manifest %d: %v\n%s", i, err, b)
 		}
@@ -288,12 +224,7 @@ func TestParseSeeds(t *testing.T) {
 		}
 	}
 	for _, s := range brokenManifests {
-		if _, err := ParseManifest([]byte(s)); err == nil {
-			t.Errorf("accepted %s", s)
-		}
-	}
-	for _, s := range brokenSidecars {
-		if _, err := ParseRankMeta([]byte(s)); err == nil {
+		if _, err := publish.ParseManifest([]byte(s)); err == nil {
 			t.Errorf("accepted %s", s)
 		}
 	}

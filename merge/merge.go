@@ -13,6 +13,10 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/render"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -23,30 +27,8 @@ const (
 	AlignOffsets = "offsets" // each rank's clock minus its measured offset from the leader
 )
 
-// Output kinds, and their default names.
-const (
-	OutPickle  = "pickle"
-	OutTrace   = "trace"
-	OutSummary = "summary"
-	OutHTML    = "html"
-	OutPB      = "pb"
-	// OutInputs is the claim, written before the outputs: what was merged, with what
-	// options. OutManifest is written after them: it publishes the merge.
-	OutInputs   = "inputs"
-	OutManifest = "manifest"
-)
-
-// DefaultOutputBase is the default name (a template) of the merged outputs, before
-// their suffixes.
-const DefaultOutputBase = "merged"
-
-var outSuffix = map[string]string{
-	OutPickle: ".memory_snapshot.pickle", OutTrace: ".trace.json", OutSummary: ".summary.json",
-	OutHTML: ".html", OutPB: ".memsnap.pb", OutInputs: ".inputs.json", OutManifest: ".manifest.json",
-}
-
 // fixedOutputs are the outputs after the pickles, in the order they are stored.
-var fixedOutputs = []string{OutTrace, OutSummary, OutHTML, OutPB}
+var fixedOutputs = []string{publish.OutTrace, publish.OutSummary, publish.OutHTML, publish.OutPB}
 
 // Detail chooses the ranks whose full traces the merged pickles and the merged
 // timeline hold.
@@ -92,7 +74,7 @@ type Config struct {
 	TempDir string
 	// Window is the window the inputs recorded, for the claim and the manifest (nil
 	// when unknown).
-	Window *WindowInfo
+	Window *sidecar.WindowInfo
 	// MissingReasons says why a rank is missing, for the manifest (rank -> reason).
 	MissingReasons map[int]string
 	// Reason says why the window was recorded ("request", "schedule", a post-mortem
@@ -154,9 +136,9 @@ type Config struct {
 
 // Result says what a merge wrote.
 type Result struct {
-	Summary *Summary
+	Summary *analysis.Summary
 	// Manifest is the manifest published.
-	Manifest *Manifest
+	Manifest *publish.Manifest
 	Outputs  map[string]string // output kind -> key in Out (with the claim and the manifest)
 	// Decoded are the ranks whose snapshots were decoded (in full), FromAnalyses
 	// the ranks whose figures came from their analyses; both in rank order, with
@@ -183,7 +165,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("merge: unknown alignment %q (wall, start or offsets)", c.Align)
 	}
 	if c.OutputBase == "" {
-		c.OutputBase = DefaultOutputBase
+		c.OutputBase = publish.DefaultOutputBase
 	}
 	if c.Workers <= 0 {
 		c.Workers = min(2, runtime.GOMAXPROCS(0))
@@ -194,8 +176,8 @@ func (c *Config) validate() error {
 	if c.Progressive && c.Overwrite {
 		return errors.New("merge: a progressive merge does not overwrite")
 	}
-	if c.WorldSize < 0 || c.WorldSize > MaxRanks {
-		return fmt.Errorf("merge: world size %d (at most %d)", c.WorldSize, MaxRanks)
+	if c.WorldSize < 0 || c.WorldSize > sidecar.MaxRanks {
+		return fmt.Errorf("merge: world size %d (at most %d)", c.WorldSize, sidecar.MaxRanks)
 	}
 	return c.validateCut()
 }
@@ -203,15 +185,15 @@ func (c *Config) validate() error {
 // validateCut fills the defaults of the pickles' bound and checks the cut.
 func (c *Config) validateCut() error {
 	if c.PickleMaxBytes == 0 {
-		c.PickleMaxBytes = DefaultPickleMaxBytes
+		c.PickleMaxBytes = render.DefaultPickleMaxBytes
 	}
 	if c.PicklePartName == "" {
-		c.PicklePartName = DefaultPicklePartName
+		c.PicklePartName = render.DefaultPicklePartName
 	}
 	if c.PickleMaxBytes < 0 {
 		return fmt.Errorf("merge: a pickle bound of %d bytes", c.PickleMaxBytes)
 	}
-	if err := checkPartName(c.PicklePartName); err != nil {
+	if err := render.CheckPartName(c.PicklePartName); err != nil {
 		return err
 	}
 	if c.From != nil && c.To != nil && *c.To < *c.From {
@@ -221,37 +203,12 @@ func (c *Config) validateCut() error {
 		return fmt.Errorf("merge: unknown detail %d", c.Detail)
 	}
 	for _, r := range c.DiffRanks {
-		if r < 0 || r >= MaxRanks {
+		if r < 0 || r >= sidecar.MaxRanks {
 			return fmt.Errorf("merge: diff rank %d", r)
 		}
 	}
 	return nil
 }
-
-// OutputKeys renders the names of the outputs, the claim and the manifest.
-func OutputKeys(base string, vars naming.Vars) (map[string]string, error) {
-	t, err := naming.Parse(base)
-	if err != nil {
-		return nil, fmt.Errorf("merge: output name: %w", err)
-	}
-	b, err := t.RenderKey(vars)
-	if err != nil {
-		return nil, fmt.Errorf("merge: output name: %w", err)
-	}
-	out := map[string]string{}
-	for k, s := range outSuffix {
-		if out[k], err = naming.CleanKey(b + s); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
-// MaxRanks is the largest world size a merge accepts: a rank number, a world size
-// in a sidecar or a timeline, or a flag above it is refused, so a hostile name such
-// as rank50000000.5.memory_snapshot.pickle cannot make a merge write gigabytes of
-// empty ranks.
-const MaxRanks = 1 << 16
 
 // Merge merges the inputs rank by rank into the outputs and publishes them: the
 // claim (<base>.inputs.json, what was merged), the outputs, and last the manifest
@@ -270,7 +227,7 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	keys, err := OutputKeys(cfg.OutputBase, cfg.Vars)
+	keys, err := publish.OutputKeys(cfg.OutputBase, cfg.Vars)
 	if err != nil {
 		return nil, err
 	}
@@ -297,19 +254,19 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	man, err := publish(ctx, &cfg, keys, b.tmp, b.refs, sum, outs)
+	man, err := publish.Publish(ctx, cfg.publishing(), keys, b.tmp, b.refs, sum, outs)
 	if err != nil {
 		return nil, err
 	}
-	if plain[OutInputs] != keys[OutInputs] {
-		removeSuperseded(ctx, &cfg, plain, keys)
+	if plain[publish.OutInputs] != keys[publish.OutInputs] {
+		publish.RemoveSuperseded(ctx, cfg.publishing(), plain, keys)
 	}
 	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
 		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))
-	res := &Result{Summary: sum, Manifest: man, Outputs: map[string]string{OutInputs: keys[OutInputs], OutManifest: keys[OutManifest]},
+	res := &Result{Summary: sum, Manifest: man, Outputs: map[string]string{publish.OutInputs: keys[publish.OutInputs], publish.OutManifest: keys[publish.OutManifest]},
 		Decoded: b.decoded, FromAnalyses: b.fromAnalyses}
 	for _, o := range outs {
-		res.Outputs[o.kind] = o.key
+		res.Outputs[o.Kind] = o.Key
 	}
 	return res, nil
 }
@@ -319,10 +276,10 @@ func checkUnpublished(ctx context.Context, cfg *Config, keys map[string]string) 
 	if cfg.Overwrite {
 		return nil
 	}
-	_, err := cfg.Out.Stat(ctx, keys[OutManifest])
+	_, err := cfg.Out.Stat(ctx, keys[publish.OutManifest])
 	switch {
 	case err == nil:
-		return fmt.Errorf("merge: %s exists in %s: this merge was published already (pass overwrite to replace it): %w", keys[OutManifest], cfg.Out, store.ErrExists)
+		return fmt.Errorf("merge: %s exists in %s: this merge was published already (pass overwrite to replace it): %w", keys[publish.OutManifest], cfg.Out, store.ErrExists)
 	case !errors.Is(err, store.ErrNotFound):
 		return err
 	}
@@ -339,21 +296,21 @@ func attemptKeys(ctx context.Context, cfg *Config, keys map[string]string) (map[
 	if cfg.Attempt == "" || strings.ContainsAny(cfg.Attempt, "/\\.") || len(cfg.Attempt) > 32 {
 		return nil, fmt.Errorf("merge: attempt name %q (a short name without '.', '/')", cfg.Attempt)
 	}
-	prev, err := readClaim(ctx, cfg.Out, keys[OutInputs])
+	prev, err := publish.ReadClaim(ctx, cfg.Out, keys[publish.OutInputs])
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return keys, nil
-	case err != nil && !errors.Is(err, errBadClaim):
+	case err != nil && !errors.Is(err, publish.ErrBadClaim):
 		return nil, err
 	case err == nil && prev.Attempt == cfg.Attempt:
 		return keys, nil // this attempt's own claim, from a try the store interrupted
 	}
-	base := strings.TrimSuffix(keys[OutInputs], outSuffix[OutInputs])
+	base := strings.TrimSuffix(keys[publish.OutInputs], publish.OutSuffix[publish.OutInputs])
 	out := map[string]string{}
 	for k, v := range keys {
 		out[k] = v
-		if k != OutManifest {
-			out[k] = base + "." + cfg.Attempt + outSuffix[k]
+		if k != publish.OutManifest {
+			out[k] = base + "." + cfg.Attempt + publish.OutSuffix[k]
 		}
 	}
 	cfg.Logger.Info("another attempt claimed the window's names and did not publish; publishing under this attempt's names", "attempt", cfg.Attempt,
@@ -400,19 +357,16 @@ func (c *Config) tempDir() (string, error) {
 	return tmp, nil
 }
 
-func contentType(kind string) string {
-	switch kind {
-	case OutHTML:
-		return "text/html; charset=utf-8"
-	case OutTrace, OutSummary, OutInputs, OutManifest:
-		return "application/json"
-	}
-	return "application/octet-stream"
+// publishing is how the merge publishes: the fields of c that publish.Config
+// names.
+func (c *Config) publishing() *publish.Config {
+	return &publish.Config{Out: c.Out, Overwrite: c.Overwrite, Align: c.Align, Offsets: c.Offsets, Title: c.Title, Window: c.Window,
+		Reason: c.Reason, Kind: c.Kind, Attempt: c.Attempt, Logger: c.Logger, Fence: c.Fence}
 }
 
 // shift returns what is added to a rank's time_us to align it; traceStart is its
 // first event's time, when it has events.
-func (c *Config) shift(rank int, meta *RankMeta, traceStart int64, hasTrace bool) int64 {
+func (c *Config) shift(rank int, meta *sidecar.RankMeta, traceStart int64, hasTrace bool) int64 {
 	switch c.Align {
 	case AlignStart:
 		if hasTrace {

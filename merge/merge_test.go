@@ -15,6 +15,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -113,7 +114,7 @@ print(json.dumps(out))`
 		t.Fatalf("outlier: %+v", s.Spread)
 	}
 	// the summary on disk says the same
-	var disk Summary
+	var disk analysis.Summary
 	b, _ := os.ReadFile(filepath.Join(dir, "merged.summary.json"))
 	if err := json.Unmarshal(b, &disk); err != nil || disk.Spread.OutlierRank != 3 || len(disk.Ranks) != 4 || len(disk.MissingRanks) != 0 {
 		t.Fatalf("summary file: %v %+v", err, disk.Spread)

@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // TestPreloadedInputsMergeFromMemory: inputs preloaded (sidecar and analysis read
@@ -31,7 +34,7 @@ func TestPreloadedInputsMergeFromMemory(t *testing.T) {
 	}
 	for r := range ins {
 		key := fmt.Sprintf("bench/rank%d.pickle", r)
-		for _, k := range []string{MetaName(key), AnalysisName(key)} {
+		for _, k := range []string{sidecar.MetaName(key), analysis.AnalysisName(key)} {
 			if err := os.Remove(filepath.Join(st.Root(), filepath.FromSlash(k))); err != nil {
 				t.Fatal(err)
 			}
@@ -54,7 +57,7 @@ func TestPreloadedInputsMergeFromMemory(t *testing.T) {
 // is preloaded is read at the merge.
 func TestPreloadLeavesWhatItCannotRead(t *testing.T) {
 	ins, st := storeAnswerRanks(t, 2, 2000)
-	p := filepath.Join(st.Root(), filepath.FromSlash(AnalysisName("bench/rank1.pickle")))
+	p := filepath.Join(st.Root(), filepath.FromSlash(analysis.AnalysisName("bench/rank1.pickle")))
 	b, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,10 @@ import (
 
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/render"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // Answer is the first step of a progressive merge, once it is published: the
@@ -22,8 +26,8 @@ import (
 // the merged pickles and the timeline are still being written.
 type Answer struct {
 	Manifest string // the manifest's key
-	M        *Manifest
-	Summary  *Summary
+	M        *publish.Manifest
+	Summary  *analysis.Summary
 }
 
 // ErrOtherInputs: a progressive merge found the window's answer published from
@@ -49,15 +53,15 @@ var ErrOtherInputs = errors.New("merge: the published answer was merged from oth
 // stall and its successor) cannot mix sets or leave anything behind. The
 // answer's outputs are never written again.
 func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (*Result, error) {
-	var answered *Manifest
-	m, err := ReadManifest(ctx, cfg.Out, keys[OutManifest])
+	var answered *publish.Manifest
+	m, err := publish.ReadManifest(ctx, cfg.Out, keys[publish.OutManifest])
 	switch {
 	case err == nil && m.Failed():
-		return nil, fmt.Errorf("merge: %s in %s commits the window as failed (%s): %w", keys[OutManifest], cfg.Out, m.Error, store.ErrExists)
+		return nil, fmt.Errorf("merge: %s in %s commits the window as failed (%s): %w", keys[publish.OutManifest], cfg.Out, m.Error, store.ErrExists)
 	case err == nil && len(m.Pending) == 0:
-		return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already: %w", keys[OutManifest], cfg.Out, store.ErrExists)
-	case err == nil && !strings.HasSuffix(m.Claim.Name, outSuffix[OutInputs]):
-		return nil, fmt.Errorf("%w: %s waits for outputs but names no claim (%q) to name them after", ErrOtherInputs, keys[OutManifest], m.Claim.Name)
+		return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already: %w", keys[publish.OutManifest], cfg.Out, store.ErrExists)
+	case err == nil && !strings.HasSuffix(m.Claim.Name, publish.OutSuffix[publish.OutInputs]):
+		return nil, fmt.Errorf("%w: %s waits for outputs but names no claim (%q) to name them after", ErrOtherInputs, keys[publish.OutManifest], m.Claim.Name)
 	case err == nil:
 		answered = m
 		cfg.Ranks = rankSetOf(m.RanksMerged) // the answer's ranks, and no others
@@ -86,19 +90,19 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 		if answered, err = b.publishAnswer(ctx, keys, sum); err != nil {
 			return nil, err
 		}
-		if plain[OutInputs] != keys[OutInputs] {
-			removeSuperseded(ctx, &cfg, plain, keys)
+		if plain[publish.OutInputs] != keys[publish.OutInputs] {
+			publish.RemoveSuperseded(ctx, cfg.publishing(), plain, keys)
 		}
-		cfg.Logger.Info("answer published", "manifest", keys[OutManifest], "ranks", len(sum.Ranks), "elapsed", time.Since(start).Round(time.Millisecond))
+		cfg.Logger.Info("answer published", "manifest", keys[publish.OutManifest], "ranks", len(sum.Ranks), "elapsed", time.Since(start).Round(time.Millisecond))
 	} else {
 		if err := sameInputs(b.refs, answered.Inputs); err != nil {
-			return nil, fmt.Errorf("%w: %s (%v)", ErrOtherInputs, keys[OutManifest], err)
+			return nil, fmt.Errorf("%w: %s (%v)", ErrOtherInputs, keys[publish.OutManifest], err)
 		}
 		sum.MissingRanks, sum.MissingReasons = answered.MissingRanks, answered.MissingReasons
-		cfg.Logger.Info("the window's answer is published with outputs pending; writing them", "manifest", keys[OutManifest], "answered_by", answered.Attempt)
+		cfg.Logger.Info("the window's answer is published with outputs pending; writing them", "manifest", keys[publish.OutManifest], "answered_by", answered.Attempt)
 	}
 	if cfg.OnAnswer != nil {
-		cfg.OnAnswer(Answer{Manifest: keys[OutManifest], M: answered, Summary: sum})
+		cfg.OnAnswer(Answer{Manifest: keys[publish.OutManifest], M: answered, Summary: sum})
 	}
 	final, err := b.publishDetail(ctx, keys, world, answered)
 	if err != nil {
@@ -106,8 +110,8 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 	}
 	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
 		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))
-	dir := path.Dir(keys[OutManifest])
-	res := &Result{Summary: sum, Manifest: final, Outputs: map[string]string{OutInputs: path.Join(dir, final.Claim.Name), OutManifest: keys[OutManifest]},
+	dir := path.Dir(keys[publish.OutManifest])
+	res := &Result{Summary: sum, Manifest: final, Outputs: map[string]string{publish.OutInputs: path.Join(dir, final.Claim.Name), publish.OutManifest: keys[publish.OutManifest]},
 		Decoded: b.decoded, FromAnalyses: b.fromAnalyses}
 	for kind, o := range final.Outputs {
 		res.Outputs[kind] = path.Join(dir, o.Name)
@@ -116,16 +120,16 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 }
 
 // pendingOutputs are what the answer's manifest says is still to come.
-var pendingOutputs = []string{OutPickle, OutPB}
+var pendingOutputs = []string{publish.OutPickle, publish.OutPB}
 
 // publishAnswer stores the claim, the trace, the summary and the report, then the
 // manifest that says the pickles and the timeline are coming.
-func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum *Summary) (*Manifest, error) {
+func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum *analysis.Summary) (*publish.Manifest, error) {
 	cfg := b.cfg
-	if err := b.tw.finish(); err != nil {
+	if err := b.tw.Finish(); err != nil {
 		return nil, fmt.Errorf("merge: writing the trace: %w", err)
 	}
-	if err := writeHTML(b.files[OutHTML], cfg.Title, sum, b.ranks); err != nil {
+	if err := render.WriteHTML(b.files[publish.OutHTML], cfg.Title, sum, b.ranks); err != nil {
 		return nil, fmt.Errorf("merge: writing the report: %w", err)
 	}
 	// the summary names the outputs whose names are known now; the manifest
@@ -138,39 +142,39 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 	if err != nil {
 		return nil, err
 	}
-	if _, err := b.files[OutSummary].Write(append(sb, '\n')); err != nil {
+	if _, err := b.files[publish.OutSummary].Write(append(sb, '\n')); err != nil {
 		return nil, err
 	}
-	var outs []output
-	for _, k := range []string{OutTrace, OutSummary, OutHTML} {
-		if err := b.files[k].f.Close(); err != nil {
+	var outs []publish.Output
+	for _, k := range []string{publish.OutTrace, publish.OutSummary, publish.OutHTML} {
+		if err := b.files[k].F.Close(); err != nil {
 			return nil, fmt.Errorf("merge: writing %s: %w", k, err)
 		}
-		outs = append(outs, output{kind: k, key: keys[k], file: filepath.Join(b.tmp, k), sum: b.files[k].sum()})
+		outs = append(outs, publish.Output{Kind: k, Key: keys[k], File: filepath.Join(b.tmp, k), Sum: b.files[k].Sum()})
 	}
 	// the claim names every output of both steps (the pickles by their plain
 	// name: parts are named in the second step's intent)
-	named := append([]output{{kind: OutPickle, key: keys[OutPickle]}, {kind: OutPB, key: keys[OutPB]}}, outs...)
-	cpath, csum, err := writeClaim(cfg, b.tmp, b.refs, sum, named)
+	named := append([]publish.Output{{Kind: publish.OutPickle, Key: keys[publish.OutPickle]}, {Kind: publish.OutPB, Key: keys[publish.OutPB]}}, outs...)
+	cpath, csum, err := publish.WriteClaim(cfg.publishing(), b.tmp, b.refs, sum, named)
 	if err != nil {
 		return nil, err
 	}
-	cobj, err := storeClaim(ctx, cfg, keys, cpath, csum)
+	cobj, err := publish.StoreClaim(ctx, cfg.publishing(), keys, cpath, csum)
 	if err != nil {
 		return nil, err
 	}
-	man := manifestOf(cfg, cobj, b.refs, sum)
-	if err := storeOutputs(ctx, cfg, &man, outs); err != nil {
+	man := publish.ManifestOf(cfg.publishing(), cobj, b.refs, sum)
+	if err := publish.StoreOutputs(ctx, cfg.publishing(), &man, outs); err != nil {
 		return nil, err
 	}
 	man.Pending = pendingOutputs
-	if err := putManifest(ctx, cfg, keys[OutManifest], &man, ""); err != nil {
+	if err := publish.PutManifest(ctx, cfg.publishing(), keys[publish.OutManifest], &man, ""); err != nil {
 		if errors.Is(err, store.ErrExists) {
-			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
-			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[OutManifest], err)
+			publish.Unpublish(ctx, cfg.publishing(), keys[publish.OutManifest], keys[publish.OutInputs], outs)
+			return nil, fmt.Errorf("merge: %s was published by another merge first: %w", keys[publish.OutManifest], err)
 		}
-		if errors.Is(err, ErrFenced) {
-			unpublish(ctx, cfg, keys[OutManifest], keys[OutInputs], outs)
+		if errors.Is(err, publish.ErrFenced) {
+			publish.Unpublish(ctx, cfg.publishing(), keys[publish.OutManifest], keys[publish.OutInputs], outs)
 		}
 		return nil, err
 	}
@@ -181,41 +185,41 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 // stores them under the answer's names and publishes the manifest that names
 // them. When another merge completed the window first (with the same bytes), it
 // says so (store.ErrExists).
-func (b *builder) publishDetail(ctx context.Context, keys map[string]string, world int, answered *Manifest) (*Manifest, error) {
+func (b *builder) publishDetail(ctx context.Context, keys map[string]string, world int, answered *publish.Manifest) (*publish.Manifest, error) {
 	cfg := b.cfg
 	ranks := b.diffRanks()
 	if cfg.Detail == DetailAll {
 		ranks = ranks[:0]
 		for _, e := range b.ranks {
-			ranks = append(ranks, e.sum.Rank)
+			ranks = append(ranks, e.Summary.Rank)
 		}
 	}
 	lacking, err := b.decodeRanks(ctx, ranks)
 	if err != nil {
 		return nil, err
 	}
-	if err := b.pickles.finish(world); err != nil {
+	if err := b.pickles.Finish(world); err != nil {
 		return nil, err
 	}
 	b.pbWait()
-	b.pbw.header(cfg.Align, world, answered.MissingRanks)
-	if err := b.pbw.finish(); err != nil {
+	b.pbw.Header(cfg.Align, world, answered.MissingRanks)
+	if err := b.pbw.Finish(); err != nil {
 		return nil, fmt.Errorf("merge: writing the timeline: %w", err)
 	}
-	if err := b.files[OutPB].f.Close(); err != nil {
-		return nil, fmt.Errorf("merge: writing %s: %w", OutPB, err)
+	if err := b.files[publish.OutPB].F.Close(); err != nil {
+		return nil, fmt.Errorf("merge: writing %s: %w", publish.OutPB, err)
 	}
 	// the answer's names: base is where its claim lies, <base>.inputs.json
-	base := path.Join(path.Dir(keys[OutManifest]), strings.TrimSuffix(answered.Claim.Name, outSuffix[OutInputs]))
-	outs := b.pickles.outputs(base+outSuffix[OutPickle], base, cfg.PicklePartName)
-	outs = append(outs, output{kind: OutPB, key: base + outSuffix[OutPB], file: filepath.Join(b.tmp, OutPB), sum: b.files[OutPB].sum()})
+	base := path.Join(path.Dir(keys[publish.OutManifest]), strings.TrimSuffix(answered.Claim.Name, publish.OutSuffix[publish.OutInputs]))
+	outs := b.pickles.Outputs(base+publish.OutSuffix[publish.OutPickle], base, cfg.PicklePartName)
+	outs = append(outs, publish.Output{Kind: publish.OutPB, Key: base + publish.OutSuffix[publish.OutPB], File: filepath.Join(b.tmp, publish.OutPB), Sum: b.files[publish.OutPB].Sum()})
 	man := *answered
-	man.Outputs = map[string]Object{}
+	man.Outputs = map[string]publish.Object{}
 	for k, o := range answered.Outputs {
 		man.Outputs[k] = o
 	}
 	man.Pickles, man.Pending, man.DetailMissing = nil, nil, lacking
-	if err := storeOutputs(ctx, cfg, &man, outs); errors.Is(err, store.ErrExists) {
+	if err := publish.StoreOutputs(ctx, cfg.publishing(), &man, outs); errors.Is(err, store.ErrExists) {
 		return nil, fmt.Errorf("%w: other bytes than this merge wrote are stored under the answer's names (a leader with other options completed the window?): %v", ErrOtherInputs, err)
 	} else if err != nil {
 		return nil, err
@@ -223,25 +227,25 @@ func (b *builder) publishDetail(ctx context.Context, keys map[string]string, wor
 	// the manifest is replaced only while it is still the answer it was read as
 	// (If-Match): a merge completing it at the same time writes the same bytes,
 	// and one with other settings cannot orphan the pickles this one names
-	cur, tag, err := ReadManifestVersion(ctx, cfg.Out, keys[OutManifest])
+	cur, tag, err := publish.ReadManifestVersion(ctx, cfg.Out, keys[publish.OutManifest])
 	if err != nil {
 		return nil, err
 	}
 	if len(cur.Pending) == 0 || cur.Claim != answered.Claim || tag == "" {
-		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
+		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[publish.OutManifest], store.ErrExists)
 	}
-	if err := putManifest(ctx, cfg, keys[OutManifest], &man, tag); errors.Is(err, store.ErrChanged) {
-		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[OutManifest], store.ErrExists)
+	if err := publish.PutManifest(ctx, cfg.publishing(), keys[publish.OutManifest], &man, tag); errors.Is(err, store.ErrChanged) {
+		return nil, fmt.Errorf("merge: %s was completed by another merge first: %w", keys[publish.OutManifest], store.ErrExists)
 	} else if err != nil {
 		return nil, err
 	}
-	cfg.Logger.Info("published", "manifest", keys[OutManifest], "store", cfg.Out.String())
+	cfg.Logger.Info("published", "manifest", keys[publish.OutManifest], "store", cfg.Out.String())
 	return &man, nil
 }
 
 // sameInputs checks that a merge read the snapshots an answer was merged from.
-func sameInputs(got, want []InputRef) error {
-	key := func(r InputRef) string {
+func sameInputs(got, want []publish.InputRef) error {
+	key := func(r publish.InputRef) string {
 		return fmt.Sprintf("%d %s %s %s", r.Rank, r.Source, r.SHA256, r.MetaSHA256)
 	}
 	g, w := make([]string, len(got)), make([]string, len(want))
@@ -286,7 +290,7 @@ func (b *builder) decodeRanks(ctx context.Context, ranks []int) (map[string]stri
 	defer cancel()
 	var lacking map[string]string
 	type decoded struct {
-		rd  *rankData
+		rd  *analysis.RankData
 		err error
 	}
 	results := make([]chan decoded, len(ranks))
@@ -328,7 +332,7 @@ func (b *builder) decodeRanks(ctx context.Context, ranks []int) (map[string]stri
 			if lacking == nil {
 				lacking = map[string]string{}
 			}
-			lacking[strconv.Itoa(r)] = cutReason(d.err.Error())
+			lacking[strconv.Itoa(r)] = publish.CutReason(d.err.Error())
 			continue
 		}
 		b.decoded = append(b.decoded, r)
@@ -346,26 +350,16 @@ func transientRead(err error) bool {
 	return retry.Transient(err) || errors.Is(err, context.Canceled)
 }
 
-// cutReason bounds a reason kept in a manifest.
-func cutReason(s string) string { return cutReasonN(s, MaxFindingBytes) }
-
-func cutReasonN(s string, n int) string {
-	if len(s) > n {
-		s = strings.ToValidUTF8(s[:n], "")
-	}
-	return s
-}
-
 // AnswerInputs are the inputs a published answer was merged from, read from st
 // by the names its manifest records (each snapshot's key, with its sidecar and
 // its analysis beside it): what a merge that completes the answer reads.
-func AnswerInputs(st store.Store, m *Manifest) []Input {
+func AnswerInputs(st store.Store, m *publish.Manifest) []Input {
 	var ins []Input
 	for _, ref := range m.Inputs {
 		if ref.Rank < 0 || isPB(ref.Source) {
 			continue // (a cluster's answer is merged from snapshots)
 		}
-		ins = append(ins, StoreInput(st, ref.Source, MetaName(ref.Source), ref.Rank).WithAnalysis(StoreAnalysis(st, AnalysisName(ref.Source))))
+		ins = append(ins, StoreInput(st, ref.Source, sidecar.MetaName(ref.Source), ref.Rank).WithAnalysis(StoreAnalysis(st, analysis.AnalysisName(ref.Source))))
 	}
 	return ins
 }

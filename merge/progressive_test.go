@@ -18,6 +18,8 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -25,13 +27,13 @@ import (
 var progressiveWrites = []string{"claim", "trace", "summary", "html", "answer manifest", "pickle", "pb", "manifest"}
 
 // readManifestIn reads and parses the manifest in dir, merged.manifest.json.
-func readManifestIn(t *testing.T, dir string) (*Manifest, []byte) {
+func readManifestIn(t *testing.T, dir string) (*publish.Manifest, []byte) {
 	t.Helper()
 	mb, err := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := ParseManifest(mb)
+	m, err := publish.ParseManifest(mb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +42,7 @@ func readManifestIn(t *testing.T, dir string) (*Manifest, []byte) {
 
 // checkPublished checks the folder's manifest: every output it names is there,
 // whole, nothing is pending, and the folder holds nothing else.
-func checkPublished(t *testing.T, dir string) *Manifest {
+func checkPublished(t *testing.T, dir string) *publish.Manifest {
 	t.Helper()
 	m, mb := readManifestIn(t, dir)
 	if len(m.Pending) != 0 || len(m.Outputs) != 5 || len(m.Pickles) != 1 {
@@ -81,7 +83,7 @@ func TestProgressiveMerge(t *testing.T) {
 			answers = append(answers, a)
 			// at this moment the answer is in the store, whole, and the pickles are not
 			m, mb := readManifestIn(t, dir)
-			if !slices.Equal(m.Pending, []string{OutPickle, OutPB}) || len(m.Outputs) != 3 || m.Outputs[OutSummary].Name == "" || m.Outputs[OutHTML].Name == "" || m.Outputs[OutTrace].Name == "" {
+			if !slices.Equal(m.Pending, []string{publish.OutPickle, publish.OutPB}) || len(m.Outputs) != 3 || m.Outputs[publish.OutSummary].Name == "" || m.Outputs[publish.OutHTML].Name == "" || m.Outputs[publish.OutTrace].Name == "" {
 				t.Fatalf("the answer's manifest: %s", mb)
 			}
 			if _, err := os.Stat(filepath.Join(dir, "merged.memory_snapshot.pickle")); !errors.Is(err, os.ErrNotExist) {
@@ -98,7 +100,7 @@ func TestProgressiveMerge(t *testing.T) {
 		t.Fatalf("answers %+v", answers)
 	}
 	m := checkPublished(t, dir)
-	if res.Manifest == nil || res.Manifest.Outputs[OutPickle] != m.Outputs[OutPickle] || res.Outputs[OutPickle] != "merged.memory_snapshot.pickle" {
+	if res.Manifest == nil || res.Manifest.Outputs[publish.OutPickle] != m.Outputs[publish.OutPickle] || res.Outputs[publish.OutPickle] != "merged.memory_snapshot.pickle" {
 		t.Fatalf("result %+v", res)
 	}
 	for _, k := range []string{"merged.memory_snapshot.pickle", "merged.memsnap.pb", "merged.trace.json", "merged.html"} {
@@ -140,12 +142,12 @@ func TestProgressiveMergeIsCompleted(t *testing.T) {
 				if answered != (n >= 5) {
 					t.Fatalf("answered %v after %d writes", answered, n)
 				}
-				var before *Manifest
+				var before *publish.Manifest
 				if mb, err := os.ReadFile(filepath.Join(dir, "merged.manifest.json")); err == nil {
-					before, _ = ParseManifest(mb)
+					before, _ = publish.ParseManifest(mb)
 				}
 				cfg.Out, cfg.Attempt = d, again
-				var answer *Manifest
+				var answer *publish.Manifest
 				cfg.OnAnswer = func(a Answer) { answer = a.M }
 				res, err := Merge(ctx, cfg)
 				if err != nil {
@@ -157,7 +159,7 @@ func TestProgressiveMergeIsCompleted(t *testing.T) {
 				}
 				if before != nil {
 					// the answer was published: it stays, and the rest is added
-					for _, k := range []string{OutSummary, OutHTML, OutTrace} {
+					for _, k := range []string{publish.OutSummary, publish.OutHTML, publish.OutTrace} {
 						if m.Outputs[k] != before.Outputs[k] {
 							t.Fatalf("%s changed from %+v to %+v", k, before.Outputs[k], m.Outputs[k])
 						}
@@ -166,11 +168,11 @@ func TestProgressiveMergeIsCompleted(t *testing.T) {
 						t.Fatalf("the claim changed: %+v, attempt %s", m.Claim, m.Attempt)
 					}
 					// the second step is written under the answer's names, whoever writes it
-					if m.Outputs[OutPickle].Name != "merged.memory_snapshot.pickle" || m.Outputs[OutPB].Name != "merged.memsnap.pb" {
+					if m.Outputs[publish.OutPickle].Name != "merged.memory_snapshot.pickle" || m.Outputs[publish.OutPB].Name != "merged.memsnap.pb" {
 						t.Fatalf("the second step's names: %+v", m.Outputs)
 					}
 				}
-				if len(res.Summary.Ranks) != 4 || res.Outputs[OutPickle] != m.Outputs[OutPickle].Name {
+				if len(res.Summary.Ranks) != 4 || res.Outputs[publish.OutPickle] != m.Outputs[publish.OutPickle].Name {
 					t.Fatalf("result %+v", res.Outputs)
 				}
 			})
@@ -195,7 +197,7 @@ func TestProgressiveMergeRefusesOtherInputs(t *testing.T) {
 		t.Fatalf("completing from other inputs: %v", err)
 	}
 	mb, _ := os.ReadFile(filepath.Join(dir, "merged.manifest.json"))
-	if m, err := ParseManifest(mb); err != nil || len(m.Pending) != 2 {
+	if m, err := publish.ParseManifest(mb); err != nil || len(m.Pending) != 2 {
 		t.Fatalf("the answer's manifest changed: %s %v", mb, err)
 	}
 }
@@ -254,26 +256,26 @@ func TestCommitFailed(t *testing.T) {
 	dir := t.TempDir()
 	d, _ := store.OpenDir(dir, true)
 	key := "merged.manifest.json"
-	f := FailedWindow{Error: "no rank stored a snapshot of the window", Window: &WindowInfo{ID: 3, Start: 5, Stop: 8}, WorldSize: 4,
+	f := publish.FailedWindow{Error: "no rank stored a snapshot of the window", Window: &sidecar.WindowInfo{ID: 3, Start: 5, Stop: 8}, WorldSize: 4,
 		MissingReasons: map[int]string{0: "no sign of life", 2: "refused the window"}, Kind: "window", Attempt: "t2"}
 	no := errors.New("a newer term")
-	if _, err := CommitFailed(ctx, d, key, f, func(context.Context) error { return no }); !errors.Is(err, no) {
+	if _, err := publish.CommitFailed(ctx, d, key, f, func(context.Context) error { return no }); !errors.Is(err, no) {
 		t.Fatalf("a fenced commit: %v", err)
 	}
 	if left := readAll(t, dir); len(left) != 0 {
 		t.Fatalf("a fenced commit wrote %v", left)
 	}
-	m, err := CommitFailed(ctx, d, key, f, nil)
+	m, err := publish.CommitFailed(ctx, d, key, f, nil)
 	if err != nil || !m.Failed() || m.Error != f.Error || !slices.Equal(m.MissingRanks, []int{0, 2}) || m.MissingReasons["2"] != "refused the window" {
 		t.Fatalf("committed %+v %v", m, err)
 	}
-	read, err := ReadManifest(ctx, d, key)
+	read, err := publish.ReadManifest(ctx, d, key)
 	if err != nil || !read.Failed() || read.Window.ID != 3 {
 		t.Fatalf("read back %+v %v", read, err)
 	}
 	f2 := f
 	f2.Error = "another reason"
-	if again, err := CommitFailed(ctx, d, key, f2, nil); err != nil || again.Error != f.Error {
+	if again, err := publish.CommitFailed(ctx, d, key, f2, nil); err != nil || again.Error != f.Error {
 		t.Fatalf("a second commit: %+v %v (the first stands)", again, err)
 	}
 	ins := resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)})
@@ -289,14 +291,14 @@ func TestCommitFailed(t *testing.T) {
 	if _, err := Merge(ctx, Config{Inputs: ins, Out: pd, Progressive: true, Logger: testutil.Logger(t)}); err != nil {
 		t.Fatal(err)
 	}
-	if held, err := CommitFailed(ctx, pd, key, f, nil); err != nil || held.Failed() || len(held.Pending) != 0 {
+	if held, err := publish.CommitFailed(ctx, pd, key, f, nil); err != nil || held.Failed() || len(held.Pending) != 0 {
 		t.Fatalf("failing a published window: %+v %v", held, err)
 	}
 	// a failed manifest with outputs is malformed
 	bad := *m
-	bad.Outputs = map[string]Object{OutHTML: {Name: "x.html", SHA256: strings.Repeat("0", 64)}}
+	bad.Outputs = map[string]publish.Object{publish.OutHTML: {Name: "x.html", SHA256: strings.Repeat("0", 64)}}
 	b, _ := json.Marshal(bad)
-	if _, err := ParseManifest(b); err == nil {
+	if _, err := publish.ParseManifest(b); err == nil {
 		t.Fatal("a failed manifest naming outputs parsed")
 	}
 }

@@ -13,11 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
-	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -103,7 +102,7 @@ func TestInterruptedMergeIsFinishedByARerun(t *testing.T) {
 			t.Fatalf("%s: %s has %s (%d bytes), the manifest says %s (%d)", kind, o.Name, sum, size, o.SHA256, o.Size)
 		}
 	}
-	if res.Outputs[OutManifest] != "merged.manifest.json" {
+	if res.Outputs[publish.OutManifest] != "merged.manifest.json" {
 		t.Fatalf("outputs %v", res.Outputs)
 	}
 	// published: a third run is refused without overwrite
@@ -143,7 +142,7 @@ func TestMergeWithOtherInputsIsRefused(t *testing.T) {
 // refused instead of making a merge write gigabytes of empty ranks.
 func TestMergeBoundsRanks(t *testing.T) {
 	src, _ := os.ReadFile(filepath.Join(ddp4(t), "rank0.5.memory_snapshot.pickle"))
-	for _, rank := range []int{5000000, 50000000, MaxRanks} {
+	for _, rank := range []int{5000000, 50000000, sidecar.MaxRanks} {
 		d := t.TempDir()
 		os.WriteFile(filepath.Join(d, fmt.Sprintf("rank%d.5.memory_snapshot.pickle", rank)), src, 0o644)
 		out, _ := store.OpenDir(t.TempDir(), true)
@@ -156,7 +155,7 @@ func TestMergeBoundsRanks(t *testing.T) {
 		}
 	}
 	out, _ := store.OpenDir(t.TempDir(), true)
-	if _, err := Merge(context.Background(), Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)}), Out: out, WorldSize: MaxRanks + 1}); err == nil {
+	if _, err := Merge(context.Background(), Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{ddp4(t)}), Out: out, WorldSize: sidecar.MaxRanks + 1}); err == nil {
 		t.Fatal("a world size above MaxRanks was accepted")
 	}
 	// a sidecar claiming a huge world is refused too
@@ -166,61 +165,4 @@ func TestMergeBoundsRanks(t *testing.T) {
 	if _, err := Merge(context.Background(), Config{Inputs: resolve(t, naming.ComposerSnapshotName, []string{d}), Out: out}); err == nil || !strings.Contains(err.Error(), "world size") {
 		t.Fatalf("a sidecar naming world size 2^31-1: %v", err)
 	}
-}
-
-func timelineBytes(t testing.TB, tl *pb.Timeline) []byte {
-	b, err := proto.Marshal(tl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// TestHostileTimelines: a .memsnap.pb that names impossible ranks or world sizes is
-// refused with an error, never a panic or an allocation it cannot justify.
-func TestHostileTimelines(t *testing.T) {
-	cases := map[string]*pb.Timeline{
-		"world -1":        {Version: 1, WorldSize: -1},
-		"world 2^31-1":    {Version: 1, WorldSize: 1<<31 - 1},
-		"rank -3":         {Version: 1, Ranks: []*pb.RankTimeline{{Rank: -3}}},
-		"rank 2^31-1":     {Version: 1, Ranks: []*pb.RankTimeline{{Rank: 1<<31 - 1}}},
-		"rank past world": {Version: 1, WorldSize: 2, Ranks: []*pb.RankTimeline{{Rank: 2}}},
-		"rank twice":      {Version: 1, Ranks: []*pb.RankTimeline{{Rank: 1}, {Rank: 1}}},
-		"missing -1":      {Version: 1, MissingRanks: []int32{-1}},
-		"frame index":     {Version: 1, Ranks: []*pb.RankTimeline{{Rank: 0, Events: []*pb.Event{{Frames: []uint32{7}}}}}},
-	}
-	for name, tl := range cases {
-		t.Run(name, func(t *testing.T) {
-			b := timelineBytes(t, tl)
-			if _, err := ReadTimeline(b); err == nil {
-				t.Fatalf("%d bytes accepted", len(b))
-			}
-			if _, err := ranksFromPB(b, "x"); err == nil {
-				t.Fatal("ranksFromPB accepted it")
-			}
-		})
-	}
-}
-
-func FuzzReadTimeline(f *testing.F) {
-	f.Add(timelineBytes(f, &pb.Timeline{Version: 1, WorldSize: 2, Ranks: []*pb.RankTimeline{{Rank: 1, Events: []*pb.Event{{Action: pb.Action_ALLOC, Size: 8, Frames: []uint32{0}}}}},
-		Strings: []string{"", "f"}, Frames: []*pb.Frame{{Name: 1, Filename: 1}}}))
-	f.Add(timelineBytes(f, &pb.Timeline{Version: 1, WorldSize: -1}))
-	if b, err := os.ReadFile(filepath.Join(testutil.RepoRoot(f), "testdata", "seeds", "merged-small.memsnap.pb")); err == nil {
-		f.Add(b)
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		tl, err := ReadTimeline(b)
-		if err != nil {
-			return
-		}
-		s := TimelineSnapshot(tl)
-		if len(s.DeviceTraces) > MaxRanks {
-			t.Fatalf("%d device traces from %d bytes", len(s.DeviceTraces), len(b))
-		}
-		s.ComputeFigures()
-		if _, err := ranksFromPB(b, "fuzz"); err != nil {
-			t.Fatalf("ReadTimeline accepted what ranksFromPB refuses: %v", err)
-		}
-	})
 }

@@ -23,7 +23,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/gpu"
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -185,7 +185,7 @@ func (c *Config) checkNames() error {
 	if err != nil {
 		return err
 	}
-	for _, k := range []string{key, merge.MetaName(key), RenamedKey(key, 1<<53, time.Time{}), merge.MetaName(RenamedKey(key, 1<<53, time.Time{}))} {
+	for _, k := range []string{key, sidecar.MetaName(key), RenamedKey(key, 1<<53, time.Time{}), sidecar.MetaName(RenamedKey(key, 1<<53, time.Time{}))} {
 		if len(k) > naming.MaxKeyLen {
 			return fmt.Errorf("rankagent: snapshot names can reach %d bytes (%s), more than the %d an object key may have", len(k), k, naming.MaxKeyLen)
 		}
@@ -250,7 +250,7 @@ type Agent struct {
 	device    gpu.Device
 	hookPID   int
 	uuid      string
-	samples   []merge.MemorySample
+	samples   []sidecar.MemorySample
 	mem       []memoryReport // the trainer's last memory reports, oldest first
 	sampling  context.CancelFunc
 	gpuNote   bool
@@ -974,7 +974,7 @@ func (a *Agent) sample(ctx context.Context, d gpu.Device, pid int) {
 				}
 				a.samples = a.samples[:len(a.samples)/2]
 			}
-			a.samples = append(a.samples, merge.MemorySample{TimeUS: s.TimeUS, DeviceUsedBytes: s.DeviceUsedBytes, ProcessUsedBytes: s.ProcessUsedBytes})
+			a.samples = append(a.samples, sidecar.MemorySample{TimeUS: s.TimeUS, DeviceUsedBytes: s.DeviceUsedBytes, ProcessUsedBytes: s.ProcessUsedBytes})
 			a.mu.Unlock()
 		}
 		select {
@@ -1030,7 +1030,7 @@ func (a *Agent) handle(m *Message) {
 		}
 		a.noteStoppingLocked(m.Cause, at)
 	case "snapshot":
-		var samples []merge.MemorySample
+		var samples []sidecar.MemorySample
 		var w *Window
 		if m.Reason == "window" && a.win != nil && a.win.w.ID == m.Window {
 			samples = a.stopSamplingLocked()
@@ -1078,7 +1078,7 @@ func (a *Agent) noteBatchLocked(b, tUS int64) {
 	}
 }
 
-func (a *Agent) stopSamplingLocked() []merge.MemorySample {
+func (a *Agent) stopSamplingLocked() []sidecar.MemorySample {
 	if a.sampling != nil {
 		a.sampling()
 		a.sampling = nil

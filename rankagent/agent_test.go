@@ -19,7 +19,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -152,11 +152,11 @@ func checkUploaded(t *testing.T, st store.Store, key string, w Window) {
 			t.Fatalf("event %d differs", i)
 		}
 	}
-	mb, err := store.ReadAll(ctx, st, merge.MetaName(key))
+	mb, err := store.ReadAll(ctx, st, sidecar.MetaName(key))
 	if err != nil {
 		t.Fatal(err)
 	}
-	meta, err := merge.ParseRankMeta(mb)
+	meta, err := sidecar.ParseRankMeta(mb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -659,7 +659,7 @@ func TestLongWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	meta, err := merge.ParseRankMeta(b)
+	meta, err := sidecar.ParseRankMeta(b)
 	if err != nil || len(meta.Batches) != 1500 || meta.Batches[1499].Batch != w.Stop-1 {
 		t.Fatalf("the sidecar's marks: %v, %d", err, len(meta.Batches))
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/memsnap/memsnap/internal/gpu"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/naming"
 )
@@ -164,7 +164,7 @@ func TestPartialWindowKeptAside(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	meta, err := merge.ParseRankMeta(mb)
+	meta, err := sidecar.ParseRankMeta(mb)
 	if err != nil || meta.Partial == "" {
 		t.Fatalf("meta %s (%v)", mb, err)
 	}
@@ -328,7 +328,7 @@ func TestOneBadJobNeverBlocksTheQueue(t *testing.T) {
 		if sum == "" {
 			sum = sha256Hex(data)
 		}
-		if _, err := sp.addJob(src, job{Key: key, MetaKey: merge.MetaName(key), SHA256: sum, Size: int64(len(data)), Window: 1, Start: 1, Stop: 2, Reason: "window"}, []byte("{}"), nil); err != nil {
+		if _, err := sp.addJob(src, job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sum, Size: int64(len(data)), Window: 1, Start: 1, Stop: 2, Reason: "window"}, []byte("{}"), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -378,7 +378,7 @@ func TestTransientErrorsRetryPerJob(t *testing.T) {
 		src := filepath.Join(sp.incoming(), "x.pickle")
 		os.WriteFile(src, data, 0o600)
 		key := fmt.Sprintf("a/%d.pickle", i)
-		sp.addJob(src, job{Key: key, MetaKey: merge.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Window: uint64(i + 1), Reason: "window"}, []byte("{}"), nil)
+		sp.addJob(src, job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Window: uint64(i + 1), Reason: "window"}, []byte("{}"), nil)
 	}
 	dir := t.TempDir()
 	var calls int

@@ -12,7 +12,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // TestHookUnitTests runs the hook's own Python tests (a stand-in torch, a stand-in agent).
@@ -64,7 +64,7 @@ func TestHookWithRealAgent(t *testing.T) {
 	if !strings.Contains(string(mb), `"batch": 5`) || !strings.Contains(string(mb), `"batch": 7`) || strings.Contains(string(mb), `"batch": 8`) {
 		t.Fatalf("batch marks are not exactly 5..7:\n%s", mb)
 	}
-	if meta, err := merge.ParseRankMeta(mb); err != nil || meta.StallUS <= 0 {
+	if meta, err := sidecar.ParseRankMeta(mb); err != nil || meta.StallUS <= 0 {
 		t.Fatalf("the trainer's stall at the window's end is not recorded: %+v %v", meta, err)
 	}
 	if !strings.Contains(string(out), "('record', 'all', 'all', 'python', 100000)") || !strings.Contains(string(out), "('record', None") {

@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // serviceAccountDir is where Kubernetes mounts a pod's service account: its
@@ -123,8 +123,8 @@ func getCompletions(client *http.Client, u, token string) (n int, retry bool, er
 	if err := json.Unmarshal(body, &job); err != nil {
 		return 0, false, fmt.Errorf("the Job is not JSON: %w", err)
 	}
-	if c := job.Spec.Completions; c == nil || *c < 1 || *c > merge.MaxRanks {
-		return 0, false, fmt.Errorf("its spec.completions (%v) is no world size (1 to %d)", job.Spec.Completions, merge.MaxRanks)
+	if c := job.Spec.Completions; c == nil || *c < 1 || *c > sidecar.MaxRanks {
+		return 0, false, fmt.Errorf("its spec.completions (%v) is no world size (1 to %d)", job.Spec.Completions, sidecar.MaxRanks)
 	}
 	return *job.Spec.Completions, false, nil
 }

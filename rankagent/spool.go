@@ -18,7 +18,8 @@ import (
 
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // The spool is a local folder (owner-only) that holds every snapshot until the
@@ -546,9 +547,9 @@ func RenamedKey(key string, window uint64, created time.Time) string {
 // rename moves a job's keys to the renamed ones and records that in job.json.
 func (u *uploader) rename(dir string, j job) (job, error) {
 	j.Key = RenamedKey(j.Key, j.Window, j.Created)
-	j.MetaKey = merge.MetaName(j.Key)
+	j.MetaKey = sidecar.MetaName(j.Key)
 	if j.AnalysisKey != "" {
-		j.AnalysisKey = merge.AnalysisName(j.Key)
+		j.AnalysisKey = analysis.AnalysisName(j.Key)
 	}
 	j.Renamed = true
 	jb, _ := json.MarshalIndent(j, "", "  ")

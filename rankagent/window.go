@@ -10,7 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -192,7 +193,7 @@ func (a *Agent) adopt(ctx context.Context) {
 type heldSnapshot struct {
 	msg     *Message
 	armed   *Window
-	samples []merge.MemorySample
+	samples []sidecar.MemorySample
 	batch   int64 // the trainer's batch when it was first taken
 }
 
@@ -255,14 +256,14 @@ func coverage(w Window, marks []BatchMark) string {
 // the uploader. armed is the window the agent armed, when the snapshot is its;
 // otherwise the window is the one the hook names. A snapshot that does not cover
 // its whole window is kept under a ".partial" name, never the window's own.
-func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []merge.MemorySample, adopted bool) {
+func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []sidecar.MemorySample, adopted bool) {
 	a.take(m, armed, samples, adopted, nil)
 }
 
 // take is takeSnapshot; retake, when set, is the snapshot a full disk kept
 // in incoming/ before, taken again: named by the batch it was first taken at, its
 // OOM not told again, its window not missed twice.
-func (a *Agent) take(m *Message, armed *Window, samples []merge.MemorySample, adopted bool, retake *heldSnapshot) {
+func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, adopted bool, retake *heldSnapshot) {
 	defer func() {
 		a.mu.Lock()
 		a.working--
@@ -365,7 +366,7 @@ func (a *Agent) take(m *Message, armed *Window, samples []merge.MemorySample, ad
 	}
 	id := a.cfg.Identity
 	a.mu.Lock()
-	meta := merge.RankMeta{Version: 1, RunName: id.RunName, Rank: id.Rank, LocalRank: id.LocalRank, NodeRank: id.NodeRank,
+	meta := sidecar.RankMeta{Version: 1, RunName: id.RunName, Rank: id.Rank, LocalRank: id.LocalRank, NodeRank: id.NodeRank,
 		WorldSize: id.WorldSize, LocalWorldSize: id.LocalWorldSize, GPU: a.gpuInfoLocked(), Reason: m.Reason, Samples: samples, Partial: partial,
 		StallUS: m.StallUS, Cause: m.Cause, MaxEntries: a.cfg.MaxEntries}
 	if a.offset != nil {
@@ -375,21 +376,21 @@ func (a *Agent) take(m *Message, armed *Window, samples []merge.MemorySample, ad
 	a.mu.Unlock()
 	meta.Hostname, _ = os.Hostname()
 	if m.Reason == "window" || m.Reason == "postmortem" {
-		meta.Window = &merge.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}
+		meta.Window = &sidecar.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}
 	}
 	if m.Reason == "crash" && m.Window != 0 && m.Stop > m.Start {
-		meta.Window = &merge.WindowInfo{ID: m.Window, Start: m.Start, Stop: m.Stop}
+		meta.Window = &sidecar.WindowInfo{ID: m.Window, Start: m.Start, Stop: m.Stop}
 		meta.Partial = fmt.Sprintf("the trainer was stopped in batch %d of [%d, %d) (%s)", w.Start, m.Start, m.Stop, m.Cause)
 	}
 	for _, b := range m.Batches {
-		meta.Batches = append(meta.Batches, merge.BatchMark{Batch: b.Batch, StartUS: b.StartUS, EndUS: b.EndUS})
+		meta.Batches = append(meta.Batches, sidecar.BatchMark{Batch: b.Batch, StartUS: b.StartUS, EndUS: b.EndUS})
 	}
 	mb, _ := json.MarshalIndent(meta, "", "  ")
 	sum := sha256Hex(data)
 	// the rank's own figures, so the leader need not decode every rank
 	var ab []byte
-	if an, err := merge.AnalyzeSnapshot(ctx, s, &meta, merge.AnalyzeOptions{Rank: id.Rank}); err == nil {
-		an.Snapshot = merge.SnapshotRef{Size: int64(len(data)), SHA256: sum}
+	if an, err := analysis.AnalyzeSnapshot(ctx, s, &meta, analysis.AnalyzeOptions{Rank: id.Rank}); err == nil {
+		an.Snapshot = analysis.SnapshotRef{Size: int64(len(data)), SHA256: sum}
 		if ab, err = an.Marshal(); err != nil {
 			ab = nil
 		}
@@ -397,10 +398,10 @@ func (a *Agent) take(m *Message, armed *Window, samples []merge.MemorySample, ad
 		a.log.Warn("could not analyse the snapshot; the leader will decode it", "err", err)
 	}
 	s = nil
-	j := job{Key: key, MetaKey: merge.MetaName(key), SHA256: sum, Size: int64(len(data)), Events: events, Overwrite: a.cfg.Overwrite,
+	j := job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sum, Size: int64(len(data)), Events: events, Overwrite: a.cfg.Overwrite,
 		Created: time.Now().UTC(), Window: w.ID, Start: w.Start, Stop: w.Stop, Reason: m.Reason, Partial: partial, Rank: id.Rank, Cause: m.Cause}
 	if ab != nil {
-		j.AnalysisKey = merge.AnalysisName(key)
+		j.AnalysisKey = analysis.AnalysisName(key)
 	}
 	jobID, err := a.sp.addJob(src, j, mb, ab)
 	if err != nil {
@@ -455,13 +456,13 @@ func (a *Agent) take(m *Message, armed *Window, samples []merge.MemorySample, ad
 	a.up.kick()
 }
 
-func (a *Agent) gpuInfoLocked() *merge.GPUInfo {
+func (a *Agent) gpuInfoLocked() *sidecar.GPUInfo {
 	if a.device != nil {
 		i := a.device.Info()
-		return &merge.GPUInfo{UUID: i.UUID, Name: i.Name, TotalBytes: i.TotalBytes, PCIBusID: i.PCIBusID}
+		return &sidecar.GPUInfo{UUID: i.UUID, Name: i.Name, TotalBytes: i.TotalBytes, PCIBusID: i.PCIBusID}
 	}
 	if a.uuid != "" {
-		return &merge.GPUInfo{UUID: a.uuid}
+		return &sidecar.GPUInfo{UUID: a.uuid}
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/wait"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -142,7 +142,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if sp := outputEnding(res.Outputs, ".summary.json"); sp != "" {
 		if b, err := os.ReadFile(sp); err == nil {
-			var sum merge.Summary
+			var sum analysis.Summary
 			if json.Unmarshal(b, &sum) == nil {
 				printSpread(stdout, &sum)
 			}

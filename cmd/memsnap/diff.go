@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 )
 
 func init() {
@@ -56,7 +57,7 @@ func runDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	gc := pauseGC()
 	defer gc.resume()
-	var d *merge.RankDiff
+	var d *analysis.RankDiff
 	if len(files) == 1 {
 		d, err = diffOneTimeline(ctx, files[0], *rank, *vs)
 	} else {
@@ -77,7 +78,7 @@ func runDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 // diffTwo compares B with A.
-func diffTwo(ctx context.Context, a, b string, rank int) (*merge.RankDiff, error) {
+func diffTwo(ctx context.Context, a, b string, rank int) (*analysis.RankDiff, error) {
 	base, err := merge.AnalyzeFile(ctx, a, rank)
 	if err != nil {
 		return nil, err
@@ -90,11 +91,11 @@ func diffTwo(ctx context.Context, a, b string, rank int) (*merge.RankDiff, error
 	if la == lb {
 		la, lb = "A: "+la, "B: "+lb
 	}
-	return merge.Diff(merge.DiffInput{Label: la, Source: a, A: base}, merge.DiffInput{Label: lb, Source: b, A: other}), nil
+	return analysis.Diff(analysis.DiffInput{Label: la, Source: a, A: base}, analysis.DiffInput{Label: lb, Source: b, A: other}), nil
 }
 
 // diffOneTimeline compares two ranks of one merged window.
-func diffOneTimeline(ctx context.Context, path string, rank, vs int) (*merge.RankDiff, error) {
+func diffOneTimeline(ctx context.Context, path string, rank, vs int) (*analysis.RankDiff, error) {
 	if !merge.IsTimeline(path) {
 		return nil, fmt.Errorf("%s is not a merged timeline (.memsnap.pb): give two files to compare", path)
 	}
@@ -118,8 +119,8 @@ func diffOneTimeline(ctx context.Context, path string, rank, vs int) (*merge.Ran
 	if (rank >= 0 && other.Rank != rank) || (vs >= 0 && base.Rank != vs) {
 		return nil, fmt.Errorf("%s holds no rank %d", path, max(rank, vs))
 	}
-	label := func(a *merge.RankAnalysis) string { return fmt.Sprintf("rank %d", a.Rank) }
-	return merge.Diff(merge.DiffInput{Label: label(base), Source: path, A: base}, merge.DiffInput{Label: label(other), Source: path, A: other}), nil
+	label := func(a *analysis.RankAnalysis) string { return fmt.Sprintf("rank %d", a.Rank) }
+	return analysis.Diff(analysis.DiffInput{Label: label(base), Source: path, A: base}, analysis.DiffInput{Label: label(other), Source: path, A: other}), nil
 }
 
 func runAnalyze(ctx context.Context, args []string, stdout, stderr io.Writer) error {

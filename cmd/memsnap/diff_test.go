@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 )
 
 // plantedSite holds rank 3's extra 96 MiB buffer in testdata/snapshots/ddp4.
@@ -43,13 +43,13 @@ func TestDiffTwoSnapshots(t *testing.T) {
 	}
 }
 
-func diffJSON(t *testing.T, args ...string) merge.RankDiff {
+func diffJSON(t *testing.T, args ...string) analysis.RankDiff {
 	t.Helper()
 	code, out, errOut := runCLI(t, args...)
 	if code != 0 {
 		t.Fatalf("%v exited %d: %s", args, code, errOut)
 	}
-	var d merge.RankDiff
+	var d analysis.RankDiff
 	if err := json.Unmarshal([]byte(out), &d); err != nil || len(d.Sites) == 0 {
 		t.Fatalf("%v: %v: %s", args, err, out)
 	}
@@ -105,7 +105,7 @@ func TestAnalyzeThenDiff(t *testing.T) {
 			t.Fatal(e)
 		}
 		b, _ := os.ReadFile(out)
-		a, err := merge.ParseAnalysis(b)
+		a, err := analysis.ParseAnalysis(b)
 		if err != nil || strconv.Itoa(a.Rank) != r {
 			t.Fatalf("analysis of rank %s: %v", r, err)
 		}
@@ -135,7 +135,7 @@ func TestMergeCutAndSplitFlags(t *testing.T) {
 	if !strings.Contains(stdout, "merged 3 of 4 ranks") || strings.Contains(stdout, "missing") || !strings.Contains(stdout, "rank 3 against rank 2") {
 		t.Fatalf("merge said: %s", stdout)
 	}
-	var s merge.Summary
+	var s analysis.Summary
 	b, _ := os.ReadFile(filepath.Join(out, "merged.summary.json"))
 	if err := json.Unmarshal(b, &s); err != nil || len(s.Pickles) < 2 {
 		t.Fatalf("summary pickles: %v %+v", err, s.Pickles)

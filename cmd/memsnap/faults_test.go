@@ -23,7 +23,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -317,7 +317,7 @@ func TestFaultStoreDownDuringUploads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	man, err := merge.ReadManifest(ctx, st, pc.run+"/torch_memory_traces/window1/merged.manifest.json")
+	man, err := publish.ReadManifest(ctx, st, pc.run+"/torch_memory_traces/window1/merged.manifest.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func checkLsAgrees(t *testing.T, dir string) {
 		var row struct {
 			Window   uint64
 			State    string
-			Manifest *merge.Manifest
+			Manifest *publish.Manifest
 			Outcome  *runlog.Outcome
 		}
 		if err := json.Unmarshal([]byte(line), &row); err != nil {
@@ -384,7 +384,7 @@ func checkPublished(t *testing.T, dir string, res *pb.WindowResult, n int) {
 	var ms []string
 	for _, p := range all {
 		if b, err := os.ReadFile(p); err == nil {
-			if m, err := merge.ParseManifest(b); err == nil && !m.Failed() {
+			if m, err := publish.ParseManifest(b); err == nil && !m.Failed() {
 				ms = append(ms, p)
 			}
 		}
@@ -397,7 +397,7 @@ func checkPublished(t *testing.T, dir string, res *pb.WindowResult, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := merge.ParseManifest(b)
+	m, err := publish.ParseManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}

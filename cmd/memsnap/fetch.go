@@ -9,7 +9,8 @@ import (
 	"path/filepath"
 
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -47,7 +48,7 @@ func (f *fetched) local(ctx context.Context, sf *storeFlags, loc string) (string
 	if _, err := store.Download(ctx, st, key, dest, store.DownloadOptions{}); err != nil {
 		return "", fmt.Errorf("fetching %s: %w", loc, err)
 	}
-	for _, side := range []string{merge.MetaName(key), merge.AnalysisName(key)} {
+	for _, side := range []string{sidecar.MetaName(key), analysis.AnalysisName(key)} {
 		if side == key {
 			continue
 		}

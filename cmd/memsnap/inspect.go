@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 )
 
 func init() {
@@ -26,7 +27,7 @@ type inspectLine struct {
 	merge.FileFigures
 	// Truncated is set when the sidecar beside the file gives the history's cap
 	// and the history reached it
-	Truncated *merge.Truncation `json:"truncated,omitempty"`
+	Truncated *analysis.Truncation `json:"truncated,omitempty"`
 }
 
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -102,4 +103,4 @@ func printFigures(w io.Writer, name string, f merge.FileFigures) {
 	tw.Flush()
 }
 
-func humanBytes(n int64) string { return merge.HumanBytes(n) }
+func humanBytes(n int64) string { return analysis.HumanBytes(n) }

@@ -19,19 +19,19 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/runlog"
 )
 
 // manifestAt reads the manifest of window id in a folder store's run.
-func manifestAt(t *testing.T, dir, run string, id uint64) *merge.Manifest {
+func manifestAt(t *testing.T, dir, run string, id uint64) *publish.Manifest {
 	t.Helper()
 	p := filepath.Join(dir, run, "torch_memory_traces", fmt.Sprintf("window%d", id), "merged.manifest.json")
 	b, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := merge.ParseManifest(b)
+	m, err := publish.ParseManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +405,7 @@ func TestFaultStoreDownDuringMerge(t *testing.T) {
 		if o.State != runlog.Published || fmt.Sprint(o.Ranks) != "[0 1]" {
 			t.Fatalf("window 1 after the relaunch: %+v (the client saw %+v)", o, res)
 		}
-		if _, err := merge.ReadManifest(context.Background(), st, o.Manifest); err != nil {
+		if _, err := publish.ReadManifest(context.Background(), st, o.Manifest); err != nil {
 			t.Fatal(err)
 		}
 		// and the member that asked for it, whose leader died, heard so from the next

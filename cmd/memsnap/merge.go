@@ -14,6 +14,9 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/render"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -36,7 +39,7 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	align := fs.String("align", "", "time alignment: wall (each host's clock, the default), start (each rank's first event at zero) or offsets")
 	offsets := fs.String("offsets", "", "a JSON file of per-rank clock offsets in microseconds, {\"1\": -35, ...}; implies --align offsets")
 	world := fs.Int("world-size", 0, "ranks expected (default: from the ranks' metadata, or the highest rank plus one); absent ones are reported missing")
-	base := fs.String("output-name", merge.DefaultOutputBase, "name template of the outputs, before their suffixes, e.g. '{run_name}/window{window}/merged'")
+	base := fs.String("output-name", publish.DefaultOutputBase, "name template of the outputs, before their suffixes, e.g. '{run_name}/window{window}/merged'")
 	fs.Var(&vars, "var", "a value for --output-name, key=value (repeatable)")
 	overwrite := fs.Bool("overwrite", false, "replace outputs that exist")
 	title := fs.String("title", "", "a title for the HTML report")
@@ -156,7 +159,7 @@ func printMergeResult(w io.Writer, where string, r *merge.Result) {
 }
 
 // printSpread says how far the ranks' peaks spread and which rank is the outlier.
-func printSpread(w io.Writer, s *merge.Summary) {
+func printSpread(w io.Writer, s *analysis.Summary) {
 	if s.Spread != nil && len(s.Ranks) > 1 {
 		fmt.Fprintln(w, s.Spread.Line())
 	}
@@ -209,8 +212,8 @@ func (c *cutFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.batches, "batches", "", "keep only the batches A to B-1 of every rank (A:B, by its batch marks)")
 	fs.Func("from", "keep only events at or after this aligned time (microseconds, as the summary's times)", intFlag(&c.from, &c.fromSet))
 	fs.Func("to", "keep only events at or before this aligned time (microseconds)", intFlag(&c.to, &c.toSet))
-	fs.Int64Var(&c.pickleMax, "pickle-max-bytes", merge.DefaultPickleMaxBytes, "the largest merged pickle: ranks are split into groups that fit")
-	fs.StringVar(&c.partName, "pickle-part-name", merge.DefaultPicklePartName, "how a part of a split pickle is named after --output-name ({first}, {last}: its ranks)")
+	fs.Int64Var(&c.pickleMax, "pickle-max-bytes", render.DefaultPickleMaxBytes, "the largest merged pickle: ranks are split into groups that fit")
+	fs.StringVar(&c.partName, "pickle-part-name", render.DefaultPicklePartName, "how a part of a split pickle is named after --output-name ({first}, {last}: its ranks)")
 	fs.BoolVar(&c.analyses, "from-analyses", false, "take each rank's figures from the X.analysis.json beside its snapshot (as rank agents upload them) instead of decoding it")
 	fs.StringVar(&c.detail, "detail", "all", "the ranks whose full traces go into the pickles and the timeline: all, or diff (the outlier, the median rank and --diff-rank)")
 	fs.Var(&c.diffRanks, "diff-rank", "a rank the summary also compares with the median rank (repeatable)")

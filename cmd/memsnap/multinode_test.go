@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
 // TestClocksMeasuredBeforeTheFirstWindow: a window asked for as soon as the
@@ -23,11 +23,11 @@ func TestClocksMeasuredBeforeTheFirstWindow(t *testing.T) {
 	}
 	m := manifestAt(t, dir, pc.run, res.Window)
 	for _, in := range m.Inputs {
-		b, err := os.ReadFile(filepath.Join(dir, merge.MetaName(in.Source)))
+		b, err := os.ReadFile(filepath.Join(dir, sidecar.MetaName(in.Source)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		meta, err := merge.ParseRankMeta(b)
+		meta, err := sidecar.ParseRankMeta(b)
 		if err != nil || meta.ClockOffsetUS == nil || meta.ClockRTTUS == nil {
 			t.Fatalf("rank %d's sidecar carries no measured clock offset: %v %+v", in.Rank, err, meta)
 		}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -141,7 +141,7 @@ func TestClusterCommands(t *testing.T) {
 	}
 	testutil.Eventually(t, time.Minute, "the first window's manifest to name every output", func() bool {
 		b, err := os.ReadFile(first.Manifest)
-		m, perr := merge.ParseManifest(b)
+		m, perr := publish.ParseManifest(b)
 		return err == nil && perr == nil && len(m.Pending) == 0 && len(m.Outputs) == 5
 	})
 	// --wait-all: all of it

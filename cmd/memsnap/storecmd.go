@@ -19,7 +19,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/runlog"
 )
@@ -160,7 +160,7 @@ type windowRow struct {
 	state    string // published, failed, unfinished
 	plan     *runlog.Plan
 	outcome  *runlog.Outcome
-	pub      *merge.Published
+	pub      *publish.Published
 	when     time.Time
 	manifest string
 }
@@ -220,8 +220,8 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 			var commit *window.Commit
 			if row.manifest != "" {
 				claimed[row.manifest] = true
-				if m, err := merge.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
-					row.pub = &merge.Published{Key: row.manifest, Manifest: m}
+				if m, err := publish.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
+					row.pub = &publish.Published{Key: row.manifest, Manifest: m}
 					commit = &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
 				}
 			}
@@ -236,8 +236,8 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 		if !strings.HasSuffix(o.Key, ".manifest.json") || claimed[o.Key] {
 			continue
 		}
-		p := merge.Published{Key: o.Key, ModTime: o.ModTime}
-		p.Manifest, p.Err = merge.ReadManifest(ctx, st, o.Key)
+		p := publish.Published{Key: o.Key, ModTime: o.ModTime}
+		p.Manifest, p.Err = publish.ReadManifest(ctx, st, o.Key)
 		row := windowRow{kind: "merge", state: runlog.Published, pub: &p, when: o.ModTime, manifest: o.Key}
 		if p.Err != nil {
 			row.state = "unreadable: " + p.Err.Error()
@@ -263,7 +263,7 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 
 // publishedState is a manifest's state for ls: published, failed, or answered
 // while the merged pickles and the timeline are still being written.
-func publishedState(m *merge.Manifest) string {
+func publishedState(m *publish.Manifest) string {
 	switch {
 	case m.Failed():
 		return runlog.Failed
@@ -274,7 +274,7 @@ func publishedState(m *merge.Manifest) string {
 }
 
 // stateName is a window's state as ls prints it (window.Derive's phase).
-func stateName(p window.Phase, final bool, pub *merge.Published) string {
+func stateName(p window.Phase, final bool, pub *publish.Published) string {
 	switch p {
 	case window.Published:
 		return runlog.Published
@@ -389,15 +389,15 @@ func (r windowRow) world() int {
 
 func (r windowRow) json() any {
 	out := struct {
-		Run      string          `json:"run,omitempty"`
-		Window   uint64          `json:"window,omitempty"`
-		Kind     string          `json:"kind"`
-		State    string          `json:"state"`
-		Key      string          `json:"key,omitempty"` // the manifest's key
-		Plan     *runlog.Plan    `json:"plan,omitempty"`
-		Outcome  *runlog.Outcome `json:"outcome,omitempty"`
-		Manifest *merge.Manifest `json:"manifest,omitempty"`
-		Error    string          `json:"error,omitempty"`
+		Run      string            `json:"run,omitempty"`
+		Window   uint64            `json:"window,omitempty"`
+		Kind     string            `json:"kind"`
+		State    string            `json:"state"`
+		Key      string            `json:"key,omitempty"` // the manifest's key
+		Plan     *runlog.Plan      `json:"plan,omitempty"`
+		Outcome  *runlog.Outcome   `json:"outcome,omitempty"`
+		Manifest *publish.Manifest `json:"manifest,omitempty"`
+		Error    string            `json:"error,omitempty"`
 	}{Run: r.run, Window: r.id, Kind: r.kind, State: r.state, Plan: r.plan, Outcome: r.outcome}
 	if r.pub != nil {
 		out.Key, out.Manifest = r.pub.Key, r.pub.Manifest
@@ -543,7 +543,7 @@ func getItems(ctx context.Context, st store.Store, key string, isPrefix bool, de
 		return nil
 	}
 	if strings.HasSuffix(key, ".manifest.json") && !isPrefix {
-		m, err := merge.ReadManifest(ctx, st, key)
+		m, err := publish.ReadManifest(ctx, st, key)
 		if err != nil {
 			return nil, err
 		}
@@ -554,7 +554,7 @@ func getItems(ctx context.Context, st store.Store, key string, isPrefix bool, de
 			}
 			return nil, fmt.Errorf("%s failed, with no outputs to get: %s (its manifest: %s)", what, m.Error, st.URL(key))
 		}
-		p := merge.Published{Key: key, Manifest: m}
+		p := publish.Published{Key: key, Manifest: m}
 		base := path.Dir(key) + "/"
 		if base == "./" {
 			base = ""

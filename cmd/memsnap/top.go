@@ -16,7 +16,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -165,14 +165,14 @@ func renderView(w io.Writer, run string, v *pb.ClusterView, rows int, now time.T
 		f := r.Figures
 		head := "?"
 		if f.DeviceTotal > 0 {
-			head = fmt.Sprintf("%s %4.1f%%", merge.HumanBytes(f.Headroom), 100*float64(f.Headroom)/float64(f.DeviceTotal))
+			head = fmt.Sprintf("%s %4.1f%%", analysis.HumanBytes(f.Headroom), 100*float64(f.Headroom)/float64(f.DeviceTotal))
 		}
 		age := (time.Duration(r.AgeMs) * time.Millisecond).Round(time.Second).String()
 		if time.Duration(r.AgeMs)*time.Millisecond > staleAfter {
 			age += " (old)"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Rank, cutNode(r.Node), f.Batch, merge.HumanBytes(f.Allocated), merge.HumanBytes(f.Reserved),
-			merge.HumanBytes(f.Peak), head, growthText(f.Growth), merge.HumanBytes(f.InactiveSplit), age)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Rank, cutNode(r.Node), f.Batch, analysis.HumanBytes(f.Allocated), analysis.HumanBytes(f.Reserved),
+			analysis.HumanBytes(f.Peak), head, growthText(f.Growth), analysis.HumanBytes(f.InactiveSplit), age)
 	}
 	tw.Flush()
 	if more := len(v.Ranks) - rows; more > 0 {
@@ -196,8 +196,8 @@ func spreadLine(v *pb.ClusterView) string {
 	if len(heads) > 0 {
 		sort.Slice(heads, func(i, j int) bool { return heads[i] < heads[j] })
 		w := v.Ranks[0]
-		parts = append(parts, fmt.Sprintf("headroom: least %s (rank %d), median %s, most %s", merge.HumanBytes(heads[0]), w.Rank,
-			merge.HumanBytes(heads[len(heads)/2]), merge.HumanBytes(heads[len(heads)-1])))
+		parts = append(parts, fmt.Sprintf("headroom: least %s (rank %d), median %s, most %s", analysis.HumanBytes(heads[0]), w.Rank,
+			analysis.HumanBytes(heads[len(heads)/2]), analysis.HumanBytes(heads[len(heads)-1])))
 	}
 	fast := v.Ranks[0]
 	for _, r := range v.Ranks {
@@ -216,9 +216,9 @@ func spreadLine(v *pb.ClusterView) string {
 func growthText(g float64) string {
 	switch {
 	case g > 0:
-		return "+" + merge.HumanBytes(int64(g))
+		return "+" + analysis.HumanBytes(int64(g))
 	case g < 0:
-		return "-" + merge.HumanBytes(int64(-g))
+		return "-" + analysis.HumanBytes(int64(-g))
 	}
 	return "0"
 }

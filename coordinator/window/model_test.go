@@ -19,7 +19,7 @@ import (
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
-	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -515,7 +515,7 @@ func (m *model) commit() (*window.Commit, error) { return m.commitIn(m.st) }
 func (m *model) rawCommit() (*window.Commit, error) { return m.commitIn(m.st.Store) }
 
 func (m *model) commitIn(st store.Store) (*window.Commit, error) {
-	mf, err := merge.ReadManifest(context.Background(), st, m.st.manifest)
+	mf, err := publish.ReadManifest(context.Background(), st, m.st.manifest)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, nil
 	}
@@ -579,7 +579,7 @@ func (m *model) exec(l *mleader, fx []window.Effect) {
 			m.complete(l, fence)
 		case window.CommitFailure:
 			m.trace("leader %d commits the window as failed: %s", l.n, e.Why)
-			held, err := merge.CommitFailed(ctx, m.st, m.st.manifest, merge.FailedWindow{Error: e.Why, WorldSize: m.plan.WorldSize,
+			held, err := publish.CommitFailed(ctx, m.st, m.st.manifest, publish.FailedWindow{Error: e.Why, WorldSize: m.plan.WorldSize,
 				MissingReasons: e.Missing, Attempt: "t" + strconv.FormatUint(l.term, 10), Kind: "window"}, fence)
 			if err == nil && held.Attempt == "t"+strconv.FormatUint(l.term, 10) && strings.HasPrefix(e.Why, "no rank stored") {
 				// this leader failed the window for want of snapshots: the store
@@ -641,12 +641,12 @@ func (m *model) exec(l *mleader, fx []window.Effect) {
 func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
 
 // answerOf is leader l's answer: the ranks it merges, under its attempt's claim.
-func answerOf(l *mleader, ranks []int, world int) *merge.Manifest {
+func answerOf(l *mleader, ranks []int, world int) *publish.Manifest {
 	attempt := "t" + strconv.FormatUint(l.term, 10)
 	claim := []byte(fmt.Sprintf("claim of %s: %v", attempt, ranks))
-	mf := &merge.Manifest{Version: 1, Claim: merge.Object{Name: "merged." + attempt + ".inputs.json", Size: int64(len(claim)), SHA256: sum(claim)},
-		Outputs: map[string]merge.Object{}, WorldSize: world, RanksMerged: ranks, MissingRanks: []int{}, Attempt: attempt, Pending: []string{merge.OutPickle, merge.OutPB}}
-	mf.Outputs[merge.OutSummary] = merge.Object{Name: "merged." + attempt + ".summary.json", Size: 1, SHA256: sum([]byte(attempt))}
+	mf := &publish.Manifest{Version: 1, Claim: publish.Object{Name: "merged." + attempt + ".inputs.json", Size: int64(len(claim)), SHA256: sum(claim)},
+		Outputs: map[string]publish.Object{}, WorldSize: world, RanksMerged: ranks, MissingRanks: []int{}, Attempt: attempt, Pending: []string{publish.OutPickle, publish.OutPB}}
+	mf.Outputs[publish.OutSummary] = publish.Object{Name: "merged." + attempt + ".summary.json", Size: 1, SHA256: sum([]byte(attempt))}
 	return mf
 }
 
@@ -654,7 +654,7 @@ func answerOf(l *mleader, ranks []int, world int) *merge.Manifest {
 func (m *model) publish(l *mleader, ranks []int, fence func(context.Context) error) {
 	ctx := context.Background()
 	w := l.w
-	cur, _, err := merge.ReadManifestVersion(ctx, m.st, m.st.manifest)
+	cur, _, err := publish.ReadManifestVersion(ctx, m.st, m.st.manifest)
 	switch {
 	case err == nil:
 		m.exec(l, w.Step(window.Publication{At: m.now, Held: &window.Commit{Failed: cur.Failed(), Pending: len(cur.Pending) > 0, Error: cur.Error}}))
@@ -664,7 +664,7 @@ func (m *model) publish(l *mleader, ranks []int, fence func(context.Context) err
 		return
 	}
 	answer := answerOf(l, ranks, m.plan.WorldSize)
-	if _, err := merge.CommitManifest(ctx, m.st, m.st.manifest, answer, "", fence); err != nil {
+	if _, err := publish.CommitManifest(ctx, m.st, m.st.manifest, answer, "", fence); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			m.publish(l, ranks, fence) // another's commit: held
 			return
@@ -688,7 +688,7 @@ func (m *model) publish(l *mleader, ranks []int, fence func(context.Context) err
 func (m *model) complete(l *mleader, fence func(context.Context) error) {
 	ctx := context.Background()
 	w := l.w
-	cur, tag, err := merge.ReadManifestVersion(ctx, m.st, m.st.manifest)
+	cur, tag, err := publish.ReadManifestVersion(ctx, m.st, m.st.manifest)
 	if err != nil {
 		m.exec(l, w.Step(publicationErr(err)))
 		return
@@ -699,12 +699,12 @@ func (m *model) complete(l *mleader, fence func(context.Context) error) {
 	}
 	done := *cur
 	done.Pending = nil
-	done.Outputs = map[string]merge.Object{}
+	done.Outputs = map[string]publish.Object{}
 	for k, v := range cur.Outputs {
 		done.Outputs[k] = v
 	}
-	done.Outputs[merge.OutPickle] = merge.Object{Name: strings.TrimSuffix(cur.Claim.Name, ".inputs.json") + ".memory_snapshot.pickle", Size: 1, SHA256: sum([]byte("p"))}
-	if _, err := merge.CommitManifest(ctx, m.st, m.st.manifest, &done, tag, fence); err != nil {
+	done.Outputs[publish.OutPickle] = publish.Object{Name: strings.TrimSuffix(cur.Claim.Name, ".inputs.json") + ".memory_snapshot.pickle", Size: 1, SHA256: sum([]byte("p"))}
+	if _, err := publish.CommitManifest(ctx, m.st, m.st.manifest, &done, tag, fence); err != nil {
 		if errors.Is(err, store.ErrChanged) {
 			m.complete(l, fence)
 			return
@@ -726,9 +726,9 @@ func publicationErr(err error) window.Publication {
 func (m *model) check() {
 	m.t.Helper()
 	// the manifest's versions: an answer then its completion, or a failure; once
-	var first *merge.Manifest
+	var first *publish.Manifest
 	for i, b := range m.st.versions {
-		mf, err := merge.ParseManifest(b)
+		mf, err := publish.ParseManifest(b)
 		if err != nil {
 			m.fatalf("manifest version %d does not parse: %v", i+1, err)
 		}

@@ -26,6 +26,8 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/merge/synth"
 	"github.com/memsnap/memsnap/naming"
@@ -172,15 +174,15 @@ func writeMarks(p string, s *snapshot.Snapshot, rank, world, n int) error {
 	tr := s.DeviceTraces[0]
 	t0, t1 := tr[0].TimeUS, tr[len(tr)-1].TimeUS
 	step := (t1 - t0 + int64(n)) / int64(n)
-	m := merge.RankMeta{Version: 1, Rank: rank, WorldSize: world, Window: &merge.WindowInfo{ID: 1, Start: 1, Stop: 1 + int64(n)}}
+	m := sidecar.RankMeta{Version: 1, Rank: rank, WorldSize: world, Window: &sidecar.WindowInfo{ID: 1, Start: 1, Stop: 1 + int64(n)}}
 	for b := int64(0); b < int64(n); b++ {
-		m.Batches = append(m.Batches, merge.BatchMark{Batch: 1 + b, StartUS: t0 + b*step, EndUS: t0 + (b+1)*step - 1})
+		m.Batches = append(m.Batches, sidecar.BatchMark{Batch: 1 + b, StartUS: t0 + b*step, EndUS: t0 + (b+1)*step - 1})
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(filepath.Dir(p), merge.MetaName(filepath.Base(p))), b, 0o644)
+	return os.WriteFile(filepath.Join(filepath.Dir(p), sidecar.MetaName(filepath.Base(p))), b, 0o644)
 }
 
 // analyses writes every rank's analysis beside its snapshot, as the rank agents
@@ -203,7 +205,7 @@ func analyses(args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(args[0], merge.AnalysisName(filepath.Base(f))), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(args[0], analysis.AnalysisName(filepath.Base(f))), b, 0o644); err != nil {
 			return err
 		}
 	}
