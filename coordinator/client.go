@@ -69,6 +69,8 @@ type RequestOptions struct {
 	// written. Without it, the answer is reported through Progress (Update.Answer)
 	// and the result comes once everything is published.
 	AnswerFirst bool
+	// Reason is why the window is asked for, for the manifest (default "request").
+	Reason string
 }
 
 // Request is Snapshot with options.
@@ -250,7 +252,10 @@ func (q *request) ask() error {
 	q.leader = name
 	env := q.c.envelope(q.window)
 	env.Seq = q.seq
-	req := &pb.SnapshotRequest{Batches: q.batches, Reason: "request", Watch: true, Kind: pb.WindowKind_WINDOW_KIND_WINDOW}
+	req := &pb.SnapshotRequest{Batches: q.batches, Reason: q.opts.Reason, Watch: true, Kind: pb.WindowKind_WINDOW_KIND_WINDOW}
+	if req.Reason == "" {
+		req.Reason = "request"
+	}
 	if dl, ok := q.ctx.Deadline(); ok {
 		req.ExpiresUs = dl.UnixMicro() // a leader that gets to it later does not plan it
 	}

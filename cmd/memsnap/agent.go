@@ -18,6 +18,7 @@ import (
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/gpu"
 	"github.com/memsnap/memsnap/internal/metrics"
+	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/rankagent"
@@ -66,6 +67,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	stacks := fs.String("stacks", "python", "stacks torch records: python or all")
 	recordAlways := fs.Bool("record-always", false, "keep allocator history on from the first batch (bounded by --max-entries), so an OOM post-mortem shows how every rank got there")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at [HOST]:PORT/metrics (no HOST: loopback only; 0.0.0.0:PORT for every interface)")
+	apiToken := fs.String("api-token-file", "", "with --metrics-addr: also take POST /api/v1/window and Alertmanager's webhook at /api/v1/alertmanager, with this file's bearer token")
 	drain := fs.Duration("drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits (a second Ctrl-C stops the wait)")
 	var sf storeFlags
 	sf.register(fs)
@@ -170,7 +172,18 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if member != nil {
 			src.Members, src.Term, src.Leading, src.View = member.Coord.NumMembers, member.Coord.Term, member.Coord.IsLeader, member.Coord.View
 		}
-		ms, err := metrics.Listen(*metricsAddr, src, log)
+		var api *metrics.API
+		if *apiToken != "" {
+			if member == nil {
+				return errors.New("--api-token-file: a standalone agent has no leader to ask for a window")
+			}
+			tok, err := metrics.LoadToken(*apiToken)
+			if err != nil {
+				return err
+			}
+			api = &metrics.API{Token: tok, Cooldown: lf.cooldown, Ask: askWindow(ctx, member.Coord, log)}
+		}
+		ms, err := metrics.Listen(*metricsAddr, src, api, log)
 		if err != nil {
 			return err
 		}
@@ -294,6 +307,37 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return exitError{1}
 	}
 	return err
+}
+
+// askWindow asks coord's leader for a window with a reason, in the background:
+// it returns once the request is on its way (an error only when no leader is
+// known), and logs how the request ends (planned, or why not).
+func askWindow(ctx context.Context, coord *coordinator.Coordinator, log *slog.Logger) func(reason string) error {
+	return func(reason string) error {
+		if _, ok := coord.Leader(); !ok {
+			return coordinator.ErrNoLeader
+		}
+		go func() {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+			defer cancel()
+			planned := make(chan struct{})
+			var once sync.Once
+			var window uint64
+			_, err := coord.Request(rctx, 0, coordinator.RequestOptions{Reason: reason, Detach: planned, Progress: func(u coordinator.Update) {
+				if u.State == pb.Step_STEP_PLANNED {
+					window = u.Window
+					once.Do(func() { close(planned) })
+				}
+			}})
+			switch {
+			case errors.Is(err, coordinator.ErrDetached):
+				log.Info("a window was planned as asked through the API", "window", window, "reason", reason)
+			case err != nil:
+				log.Warn("the window asked for through the API was not planned", "reason", reason, "err", err)
+			}
+		}()
+		return nil
+	}
 }
 
 // hostname names this node in metrics ("" when the system cannot say).

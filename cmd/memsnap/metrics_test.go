@@ -18,31 +18,29 @@ import (
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
-// TestMetricsScrapedByPrometheus: three real `memsnap agent` processes serve
-// metrics (--metrics-addr), each beside a replay trainer that reports the memory
-// figures the hook would, two of them leaking; a real Prometheus server scrapes
-// them, and its answers are the trainers' figures, rank by rank: allocated bytes
-// that follow the leak batch by batch, the reserved bytes, the headroom, the
-// growth per batch, and the agents' own health (the leader, the members).
-func TestMetricsScrapedByPrometheus(t *testing.T) {
-	const n = 3
-	leak := []int64{0, 1 << 20, 3 << 20}
-	const devTotal = int64(40 << 30)
+// metricsJob is n real `memsnap agent` processes serving metrics, each beside
+// a replay trainer that reports the figures the hook would, rank r leaking
+// leak[r] bytes a batch on a 40 GiB device.
+type metricsJob struct {
+	run, key, store string
+	gossip          int
+	targets         []string   // each agent's metrics address
+	base            [][3]int64 // each rank's recorded allocated and reserved bytes at its end, and its peak
+}
+
+func startMetricsJob(t *testing.T, leak []int64, extra ...string) *metricsJob {
+	n := len(leak)
 	code, keyOut, _ := runCLI(t, "keygen")
 	if code != 0 {
 		t.Fatal("keygen failed")
 	}
-	key := strings.TrimSpace(keyOut)
-	storeDir := t.TempDir()
+	j := &metricsJob{key: strings.TrimSpace(keyOut), store: t.TempDir(), run: fmt.Sprintf("metrics%d", time.Now().UnixNano()%1e6), base: make([][3]int64, n)}
 	sockDir, _ := os.MkdirTemp("", "ms")
-	defer os.RemoveAll(sockDir)
-	run := fmt.Sprintf("metrics%d", time.Now().UnixNano()%1e6)
-	gossip := testutil.FreePorts(t, n)
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	j.gossip = testutil.FreePorts(t, n)
 	mport := testutil.FreePorts(t, n)
 	var agents []*exec.Cmd
 	var logs []*syncBuffer
-	var targets []string
-	base := make([][3]int64, n) // each rank's recorded allocated and reserved bytes at its end, and its peak
 	for r := 0; r < n; r++ {
 		path := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r))
 		b, err := os.ReadFile(path)
@@ -53,23 +51,24 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		base[r] = [3]int64{s.AllocatedAtEnd(0), s.ReservedAtEnd(0), s.ComputeFigures().Devices[0].PeakAllocatedBytes}
-		if base[r][2] <= base[r][0] {
-			t.Fatalf("rank %d's recorded snapshot peaks at %d bytes, no more than it ends with: the headroom would not tell the peak from the end", r, base[r][2])
+		j.base[r] = [3]int64{s.AllocatedAtEnd(0), s.ReservedAtEnd(0), s.ComputeFigures().Devices[0].PeakAllocatedBytes}
+		if j.base[r][2] <= j.base[r][0] {
+			t.Fatalf("rank %d's recorded snapshot peaks at %d bytes, no more than it ends with: the headroom would not tell the peak from the end", r, j.base[r][2])
 		}
 		target := fmt.Sprintf("127.0.0.1:%d", mport+r)
-		targets = append(targets, target)
-		args := []string{"agent", "--run-name", run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(n),
-			"--local-world-size", strconv.Itoa(n), "--store", storeDir, "--spool", filepath.Join(sockDir, fmt.Sprintf("spool%d", r)),
-			"--socket", filepath.Join(sockDir, fmt.Sprintf("s%d", r)), "--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(gossip), "--no-schedule",
+		j.targets = append(j.targets, target)
+		args := []string{"agent", "--run-name", j.run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(n),
+			"--local-world-size", strconv.Itoa(n), "--store", j.store, "--spool", filepath.Join(sockDir, fmt.Sprintf("spool%d", r)),
+			"--socket", filepath.Join(sockDir, fmt.Sprintf("s%d", r)), "--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(j.gossip), "--no-schedule",
 			"--metrics-addr", target}
+		args = append(args, extra...)
 		if r > 0 {
-			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", gossip))
+			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", j.gossip))
 		}
 		args = append(args, "--", os.Args[0], "replay", "--snapshot", path, "--batches", "0", "--pace", "20ms", "--rank", strconv.Itoa(r),
 			"--leak-per-batch", strconv.FormatInt(leak[r], 10), "--device-total", "40GiB", "--memory-every", "100ms")
 		cmd := memsnapCmd(t, args...)
-		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
+		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+j.key)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		buf := &syncBuffer{}
 		cmd.Stderr, cmd.Stdout = buf, buf
@@ -78,7 +77,7 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 		}
 		agents, logs = append(agents, cmd), append(logs, buf)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		for _, a := range agents {
 			syscall.Kill(-a.Process.Pid, syscall.SIGKILL)
 			a.Wait()
@@ -88,7 +87,22 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 				t.Logf("agent %d said:\n%s", i, l)
 			}
 		}
-	}()
+	})
+	return j
+}
+
+// TestMetricsScrapedByPrometheus: three real `memsnap agent` processes serve
+// metrics (--metrics-addr), each beside a replay trainer that reports the memory
+// figures the hook would, two of them leaking; a real Prometheus server scrapes
+// them, and its answers are the trainers' figures, rank by rank: allocated bytes
+// that follow the leak batch by batch, the reserved bytes, the headroom, the
+// growth per batch, and the agents' own health (the leader, the members).
+func TestMetricsScrapedByPrometheus(t *testing.T) {
+	const n = 3
+	leak := []int64{0, 1 << 20, 3 << 20}
+	const devTotal = int64(40 << 30)
+	j := startMetricsJob(t, leak)
+	run, key, gossip, targets, base := j.run, j.key, j.gossip, j.targets, j.base
 	prom := testutil.StartPrometheus(t, targets)
 	host, _ := os.Hostname()
 
@@ -226,4 +240,42 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	if err := cmd.Wait(); err != nil || !strings.Contains(tbl.String(), "3 of 3 ranks reporting — leader rank 0") {
 		t.Fatalf("memsnap top: %v\n%s", err, tbl.String())
 	}
+}
+
+// TestAlertmanagerWebhook: a rule on memsnap_headroom_ratio in a real Prometheus,
+// a real Alertmanager (Debian's) whose webhook is the agent's endpoint with its
+// bearer token: the leaking rank's alert fires, and the cluster takes a window of
+// every rank whose reason is the alert's name and the rank.
+func TestAlertmanagerWebhook(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("memsnap-test-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j := startMetricsJob(t, []int64{0, 0, 3 << 20}, "--api-token-file", tokenFile)
+	am := testutil.StartAlertmanager(t, "http://"+j.targets[0]+"/api/v1/alertmanager", tokenFile)
+	rules := `groups:
+  - name: memsnap
+    interval: 1s
+    rules:
+      - alert: MemsnapLowHeadroom
+        expr: memsnap_headroom_ratio < 0.98
+        labels:
+          severity: page
+`
+	testutil.StartPrometheusWith(t, j.targets, rules, am)
+	var found string
+	testutil.Eventually(t, 2*time.Minute, "a window asked for by the alert, published", func() bool {
+		code, out, _ := runCLI(t, "ls", "--json", j.store)
+		if code != 0 {
+			return false
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, `alert: MemsnapLowHeadroom (rank 2)`) && strings.Contains(line, `"state":"published"`) {
+				found = line
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("%s", found)
 }

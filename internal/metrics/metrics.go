@@ -219,8 +219,9 @@ type Server struct {
 	log *slog.Logger
 }
 
-// Listen opens addr (see ListenAddr) for src's metrics; Serve serves them.
-func Listen(addr string, src Source, log *slog.Logger) (*Server, error) {
+// Listen opens addr (see ListenAddr) for src's metrics; Serve serves them. With
+// api, the window endpoint too (api.go).
+func Listen(addr string, src Source, api *API, log *slog.Logger) (*Server, error) {
 	a, err := ListenAddr(addr)
 	if err != nil {
 		return nil, err
@@ -231,6 +232,9 @@ func Listen(addr string, src Source, log *slog.Logger) (*Server, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", Handler(src))
+	if api != nil {
+		api.routes(mux)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)

@@ -35,7 +35,7 @@ func TestServed(t *testing.T) {
 		},
 		Stats:      func() rankagent.Stats { return rankagent.Stats{WindowsRecorded: 2, Pending: 1} },
 		SpoolBytes: func() int64 { return 77 }}
-	s, err := Listen("127.0.0.1:0", src, nil)
+	s, err := Listen("127.0.0.1:0", src, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,14 @@ type Prometheus struct {
 // test is skipped, except under CI=true, where it fails.
 func StartPrometheus(t testing.TB, targets []string) *Prometheus {
 	t.Helper()
+	return StartPrometheusWith(t, targets, "", "")
+}
+
+// StartPrometheusWith is StartPrometheus with alerting rules (a rules file's
+// YAML, evaluated every second) sent to an Alertmanager at alertmanager
+// (host:port); either may be empty.
+func StartPrometheusWith(t testing.TB, targets []string, rules, alertmanager string) *Prometheus {
+	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -43,6 +51,15 @@ func StartPrometheus(t testing.TB, targets []string) *Prometheus {
 	}
 	cfg := fmt.Sprintf("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: memsnap\n    static_configs:\n      - targets: [%s]\n",
 		strings.Join(quoted, ", "))
+	if rules != "" {
+		if err := os.WriteFile(filepath.Join(dir, "rules.yml"), []byte(rules), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg += "rule_files: [" + strconv.Quote(filepath.Join(dir, "rules.yml")) + "]\n"
+	}
+	if alertmanager != "" {
+		cfg += "alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: [" + strconv.Quote(alertmanager) + "]\n"
+	}
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -134,4 +151,66 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// StartAlertmanager starts Alertmanager (Debian's prometheus-alertmanager) on a
+// free loopback port, without clustering, sending every alert to webhook at
+// once (group_wait 1s) with the bearer token in tokenFile; it returns its
+// host:port and is stopped when the test ends. Without the binary the test is
+// skipped, except under CI=true, where it fails.
+func StartAlertmanager(t testing.TB, webhook, tokenFile string) string {
+	t.Helper()
+	bin, err := exec.LookPath("prometheus-alertmanager")
+	if err != nil {
+		if bin, err = exec.LookPath("alertmanager"); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatal("prometheus-alertmanager is required under CI (.ci/run installs it)")
+			}
+			t.Skip("prometheus-alertmanager not found")
+		}
+	}
+	dir := t.TempDir()
+	cfg := fmt.Sprintf(`route:
+  receiver: memsnap
+  group_by: [alertname]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: memsnap
+    webhook_configs:
+      - url: %q
+        send_resolved: false
+        http_config:
+          authorization:
+            type: Bearer
+            credentials_file: %q
+`, webhook, tokenFile)
+	if err := os.WriteFile(filepath.Join(dir, "alertmanager.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "alertmanager.yml"), "--storage.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr, "--cluster.listen-address=")
+	log := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("alertmanager said:\n%s", log.String())
+		}
+	})
+	Eventually(t, time.Minute, "Alertmanager to be ready", func() bool {
+		resp, err := http.Get("http://" + addr + "/-/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	return addr
 }

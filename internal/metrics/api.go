@@ -1,0 +1,228 @@
+package metrics
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The agent's window endpoint: the tools that watch a job (a script, an alert)
+// ask it for a window of every rank. Two routes on the metrics server, both
+// POST, both behind a bearer token read from a file:
+//
+//	POST /api/v1/window        {"reason": "..."} (the body may be empty)
+//	POST /api/v1/alertmanager  Alertmanager's webhook payload: a window for
+//	                           its firing alerts, the alerts' names the reason
+//
+// Bodies are bounded (maxBody); a reason asked again within the cooldown is
+// answered without a second window.
+
+// maxBody bounds a request's body (an Alertmanager payload of many alerts fits).
+const maxBody = 1 << 20
+
+// maxReason bounds a window's reason.
+const maxReason = 512
+
+// API is what the endpoint needs: the token, and how to ask for a window.
+type API struct {
+	Token []byte
+	// Ask asks the leader for a window of every rank, with reason; it returns
+	// at once (the window is planned and published in the background).
+	Ask      func(reason string) error
+	Cooldown time.Duration // the least time between two windows of one reason
+
+	mu    sync.Mutex
+	asked map[string]time.Time
+}
+
+// LoadToken reads a bearer token from file: its owner's, not open to others
+// (mode 600 or 640, as the gossip key's file), at most 4 KiB, surrounding space
+// trimmed.
+func LoadToken(file string) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("--api-token-file: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("--api-token-file: %w", err)
+	}
+	if st.Mode().Perm()&0o037 != 0 {
+		return nil, fmt.Errorf("--api-token-file %s is open to others or writable by its group (mode %v); chmod 600 it", file, st.Mode().Perm())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 4097))
+	if err != nil {
+		return nil, fmt.Errorf("--api-token-file: %w", err)
+	}
+	t := []byte(strings.TrimSpace(string(b)))
+	switch {
+	case len(b) > 4096:
+		return nil, fmt.Errorf("--api-token-file %s: more than 4 KiB", file)
+	case len(t) < 16:
+		return nil, fmt.Errorf("--api-token-file %s: a token of at least 16 characters (memsnap keygen makes one)", file)
+	}
+	return t, nil
+}
+
+func (a *API) routes(mux *http.ServeMux) {
+	mux.HandleFunc("/api/v1/window", a.guard(a.window))
+	mux.HandleFunc("/api/v1/alertmanager", a.guard(a.alertmanager))
+}
+
+// guard lets through a POST with the bearer token, its body bounded.
+func (a *API) guard(next func(http.ResponseWriter, []byte)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			reply(w, http.StatusMethodNotAllowed, "error", "POST only")
+			return
+		}
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), a.Token) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="memsnap"`)
+			reply(w, http.StatusUnauthorized, "error", "a bearer token is needed: the one in the agent's --api-token-file")
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				reply(w, http.StatusRequestEntityTooLarge, "error", fmt.Sprintf("a body of more than %d bytes", maxBody))
+				return
+			}
+			reply(w, http.StatusBadRequest, "error", err.Error())
+			return
+		}
+		next(w, body)
+	}
+}
+
+func reply(w http.ResponseWriter, code int, key, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]string{key: msg})
+}
+
+func (a *API) window(w http.ResponseWriter, body []byte) {
+	var req struct {
+		Reason string `json:"reason"`
+	}
+	if len(strings.TrimSpace(string(body))) > 0 {
+		dec := json.NewDecoder(strings.NewReader(string(body)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			reply(w, http.StatusBadRequest, "error", "the body is {\"reason\": \"...\"}: "+err.Error())
+			return
+		}
+	}
+	a.ask(w, "api: "+nonEmpty(clean(req.Reason), "asked"))
+}
+
+// alertmanager takes Alertmanager's webhook payload (version 4): a window for
+// its firing alerts, named by their alertname (and rank, when labelled).
+func (a *API) alertmanager(w http.ResponseWriter, body []byte) {
+	var p struct {
+		Version string `json:"version"`
+		Status  string `json:"status"`
+		Alerts  []struct {
+			Status string            `json:"status"`
+			Labels map[string]string `json:"labels"`
+		} `json:"alerts"`
+	}
+	if err := json.Unmarshal(body, &p); err != nil {
+		reply(w, http.StatusBadRequest, "error", "not an Alertmanager webhook payload: "+err.Error())
+		return
+	}
+	seen := map[string]bool{}
+	for _, al := range p.Alerts {
+		if al.Status != "firing" {
+			continue
+		}
+		name := nonEmpty(clean(al.Labels["alertname"]), "an alert")
+		if rk := clean(al.Labels["rank"]); rk != "" {
+			name += " (rank " + rk + ")"
+		}
+		seen[name] = true
+	}
+	if len(seen) == 0 {
+		reply(w, http.StatusOK, "status", "no firing alert: nothing to do")
+		return
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(names) > 8 {
+		names = append(names[:8], fmt.Sprintf("and %d more", len(names)-8))
+	}
+	a.ask(w, "alert: "+strings.Join(names, ", "))
+}
+
+// ask asks for a window with reason, unless one of the same reason was asked
+// for within the cooldown.
+func (a *API) ask(w http.ResponseWriter, reason string) {
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+	}
+	a.mu.Lock()
+	if a.asked == nil {
+		a.asked = map[string]time.Time{}
+	}
+	if at, ok := a.asked[reason]; ok && time.Since(at) < a.Cooldown {
+		a.mu.Unlock()
+		reply(w, http.StatusOK, "status", fmt.Sprintf("a window for %q was asked for at %s UTC; the next one no sooner than %s UTC", reason,
+			at.UTC().Format(time.TimeOnly), at.Add(a.Cooldown).UTC().Format(time.TimeOnly)))
+		return
+	}
+	for r, at := range a.asked { // (what is remembered stays small)
+		if time.Since(at) >= a.Cooldown {
+			delete(a.asked, r)
+		}
+	}
+	if len(a.asked) >= 1024 {
+		a.mu.Unlock()
+		reply(w, http.StatusTooManyRequests, "error", "too many different reasons within the cooldown")
+		return
+	}
+	a.asked[reason] = time.Now()
+	a.mu.Unlock()
+	if err := a.Ask(reason); err != nil {
+		a.mu.Lock()
+		delete(a.asked, reason)
+		a.mu.Unlock()
+		reply(w, http.StatusServiceUnavailable, "error", err.Error())
+		return
+	}
+	reply(w, http.StatusAccepted, "status", fmt.Sprintf("asked the leader for a window: %s (memsnap ls shows it once published)", reason))
+}
+
+// clean keeps a label printable and short.
+func clean(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return -1
+		}
+		return r
+	}, strings.TrimSpace(s))
+	if len(s) > 128 {
+		s = s[:128]
+	}
+	return s
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

@@ -1,0 +1,99 @@
+package metrics
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAPI: the window endpoint asks for a window only for a POST with the
+// token, with a bounded body; Alertmanager's payload asks for one window for its
+// firing alerts, named in the reason; a reason asked again within the cooldown
+// asks nothing more.
+func TestAPI(t *testing.T) {
+	var asked []string
+	api := &API{Token: []byte("s3cret-token-0123456789"), Cooldown: time.Hour, Ask: func(r string) error { asked = append(asked, r); return nil }}
+	mux := http.NewServeMux()
+	api.routes(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	post := func(path, token, body string) int {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	tok := string(api.Token)
+	for _, c := range []struct {
+		path, token, body string
+		code              int
+	}{
+		{"/api/v1/window", "", `{}`, 401},
+		{"/api/v1/window", "wrong-token-0123456789", `{}`, 401},
+		{"/api/v1/window", tok, `{"reason": 3}`, 400},
+		{"/api/v1/window", tok, `{"reason": "x", "more": 1}`, 400},
+		{"/api/v1/window", tok, `{"reason": "` + strings.Repeat("a", 2<<20) + `"}`, 413},
+		{"/api/v1/alertmanager", tok, `not json`, 400},
+		{"/api/v1/alertmanager", tok, `{"version":"4","status":"resolved","alerts":[{"status":"resolved","labels":{"alertname":"A"}}]}`, 200},
+	} {
+		if got := post(c.path, c.token, c.body); got != c.code {
+			t.Errorf("POST %s %.40q: %d, want %d", c.path, c.body, got, c.code)
+		}
+	}
+	if resp, err := http.Get(srv.URL + "/api/v1/window"); err != nil || resp.StatusCode != 405 {
+		t.Fatalf("GET: %v %v", resp, err)
+	}
+	if len(asked) != 0 {
+		t.Fatalf("asked for %q", asked)
+	}
+	if got := post("/api/v1/window", tok, `{"reason": "before the eval\nloop"}`); got != 202 {
+		t.Fatalf("a good request: %d", got)
+	}
+	am := `{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"MemsnapLowHeadroom","rank":"5"}},
+		{"status":"firing","labels":{"alertname":"MemsnapLowHeadroom","rank":"5"}},{"status":"resolved","labels":{"alertname":"Gone"}}]}`
+	if got := post("/api/v1/alertmanager", tok, am); got != 202 {
+		t.Fatalf("alertmanager: %d", got)
+	}
+	if got := post("/api/v1/alertmanager", tok, am); got != 200 { // within the cooldown
+		t.Fatalf("alertmanager again: %d", got)
+	}
+	if want := []string{"api: before the evalloop", "alert: MemsnapLowHeadroom (rank 5)"}; strings.Join(asked, "|") != strings.Join(want, "|") {
+		t.Fatalf("asked %q, want %q", asked, want)
+	}
+}
+
+func TestLoadToken(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), mode); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(p, mode)
+		return p
+	}
+	if tok, err := LoadToken(write("good", "  a-token-of-enough-length\n", 0o600)); err != nil || string(tok) != "a-token-of-enough-length" {
+		t.Fatalf("%q %v", tok, err)
+	}
+	for name, c := range map[string]struct {
+		body string
+		mode os.FileMode
+	}{"open": {"a-token-of-enough-length", 0o644}, "short": {"short", 0o600}, "huge": {strings.Repeat("x", 5000), 0o600}} {
+		if _, err := LoadToken(write(name, c.body, c.mode)); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	if _, err := LoadToken(filepath.Join(dir, "none")); err == nil {
+		t.Error("a missing file: no error")
+	}
+}
