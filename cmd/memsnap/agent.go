@@ -67,6 +67,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	stacks := fs.String("stacks", "python", "stacks torch records: python or all")
 	recordAlways := fs.Bool("record-always", false, "keep allocator history on from the first batch (bounded by --max-entries), so an OOM post-mortem shows how every rank got there")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at [HOST]:PORT/metrics (no HOST: loopback only; 0.0.0.0:PORT for every interface)")
+	figuresEvery := fs.Duration("figures-every", coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval, "how often this rank sends its trainer's memory figures to the leader (memsnap top, triggers, the leader's metrics)")
 	apiToken := fs.String("api-token-file", "", "with --metrics-addr: also take POST /api/v1/window and Alertmanager's webhook at /api/v1/alertmanager, with this file's bearer token")
 	drain := fs.Duration("drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits (a second Ctrl-C stops the wait)")
 	var sf storeFlags
@@ -147,6 +148,10 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := lf.apply(&ccfg); err != nil {
 			return err
 		}
+		if *figuresEvery < 100*time.Millisecond {
+			return fmt.Errorf("--figures-every %v: at least 100ms", *figuresEvery)
+		}
+		ccfg.FiguresInterval = *figuresEvery
 		log.Info("gossip address chosen", "advertise", ccfg.Memberlist.AdvertiseAddr, "by", mf.chose, "bind", ccfg.Memberlist.BindAddr)
 		ccfg.OpenStore, ccfg.Logger = cfg.OpenStore, log
 		if member, err = coordinator.NewRank(cfg, ccfg); err != nil {
