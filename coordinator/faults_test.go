@@ -673,3 +673,28 @@ func TestNoSilentWaits(t *testing.T) {
 		}
 	})
 }
+
+// TestSteppedDownLeaderTellsNoFailure: a leader that stops leading while it asks
+// the ranks for their batches (its context ends, and with it every answer it
+// waited for) tells the member that asked nothing: the ranks did not fail to
+// answer, the leader went; the member asks the new one. (Told "no rank answered
+// the leader", the member's window failed while the cluster was well.)
+func TestSteppedDownLeaderTellsNoFailure(t *testing.T) {
+	tc := startCluster(t, 3)
+	tc.holding()
+	c := tc.ranks[0].Coord
+	var l *leaderRun
+	testutil.Eventually(t, time.Minute, "rank 0 leading with a term", func() bool {
+		c.mu.Lock()
+		l = c.lead
+		c.mu.Unlock()
+		return l != nil && l.term > 0 && l.st != nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // stepped down
+	watcher := c.envelope(0)
+	watcher.Seq = 42
+	if res := l.record(ctx, plan{length: 2, reason: "request", watchers: []*pb.Envelope{watcher}}, false); res != nil {
+		t.Fatalf("a leader that stepped down told %+v", res)
+	}
+}

@@ -24,19 +24,20 @@ import (
 )
 
 var (
-	simSizes     = flag.String("sim.sizes", "64,256,1024", "BenchmarkScale: members per simulated cluster")
-	simEvents    = flag.String("sim.events", "100000,20000,5000", "BenchmarkScale: trace events of each rank's snapshot, per size (0: the recorded 549-event snapshots)")
-	simRepeats   = flag.Int("sim.repeats", 5, "BenchmarkScale: windows per size")
-	simFailovers = flag.Int("sim.failovers", 3, "BenchmarkScale: leaders killed mid-window per size")
-	simBatch     = flag.Duration("sim.step", 250*time.Millisecond, "BenchmarkScale: the simulated job's batch time")
-	simIdle      = flag.Duration("sim.idle", 10*time.Second, "BenchmarkScale: how long the idle cluster's load is measured")
-	simLatency   = flag.Duration("sim.store-latency", 0, "BenchmarkScale: latency added to every store request (0: the folder store as it is)")
-	simLoopback  = flag.Bool("sim.loopback", false, "BenchmarkScale: members on memberlist's UDP/TCP transport over 127.0.0.1 instead of the in-memory network (packets are then not counted)")
-	simCompress  = flag.Bool("sim.compress", false, "BenchmarkScale: memberlist's compression of gossip (memberlist's default; off in the simulation, see simTune)")
-	simOwnCores  = flag.Bool("sim.own-cores", true, "BenchmarkScale: each simulated rank's analysis takes its time on a core of its own, as on a real job's host (simConfig.OwnCores); false: every rank analyses its snapshot on the shared cores")
-	simProfile   = flag.String("sim.cpuprofile", "", "BenchmarkScale: write a CPU profile of each size's timed windows to this path with the size appended (FILE-1024.prof); samples carry the label member=rankR (rank R's agent and its goroutines), client or trainerR")
-	simLeaderLog = flag.String("sim.leader-log", "", "BenchmarkScale: write every leader's own log records (its windows' plans, progress, recoveries) to this file, to trace where a window's time goes")
-	simProd      = flag.Bool("sim.production", false, "BenchmarkScale: every member on production's timers (DefaultConfig: probes, suspicion, gossip, push-pull, clock refresh) at every size, not simTune's slower detection above 256 members (for a machine with cores enough)")
+	simSizes        = flag.String("sim.sizes", "64,256,1024", "BenchmarkScale: members per simulated cluster")
+	simEvents       = flag.String("sim.events", "100000,20000,5000", "BenchmarkScale: trace events of each rank's snapshot, per size (0: the recorded 549-event snapshots)")
+	simRepeats      = flag.Int("sim.repeats", 5, "BenchmarkScale: windows per size")
+	simFailovers    = flag.Int("sim.failovers", 3, "BenchmarkScale: leaders killed mid-window per size")
+	simBatch        = flag.Duration("sim.step", 250*time.Millisecond, "BenchmarkScale: the simulated job's batch time")
+	simIdle         = flag.Duration("sim.idle", 10*time.Second, "BenchmarkScale: how long the idle cluster's load is measured")
+	simLatency      = flag.Duration("sim.store-latency", 0, "BenchmarkScale: latency added to every store request (0: the folder store as it is)")
+	simLoopback     = flag.Bool("sim.loopback", false, "BenchmarkScale: members on memberlist's UDP/TCP transport over 127.0.0.1 instead of the in-memory network (packets are then not counted)")
+	simCompress     = flag.Bool("sim.compress", false, "BenchmarkScale: memberlist's compression of gossip (memberlist's default; off in the simulation, see simTune)")
+	simFiguresEvery = flag.Duration("sim.figures", 5*time.Second, "BenchmarkScale: how often each member sends its memory figures to the leader (Config.FiguresInterval; 0: never)")
+	simOwnCores     = flag.Bool("sim.own-cores", true, "BenchmarkScale: each simulated rank's analysis takes its time on a core of its own, as on a real job's host (simConfig.OwnCores); false: every rank analyses its snapshot on the shared cores")
+	simProfile      = flag.String("sim.cpuprofile", "", "BenchmarkScale: write a CPU profile of each size's timed windows to this path with the size appended (FILE-1024.prof); samples carry the label member=rankR (rank R's agent and its goroutines), client or trainerR")
+	simLeaderLog    = flag.String("sim.leader-log", "", "BenchmarkScale: write every leader's own log records (its windows' plans, progress, recoveries) to this file, to trace where a window's time goes")
+	simProd         = flag.Bool("sim.production", false, "BenchmarkScale: every member on production's timers (DefaultConfig: probes, suspicion, gossip, push-pull, clock refresh) at every size, not simTune's slower detection above 256 members (for a machine with cores enough)")
 )
 
 // simFigures is what BenchmarkScale measures for one size.
@@ -246,6 +247,7 @@ func simBench(b *testing.B, n, events int) *simFigures {
 				productionTimers(c)
 			}
 			c.Memberlist.EnableCompression = *simCompress
+			c.FiguresInterval = *simFiguresEvery
 		}})
 	f := &simFigures{members: n, events: sc.ranks[0].snap.events, snapBytes: len(sc.ranks[0].snap.data), formed: sc.Formed}
 	if a := sc.ranks[0].snap.analyses[3]; a != nil {

@@ -432,6 +432,15 @@ func (r *simRank) Cancel(id uint64, reason string) error {
 }
 
 // Batch is the batch the rank's trainer is in.
+// Memory is the simulated trainer's memory figures (what a rank agent has once
+// its trainer reports them), so every member sends its figures to the leader as
+// a real one does.
+func (r *simRank) Memory() (rankagent.MemoryView, bool) {
+	b := r.Batch()
+	return rankagent.MemoryView{Batch: b, At: time.Now(), Memory: rankagent.Memory{Allocated: 20 << 30, Reserved: 22 << 30, Peak: 21 << 30},
+		DeviceTotal: 80 << 30, DeviceUsed: 60 << 30, Headroom: 20 << 30}, b >= 0
+}
+
 func (r *simRank) Batch() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()

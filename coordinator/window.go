@@ -152,6 +152,12 @@ func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
 func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowResult {
 	c := l.c
 	cfg, expected, why := l.choose(ctx, p, again)
+	if why != nil && ctx.Err() != nil {
+		// this member stopped leading while it asked the ranks (their answers
+		// never came because of that, not because they are gone): no failure is
+		// told; the member that asked asks the new leader
+		return nil
+	}
 	if why != nil {
 		l.log.Warn("no window planned", "why", why.Error)
 		l.tellResult(0, p.watchers, why)
@@ -170,6 +176,9 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 				l.pushFront(p.req)
 			}
 			return nil
+		}
+		if ctx.Err() != nil {
+			return nil // (no longer leading: as above)
 		}
 		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: cfg.Start, Stop: cfg.Stop, Store: l.st.String(),
 			Error: "the window's plan could not be recorded in the run's log: " + err.Error()}
@@ -200,6 +209,13 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 	return l.ended(ctx, w, p)
 }
 
+// noRankAnswered is why no window is planned when no rank answers the status
+// request, statusTries times.
+const (
+	noRankAnswered = "no rank answered the leader"
+	statusTries    = 3
+)
+
 // choose picks a window's ranks and batches: the ranks that answer with a
 // plausible batch (every rank of the world gets a moment to join first), and a
 // start every one of them is still before when the plan reaches it. It returns
@@ -218,6 +234,12 @@ func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Conf
 	}
 	sort.Ints(ranks)
 	rs, leftOut, why := l.plausible(ranks, l.c.status(ctx, ranks))
+	// no rank answered, not even this one: a stall (a loaded machine, a
+	// dispatcher behind), not ranks gone; asked again before the request fails
+	for try := 1; why == noRankAnswered && try < statusTries && ctx.Err() == nil; try++ {
+		l.log.Warn("no rank answered the leader's status request; asking again", "try", try+1, "of", statusTries)
+		rs, leftOut, why = l.plausible(ranks, l.c.status(ctx, ranks))
+	}
 	if why != "" {
 		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: why, Store: l.st.String(), Missing: map[int32]string{}}
 		for r, x := range leftOut {
@@ -411,7 +433,7 @@ func (l *leaderRun) plausible(ranks []int, sts map[int]status) ([]RankStatus, ma
 		return nil, leftOut, why
 	}
 	if len(keep) == 0 {
-		return nil, leftOut, "no rank answered the leader"
+		return nil, leftOut, noRankAnswered
 	}
 	for r, x := range far {
 		leftOut[r] = x
