@@ -17,10 +17,13 @@ type MemoryView struct {
 	At     time.Time // when the agent received them
 	Memory           // the hook's figures
 	// DeviceUsed and DeviceTotal are the device's bytes in use (every process's)
-	// and its size: NVML's when the agent reads the device, else the hook's
-	// cudaMemGetInfo.
+	// and what CUDA can allocate of it: the hook's cudaMemGetInfo, else NVML's
+	// (NVML counts memory the driver keeps for itself in the total: 0.6 GiB more
+	// on an H200).
 	DeviceUsed, DeviceTotal int64
-	FromNVML                bool
+	// NVMLUsed and NVMLTotal are NVML's figures of the device, when the agent
+	// reads it (0 otherwise).
+	NVMLUsed, NVMLTotal int64
 	// Headroom is how much more this rank's peak can grow before an allocation
 	// fails: the device's free bytes plus what the allocator holds beyond its peak
 	// (reserved − peak, at least 0). Fragmentation can make it less.
@@ -70,8 +73,11 @@ func (a *Agent) Memory() (MemoryView, bool) {
 	v.DeviceTotal, v.DeviceUsed = last.m.DeviceTotal, last.m.DeviceTotal-last.m.DeviceFree
 	if d != nil {
 		if s, err := d.Sample(pid); err == nil && d.Info().TotalBytes > 0 {
-			v.DeviceTotal, v.DeviceUsed, v.FromNVML = d.Info().TotalBytes, s.DeviceUsedBytes, true
+			v.NVMLTotal, v.NVMLUsed = d.Info().TotalBytes, s.DeviceUsedBytes
 		}
+	}
+	if v.DeviceTotal == 0 && v.NVMLTotal > 0 {
+		v.DeviceTotal, v.DeviceUsed = v.NVMLTotal, v.NVMLUsed
 	}
 	free := max(v.DeviceTotal-v.DeviceUsed, 0)
 	v.Headroom = free + max(last.m.Reserved-last.m.Peak, 0)

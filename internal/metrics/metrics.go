@@ -60,8 +60,10 @@ var defs = []metricDef{
 	{"memsnap_inactive_split_bytes", "Free bytes inside split blocks of the allocator: fragmentation (torch inactive_split_bytes.all.current).", nil},
 	{"memsnap_alloc_retries_total", "Allocations that freed the allocator's cache and tried again (torch num_alloc_retries).", nil},
 	{"memsnap_ooms_total", "Out-of-memory errors the trainer's allocator raised (torch num_ooms).", nil},
-	{"memsnap_device_used_bytes", "Bytes in use on the trainer's device, by every process (NVML, else cudaMemGetInfo).", nil},
-	{"memsnap_device_total_bytes", "The trainer's device's size in bytes.", nil},
+	{"memsnap_device_used_bytes", "Bytes in use on the trainer's device, by every process (cudaMemGetInfo, else NVML).", nil},
+	{"memsnap_device_total_bytes", "What CUDA can allocate of the trainer's device, in bytes (cudaMemGetInfo, else NVML).", nil},
+	{"memsnap_nvml_device_used_bytes", "Bytes in use on the trainer's device as NVML reads it.", nil},
+	{"memsnap_nvml_device_total_bytes", "The trainer's device's size as NVML reads it (the driver's own share included).", nil},
 	{"memsnap_headroom_bytes", "How much more the trainer's peak can grow before an allocation fails: the device's free bytes plus what the allocator holds beyond its peak.", nil},
 	{"memsnap_headroom_ratio", "memsnap_headroom_bytes over the device's size.", nil},
 	{"memsnap_growth_bytes_per_batch", "Allocated bytes added per batch over the last reports (at a batch's end): a leak makes it positive.", nil},
@@ -129,6 +131,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				c.emit(ch, "memsnap_device_total_bytes", g, float64(v.DeviceTotal))
 				c.emit(ch, "memsnap_headroom_bytes", g, float64(v.Headroom))
 				c.emit(ch, "memsnap_headroom_ratio", g, float64(v.Headroom)/float64(v.DeviceTotal))
+			}
+			if v.NVMLTotal > 0 {
+				c.emit(ch, "memsnap_nvml_device_used_bytes", g, float64(v.NVMLUsed))
+				c.emit(ch, "memsnap_nvml_device_total_bytes", g, float64(v.NVMLTotal))
 			}
 		}
 	}

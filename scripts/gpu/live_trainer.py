@@ -61,9 +61,14 @@ def figures():
         ok = False
     used = want["total"] - want["free"]
     if abs(got["memsnap_device_used_bytes"] - used) > 0.02 * want["total"]:
-        print("FAIL: device used %d (NVML), cudaMemGetInfo says %d" % (got["memsnap_device_used_bytes"], used))
+        print("FAIL: device used %d, cudaMemGetInfo says %d" % (got["memsnap_device_used_bytes"], used))
         ok = False
-    print("device used: NVML %d, cudaMemGetInfo %d" % (got["memsnap_device_used_bytes"], used))
+    nv = got.get("memsnap_nvml_device_used_bytes")
+    if nv is None or abs(nv - used) > 0.02 * want["total"]:
+        print("FAIL: NVML's device used %s, cudaMemGetInfo says %d" % (nv, used))
+        ok = False
+    print("device used: metric %d, NVML %s, cudaMemGetInfo %d; device total: metric %d, NVML %s, cudaMemGetInfo %d" % (
+        got["memsnap_device_used_bytes"], nv, used, got["memsnap_device_total_bytes"], got.get("memsnap_nvml_device_total_bytes"), want["total"]))
     # the hook's cost on the training thread, with real torch
     h = memsnap_hook.get_hook()
 
