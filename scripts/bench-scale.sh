@@ -12,6 +12,8 @@
 #   IDLE       how long the idle cluster's load is measured (default 10s)
 #   LATENCY    latency added to every store request (default 0: the folder store)
 #   COMPRESS   memberlist's gossip compression (default false; memberlist's own default is true)
+#   FIGURES    how often each member sends its memory figures to the leader (default 5s,
+#              as agents do; 0: never), to compare the idle traffic with and without
 #   PRODUCTION 1: every member on production's timers (DefaultConfig) at every size; on
 #              2 cores the simulation slows failure detection above 256 members
 #              (coordinator/sim_test.go's simTune), a machine with 16 cores need not
@@ -62,5 +64,5 @@ cd coordinator
 # temporary folders (the store) go under $TMPDIR
 TMPDIR="$SIMTMP" "$tmp/coordinator.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 0 \
   -sim.sizes "$SIZES" -sim.events "$EVENTS" -sim.repeats "$REPEATS" -sim.failovers "$FAILOVERS" \
-  -sim.step "$STEP" -sim.idle "$IDLE" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.production="$([ "$PRODUCTION" = 1 ] && echo true || echo false)" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)" -sim.own-cores="$([ "$OWNCORES" = 1 ] && echo true || echo false)" \
+  -sim.step "$STEP" -sim.idle "$IDLE" -sim.figures "${FIGURES:-5s}" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.production="$([ "$PRODUCTION" = 1 ] && echo true || echo false)" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)" -sim.own-cores="$([ "$OWNCORES" = 1 ] && echo true || echo false)" \
   -sim.cpuprofile "$PROFILE" -sim.leader-log "$LEADERLOG"
