@@ -29,9 +29,11 @@ func (c *Coordinator) enqueue(b []byte) {
 // handleLocal delivers a message this member sends to itself.
 func (c *Coordinator) handleLocal(env *pb.Envelope) {
 	b, err := proto.Marshal(env)
-	if err == nil {
-		c.enqueue(b)
+	if err != nil {
+		c.log.Warn("a message to this member could not be encoded; dropped", "err", err)
+		return
 	}
+	c.enqueue(b)
 }
 
 // dispatch handles queued messages one at a time. It never waits on the network:

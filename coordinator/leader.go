@@ -53,6 +53,8 @@ type leaderRun struct {
 	sweepAt  time.Time                 // when the next sweep of the log is due
 	stash    []*pb.Envelope            // ranks' messages about a window a post-mortem interrupted
 	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
+	// triggering: a trigger window is in progress (trigger.go)
+	triggering bool
 }
 
 // postmortemQuiet is how long after a post-mortem further reports (other ranks
@@ -183,6 +185,22 @@ func (l *leaderRun) queue(req *pb.Envelope) bool {
 	return true
 }
 
+// triggerPending reports whether a trigger's window is queued or in progress:
+// a rank that keeps crossing a trigger asks for no more meanwhile.
+func (l *leaderRun) triggerPending() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.triggering {
+		return true
+	}
+	for _, q := range l.requests {
+		if r := q.GetRequest(); r != nil && r.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER {
+			return true
+		}
+	}
+	return false
+}
+
 // maxQueued bounds the requests a leader holds.
 const maxQueued = 4096
 
@@ -225,6 +243,7 @@ func (l *leaderRun) renewTerm(ctx context.Context) bool {
 			l.c.updateMeta() // the cluster learns the term from its leader's metadata
 			l.log.Info("leadership term taken", "term", t.Term, "previous", prev)
 			l.loadSchedule(ctx)
+			l.loadLastTrigger(ctx)
 			l.sweep(ctx)
 			return true
 		}
@@ -326,6 +345,14 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 		kind := pb.WindowKind_WINDOW_KIND_WINDOW
 		if r.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER && req.Sender == l.c.name {
 			kind = r.Kind // (only this leader's own triggers plan one)
+			l.mu.Lock()
+			l.triggering = true
+			l.mu.Unlock()
+			defer func() {
+				l.mu.Lock()
+				l.triggering = false
+				l.mu.Unlock()
+			}()
 		}
 		l.window(ctx, plan{kind: kind, length: length, reason: nonEmpty(r.Reason, "request"), watchers: []*pb.Envelope{req}, req: req})
 	}

@@ -139,8 +139,8 @@ func checkView(v *pb.ClusterView) error {
 	if err := checkRank("leader rank", v.LeaderRank, true); err != nil {
 		return err
 	}
-	if v.WorldSize < 0 || v.WorldSize > sidecar.MaxRanks {
-		return bad("world size %d", v.WorldSize)
+	if v.WorldSize < 0 || v.WorldSize > sidecar.MaxRanks || v.Reporting < 0 || v.Reporting > sidecar.MaxRanks {
+		return bad("world size %d, %d reporting", v.WorldSize, v.Reporting)
 	}
 	for _, r := range v.Ranks {
 		if err := checkRank("rank", r.Rank, false); err != nil {

@@ -1,12 +1,14 @@
 package coordinator
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // Triggers are the thresholds that make the leader take a window before an OOM:
@@ -59,6 +61,27 @@ func (t Triggers) Crossed(rank int, f *pb.Figures) string {
 	return fmt.Sprintf("rank %d: %s", rank, strings.Join(parts, ", "))
 }
 
+// loadLastTrigger takes the cooldown up where an earlier leader left it: the
+// newest trigger window in the run's log is the last trigger.
+func (l *leaderRun) loadLastTrigger(ctx context.Context) {
+	if !l.c.cfg.Triggers.Enabled() {
+		return
+	}
+	plans, err := l.rl.Latest(ctx, 16)
+	if err != nil {
+		return
+	}
+	for _, p := range plans {
+		if p.Kind == runlog.KindTrigger {
+			l.c.mu.Lock()
+			if p.Created.After(l.c.lastTrigger) {
+				l.c.lastTrigger = p.Created
+			}
+			l.c.mu.Unlock()
+		}
+	}
+}
+
 // checkTriggers runs on the leader when a rank's figures arrive: a crossing
 // plans a trigger window (through the leader's queue, as a request of its own)
 // unless one was planned less than Cooldown ago.
@@ -73,10 +96,15 @@ func (c *Coordinator) checkTriggers(rank int, f *pb.Figures) {
 	}
 	c.mu.Lock()
 	l := c.lead
-	if l == nil || (!c.lastTrigger.IsZero() && time.Since(c.lastTrigger) < t.Cooldown) {
+	if l == nil || (!c.lastTrigger.IsZero() && time.Since(c.lastTrigger) < max(t.Cooldown, time.Second)) {
 		c.mu.Unlock()
 		return
 	}
+	c.mu.Unlock()
+	if l.triggerPending() {
+		return // (one at a time, whatever the cooldown)
+	}
+	c.mu.Lock()
 	c.lastTrigger = time.Now()
 	c.mu.Unlock()
 	c.log.Warn("a rank crossed a trigger: planning a window of every rank", "why", why, "cooldown", t.Cooldown)

@@ -24,6 +24,11 @@ type memoryReader interface {
 	Memory() (rankagent.MemoryView, bool)
 }
 
+// viewStale is how many FiguresIntervals a rank's figures are kept without a
+// newer report: after that the rank is out of the view (its agent or trainer is
+// gone), not shown with its last figures forever.
+const viewStale = 3
+
 // rankView is one rank's last figures as this member received them.
 type rankView struct {
 	f    *pb.Figures
@@ -103,11 +108,17 @@ func (c *Coordinator) View() *pb.ClusterView {
 	if c.lead != nil {
 		v.LeaderRank = int32(c.cfg.Identity.Rank)
 	}
+	stale := viewStale * max(c.cfg.FiguresInterval, time.Second)
 	for r, rv := range c.views {
+		if now.Sub(rv.at) > stale {
+			delete(c.views, r) // a rank gone (or its trainer): a gap, not its last figures forever
+			continue
+		}
 		v.Ranks = append(v.Ranks, &pb.RankFigures{Rank: int32(r), Figures: rv.f, AgeMs: now.Sub(rv.at).Milliseconds(), Node: rv.node})
 	}
 	c.mu.Unlock()
 	// (a rank that leads keeps its own figures as the others send theirs)
+	v.Reporting = int32(len(v.Ranks))
 	SortView(v)
 	return v
 }
@@ -128,11 +139,26 @@ func SortView(v *pb.ClusterView) {
 	})
 }
 
-// answerView answers a ViewRequest with this member's view.
+// maxViewRanks bounds the ranks a view message carries (the lowest headroom
+// first): 4,096 ranks' figures are about half a megabyte, within a message's
+// bound with room to spare.
+const maxViewRanks = 4096
+
+// answerView answers a ViewRequest with this member's view, the lowest
+// headroom first, at most maxViewRanks of it.
 func (c *Coordinator) answerView(env *pb.Envelope) {
 	r := c.envelope(0)
-	r.Body = &pb.Envelope_View{View: c.View()}
+	r.Body = &pb.Envelope_View{View: c.boundedView()}
 	c.reply(env, r, true)
+}
+
+// boundedView is View cut to maxViewRanks.
+func (c *Coordinator) boundedView() *pb.ClusterView {
+	v := c.View()
+	if len(v.Ranks) > maxViewRanks {
+		v.Ranks = v.Ranks[:maxViewRanks]
+	}
+	return v
 }
 
 // AskView asks the leader for its view of the job's memory.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
@@ -91,4 +93,29 @@ func TestClusterView(t *testing.T) {
 	tc.ranks[0].Coord.Shutdown()
 	tc.stops[0]()
 	testutil.Eventually(t, time.Minute, "the new leader's view", complete(1, 1, 2, 3))
+}
+
+// TestViewFitsAMessage: the leader's view of 16,384 ranks with long host names
+// fits one message (it holds the 4,096 lowest headrooms and says how many report),
+// and the member that asked can decode it.
+func TestViewFitsAMessage(t *testing.T) {
+	c := &Coordinator{cfg: Config{FiguresInterval: time.Second, Identity: rankagent.Identity{WorldSize: 16384}}, views: map[int]rankView{}}
+	for r := 0; r < 16384; r++ {
+		c.views[r] = rankView{at: time.Now(), node: fmt.Sprintf("gpu-node-%05d.cluster.example.org", r/8),
+			f: &pb.Figures{Batch: 123456, Allocated: 70 << 30, Reserved: 75 << 30, Peak: 74 << 30, DeviceTotal: 80 << 30, DeviceUsed: 76 << 30,
+				Headroom: int64(r) << 20, Growth: 1.5e6, AtUs: time.Now().UnixMicro()}}
+	}
+	env := &pb.Envelope{Sender: "run/rank0", Body: &pb.Envelope_View{View: c.boundedView()}}
+	b, err := proto.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeEnvelope(b)
+	if err != nil {
+		t.Fatalf("%d bytes: %v", len(b), err)
+	}
+	v := got.GetView()
+	if v.Reporting != 16384 || len(v.Ranks) != maxViewRanks || v.Ranks[0].Figures.Headroom != 0 {
+		t.Fatalf("%d reporting, %d ranks, first %v", v.Reporting, len(v.Ranks), v.Ranks[0])
+	}
 }

@@ -103,7 +103,7 @@ func (m *Memory) check() error {
 			return fmt.Errorf("%s %d is out of range", f.name, f.v)
 		}
 	}
-	if m.DeviceTotal > 0 && m.DeviceFree > m.DeviceTotal {
+	if m.DeviceFree > m.DeviceTotal {
 		return fmt.Errorf("device_free %d is more than device_total %d", m.DeviceFree, m.DeviceTotal)
 	}
 	return nil
@@ -179,8 +179,8 @@ func parseMessage(line []byte, maxBytes, maxMarks int) (*Message, error) {
 			return bad("needs a batch >= 0")
 		}
 	case "memory":
-		if m.Batch == nil || *m.Batch < 0 || m.Memory == nil {
-			return bad("needs a batch >= 0 and the figures")
+		if m.Batch == nil || *m.Batch < 0 || *m.Batch > maxMemoryBytes || m.Memory == nil {
+			return bad("needs a batch from 0 to 2^50 and the figures")
 		}
 		if err := m.Memory.check(); err != nil {
 			return bad("%v", err)

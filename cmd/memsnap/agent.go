@@ -66,7 +66,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxEntries := fs.Int("max-entries", 100000, "allocator history entries torch keeps")
 	stacks := fs.String("stacks", "python", "stacks torch records: python or all")
 	recordAlways := fs.Bool("record-always", false, "keep allocator history on from the first batch (bounded by --max-entries), so an OOM post-mortem shows how every rank got there")
-	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at [HOST]:PORT/metrics (no HOST: loopback only; 0.0.0.0:PORT for every interface)")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at [HOST]:PORT/metrics, PORT plus the local rank (no HOST: loopback only; 0.0.0.0:PORT for every interface)")
 	figuresEvery := fs.Duration("figures-every", coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval, "how often this rank sends its trainer's memory figures to the leader (memsnap top, triggers, the leader's metrics)")
 	apiToken := fs.String("api-token-file", "", "with --metrics-addr: also take POST /api/v1/window and Alertmanager's webhook at /api/v1/alertmanager, with this file's bearer token")
 	drain := fs.Duration("drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits (a second Ctrl-C stops the wait)")
@@ -172,6 +172,12 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
+	if *apiToken != "" && *metricsAddr == "" {
+		return errors.New("--api-token-file: the window endpoint is served on --metrics-addr; give one")
+	}
+	if member == nil && (lf.headroom != "" || lf.growth != "") {
+		return errors.New("--trigger-headroom, --trigger-growth: a standalone agent has no leader to plan a trigger's window (run in a cluster: --join, or a world size above 1)")
+	}
 	if *metricsAddr != "" {
 		src := metrics.Source{Run: id.RunName, Rank: id.Rank, Node: hostname(), Memory: a.Memory, Stats: a.Stats, SpoolBytes: a.SpoolBytes}
 		if member != nil {
@@ -188,7 +194,11 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 			api = &metrics.API{Token: tok, Cooldown: lf.cooldown, Ask: askWindow(ctx, member.Coord, log)}
 		}
-		ms, err := metrics.Listen(*metricsAddr, src, api, log)
+		addr, err := metrics.ForLocalRank(*metricsAddr, id.LocalRank)
+		if err != nil {
+			return err
+		}
+		ms, err := metrics.Listen(addr, src, api, log)
 		if err != nil {
 			return err
 		}

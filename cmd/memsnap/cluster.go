@@ -182,8 +182,8 @@ func (f *leaderFlags) apply(cfg *coordinator.Config) error {
 // (SIZE[/N]) and --trigger-cooldown.
 func parseTriggers(headroom, growth string, cooldown time.Duration) (coordinator.Triggers, error) {
 	t := coordinator.Triggers{Cooldown: cooldown, GrowthBatches: 10}
-	if cooldown < 0 {
-		return t, fmt.Errorf("--trigger-cooldown %v: not negative", cooldown)
+	if cooldown < 10*time.Second {
+		return t, fmt.Errorf("--trigger-cooldown %v: at least 10s (each trigger window stalls every rank for its batches)", cooldown)
 	}
 	if h := strings.TrimSpace(headroom); h != "" {
 		if p, ok := strings.CutSuffix(h, "%"); ok {

@@ -60,7 +60,7 @@ func startMetricsJob(t *testing.T, leak []int64, extra ...string) *metricsJob {
 		args := []string{"agent", "--run-name", j.run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(n),
 			"--local-world-size", strconv.Itoa(n), "--store", j.store, "--spool", filepath.Join(sockDir, fmt.Sprintf("spool%d", r)),
 			"--socket", filepath.Join(sockDir, fmt.Sprintf("s%d", r)), "--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(j.gossip), "--no-schedule",
-			"--metrics-addr", target}
+			"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", mport)} // (plus the local rank)
 		args = append(args, extra...)
 		if r > 0 {
 			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", j.gossip))

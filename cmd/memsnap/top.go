@@ -139,7 +139,7 @@ func termHeight(w io.Writer) int {
 
 // staleAfter is how old a rank's figures are when top marks them as old: a few
 // report periods.
-const staleAfter = 15 * time.Second
+const staleAfter = 10 * time.Second
 
 // renderView writes the job's memory as a table: a summary of the spread across
 // ranks, then the rows ranks with the least headroom, then how many more.
@@ -149,7 +149,8 @@ func renderView(w io.Writer, run string, v *pb.ClusterView, rows int, now time.T
 	if v.LeaderRank >= 0 {
 		leader = fmt.Sprintf("leader rank %d", v.LeaderRank)
 	}
-	fmt.Fprintf(w, "memsnap top — run %s — %d of %d ranks reporting — %s — %s UTC\n", run, len(v.Ranks), v.WorldSize, leader, now.UTC().Format(time.TimeOnly))
+	reporting := max(int(v.Reporting), len(v.Ranks))
+	fmt.Fprintf(w, "memsnap top — run %s — %d of %d ranks reporting — %s — %s UTC\n", run, reporting, v.WorldSize, leader, now.UTC().Format(time.TimeOnly))
 	if len(v.Ranks) == 0 {
 		fmt.Fprintln(w, "no rank has reported its memory yet (the hook reports at a batch's end, the agents every few seconds)")
 		return
@@ -175,10 +176,10 @@ func renderView(w io.Writer, run string, v *pb.ClusterView, rows int, now time.T
 			analysis.HumanBytes(f.Peak), head, growthText(f.Growth), analysis.HumanBytes(f.InactiveSplit), age)
 	}
 	tw.Flush()
-	if more := len(v.Ranks) - rows; more > 0 {
+	if more := reporting - min(rows, len(v.Ranks)); more > 0 {
 		fmt.Fprintf(w, "… and %d more ranks, with more headroom (--rows, or --json for every rank)\n", more)
 	}
-	if missing := int(v.WorldSize) - len(v.Ranks); missing > 0 {
+	if missing := int(v.WorldSize) - reporting; missing > 0 {
 		fmt.Fprintf(w, "%d ranks have not reported (no trainer connected, or no batch ended yet)\n", missing)
 	}
 }
@@ -257,8 +258,9 @@ func viewJSON(run string, v *pb.ClusterView, now time.Time) any {
 		At         string `json:"at"`
 		WorldSize  int32  `json:"world_size"`
 		LeaderRank int32  `json:"leader_rank"`
+		Reporting  int    `json:"reporting"` // ranks with figures; ranks holds the lowest headroom first, at most 4,096
 		Ranks      []rank `json:"ranks"`
-	}{Run: run, At: now.UTC().Format(time.RFC3339), WorldSize: v.WorldSize, LeaderRank: v.LeaderRank, Ranks: []rank{}}
+	}{Run: run, At: now.UTC().Format(time.RFC3339), WorldSize: v.WorldSize, LeaderRank: v.LeaderRank, Reporting: max(int(v.Reporting), len(v.Ranks)), Ranks: []rank{}}
 	for _, r := range v.Ranks {
 		f := r.Figures
 		out.Ranks = append(out.Ranks, rank{r.Rank, r.Node, f.Batch, f.Allocated, f.Reserved, f.Peak, f.InactiveSplit, f.AllocRetries, f.Ooms,

@@ -40,8 +40,11 @@ func TestParseTriggers(t *testing.T) {
 	if err != nil || tr.HeadroomBytes != 2<<30 || tr.GrowthBatches != 10 {
 		t.Fatalf("%+v %v", tr, err)
 	}
-	if tr, err := parseTriggers("", "", 0); err != nil || tr.Enabled() {
+	if tr, err := parseTriggers("", "", time.Minute); err != nil || tr.Enabled() {
 		t.Fatalf("no triggers: %+v %v", tr, err)
+	}
+	if _, err := parseTriggers("5%", "", 0); err == nil {
+		t.Error("a cooldown of 0: no error")
 	}
 	for _, c := range [][2]string{{"0%", ""}, {"100%", ""}, {"-3%", ""}, {"x%", ""}, {"0", ""}, {"lots", ""}, {"", "0"}, {"", "1GiB/0"}, {"", "1GiB/x"}, {"", "/10"}} {
 		if tr, err := parseTriggers(c[0], c[1], time.Minute); err == nil {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The agent's window endpoint: the tools that watch a job (a script, an alert)
@@ -47,6 +49,9 @@ type API struct {
 // (mode 600 or 640, as the gossip key's file), at most 4 KiB, surrounding space
 // trimmed.
 func LoadToken(file string) ([]byte, error) {
+	if st, err := os.Stat(file); err == nil && !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("--api-token-file %s is not a regular file", file)
+	}
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, fmt.Errorf("--api-token-file: %w", err)
@@ -69,6 +74,8 @@ func LoadToken(file string) ([]byte, error) {
 		return nil, fmt.Errorf("--api-token-file %s: more than 4 KiB", file)
 	case len(t) < 16:
 		return nil, fmt.Errorf("--api-token-file %s: a token of at least 16 characters (memsnap keygen makes one)", file)
+	case strings.IndexFunc(string(t), func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
+		return nil, fmt.Errorf("--api-token-file %s: a token of printable ASCII without spaces (it goes in an HTTP header)", file)
 	}
 	return t, nil
 }
@@ -86,8 +93,8 @@ func (a *API) guard(next func(http.ResponseWriter, []byte)) http.HandlerFunc {
 			reply(w, http.StatusMethodNotAllowed, "error", "POST only")
 			return
 		}
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), a.Token) != 1 {
+		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), a.Token) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="memsnap"`)
 			reply(w, http.StatusUnauthorized, "error", "a bearer token is needed: the one in the agent's --api-token-file")
 			return
@@ -119,8 +126,12 @@ func (a *API) window(w http.ResponseWriter, body []byte) {
 	if len(strings.TrimSpace(string(body))) > 0 {
 		dec := json.NewDecoder(strings.NewReader(string(body)))
 		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			reply(w, http.StatusBadRequest, "error", "the body is {\"reason\": \"...\"}: "+err.Error())
+		if err := dec.Decode(&req); err != nil || dec.More() {
+			why := "more than one value"
+			if err != nil {
+				why = err.Error()
+			}
+			reply(w, http.StatusBadRequest, "error", "the body is {\"reason\": \"...\"}: "+why)
 			return
 		}
 	}
@@ -142,12 +153,13 @@ func (a *API) alertmanager(w http.ResponseWriter, body []byte) {
 		reply(w, http.StatusBadRequest, "error", "not an Alertmanager webhook payload: "+err.Error())
 		return
 	}
-	seen := map[string]bool{}
+	seen, names := map[string]bool{}, map[string]bool{}
 	for _, al := range p.Alerts {
 		if al.Status != "firing" {
 			continue
 		}
 		name := nonEmpty(clean(al.Labels["alertname"]), "an alert")
+		names[name] = true
 		if rk := clean(al.Labels["rank"]); rk != "" {
 			name += " (rank " + rk + ")"
 		}
@@ -157,28 +169,36 @@ func (a *API) alertmanager(w http.ResponseWriter, body []byte) {
 		reply(w, http.StatusOK, "status", "no firing alert: nothing to do")
 		return
 	}
-	names := make([]string, 0, len(seen))
+	alerts := make([]string, 0, len(seen))
 	for n := range seen {
-		names = append(names, n)
+		alerts = append(alerts, n)
 	}
-	sort.Strings(names)
-	if len(names) > 8 {
-		names = append(names[:8], fmt.Sprintf("and %d more", len(names)-8))
+	sort.Strings(alerts)
+	if len(alerts) > 8 {
+		alerts = append(alerts[:8], fmt.Sprintf("and %d more", len(alerts)-8))
 	}
-	a.ask(w, "alert: "+strings.Join(names, ", "))
+	// one window per cooldown for the same alerts, whichever ranks they name
+	// now (an alert that spreads to more ranks is the same alert)
+	key := make([]string, 0, len(names))
+	for n := range names {
+		key = append(key, n)
+	}
+	sort.Strings(key)
+	a.askAs(w, "alert: "+strings.Join(alerts, ", "), "alertmanager: "+strings.Join(key, ", "))
 }
 
 // ask asks for a window with reason, unless one of the same reason was asked
 // for within the cooldown.
-func (a *API) ask(w http.ResponseWriter, reason string) {
-	if len(reason) > maxReason {
-		reason = reason[:maxReason]
-	}
+func (a *API) ask(w http.ResponseWriter, reason string) { a.askAs(w, reason, reason) }
+
+// askAs is ask with the cooldown kept under key.
+func (a *API) askAs(w http.ResponseWriter, reason, key string) {
+	reason = cutUTF8(reason, maxReason)
 	a.mu.Lock()
 	if a.asked == nil {
 		a.asked = map[string]time.Time{}
 	}
-	if at, ok := a.asked[reason]; ok && time.Since(at) < a.Cooldown {
+	if at, ok := a.asked[key]; ok && time.Since(at) < a.Cooldown {
 		a.mu.Unlock()
 		reply(w, http.StatusOK, "status", fmt.Sprintf("a window for %q was asked for at %s UTC; the next one no sooner than %s UTC", reason,
 			at.UTC().Format(time.TimeOnly), at.Add(a.Cooldown).UTC().Format(time.TimeOnly)))
@@ -194,11 +214,11 @@ func (a *API) ask(w http.ResponseWriter, reason string) {
 		reply(w, http.StatusTooManyRequests, "error", "too many different reasons within the cooldown")
 		return
 	}
-	a.asked[reason] = time.Now()
+	a.asked[key] = time.Now()
 	a.mu.Unlock()
 	if err := a.Ask(reason); err != nil {
 		a.mu.Lock()
-		delete(a.asked, reason)
+		delete(a.asked, key)
 		a.mu.Unlock()
 		reply(w, http.StatusServiceUnavailable, "error", err.Error())
 		return
@@ -206,18 +226,27 @@ func (a *API) ask(w http.ResponseWriter, reason string) {
 	reply(w, http.StatusAccepted, "status", fmt.Sprintf("asked the leader for a window: %s (memsnap ls shows it once published)", reason))
 }
 
-// clean keeps a label printable and short.
+// clean keeps a label printable (no control or bidi characters), valid UTF-8
+// and short.
 func clean(s string) string {
 	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
+		if r == utf8.RuneError || !unicode.IsPrint(r) && r != ' ' {
 			return -1
 		}
 		return r
-	}, strings.TrimSpace(s))
-	if len(s) > 128 {
-		s = s[:128]
+	}, strings.ToValidUTF8(strings.TrimSpace(s), ""))
+	return cutUTF8(s, 128)
+}
+
+// cutUTF8 cuts s to at most n bytes on a character's boundary.
+func cutUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return s
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func nonEmpty(s, def string) string {

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // TestAPI: the window endpoint asks for a window only for a POST with the
@@ -95,5 +97,67 @@ func TestLoadToken(t *testing.T) {
 	}
 	if _, err := LoadToken(filepath.Join(dir, "none")); err == nil {
 		t.Error("a missing file: no error")
+	}
+}
+
+// TestAPIHostileReasons: a long reason of many-byte characters is cut on a
+// character's boundary (a reason that is not UTF-8 cannot be sent, and the
+// window would never be planned); control and bidi characters are dropped; the
+// scheme's case does not matter; an alert that spreads to more ranks within the
+// cooldown asks for no second window.
+func TestAPIHostileReasons(t *testing.T) {
+	var asked []string
+	api := &API{Token: []byte("s3cret-token-0123456789"), Cooldown: time.Hour, Ask: func(r string) error { asked = append(asked, r); return nil }}
+	mux := http.NewServeMux()
+	api.routes(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	post := func(path, scheme, body string) int {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", scheme+" s3cret-token-0123456789")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	name := strings.Repeat("GPUメモリの残りが少なくなっています", 2) + "!"
+	var alerts []string
+	for r := 0; r < 8; r++ {
+		alerts = append(alerts, fmt.Sprintf(`{"status":"firing","labels":{"alertname":%q,"rank":"%d"}}`, name, r))
+	}
+	if got := post("/api/v1/alertmanager", "bearer", `{"version":"4","alerts":[`+strings.Join(alerts, ",")+`]}`); got != 202 {
+		t.Fatalf("many-byte alert names: %d", got)
+	}
+	if got := post("/api/v1/window", "Bearer", `{"reason":"`+strings.Repeat("a", 127)+`é\u202eevil\u0085"}`); got != 202 {
+		t.Fatalf("a long reason: %d", got)
+	}
+	if got := post("/api/v1/window", "Bearer", `{"reason":"a"} {"reason":"b"}`); got != 400 {
+		t.Fatalf("two values: %d", got)
+	}
+	spread := func(ranks ...int) string {
+		var as []string
+		for _, r := range ranks {
+			as = append(as, fmt.Sprintf(`{"status":"firing","labels":{"alertname":"Low","rank":"%d"}}`, r))
+		}
+		return `{"version":"4","alerts":[` + strings.Join(as, ",") + `]}`
+	}
+	for i, ranks := range [][]int{{3}, {3, 5}, {3, 5, 7}, {7}} {
+		want := 200
+		if i == 0 {
+			want = 202
+		}
+		if got := post("/api/v1/alertmanager", "Bearer", spread(ranks...)); got != want {
+			t.Fatalf("alert on ranks %v: %d, want %d", ranks, got, want)
+		}
+	}
+	if len(asked) != 3 {
+		t.Fatalf("asked %q", asked)
+	}
+	for _, r := range asked {
+		if !utf8.ValidString(r) || strings.ContainsAny(r, "\u202e\u0085") {
+			t.Fatalf("reason %q", r)
+		}
 	}
 }

@@ -225,6 +225,24 @@ type Server struct {
 	log *slog.Logger
 }
 
+// ForLocalRank is addr's port plus localRank (a port of 0 stays 0): every
+// agent of a node is started with one command line, as the gossip port is.
+func ForLocalRank(addr string, localRank int) (string, error) {
+	a, err := ListenAddr(addr)
+	if err != nil || localRank <= 0 {
+		return a, err
+	}
+	host, port, _ := net.SplitHostPort(a)
+	p, _ := strconv.Atoi(port)
+	if p == 0 {
+		return a, nil
+	}
+	if p+localRank > 65535 {
+		return "", fmt.Errorf("--metrics-addr %q: port %d plus local rank %d is past 65535", addr, p, localRank)
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+localRank)), nil
+}
+
 // Listen opens addr (see ListenAddr) for src's metrics; Serve serves them. With
 // api, the window endpoint too (api.go).
 func Listen(addr string, src Source, api *API, log *slog.Logger) (*Server, error) {

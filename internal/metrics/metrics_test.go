@@ -11,6 +11,21 @@ import (
 	"github.com/memsnap/memsnap/rankagent"
 )
 
+func TestForLocalRank(t *testing.T) {
+	for _, c := range []struct {
+		addr string
+		rank int
+		want string
+	}{{":9400", 0, "127.0.0.1:9400"}, {":9400", 3, "127.0.0.1:9403"}, {"0.0.0.0:9400", 7, "0.0.0.0:9407"}, {"127.0.0.1:0", 5, "127.0.0.1:0"}} {
+		if got, err := ForLocalRank(c.addr, c.rank); err != nil || got != c.want {
+			t.Errorf("ForLocalRank(%q, %d) = %q, %v; want %q", c.addr, c.rank, got, err, c.want)
+		}
+	}
+	if got, err := ForLocalRank(":65535", 1); err == nil {
+		t.Errorf("past 65535: %q", got)
+	}
+}
+
 func TestListenAddr(t *testing.T) {
 	for in, want := range map[string]string{":9400": "127.0.0.1:9400", "0.0.0.0:9400": "0.0.0.0:9400", "[::1]:0": "[::1]:0", "localhost:80": "localhost:80"} {
 		if got, err := ListenAddr(in); err != nil || got != want {

@@ -2021,6 +2021,7 @@ type ClusterView struct {
 	Ranks         []*RankFigures         `protobuf:"bytes,1,rep,name=ranks,proto3" json:"ranks,omitempty"`
 	WorldSize     int32                  `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	LeaderRank    int32                  `protobuf:"varint,3,opt,name=leader_rank,json=leaderRank,proto3" json:"leader_rank,omitempty"` // the rank that answered, when it leads (-1 otherwise)
+	Reporting     int32                  `protobuf:"varint,4,opt,name=reporting,proto3" json:"reporting,omitempty"`                     // ranks with figures; ranks holds the lowest headroom first, at most 4096 of them
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2072,6 +2073,13 @@ func (x *ClusterView) GetWorldSize() int32 {
 func (x *ClusterView) GetLeaderRank() int32 {
 	if x != nil {
 		return x.LeaderRank
+	}
+	return 0
+}
+
+func (x *ClusterView) GetReporting() int32 {
+	if x != nil {
+		return x.Reporting
 	}
 	return 0
 }
@@ -2309,13 +2317,14 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	" \x01(\x03R\bheadroom\x12\x16\n" +
 	"\x06growth\x18\v \x01(\x01R\x06growth\x12\x13\n" +
 	"\x05at_us\x18\f \x01(\x03R\x04atUs\"\r\n" +
-	"\vViewRequest\"|\n" +
+	"\vViewRequest\"\x9a\x01\n" +
 	"\vClusterView\x12-\n" +
 	"\x05ranks\x18\x01 \x03(\v2\x17.memsnap.v1.RankFiguresR\x05ranks\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x02 \x01(\x05R\tworldSize\x12\x1f\n" +
 	"\vleader_rank\x18\x03 \x01(\x05R\n" +
-	"leaderRank\"{\n" +
+	"leaderRank\x12\x1c\n" +
+	"\treporting\x18\x04 \x01(\x05R\treporting\"{\n" +
 	"\vRankFigures\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12-\n" +
 	"\afigures\x18\x02 \x01(\v2\x13.memsnap.v1.FiguresR\afigures\x12\x15\n" +
