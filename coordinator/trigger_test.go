@@ -2,12 +2,14 @@ package coordinator
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
@@ -109,4 +111,35 @@ func base(t *testing.T, rank int) int64 {
 		t.Fatal(err)
 	}
 	return s.ComputeFigures().Devices[0].PeakAllocatedBytes
+}
+
+// TestOneTriggerAtATime: while a trigger's window is queued or in progress, a
+// rank that keeps crossing asks for no other, whatever the cooldown (a short
+// one filled the leader's queue with trigger windows a request waited behind).
+func TestOneTriggerAtATime(t *testing.T) {
+	c := &Coordinator{cfg: Config{Triggers: Triggers{GrowthBytes: 1, GrowthBatches: 1}}, log: slog.New(slog.DiscardHandler)}
+	l := newLeader(c)
+	c.lead = l
+	f := &pb.Figures{Batch: 10, Allocated: 1 << 30, Growth: 1 << 20}
+	c.checkTriggers(1, f)
+	if len(l.msgs) != 1 {
+		t.Fatalf("%d requests after a crossing", len(l.msgs))
+	}
+	l.queue(<-l.msgs) // queued, as the leader's loop does
+	c.lastTrigger = time.Time{}
+	c.checkTriggers(1, f)
+	if len(l.msgs) != 0 {
+		t.Fatal("a second trigger window asked for while one is queued")
+	}
+	l.requests = nil
+	l.triggering = true // (in progress)
+	c.checkTriggers(1, f)
+	if len(l.msgs) != 0 {
+		t.Fatal("a second trigger window asked for while one is in progress")
+	}
+	l.triggering = false
+	c.checkTriggers(1, f)
+	if len(l.msgs) != 1 {
+		t.Fatal("no trigger window once the last one ended")
+	}
 }
