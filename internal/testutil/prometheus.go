@@ -79,14 +79,7 @@ func StartPrometheusWith(t testing.TB, targets []string, rules, alertmanager str
 		}
 	})
 	p := &Prometheus{URL: "http://" + addr, t: t}
-	Eventually(t, time.Minute, "Prometheus to be ready", func() bool {
-		resp, err := http.Get(p.URL + "/-/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	waitReady(t, "Prometheus", p.URL+"/-/ready")
 	return p
 }
 
@@ -204,13 +197,19 @@ receivers:
 			t.Logf("alertmanager said:\n%s", log.String())
 		}
 	})
-	Eventually(t, time.Minute, "Alertmanager to be ready", func() bool {
-		resp, err := http.Get("http://" + addr + "/-/ready")
+	waitReady(t, "Alertmanager", "http://"+addr+"/-/ready")
+	return addr
+}
+
+// waitReady waits until url answers 200 (a server's readiness endpoint).
+func waitReady(t testing.TB, what, url string) {
+	t.Helper()
+	Eventually(t, time.Minute, what+" to be ready", func() bool {
+		resp, err := http.Get(url)
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200
 	})
-	return addr
 }
