@@ -257,7 +257,7 @@ func (r *RankData) walk(a *RankAnalysis, w Window, alloc, res int64, hist *histo
 		a.Events++
 		a.LastEventUS = t
 		if e.Action == snapshot.ActionOOM {
-			a.OOMs = append(a.OOMs, OOM{TimeUS: t, Size: e.Size, DeviceFreeB: e.DeviceFree, AllocatedThen: alloc})
+			a.OOMs = append(a.OOMs, OOM{TimeUS: t, Size: e.Size, DeviceFreeB: e.DeviceFree, AllocatedThen: alloc, ReservedThen: res})
 			hist.add(t, alloc)
 			continue
 		}
@@ -502,6 +502,11 @@ func (a *RankAnalysis) check() error {
 	for _, s := range a.Sites {
 		if len(s.Site) > maxSiteName || s.Blocks < 0 {
 			return errors.New("a site's name is too long or its block count negative")
+		}
+	}
+	for _, o := range a.OOMs {
+		if o.Size < 0 || o.ReservedThen < 0 || !plausibleBytes(o.Size) || !plausibleBytes(o.ReservedThen) {
+			return errors.New("an OOM's figures are out of range")
 		}
 	}
 	if o := a.OtherSites; o != nil && (o.Site != otherSitesName || o.Blocks < 0) {

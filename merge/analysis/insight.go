@@ -316,8 +316,18 @@ func (s *Summary) Findings() []string {
 		}
 	}
 	var outside []RankSummary
-	truncated, leaking := 0, 0
+	truncated, leaking, fragmented := 0, 0, 0
 	for _, r := range s.Ranks {
+		for _, o := range r.OOMs {
+			if o.Fragmented() {
+				if fragmented++; fragmented <= maxFindingRanks {
+					out = append(out, fmt.Sprintf("rank %d ran out of memory asking for %s while %s was reserved but not allocated: enough free memory, "+
+						"in pieces none large enough (fragmentation); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the usual remedy",
+						r.Rank, HumanBytes(o.Size), HumanBytes(o.ReservedThen-o.AllocatedThen)))
+				}
+				break
+			}
+		}
 		if r.Truncated != nil {
 			if truncated++; truncated <= maxFindingRanks {
 				out = append(out, fmt.Sprintf("rank %d: %s", r.Rank, r.Truncated.Describe()))

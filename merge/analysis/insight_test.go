@@ -428,3 +428,18 @@ func TestCategoryDiffBoundsAMissingModule(t *testing.T) {
 		}
 	}
 }
+
+// TestFragmentedOOM: an OOM that asked for less than the allocator held free in
+// its segments is told as fragmentation, with the usual remedy; one that asked
+// for more than was free is not.
+func TestFragmentedOOM(t *testing.T) {
+	s := &Summary{Ranks: []RankSummary{
+		{Rank: 3, OOMs: []OOM{{Size: 64 << 20, AllocatedThen: 1 << 30, ReservedThen: 3 << 29}}},
+		{Rank: 5, OOMs: []OOM{{Size: 1 << 30, AllocatedThen: 1 << 30, ReservedThen: 3 << 29}}},
+	}}
+	got := strings.Join(s.Findings(), "\n")
+	want := "rank 3 ran out of memory asking for 64.0 MiB while 512.0 MiB was reserved but not allocated: enough free memory, in pieces none large enough (fragmentation); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the usual remedy"
+	if !strings.Contains(got, want) || strings.Contains(got, "rank 5 ran out") {
+		t.Fatalf("findings:\n%s", got)
+	}
+}

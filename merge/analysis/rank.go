@@ -28,6 +28,15 @@ type OOM struct {
 	Size          int64 `json:"size"`
 	DeviceFreeB   int64 `json:"device_free_bytes"`
 	AllocatedThen int64 `json:"allocated_bytes"`
+	// ReservedThen is what the allocator held then: ReservedThen - AllocatedThen
+	// was free in its segments, in pieces
+	ReservedThen int64 `json:"reserved_bytes,omitempty"`
+}
+
+// Fragmented reports whether the OOM asked for less than the allocator held free
+// in its segments: the memory was there, in pieces none large enough.
+func (o OOM) Fragmented() bool {
+	return o.Size > 0 && o.ReservedThen-o.AllocatedThen >= o.Size
 }
 
 // Site is an allocation site (a Python frame) and what it held alive at a peak.
