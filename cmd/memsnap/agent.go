@@ -263,7 +263,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	snap := fs.String("snapshot", "", "a recorded torch snapshot to replay")
 	batches := fs.Int64("batches", 20, "batches to run (0: until interrupted)")
 	pace := fs.Duration("pace", 20*time.Millisecond, "the length of one batch")
-	rank := fs.Int("rank", 0, "the rank reported to the agent")
+	defRank, _ := strconv.Atoi(os.Getenv("RANK")) // (a launcher's: torchrun's RANK, as the hook reads it)
+	rank := fs.Int("rank", max(defRank, 0), "the rank reported to the agent (default $RANK, else 0)")
 	hang := fs.Bool("hang-in-window", false, "stop in the first batch of a window, as a stuck rank would (for tests)")
 	failAt := fs.Int64("fail-at", 0, "raise an uncaught exception at the start of this batch, as a failing trainer would: what it recorded goes to the agent as a crash snapshot (for tests)")
 	var holds multiFlag
