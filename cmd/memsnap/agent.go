@@ -172,41 +172,11 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
-	if *apiToken != "" && *metricsAddr == "" {
-		return errors.New("--api-token-file: the window endpoint is served on --metrics-addr; give one")
+	stopMetrics, err := serveMetrics(ctx, *metricsAddr, *apiToken, id, a, member, lf, log)
+	if err != nil {
+		return err
 	}
-	if member == nil && (lf.headroom != "" || lf.growth != "") {
-		return errors.New("--trigger-headroom, --trigger-growth: a standalone agent has no leader to plan a trigger's window (run in a cluster: --join, or a world size above 1)")
-	}
-	if *metricsAddr != "" {
-		src := metrics.Source{Run: id.RunName, Rank: id.Rank, Node: hostname(), Memory: a.Memory, Stats: a.Stats, SpoolBytes: a.SpoolBytes}
-		if member != nil {
-			src.Members, src.Term, src.Leading, src.View = member.Coord.NumMembers, member.Coord.Term, member.Coord.IsLeader, member.Coord.View
-		}
-		var api *metrics.API
-		if *apiToken != "" {
-			if member == nil {
-				return errors.New("--api-token-file: a standalone agent has no leader to ask for a window")
-			}
-			tok, err := metrics.LoadToken(*apiToken)
-			if err != nil {
-				return err
-			}
-			api = &metrics.API{Token: tok, Cooldown: lf.cooldown, Ask: askWindow(ctx, member.Coord, log)}
-		}
-		addr, err := metrics.ForLocalRank(*metricsAddr, id.LocalRank)
-		if err != nil {
-			return err
-		}
-		ms, err := metrics.Listen(addr, src, api, log)
-		if err != nil {
-			return err
-		}
-		mctx, stopMetrics := context.WithCancel(context.WithoutCancel(ctx))
-		defer stopMetrics()
-		go ms.Serve(mctx)
-		log.Info("metrics served", "url", "http://"+ms.Addr()+"/metrics")
-	}
+	defer stopMetrics()
 	runAll := a.Run
 	idle := func() bool { return true }
 	var unfinished func() string
@@ -323,6 +293,49 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return exitError{1}
 	}
 	return err
+}
+
+// serveMetrics checks the flags of live memory and serves the metrics (and the
+// window endpoint, with a token file) while the agent runs; stop ends them.
+func serveMetrics(ctx context.Context, addrFlag, tokenFile string, id rankagent.Identity, a *rankagent.Agent, member *coordinator.Rank,
+	lf leaderFlags, log *slog.Logger) (stop func(), err error) {
+	stop = func() {}
+	if tokenFile != "" && addrFlag == "" {
+		return stop, errors.New("--api-token-file: the window endpoint is served on --metrics-addr; give one")
+	}
+	if member == nil && (lf.headroom != "" || lf.growth != "") {
+		return stop, errors.New("--trigger-headroom, --trigger-growth: a standalone agent has no leader to plan a trigger's window (run in a cluster: --join, or a world size above 1)")
+	}
+	if addrFlag == "" {
+		return stop, nil
+	}
+	src := metrics.Source{Run: id.RunName, Rank: id.Rank, Node: hostname(), Memory: a.Memory, Stats: a.Stats, SpoolBytes: a.SpoolBytes}
+	if member != nil {
+		src.Members, src.Term, src.Leading, src.View = member.Coord.NumMembers, member.Coord.Term, member.Coord.IsLeader, member.Coord.View
+	}
+	var api *metrics.API
+	if tokenFile != "" {
+		if member == nil {
+			return stop, errors.New("--api-token-file: a standalone agent has no leader to ask for a window")
+		}
+		tok, err := metrics.LoadToken(tokenFile)
+		if err != nil {
+			return stop, err
+		}
+		api = &metrics.API{Token: tok, Cooldown: lf.cooldown, Ask: askWindow(ctx, member.Coord, log)}
+	}
+	addr, err := metrics.ForLocalRank(addrFlag, id.LocalRank)
+	if err != nil {
+		return stop, err
+	}
+	ms, err := metrics.Listen(addr, src, api, log)
+	if err != nil {
+		return stop, err
+	}
+	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go ms.Serve(mctx)
+	log.Info("metrics served", "url", "http://"+ms.Addr()+"/metrics")
+	return cancel, nil
 }
 
 // askWindow asks coord's leader for a window with a reason, in the background:
