@@ -33,7 +33,8 @@ done
 wait "${pids[1]}" || true
 kill -TERM "${pids[0]}" 2>/dev/null || true; wait "${pids[0]}" 2>/dev/null || true
 grep -E "crossed a trigger|OutOfMemoryError" "$OUT"/leak*.log | head -5 || true
-python3 - "$OUT/store2/leak/torch_memory_traces" <<'PY' || fails=1
+leakline=$(grep -n "# the leak" scripts/gpu/live_trainer.py | cut -d: -f1)
+python3 - "$OUT/store2/leak/torch_memory_traces" "live_trainer.py:$leakline" <<'PY' || fails=1
 import glob, json, sys
 found = None
 for p in glob.glob(sys.argv[1] + "/window*/merged.manifest.json"):
@@ -46,7 +47,7 @@ print("kind:", found["kind"], "| reason:", found["reason"], "| ranks:", found["r
 for f in found.get("findings", []):
     print("  finding:", f)
 text = " ".join(found.get("findings", []))
-ok = found["reason"].startswith("trigger: rank 1: growing") and found["ranks_merged"] == [0, 1] and "live_trainer.py:93" in text
+ok = found["reason"].startswith("trigger: rank 1: growing") and found["ranks_merged"] == [0, 1] and sys.argv[2] in text
 print("trigger window: OK" if ok else "trigger window: FAIL")
 sys.exit(0 if ok else 1)
 PY
