@@ -290,35 +290,7 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 	if retake != nil {
 		batch = retake.batch
 	}
-	var w Window
-	partial := ""
-	switch {
-	case m.Reason == "oom":
-		w = Window{Start: max(batch, 0), Stop: max(batch, 0) + 1}
-		if !adopted && retake == nil {
-			a.post(WindowEvent{Window: Window{}, State: WindowOOM, Batch: batch, Time: time.Now()})
-		}
-	case m.Reason == "postmortem":
-		w = Window{ID: m.Window, Start: max(batch, 0), Stop: max(batch, 0)}
-	case m.Reason == "crash":
-		// named like an OOM dump, by the batch it stopped in; the window it was
-		// recording, if any, goes into its metadata
-		b := max(batch, 0)
-		if n := len(m.Batches); n > 0 {
-			b = m.Batches[n-1].Batch
-		}
-		w = Window{ID: m.Window, Start: b, Stop: b + 1}
-	case armed != nil:
-		w = *armed
-		if m.Stop != 0 && (m.Start != w.Start || m.Stop != w.Stop) {
-			partial = fmt.Sprintf("the trainer recorded [%d, %d), the window is [%d, %d)", m.Start, m.Stop, w.Start, w.Stop)
-		}
-	default:
-		w = Window{ID: m.Window, Start: m.Start, Stop: m.Stop}
-	}
-	if m.Reason == "window" && partial == "" {
-		partial = coverage(w, m.Batches)
-	}
+	w, partial := a.snapshotWindow(m, armed, batch, adopted, retake)
 	fail := func(err error) {
 		a.log.Error("the trainer's snapshot cannot be uploaded; it is kept in the spool", "file", m.File, "err", err)
 		if dir, rerr := a.sp.reject(src, a.cfg.Identity.Rank, w.ID, err); rerr == nil {
@@ -365,26 +337,7 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 		return
 	}
 	id := a.cfg.Identity
-	a.mu.Lock()
-	meta := sidecar.RankMeta{Version: 1, RunName: id.RunName, Rank: id.Rank, LocalRank: id.LocalRank, NodeRank: id.NodeRank,
-		WorldSize: id.WorldSize, LocalWorldSize: id.LocalWorldSize, GPU: a.gpuInfoLocked(), Reason: m.Reason, Samples: samples, Partial: partial,
-		StallUS: m.StallUS, Cause: m.Cause, MaxEntries: a.cfg.MaxEntries}
-	if a.offset != nil {
-		off, rtt := a.offset.offsetUS, a.offset.rttUS
-		meta.ClockOffsetUS, meta.ClockRTTUS = &off, &rtt
-	}
-	a.mu.Unlock()
-	meta.Hostname, _ = os.Hostname()
-	if m.Reason == "window" || m.Reason == "postmortem" {
-		meta.Window = &sidecar.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}
-	}
-	if m.Reason == "crash" && m.Window != 0 && m.Stop > m.Start {
-		meta.Window = &sidecar.WindowInfo{ID: m.Window, Start: m.Start, Stop: m.Stop}
-		meta.Partial = fmt.Sprintf("the trainer was stopped in batch %d of [%d, %d) (%s)", w.Start, m.Start, m.Stop, m.Cause)
-	}
-	for _, b := range m.Batches {
-		meta.Batches = append(meta.Batches, sidecar.BatchMark{Batch: b.Batch, StartUS: b.StartUS, EndUS: b.EndUS})
-	}
+	meta := a.rankMeta(m, w, samples, partial)
 	mb, _ := json.MarshalIndent(meta, "", "  ")
 	sum := sha256Hex(data)
 	// the rank's own figures, so the leader need not decode every rank
@@ -410,26 +363,7 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 			return
 		}
 		if diskFull(err) {
-			// a full disk passes: the snapshot stays where it is, whole, and is
-			// taken again once there is room (or by an agent started with this spool)
-			a.log.Error("the spool's disk is full: the snapshot stays in incoming/ and is taken into the spool again once there is room",
-				"file", m.File, "err", err, "retry_in", a.cfg.RetryMax)
-			if m.Reason == "window" && retake == nil {
-				a.mu.Lock()
-				a.stats.WindowsMissed++
-				a.mu.Unlock()
-				a.post(WindowEvent{Window: w, State: WindowFailed, Batch: batch,
-					Reason: "the spool's disk is full (the snapshot is kept in incoming/ and uploaded once there is room): " + err.Error(), Time: time.Now()})
-			}
-			held := *m
-			held.BatchesFile = false // its marks are in m.Batches now
-			a.mu.Lock()
-			if a.held == nil {
-				a.held = map[string]heldSnapshot{}
-			}
-			a.held[m.File] = heldSnapshot{msg: &held, armed: armed, samples: samples, batch: batch}
-			a.mu.Unlock()
-			a.adoptLater()
+			a.holdForRoom(m, armed, samples, batch, w, retake, err)
 			return
 		}
 		fail(err)
@@ -454,6 +388,94 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 		a.post(WindowEvent{Window: w, State: state, Batch: batch, Reason: partial, Time: time.Now()})
 	}
 	a.up.kick()
+}
+
+// snapshotWindow is the window a snapshot is of, as its name and metadata say:
+// an OOM's or a crash's is the batch it happened in, a window's the one armed
+// (or the one the hook names); partial says why it does not cover that window
+// ("" when it does). A fresh OOM is told to the cluster.
+func (a *Agent) snapshotWindow(m *Message, armed *Window, batch int64, adopted bool, retake *heldSnapshot) (w Window, partial string) {
+	switch {
+	case m.Reason == "oom":
+		w = Window{Start: max(batch, 0), Stop: max(batch, 0) + 1}
+		if !adopted && retake == nil {
+			a.post(WindowEvent{Window: Window{}, State: WindowOOM, Batch: batch, Time: time.Now()})
+		}
+	case m.Reason == "postmortem":
+		w = Window{ID: m.Window, Start: max(batch, 0), Stop: max(batch, 0)}
+	case m.Reason == "crash":
+		// named like an OOM dump, by the batch it stopped in; the window it was
+		// recording, if any, goes into its metadata
+		b := max(batch, 0)
+		if n := len(m.Batches); n > 0 {
+			b = m.Batches[n-1].Batch
+		}
+		w = Window{ID: m.Window, Start: b, Stop: b + 1}
+	case armed != nil:
+		w = *armed
+		if m.Stop != 0 && (m.Start != w.Start || m.Stop != w.Stop) {
+			partial = fmt.Sprintf("the trainer recorded [%d, %d), the window is [%d, %d)", m.Start, m.Stop, w.Start, w.Stop)
+		}
+	default:
+		w = Window{ID: m.Window, Start: m.Start, Stop: m.Stop}
+	}
+	if m.Reason == "window" && partial == "" {
+		partial = coverage(w, m.Batches)
+	}
+	return w, partial
+}
+
+// rankMeta is the sidecar of a snapshot of window w: who recorded it, on which
+// GPU, with which clock, its batch marks and why it is partial.
+func (a *Agent) rankMeta(m *Message, w Window, samples []sidecar.MemorySample, partial string) sidecar.RankMeta {
+	id := a.cfg.Identity
+	a.mu.Lock()
+	meta := sidecar.RankMeta{Version: 1, RunName: id.RunName, Rank: id.Rank, LocalRank: id.LocalRank, NodeRank: id.NodeRank,
+		WorldSize: id.WorldSize, LocalWorldSize: id.LocalWorldSize, GPU: a.gpuInfoLocked(), Reason: m.Reason, Samples: samples, Partial: partial,
+		StallUS: m.StallUS, Cause: m.Cause, MaxEntries: a.cfg.MaxEntries}
+	if a.offset != nil {
+		off, rtt := a.offset.offsetUS, a.offset.rttUS
+		meta.ClockOffsetUS, meta.ClockRTTUS = &off, &rtt
+	}
+	a.mu.Unlock()
+	meta.Hostname, _ = os.Hostname()
+	if m.Reason == "window" || m.Reason == "postmortem" {
+		meta.Window = &sidecar.WindowInfo{ID: w.ID, Start: w.Start, Stop: w.Stop}
+	}
+	if m.Reason == "crash" && m.Window != 0 && m.Stop > m.Start {
+		meta.Window = &sidecar.WindowInfo{ID: m.Window, Start: m.Start, Stop: m.Stop}
+		meta.Partial = fmt.Sprintf("the trainer was stopped in batch %d of [%d, %d) (%s)", w.Start, m.Start, m.Stop, m.Cause)
+	}
+	for _, b := range m.Batches {
+		meta.Batches = append(meta.Batches, sidecar.BatchMark{Batch: b.Batch, StartUS: b.StartUS, EndUS: b.EndUS})
+	}
+	return meta
+}
+
+// holdForRoom keeps a snapshot a full disk refused where it is, whole, to be
+// taken again once there is room (or by an agent started with this spool); its
+// window is told it failed, once.
+func (a *Agent) holdForRoom(m *Message, armed *Window, samples []sidecar.MemorySample, batch int64, w Window, retake *heldSnapshot, err error) {
+	// a full disk passes: the snapshot stays where it is, whole, and is
+	// taken again once there is room (or by an agent started with this spool)
+	a.log.Error("the spool's disk is full: the snapshot stays in incoming/ and is taken into the spool again once there is room",
+		"file", m.File, "err", err, "retry_in", a.cfg.RetryMax)
+	if m.Reason == "window" && retake == nil {
+		a.mu.Lock()
+		a.stats.WindowsMissed++
+		a.mu.Unlock()
+		a.post(WindowEvent{Window: w, State: WindowFailed, Batch: batch,
+			Reason: "the spool's disk is full (the snapshot is kept in incoming/ and uploaded once there is room): " + err.Error(), Time: time.Now()})
+	}
+	held := *m
+	held.BatchesFile = false // its marks are in m.Batches now
+	a.mu.Lock()
+	if a.held == nil {
+		a.held = map[string]heldSnapshot{}
+	}
+	a.held[m.File] = heldSnapshot{msg: &held, armed: armed, samples: samples, batch: batch}
+	a.mu.Unlock()
+	a.adoptLater()
 }
 
 func (a *Agent) gpuInfoLocked() *sidecar.GPUInfo {
