@@ -261,37 +261,33 @@ func (j *jsonOut) Write(p []byte) (int, error) {
 
 func snapshotCmd(ctx context.Context, args []string, stdout io.Writer, stderr io.Writer, jsonFlag *bool) error {
 	fs := newFlags(commands["snapshot"], stderr)
-	var mf memberFlags
-	mf.register(fs)
-	fs.StringVar(&mf.join, "agent", "", "an agent's gossip address (same as --join)")
-	run := fs.String("run", "", "the run's name (default: $MEMSNAP_RUN_NAME or the launcher's job id)")
+	var cf clientFlags
+	cf.register(fs)
 	batches := fs.Int64("batches", 0, "batches in the window (default: the leader's --interval)")
 	waitAnswer := fs.Bool("wait", false, "wait until the window's answer is published: the summary, the report and the findings (default: return once it is planned)")
 	waitAll := fs.Bool("wait-all", false, "wait until the merged pickles and the timeline are published too")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object (a failure too)")
 	timeout := fs.Duration("timeout", 30*time.Minute, "give up after this long (the leader's own bound on the window is printed when it is planned)")
-	joinTimeout := fs.Duration("join-timeout", 15*time.Second, "give up joining the cluster after this long, saying why")
-	verbose := fs.Bool("v", false, "log gossip")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
 	*jsonFlag = *asJSON
-	name, err := clientRunName(*run)
+	name, err := clientRunName(cf.run)
 	if err != nil {
 		return err
 	}
 	if *waitAll {
 		*waitAnswer = true
 	}
-	if *timeout <= 0 || *joinTimeout <= 0 {
-		return fmt.Errorf("--timeout %v, --join-timeout %v: both must be more than zero", *timeout, *joinTimeout)
+	if *timeout <= 0 || cf.joinTimeout <= 0 {
+		return fmt.Errorf("--timeout %v, --join-timeout %v: both must be more than zero", *timeout, cf.joinTimeout)
 	}
 	if *batches < 0 || *batches > coordinator.MaxWindowBatches {
 		return fmt.Errorf("--batches %d: a window is 1 to %d batches (0: the leader's --interval)", *batches, coordinator.MaxWindowBatches)
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	c, leave, err := joinCluster(ctx, name, &mf, *joinTimeout, *timeout, "--timeout", *verbose, stderr)
+	c, leave, err := joinCluster(ctx, name, &cf.mf, cf.joinTimeout, *timeout, "--timeout", cf.verbose, stderr)
 	if err != nil {
 		return err
 	}
@@ -561,6 +557,23 @@ func (p *progressPrinter) done() {
 	if !p.quiet && len(p.states) > 16 {
 		p.summary()
 	}
+}
+
+// clientFlags are the flags of a command that joins a run's cluster as a
+// client (snapshot, top).
+type clientFlags struct {
+	mf          memberFlags
+	run         string
+	joinTimeout time.Duration
+	verbose     bool
+}
+
+func (f *clientFlags) register(fs *flag.FlagSet) {
+	f.mf.register(fs)
+	fs.StringVar(&f.mf.join, "agent", "", "an agent's gossip address (same as --join)")
+	fs.StringVar(&f.run, "run", "", "the run's name (default: $MEMSNAP_RUN_NAME or the launcher's job id)")
+	fs.DurationVar(&f.joinTimeout, "join-timeout", 15*time.Second, "give up joining the cluster after this long, saying why")
+	fs.BoolVar(&f.verbose, "v", false, "log gossip")
 }
 
 // joinCluster joins run name's cluster as a client (a member that is not a

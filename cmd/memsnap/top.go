@@ -31,19 +31,15 @@ func init() {
 
 func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags(commands["top"], stderr)
-	var mf memberFlags
-	mf.register(fs)
-	fs.StringVar(&mf.join, "agent", "", "an agent's gossip address (same as --join)")
-	run := fs.String("run", "", "the run's name (default: $MEMSNAP_RUN_NAME or the launcher's job id)")
+	var cf clientFlags
+	cf.register(fs)
 	every := fs.Duration("every", 2*time.Second, "how often the table is refreshed")
 	rows := fs.Int("rows", 0, "ranks shown, the least headroom first (default: what the terminal holds, else 20)")
 	asJSON := fs.Bool("json", false, "print the leader's view once, as one JSON object, and exit")
-	joinTimeout := fs.Duration("join-timeout", 15*time.Second, "give up joining the cluster after this long, saying why")
-	verbose := fs.Bool("v", false, "log gossip")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	name, err := clientRunName(*run)
+	name, err := clientRunName(cf.run)
 	if err != nil {
 		return err
 	}
@@ -53,7 +49,7 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *rows < 0 {
 		return fmt.Errorf("--rows %d: a number of ranks, 0 for what the terminal holds", *rows)
 	}
-	c, leave, err := joinCluster(ctx, name, &mf, *joinTimeout, *joinTimeout, "--join-timeout", *verbose, stderr)
+	c, leave, err := joinCluster(ctx, name, &cf.mf, cf.joinTimeout, cf.joinTimeout, "--join-timeout", cf.verbose, stderr)
 	if err != nil {
 		return err
 	}

@@ -17,12 +17,7 @@ import (
 // firing alerts, named in the reason; a reason asked again within the cooldown
 // asks nothing more.
 func TestAPI(t *testing.T) {
-	var asked []string
-	api := &API{Token: []byte("s3cret-token-0123456789"), Cooldown: time.Hour, Ask: func(r string) error { asked = append(asked, r); return nil }}
-	mux := http.NewServeMux()
-	api.routes(mux)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
+	api, srv, asked := apiServer(t)
 	post := func(path, token, body string) int {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
 		if token != "" {
@@ -55,8 +50,8 @@ func TestAPI(t *testing.T) {
 	if resp, err := http.Get(srv.URL + "/api/v1/window"); err != nil || resp.StatusCode != 405 {
 		t.Fatalf("GET: %v %v", resp, err)
 	}
-	if len(asked) != 0 {
-		t.Fatalf("asked for %q", asked)
+	if len(*asked) != 0 {
+		t.Fatalf("asked for %q", *asked)
 	}
 	if got := post("/api/v1/window", tok, `{"reason": "before the eval\nloop"}`); got != 202 {
 		t.Fatalf("a good request: %d", got)
@@ -69,8 +64,8 @@ func TestAPI(t *testing.T) {
 	if got := post("/api/v1/alertmanager", tok, am); got != 200 { // within the cooldown
 		t.Fatalf("alertmanager again: %d", got)
 	}
-	if want := []string{"api: before the evalloop", "alert: MemsnapLowHeadroom (rank 5)"}; strings.Join(asked, "|") != strings.Join(want, "|") {
-		t.Fatalf("asked %q, want %q", asked, want)
+	if want := []string{"api: before the evalloop", "alert: MemsnapLowHeadroom (rank 5)"}; strings.Join(*asked, "|") != strings.Join(want, "|") {
+		t.Fatalf("asked %q, want %q", *asked, want)
 	}
 }
 
@@ -106,12 +101,7 @@ func TestLoadToken(t *testing.T) {
 // scheme's case does not matter; an alert that spreads to more ranks within the
 // cooldown asks for no second window.
 func TestAPIHostileReasons(t *testing.T) {
-	var asked []string
-	api := &API{Token: []byte("s3cret-token-0123456789"), Cooldown: time.Hour, Ask: func(r string) error { asked = append(asked, r); return nil }}
-	mux := http.NewServeMux()
-	api.routes(mux)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
+	_, srv, asked := apiServer(t)
 	post := func(path, scheme, body string) int {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
 		req.Header.Set("Authorization", scheme+" s3cret-token-0123456789")
@@ -152,12 +142,23 @@ func TestAPIHostileReasons(t *testing.T) {
 			t.Fatalf("alert on ranks %v: %d, want %d", ranks, got, want)
 		}
 	}
-	if len(asked) != 3 {
-		t.Fatalf("asked %q", asked)
+	if len(*asked) != 3 {
+		t.Fatalf("asked %q", *asked)
 	}
-	for _, r := range asked {
+	for _, r := range *asked {
 		if !utf8.ValidString(r) || strings.ContainsAny(r, "\u202e\u0085") {
 			t.Fatalf("reason %q", r)
 		}
 	}
+}
+
+// apiServer serves an API whose asks are recorded, with a one-hour cooldown.
+func apiServer(t *testing.T) (*API, *httptest.Server, *[]string) {
+	asked := &[]string{}
+	api := &API{Token: []byte("s3cret-token-0123456789"), Cooldown: time.Hour, Ask: func(r string) error { *asked = append(*asked, r); return nil }}
+	mux := http.NewServeMux()
+	api.routes(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return api, srv, asked
 }

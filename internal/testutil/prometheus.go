@@ -64,20 +64,8 @@ func StartPrometheusWith(t testing.TB, targets []string, rules, alertmanager str
 		t.Fatal(err)
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+	startServer(t, "prometheus", bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr)
-	log := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("prometheus said:\n%s", log.String())
-		}
-	})
 	p := &Prometheus{URL: "http://" + addr, t: t}
 	waitReady(t, "Prometheus", p.URL+"/-/ready")
 	return p
@@ -183,20 +171,8 @@ receivers:
 		t.Fatal(err)
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "alertmanager.yml"), "--storage.path="+filepath.Join(dir, "data"),
+	startServer(t, "alertmanager", bin, "--config.file="+filepath.Join(dir, "alertmanager.yml"), "--storage.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--cluster.listen-address=")
-	log := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("alertmanager said:\n%s", log.String())
-		}
-	})
 	waitReady(t, "Alertmanager", "http://"+addr+"/-/ready")
 	return addr
 }
@@ -211,5 +187,24 @@ func waitReady(t testing.TB, what, url string) {
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200
+	})
+}
+
+// startServer starts bin with args for the test, stopping it when the test ends
+// and logging what it said if the test failed.
+func startServer(t testing.TB, name, bin string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	log := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s said:\n%s", name, log.String())
+		}
 	})
 }
