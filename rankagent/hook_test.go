@@ -77,15 +77,7 @@ func TestHookWithRealAgent(t *testing.T) {
 // memsnap_hook`, and the hook's tests pass against the installed copy (run from a
 // folder that holds no memsnap_hook.py, so the source copy cannot be imported).
 func TestHookInstalledWithPip(t *testing.T) {
-	py := testutil.Python(t)
-	venv := filepath.Join(t.TempDir(), "venv")
-	if out, err := exec.Command(py, "-m", "venv", venv).CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("python3 -m venv: %v\n%s", err, out)
-		}
-		t.Skipf("no venv module (Debian: python3-venv): %v", err)
-	}
-	vpy := filepath.Join(venv, "bin", "python")
+	venv, vpy := newVenv(t)
 	if out, err := exec.Command(vpy, "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "./hook").CombinedOutput(); err != nil {
 		t.Fatalf("pip install ./hook: %v\n%s", err, out)
 	}
@@ -111,15 +103,7 @@ func TestHookInstalledWithPip(t *testing.T) {
 // TestHookInstalledEditable: `pip install -e ./hook` (PEP 660, offline) makes
 // `import memsnap_hook` the source file itself, so an edit is seen at once.
 func TestHookInstalledEditable(t *testing.T) {
-	py := testutil.Python(t)
-	venv := filepath.Join(t.TempDir(), "venv")
-	if out, err := exec.Command(py, "-m", "venv", venv).CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("python3 -m venv: %v\n%s", err, out)
-		}
-		t.Skipf("no venv module (Debian: python3-venv): %v", err)
-	}
-	vpy := filepath.Join(venv, "bin", "python")
+	_, vpy := newVenv(t)
 	if out, err := exec.Command(vpy, "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "-e", "./hook").CombinedOutput(); err != nil {
 		t.Fatalf("pip install -e ./hook: %v\n%s", err, out)
 	}
@@ -133,4 +117,18 @@ func TestHookInstalledEditable(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(out)) != src {
 		t.Fatalf("import memsnap_hook: %v %s (want %s)", err, out, src)
 	}
+}
+
+// newVenv makes a fresh virtual environment; it returns its folder and python.
+func newVenv(t *testing.T) (venv, python string) {
+	t.Helper()
+	py := testutil.Python(t)
+	venv = filepath.Join(t.TempDir(), "venv")
+	if out, err := exec.Command(py, "-m", "venv", venv).CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("python3 -m venv: %v\n%s", err, out)
+		}
+		t.Skipf("no venv module (Debian: python3-venv): %v", err)
+	}
+	return venv, filepath.Join(venv, "bin", "python")
 }
