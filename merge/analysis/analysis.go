@@ -65,9 +65,11 @@ type RankAnalysis struct {
 	PeakBatch           *int64 `json:"peak_allocated_batch,omitempty"`
 	// PeakPhase is "forward", "backward" or "optimizer" where the Python stack of the
 	// event at the peak (or the nearest earlier event with a stack) shows it.
-	PeakPhase         string        `json:"peak_phase,omitempty"`
-	PeakReservedBytes int64         `json:"peak_reserved_bytes"`
-	PeakReservedUS    int64         `json:"peak_reserved_time_us"`
+	PeakPhase         string `json:"peak_phase,omitempty"`
+	PeakReservedBytes int64  `json:"peak_reserved_bytes"`
+	PeakReservedUS    int64  `json:"peak_reserved_time_us"`
+	// FreeAtPeak is the allocator's free memory at the allocated peak.
+	FreeAtPeak        *Free         `json:"free_at_peak,omitempty"`
 	EndAllocatedBytes int64         `json:"end_allocated_bytes"`
 	EndReservedBytes  int64         `json:"end_reserved_bytes"`
 	BeforeRecording   int64         `json:"allocated_before_recording_bytes"`
@@ -196,7 +198,8 @@ func (r *RankData) Analysis(w Window) *RankAnalysis {
 		a.TraceStartUS = r.Trace[0].TimeUS
 	}
 	hist := newHistory(len(r.Trace), endA-netA)
-	peakIdx := r.walk(a, w, endA-netA, endR-netR, hist)
+	peakIdx, freeAt := r.walk(a, w, endA-netA, endR-netR, hist)
+	r.freeAt(a, freeAt)
 	if !w.Cut() {
 		a.EndAllocatedBytes, a.EndReservedBytes = endA, endR
 	}
@@ -231,9 +234,12 @@ func (r *RankData) Analysis(w Window) *RankAnalysis {
 // walk replays the trace from the allocated and reserved bytes before it, filling
 // a's peaks, curve, OOMs and event range for the events inside w, and hist with
 // the allocated bytes after every event. It returns the index of the event at the
-// allocated peak (-1: the peak is the state before the first event inside w).
-func (r *RankData) walk(a *RankAnalysis, w Window, alloc, res int64, hist *history) int {
+// allocated peak (-1: the peak is the state before the first event inside w), and
+// the events after which the free memory is measured: at the peak, then at each OOM.
+func (r *RankData) walk(a *RankAnalysis, w Window, alloc, res int64, hist *history) (int, []int) {
 	peakIdx, started := -1, false
+	var oomAt []int
+	freeIdx := -1 // the event after which the free memory at the peak is
 	made := a.Curve == nil && len(r.Trace) > 0
 	if made { // a point per event at most, and the first
 		a.Curve = make(Curve, 0, len(r.Trace)+1)
@@ -252,12 +258,15 @@ func (r *RankData) walk(a *RankAnalysis, w Window, alloc, res int64, hist *histo
 			started = true
 			a.FirstEventUS, a.StartAllocatedBytes = t, alloc
 			a.PeakAllocatedBytes, a.PeakAllocatedUS, a.PeakReservedBytes, a.PeakReservedUS = alloc, t, res, t
+			a.FreeAtPeak = &Free{ReservedBytes: res, FreeBytes: res - alloc}
+			freeIdx = i - 1
 			a.Curve = append(a.Curve, CurvePoint{t, alloc, res})
 		}
 		a.Events++
 		a.LastEventUS = t
 		if e.Action == snapshot.ActionOOM {
 			a.OOMs = append(a.OOMs, OOM{TimeUS: t, Size: e.Size, DeviceFreeB: e.DeviceFree, AllocatedThen: alloc, ReservedThen: res})
+			oomAt = append(oomAt, i)
 			hist.add(t, alloc)
 			continue
 		}
@@ -267,7 +276,8 @@ func (r *RankData) walk(a *RankAnalysis, w Window, alloc, res int64, hist *histo
 			continue
 		}
 		if alloc > a.PeakAllocatedBytes {
-			a.PeakAllocatedBytes, a.PeakAllocatedUS, peakIdx = alloc, t, i
+			a.PeakAllocatedBytes, a.PeakAllocatedUS, peakIdx, freeIdx = alloc, t, i, i
+			a.FreeAtPeak = &Free{ReservedBytes: res, FreeBytes: res - alloc}
 		}
 		if res > a.PeakReservedBytes {
 			a.PeakReservedBytes, a.PeakReservedUS = res, t
@@ -281,7 +291,23 @@ func (r *RankData) walk(a *RankAnalysis, w Window, alloc, res int64, hist *histo
 		}
 	}
 	a.EndAllocatedBytes, a.EndReservedBytes = alloc, res
-	return peakIdx
+	return peakIdx, append([]int{freeIdx}, oomAt...)
+}
+
+// freeAt adds the largest free block at the allocated peak and at the OOMs (after
+// the events at: the peak's, then the OOMs') where the segments tell it.
+func (r *RankData) freeAt(a *RankAnalysis, at []int) {
+	if a.FreeAtPeak == nil {
+		return
+	}
+	largest, ok := r.largestFree(at)
+	if !ok {
+		return
+	}
+	a.FreeAtPeak.LargestFreeBlockBytes = &largest[0]
+	for i := range a.OOMs {
+		a.OOMs[i].LargestFreeBlock = &largest[i+1]
+	}
 }
 
 // sitesAt replays the trace up to event idx and groups the blocks alive then by
@@ -481,6 +507,9 @@ const maxPlausibleBytes = 1 << 56
 
 func plausibleBytes(n int64) bool { return n >= -maxPlausibleBytes && n <= maxPlausibleBytes }
 
+// plausibleSize: absent, or a size of zero or more that plausibleBytes takes.
+func plausibleSize(n *int64) bool { return n == nil || *n >= 0 && plausibleBytes(*n) }
+
 func (a *RankAnalysis) check() error {
 	switch {
 	case a.Version != AnalysisVersion:
@@ -505,9 +534,12 @@ func (a *RankAnalysis) check() error {
 		}
 	}
 	for _, o := range a.OOMs {
-		if o.Size < 0 || o.ReservedThen < 0 || !plausibleBytes(o.Size) || !plausibleBytes(o.ReservedThen) {
+		if o.Size < 0 || o.ReservedThen < 0 || !plausibleBytes(o.Size) || !plausibleBytes(o.ReservedThen) || !plausibleSize(o.LargestFreeBlock) {
 			return errors.New("an OOM's figures are out of range")
 		}
+	}
+	if f := a.FreeAtPeak; f != nil && (f.ReservedBytes < 0 || !plausibleBytes(f.ReservedBytes) || !plausibleBytes(f.FreeBytes) || !plausibleSize(f.LargestFreeBlockBytes)) {
+		return errors.New("the free memory at the peak is out of range")
 	}
 	if o := a.OtherSites; o != nil && (o.Site != otherSitesName || o.Blocks < 0) {
 		return errors.New("the other sites are malformed")

@@ -321,9 +321,13 @@ func (s *Summary) Findings() []string {
 		for _, o := range r.OOMs {
 			if o.Fragmented() {
 				if fragmented++; fragmented <= maxFindingRanks {
-					out = append(out, fmt.Sprintf("rank %d ran out of memory asking for %s while %s was reserved but not allocated: enough free memory, "+
+					largest := ""
+					if o.LargestFreeBlock != nil {
+						largest = ", the largest free block " + HumanBytes(*o.LargestFreeBlock)
+					}
+					out = append(out, fmt.Sprintf("rank %d ran out of memory asking for %s while %s was reserved but not allocated%s: enough free memory, "+
 						"in pieces none large enough (fragmentation); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the usual remedy",
-						r.Rank, HumanBytes(o.Size), HumanBytes(o.ReservedThen-o.AllocatedThen)))
+						r.Rank, HumanBytes(o.Size), HumanBytes(o.ReservedThen-o.AllocatedThen), largest))
 				}
 				break
 			}

@@ -31,12 +31,15 @@ type OOM struct {
 	// ReservedThen is what the allocator held then: ReservedThen - AllocatedThen
 	// was free in its segments, in pieces
 	ReservedThen int64 `json:"reserved_bytes,omitempty"`
+	// LargestFreeBlock is the largest of those pieces (nil: the segments do not tell).
+	LargestFreeBlock *int64 `json:"largest_free_block_bytes,omitempty"`
 }
 
 // Fragmented reports whether the OOM asked for less than the allocator held free
-// in its segments: the memory was there, in pieces none large enough.
+// in its segments: the memory was there, in pieces none large enough (where the
+// largest piece is known, it is smaller than what was asked for).
 func (o OOM) Fragmented() bool {
-	return o.Size > 0 && o.ReservedThen-o.AllocatedThen >= o.Size
+	return o.Size > 0 && o.ReservedThen-o.AllocatedThen >= o.Size && (o.LargestFreeBlock == nil || *o.LargestFreeBlock < o.Size)
 }
 
 // Site is an allocation site (a Python frame) and what it held alive at a peak.
@@ -55,15 +58,18 @@ type RankSummary struct {
 	ClockOffsetUS int64  `json:"clock_offset_us"`
 	// ClockUnmeasured says the rank's clock offset was never measured (aligned
 	// by offsets, its times are its own clock's: an offset of 0 is not claimed)
-	ClockUnmeasured          bool    `json:"clock_unmeasured,omitempty"`
-	FirstEventUS             int64   `json:"first_event_time_us"` // aligned
-	LastEventUS              int64   `json:"last_event_time_us"`  // aligned
-	StartAllocatedBytes      int64   `json:"start_allocated_bytes"`
-	PeakAllocatedBytes       int64   `json:"peak_allocated_bytes"`
-	PeakAllocatedTimeUS      int64   `json:"peak_allocated_time_us"` // aligned
-	PeakAllocatedBatch       *int64  `json:"peak_allocated_batch"`
-	PeakReservedBytes        int64   `json:"peak_reserved_bytes"`
-	PeakReservedTimeUS       int64   `json:"peak_reserved_time_us"`
+	ClockUnmeasured     bool   `json:"clock_unmeasured,omitempty"`
+	FirstEventUS        int64  `json:"first_event_time_us"` // aligned
+	LastEventUS         int64  `json:"last_event_time_us"`  // aligned
+	StartAllocatedBytes int64  `json:"start_allocated_bytes"`
+	PeakAllocatedBytes  int64  `json:"peak_allocated_bytes"`
+	PeakAllocatedTimeUS int64  `json:"peak_allocated_time_us"` // aligned
+	PeakAllocatedBatch  *int64 `json:"peak_allocated_batch"`
+	PeakReservedBytes   int64  `json:"peak_reserved_bytes"`
+	PeakReservedTimeUS  int64  `json:"peak_reserved_time_us"`
+	// FreeAtPeak is the allocator's free memory at the allocated peak: reserved but
+	// not allocated, and the largest free block.
+	FreeAtPeak               *Free   `json:"free_at_peak,omitempty"`
 	EndAllocatedBytes        int64   `json:"end_allocated_bytes"`
 	EndReservedBytes         int64   `json:"end_reserved_bytes"`
 	PeakNVMLDeviceUsedBytes  int64   `json:"peak_nvml_device_used_bytes,omitempty"`

@@ -120,6 +120,7 @@ type htmlRow struct {
 	Rank                                           int
 	Peak, PeakAt, Batch, Phase, Reserved, End, OOM string
 	Outside                                        string
+	Free                                           string // reserved, not allocated, at the peak
 	VsMedian                                       string
 	Outlier                                        bool
 }
@@ -231,6 +232,7 @@ func peakRow(s *analysis.Summary, r analysis.RankSummary, t0 int64) htmlRow {
 	if o := r.OutsideAllocator; o != nil {
 		row.Outside = analysis.HumanBytes(o.AtPeakBytes)
 	}
+	row.Free = r.FreeAtPeak.Text()
 	if r.Events > 0 {
 		row.PeakAt = fmt.Sprintf("%.3f s", float64(r.PeakAllocatedTimeUS-t0)/1e6)
 	}

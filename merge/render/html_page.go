@@ -57,8 +57,8 @@ details{margin:4px 0}summary{cursor:pointer}p.note{color:#57606a;margin:2px 0 8p
 {{range .Cats}}<tr><td>{{.Rank}}</td>{{range .Values}}<td>{{human .}}</td>{{end}}<td class="l">{{range $i, $m := .Modules}}{{if $i}}; {{end}}{{$m.Module}} ({{$m.Category}}, {{human $m.Bytes}}){{end}}{{if and (not .Watched) (not $.NoneWatched)}} <i>(no memsnap_hook.watch: parameters, gradients and optimizer state count as unknown)</i>{{end}}</td></tr>
 {{end}}</tbody></table>{{if .NoneWatched}}<p class="note" id="unwatched">No rank's trainer called <code>memsnap_hook.watch</code>: parameters, gradients and optimizer state count as unknown.</p>{{end}}{{end}}
 <h2>Peaks</h2>
-{{define "peakhead"}}<thead><tr><th>rank</th><th>peak allocated</th><th>at</th><th>batch</th><th>phase</th><th>vs median</th><th>peak reserved</th><th>allocated at end</th><th title="NVML device used less the allocator's reserved bytes, at the reserved peak">outside allocator</th><th>OOMs</th></tr></thead>{{end}}
-{{define "peakrows"}}{{range .}}<tr{{if .Outlier}} class="outlier"{{end}}><td>{{.Rank}}</td><td>{{.Peak}}</td><td>{{.PeakAt}}</td><td>{{.Batch}}</td><td>{{.Phase}}</td><td>{{.VsMedian}}</td><td>{{.Reserved}}</td><td>{{.End}}</td><td>{{.Outside}}</td><td>{{.OOM}}</td></tr>
+{{define "peakhead"}}<thead><tr><th>rank</th><th>peak allocated</th><th>at</th><th>batch</th><th>phase</th><th>vs median</th><th>peak reserved</th><th title="reserved but not allocated at the allocated peak, and the largest free block then">free at peak</th><th>allocated at end</th><th title="NVML device used less the allocator's reserved bytes, at the reserved peak">outside allocator</th><th>OOMs</th></tr></thead>{{end}}
+{{define "peakrows"}}{{range .}}<tr{{if .Outlier}} class="outlier"{{end}}><td>{{.Rank}}</td><td>{{.Peak}}</td><td>{{.PeakAt}}</td><td>{{.Batch}}</td><td>{{.Phase}}</td><td>{{.VsMedian}}</td><td>{{.Reserved}}</td><td>{{.Free}}</td><td>{{.End}}</td><td>{{.Outside}}</td><td>{{.OOM}}</td></tr>
 {{end}}{{end}}
 {{if .Band}}<table id="peaks">{{template "peakhead"}}<tbody>
 {{template "peakrows" .Notable}}</tbody></table>
