@@ -270,6 +270,9 @@ func TestOOMPostmortem(t *testing.T) {
 	if m.Reason != "OOM post-mortem: rank 2 failed first (out of memory)" || m.Kind != "oom" || fmt.Sprint(m.RanksMerged) != "[0 1 2]" || len(m.MissingRanks) != 0 {
 		t.Fatalf("manifest %+v", m)
 	}
+	if len(m.Findings) == 0 || !strings.HasPrefix(m.Findings[0], "rank 2, which this window was taken for (failed first: out of memory): peak ") {
+		t.Fatalf("the post-mortem's findings do not lead with the rank that failed first: %q", m.Findings)
+	}
 	for _, in := range m.Inputs {
 		want := ".postmortem.pickle"
 		if in.Rank == 2 {

@@ -16,6 +16,7 @@ import (
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/runlog"
@@ -368,6 +369,9 @@ func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config
 		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, id, start, stop-1),
 		Window: &sidecar.WindowInfo{ID: id, Start: start, Stop: stop}, MissingReasons: w.m.MissingReasons(), Logger: l.log.With("window", id),
 		Reason: w.reason, Kind: kindName(w.m.Kind), FromAnalyses: true, Supersede: true, Attempt: l.attempt(), Fence: l.fence}
+	if rank, why, ok := TriggerRank(w.reason); ok && w.m.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER {
+		cfg.Focus = &analysis.Focus{Rank: rank, Why: "crossed a trigger: " + why}
+	}
 	if w.m.World > l.c.cfg.FullDetailRanks {
 		cfg.Detail = merge.DetailDiff // the pickles hold the ranks the diff compares; the rest is in the summary and report
 	}
@@ -379,6 +383,7 @@ func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config
 		if r, f, ok := w.first(); ok {
 			cfg.Title = fmt.Sprintf("%s, %s post-mortem (window %d): rank %d failed first (%s)", run, what, id, r, f.cause)
 			cfg.Reason = fmt.Sprintf("%s post-mortem: rank %d failed first (%s)", what, r, f.cause)
+			cfg.Focus = &analysis.Focus{Rank: r, Why: "failed first: " + f.cause}
 		} else {
 			cfg.Title = fmt.Sprintf("%s, %s post-mortem (window %d)", run, what, id)
 			cfg.Reason = what + " post-mortem"

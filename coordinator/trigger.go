@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,6 +62,25 @@ func (t Triggers) Crossed(rank int, f *pb.Figures) string {
 	return fmt.Sprintf("rank %d: %s", rank, strings.Join(parts, ", "))
 }
 
+// triggerPrefix begins the reason of every trigger window: "trigger: " and what
+// Crossed said.
+const triggerPrefix = "trigger: "
+
+// TriggerRank reads a trigger window's reason back ("trigger: rank 5: headroom
+// …"): the rank that crossed, and what it crossed ("headroom …").
+func TriggerRank(reason string) (rank int, why string, ok bool) {
+	rest, found := strings.CutPrefix(reason, triggerPrefix+"rank ")
+	if !found {
+		return 0, "", false
+	}
+	num, why, found := strings.Cut(rest, ": ")
+	n, err := strconv.Atoi(num)
+	if !found || err != nil || n < 0 || num != strconv.Itoa(n) {
+		return 0, "", false
+	}
+	return n, why, true
+}
+
 // loadLastTrigger takes the cooldown up where an earlier leader left it: the
 // newest trigger window in the run's log is the last trigger.
 func (l *leaderRun) loadLastTrigger(ctx context.Context) {
@@ -109,6 +129,6 @@ func (c *Coordinator) checkTriggers(rank int, f *pb.Figures) {
 	c.mu.Unlock()
 	c.log.Warn("a rank crossed a trigger: planning a window of every rank", "why", why, "cooldown", t.Cooldown)
 	env := c.envelope(0)
-	env.Body = &pb.Envelope_Request{Request: &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_TRIGGER, Reason: "trigger: " + why}}
+	env.Body = &pb.Envelope_Request{Request: &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_TRIGGER, Reason: triggerPrefix + why}}
 	l.deliver(env)
 }

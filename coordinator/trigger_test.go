@@ -84,6 +84,12 @@ func TestTriggers(t *testing.T) {
 			if m.Kind != runlog.KindTrigger || m.Reason != trig.Reason {
 				t.Fatalf("the manifest says kind %q, reason %q", m.Kind, m.Reason)
 			}
+			// the findings lead with the rank that crossed, naming the site that leaks
+			site := fmt.Sprintf("%s (%s:%d)", rankagent.LeakSite.Name, rankagent.LeakSite.Filename, rankagent.LeakSite.Line)
+			if len(m.Findings) == 0 || !strings.HasPrefix(m.Findings[0], fmt.Sprintf("rank %d, which this window was taken for (crossed a trigger: ", leaking)) ||
+				!strings.Contains(m.Findings[0], site) {
+				t.Fatalf("the trigger window's findings do not lead with rank %d and %s:\n%s", leaking, site, strings.Join(m.Findings, "\n"))
+			}
 			// one a cooldown: no second trigger window while the rank keeps crossing
 			ps, _ := rl.Latest(testutil.Context(t, 10*time.Second), 64)
 			n := 0
@@ -141,5 +147,21 @@ func TestOneTriggerAtATime(t *testing.T) {
 	c.checkTriggers(1, f)
 	if len(l.msgs) != 1 {
 		t.Fatal("no trigger window once the last one ended")
+	}
+}
+
+// TestTriggerRank reads back the rank and what it crossed from every reason
+// checkTriggers writes, and nothing from reasons it does not.
+func TestTriggerRank(t *testing.T) {
+	tr := Triggers{GrowthBytes: 1 << 20, GrowthBatches: 2}
+	why := tr.Crossed(17, &pb.Figures{Growth: 1 << 20})
+	rank, what, ok := TriggerRank(triggerPrefix + why)
+	if !ok || rank != 17 || !strings.HasPrefix(what, "growing 1.0 MiB a batch") {
+		t.Fatalf("%q read as rank %d, %q, %v", why, rank, what, ok)
+	}
+	for _, r := range []string{"", "request", "trigger: rank x: y", "trigger: rank -1: y", "trigger: rank 01: y", "trigger: rank 3", "alert: rank 3: y"} {
+		if _, _, ok := TriggerRank(r); ok {
+			t.Errorf("%q read as a trigger", r)
+		}
 	}
 }

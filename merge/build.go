@@ -153,7 +153,7 @@ func rankSummary(lr *loadedRank) analysis.RankSummary {
 		PeakAllocatedPhase: a.PeakPhase, PeakReservedBytes: a.PeakReservedBytes, PeakReservedTimeUS: at(a.PeakReservedUS),
 		EndAllocatedBytes: a.EndAllocatedBytes, EndReservedBytes: a.EndReservedBytes, AllocatedBeforeRecording: a.BeforeRecording,
 		TopSites: a.Sites[:min(analysis.TopSites, len(a.Sites))], OOMs: make([]analysis.OOM, len(a.OOMs)), Note: a.Note,
-		Truncated: a.Truncated, Leak: a.Leak, OutsideAllocator: a.Outside, Categories: a.Categories, FreeAtPeak: a.FreeAtPeak}
+		Truncated: a.Truncated, Leak: a.Leak, OutsideAllocator: a.Outside, Categories: a.Categories, FreeAtPeak: a.FreeAtPeak, KeptSites: a.KeptSites}
 	for i, o := range a.OOMs {
 		o.TimeUS += sh
 		s.OOMs[i] = o
@@ -350,6 +350,9 @@ func (b *builder) summary(world int) *analysis.Summary {
 	}
 	sum.Spread = analysis.ComputeSpread(sum.Ranks)
 	sum.MissingReasons = missingReasons(b.cfg, sum)
+	if f := b.cfg.Focus; f != nil && f.Rank >= 0 && f.Rank < world {
+		sum.Focus = &analysis.Focus{Rank: f.Rank, Why: f.Why}
+	}
 	if len(sum.MissingRanks) > 0 {
 		b.cfg.Logger.Warn("ranks missing from the merge", "missing", len(sum.MissingRanks), "world_size", world)
 	}

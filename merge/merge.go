@@ -83,6 +83,9 @@ type Config struct {
 	// Kind is what the window is ("window", "oom" or "crash", as runlog names
 	// them), for the manifest ("" for a merge of files).
 	Kind string
+	// Focus is the rank the window was taken for (the one that crossed a trigger,
+	// a post-mortem's first failed rank): the findings lead with it. Nil: none.
+	Focus *analysis.Focus
 	// Attempt names this publication (a cluster's leader uses its term, "t7").
 	// With Supersede, a claim under the window's names from another attempt, with
 	// no manifest yet (a leader that died or stalled while publishing), does not

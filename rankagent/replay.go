@@ -2,6 +2,7 @@ package rankagent
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -494,7 +495,7 @@ func (r *replay) crashDump(rec *Message, marks []BatchMark, cause string) error 
 }
 
 // spreadOver returns the base snapshot with its events laid inside the batches'
-// marks (see inBatches).
+// marks (see inBatches), and what the trainer leaked by the last of them.
 func (r *replay) spreadOver(marks []BatchMark) *snapshot.Snapshot {
 	s := *r.base
 	var t0, t1 int64 = 1<<63 - 1, -1 << 63
@@ -503,7 +504,64 @@ func (r *replay) spreadOver(marks []BatchMark) *snapshot.Snapshot {
 			t0, t1 = min(t0, e.TimeUS), max(t1, e.TimeUS)
 		}
 	}
-	return r.retimed(&s, func(t int64) int64 { return inBatches(t, t0, t1, marks) })
+	return r.withLeak(r.retimed(&s, func(t int64) int64 { return inBatches(t, t0, t1, marks) }), marks)
+}
+
+// LeakSite is the stack frame a leaking replay trainer allocates its leak from,
+// as the hook's stacks name a site: "leak (replay_leak.py:1)".
+var LeakSite = snapshot.Frame{Name: "leak", Filename: "replay_leak.py", Line: 1, Has: snapshot.FrameName | snapshot.FrameFilename | snapshot.FrameLine}
+
+// withLeak adds to s (a copy the caller owns) the blocks a leaking trainer holds
+// at the end of the last batch of marks: one of LeakPerBatch a batch, each in a
+// segment of its own above the recorded ones, allocated at the end of its batch
+// from LeakSite. The batches in marks have their events in device 0's trace;
+// earlier ones were there before it began.
+func (r *replay) withLeak(s *snapshot.Snapshot, marks []BatchMark) *snapshot.Snapshot {
+	n := r.cfg.LeakPerBatch
+	if n <= 0 || len(marks) == 0 || len(s.DeviceTraces) == 0 {
+		return s
+	}
+	const seg = 2 << 20
+	var top int64
+	for _, g := range s.Segments {
+		top = max(top, g.Address+g.TotalSize)
+	}
+	size, segSize := (n+511)&^511, (n+seg-1)/seg*seg
+	at := (top + 1<<30) / seg * seg
+	when := map[int64]int64{}
+	last := int64(-1)
+	for _, m := range marks {
+		when[m.Batch] = max(m.StartUS, m.EndUS-1)
+		last = max(last, m.Batch)
+	}
+	frames := []*snapshot.Frame{&LeakSite}
+	s.Segments = slices.Clone(s.Segments)
+	tr := slices.Clone(s.DeviceTraces[0])
+	for b := int64(0); b <= last; b, at = b+1, at+segSize {
+		s.Segments = append(s.Segments, &snapshot.Segment{Address: at, TotalSize: segSize, AllocatedSize: size, ActiveSize: size, RequestedSize: n,
+			SegmentType: "large", Has: snapshot.SegDevice | snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegAllocatedSize |
+				snapshot.SegActiveSize | snapshot.SegRequestedSize | snapshot.SegSegmentType | snapshot.SegBlocks,
+			Blocks: leakBlocks(at, size, segSize, n, frames)})
+		if t, ok := when[b]; ok {
+			has := snapshot.EntryAction | snapshot.EntryAddr | snapshot.EntrySize | snapshot.EntryTimeUS | snapshot.EntryStream
+			tr = append(tr, &snapshot.TraceEntry{Action: snapshot.ActionSegmentAlloc, Addr: at, Size: segSize, TimeUS: t, Has: has},
+				&snapshot.TraceEntry{Action: snapshot.ActionAlloc, Addr: at, Size: size, TimeUS: t, Frames: frames, Has: has | snapshot.EntryFrames})
+		}
+	}
+	slices.SortStableFunc(tr, func(a, b *snapshot.TraceEntry) int { return cmp.Compare(a.TimeUS, b.TimeUS) })
+	s.DeviceTraces = append([][]*snapshot.TraceEntry{tr}, s.DeviceTraces[1:]...)
+	return s
+}
+
+// leakBlocks tiles a leak's segment: its block, then the rest free.
+func leakBlocks(at, size, segSize, requested int64, frames []*snapshot.Frame) []*snapshot.Block {
+	has := snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState
+	out := []*snapshot.Block{{Address: at, Size: size, RequestedSize: requested, State: snapshot.BlockActiveAllocated, Frames: frames,
+		Has: has | snapshot.BlockRequestedSize | snapshot.BlockFrames}}
+	if size < segSize {
+		out = append(out, &snapshot.Block{Address: at + size, Size: segSize - size, State: "inactive", Has: has})
+	}
+	return out
 }
 
 // endingNow returns the base snapshot with its last event now.

@@ -69,15 +69,18 @@ type RankAnalysis struct {
 	PeakReservedBytes int64  `json:"peak_reserved_bytes"`
 	PeakReservedUS    int64  `json:"peak_reserved_time_us"`
 	// FreeAtPeak is the allocator's free memory at the allocated peak.
-	FreeAtPeak        *Free         `json:"free_at_peak,omitempty"`
-	EndAllocatedBytes int64         `json:"end_allocated_bytes"`
-	EndReservedBytes  int64         `json:"end_reserved_bytes"`
-	BeforeRecording   int64         `json:"allocated_before_recording_bytes"`
-	Sites             []Site        `json:"sites"`                 // alive at the peak, most bytes first
-	OtherSites        *Site         `json:"other_sites,omitempty"` // the sites beyond Sites, together
-	OOMs              []OOM         `json:"ooms"`
-	Batches           []BatchFigure `json:"batches,omitempty"`
-	Curve             Curve         `json:"curve"`
+	FreeAtPeak        *Free  `json:"free_at_peak,omitempty"`
+	EndAllocatedBytes int64  `json:"end_allocated_bytes"`
+	EndReservedBytes  int64  `json:"end_reserved_bytes"`
+	BeforeRecording   int64  `json:"allocated_before_recording_bytes"`
+	Sites             []Site `json:"sites"`                 // alive at the peak, most bytes first
+	OtherSites        *Site  `json:"other_sites,omitempty"` // the sites beyond Sites, together
+	// KeptSites are the sites of the blocks allocated inside the window and still
+	// allocated at its end, most bytes first (at most KeptSitesMax): what grew.
+	KeptSites []Site        `json:"kept_sites,omitempty"`
+	OOMs      []OOM         `json:"ooms"`
+	Batches   []BatchFigure `json:"batches,omitempty"`
+	Curve     Curve         `json:"curve"`
 	// Truncated is set when the history reached its cap and lost its oldest
 	// events; Leak when allocated bytes grow from batch to batch.
 	Truncated *Truncation `json:"truncated,omitempty"`
@@ -217,6 +220,7 @@ func (r *RankData) Analysis(w Window) *RankAnalysis {
 		sites, a.BeforeRecording = nil, a.PeakAllocatedBytes // nothing recorded is alive yet
 	}
 	a.Sites, a.OtherSites = splitSites(sites, AnalysisSites)
+	a.KeptSites = r.keptSites(w)
 	a.PeakPhase = peakPhase(r.Trace, peakIdx)
 	if len(r.Trace) > 0 {
 		a.Categories = r.categories(w, peakIdx, endA-netA)
@@ -336,15 +340,21 @@ func (r *RankData) sitesAt(idx int) ([]Site, int64) {
 			}
 		}
 	}
+	return bySite(alive, func(l live) (int64, []*snapshot.Frame) { return l.size, l.frames }), tracked
+}
+
+// bySite groups blocks by their allocation site, most bytes first.
+func bySite[K comparable, V any](blocks map[K]V, of func(V) (int64, []*snapshot.Frame)) []Site {
 	by := map[string]*Site{}
-	for _, l := range alive {
-		name := siteName(l.frames)
+	for _, b := range blocks {
+		size, frames := of(b)
+		name := siteName(frames)
 		st := by[name]
 		if st == nil {
 			st = &Site{Site: name}
 			by[name] = st
 		}
-		st.Bytes += l.size
+		st.Bytes += size
 		st.Blocks++
 	}
 	out := make([]Site, 0, len(by))
@@ -352,7 +362,33 @@ func (r *RankData) sitesAt(idx int) ([]Site, int64) {
 		out = append(out, *st)
 	}
 	sortSites(out)
-	return out, tracked
+	return out
+}
+
+// KeptSitesMax is the most sites an analysis's KeptSites names.
+const KeptSitesMax = 5
+
+// keptSites groups by site the blocks allocated inside w and still allocated at
+// its end (what the window added and kept: a leak's blocks), most bytes first.
+func (r *RankData) keptSites(w Window) []Site {
+	type live struct {
+		size   int64
+		frames []*snapshot.Frame
+	}
+	alive := map[int64]live{}
+	for _, e := range r.Trace {
+		if w.Before(e.TimeUS) || w.After(e.TimeUS) {
+			continue
+		}
+		switch e.Action {
+		case snapshot.ActionAlloc:
+			alive[e.Addr] = live{max(e.Size, 0), e.Frames}
+		case snapshot.ActionFreeCompleted:
+			delete(alive, e.Addr)
+		}
+	}
+	out := bySite(alive, func(l live) (int64, []*snapshot.Frame) { return l.size, l.frames })
+	return out[:min(len(out), KeptSitesMax)]
 }
 
 func sortSites(s []Site) {
@@ -528,7 +564,10 @@ func (a *RankAnalysis) check() error {
 	default:
 		return fmt.Errorf("phase %q", a.PeakPhase)
 	}
-	for _, s := range a.Sites {
+	if len(a.KeptSites) > KeptSitesMax {
+		return fmt.Errorf("%d kept sites", len(a.KeptSites))
+	}
+	for _, s := range slices.Concat(a.Sites, a.KeptSites) {
 		if len(s.Site) > maxSiteName || s.Blocks < 0 {
 			return errors.New("a site's name is too long or its block count negative")
 		}

@@ -10,7 +10,6 @@ import (
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
-
 // ev is a trace event at time i+1 of a synthetic trace.
 func ev(action string, addr, size int64) *snapshot.TraceEntry {
 	has := snapshot.EntryAction | snapshot.EntryAddr | snapshot.EntrySize | snapshot.EntryTimeUS

@@ -2,7 +2,10 @@ package analysis
 
 import (
 	"fmt"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
@@ -304,6 +307,9 @@ func humanDuration(us int64) string {
 // how much device memory lies outside the allocator.
 func (s *Summary) Findings() []string {
 	var out []string
+	if l := s.focusLine(); l != "" {
+		out = append(out, l)
+	}
 	// what the outlier's peak (or a lone rank's) held
 	for _, r := range s.Ranks {
 		if r.Categories != nil && (len(s.Ranks) == 1 || (s.Spread != nil && r.Rank == s.Spread.OutlierRank && len(s.Spread.OutlierRanks) > 0)) {
@@ -373,11 +379,61 @@ func (s *Summary) Findings() []string {
 // Answer is what a window's merge found, a line each: how far the peaks spread
 // and which rank is the outlier, then the findings.
 func (s *Summary) Answer() []string {
-	var out []string
-	if sp := s.Spread; sp != nil && len(s.Ranks) > 1 {
-		out = append(out, sp.Line())
+	f := s.Findings()
+	sp := s.Spread
+	if sp == nil || len(s.Ranks) < 2 {
+		return f
 	}
-	return append(out, s.Findings()...)
+	if s.Focus != nil && len(f) > 0 { // the rank the window was taken for first
+		return append([]string{f[0], sp.Line()}, f[1:]...)
+	}
+	return append([]string{sp.Line()}, f...)
+}
+
+// focusLine says what the rank the window was taken for did: "rank 2, which this
+// window was taken for (crossed a trigger: growing 16.0 MiB a batch): peak 1.2
+// GiB; allocated grows 16.0 MiB a batch, left by: leak (train.py:7) 16.0 MiB a
+// batch"; without a leak, the sites whose blocks the window allocated and kept,
+// or else those at its peak. "" without a focus.
+func (s *Summary) focusLine() string {
+	f := s.Focus
+	if f == nil {
+		return ""
+	}
+	head := fmt.Sprintf("rank %d, which this window was taken for (%s)", f.Rank, f.Why)
+	i := slices.IndexFunc(s.Ranks, func(r RankSummary) bool { return r.Rank == f.Rank })
+	if i < 0 {
+		why := s.MissingReasons[strconv.Itoa(f.Rank)]
+		if why == "" {
+			why = "not merged"
+		}
+		return head + ": its snapshot is missing: " + why
+	}
+	r := s.Ranks[i]
+	line := head + ": peak " + HumanBytes(r.PeakAllocatedBytes)
+	if l := r.Leak; l != nil && len(l.Sites) > 0 {
+		var parts []string
+		for _, st := range l.Sites[:min(3, len(l.Sites))] {
+			parts = append(parts, fmt.Sprintf("%s %s a batch", st.Site, HumanBytes(st.PerBatchBytes)))
+		}
+		return line + fmt.Sprintf("; allocated grows %s a batch, left by: %s", HumanBytes(l.PerBatchBytes), strings.Join(parts, ", "))
+	}
+	if len(r.KeptSites) > 0 {
+		return line + "; allocated in the window and kept: " + siteList(r.KeptSites, 3)
+	}
+	if len(r.TopSites) > 0 {
+		return line + "; held most at its peak by: " + siteList(r.TopSites, 3)
+	}
+	return line
+}
+
+// siteList names at most n sites with their bytes and blocks.
+func siteList(sites []Site, n int) string {
+	var parts []string
+	for _, st := range sites[:min(n, len(sites))] {
+		parts = append(parts, fmt.Sprintf("%s %s in %d blocks", st.Site, HumanBytes(st.Bytes), st.Blocks))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Bounds of a manifest's findings.

@@ -443,3 +443,27 @@ func TestFragmentedOOM(t *testing.T) {
 		t.Fatalf("findings:\n%s", got)
 	}
 }
+
+// TestFocusLeads: a window taken for a rank (a trigger, a post-mortem's first
+// failure) answers with that rank first, naming what it kept, or why it is
+// missing; without a focus the spread leads as before.
+func TestFocusLeads(t *testing.T) {
+	sp := &Spread{MedianPeakAllocatedBytes: 100 * mib, MaxPeakAllocatedBytes: 200 * mib, OutlierRank: 1, OutlierRanks: []int{1}, OutlierPeakBytes: 200 * mib}
+	ranks := []RankSummary{{Rank: 0, PeakAllocatedBytes: 100 * mib},
+		{Rank: 1, PeakAllocatedBytes: 200 * mib, KeptSites: []Site{{Site: "grow (train.py:9)", Bytes: 48 * mib, Blocks: 3}}}}
+	s := &Summary{Spread: sp, Ranks: ranks, Focus: &Focus{Rank: 1, Why: "crossed a trigger: growing 16.0 MiB a batch"}}
+	a := s.Answer()
+	want := "rank 1, which this window was taken for (crossed a trigger: growing 16.0 MiB a batch): peak 200.0 MiB; allocated in the window and kept: grow (train.py:9) 48.0 MiB in 3 blocks"
+	if len(a) < 2 || a[0] != want || !strings.HasPrefix(a[1], "peak allocated: median") {
+		t.Fatalf("answer:\n%s", strings.Join(a, "\n"))
+	}
+	s.Focus = &Focus{Rank: 3, Why: "failed first: out of memory"}
+	s.MissingReasons = map[string]string{"3": "its agent left the cluster"}
+	if a := s.Answer(); a[0] != "rank 3, which this window was taken for (failed first: out of memory): its snapshot is missing: its agent left the cluster" {
+		t.Fatalf("answer:\n%s", strings.Join(a, "\n"))
+	}
+	s.Focus = nil
+	if a := s.Answer(); !strings.HasPrefix(a[0], "peak allocated: median") || strings.Contains(strings.Join(a, "\n"), "taken for") {
+		t.Fatalf("answer without a focus:\n%s", strings.Join(a, "\n"))
+	}
+}

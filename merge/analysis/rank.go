@@ -69,16 +69,19 @@ type RankSummary struct {
 	PeakReservedTimeUS  int64  `json:"peak_reserved_time_us"`
 	// FreeAtPeak is the allocator's free memory at the allocated peak: reserved but
 	// not allocated, and the largest free block.
-	FreeAtPeak               *Free   `json:"free_at_peak,omitempty"`
-	EndAllocatedBytes        int64   `json:"end_allocated_bytes"`
-	EndReservedBytes         int64   `json:"end_reserved_bytes"`
-	PeakNVMLDeviceUsedBytes  int64   `json:"peak_nvml_device_used_bytes,omitempty"`
-	AllocatedBeforeRecording int64   `json:"allocated_before_recording_bytes"`
-	TopSites                 []Site  `json:"top_sites"`
-	OOMs                     []OOM   `json:"ooms"`
-	Batches                  []int64 `json:"batches,omitempty"`
-	StallUS                  int64   `json:"trainer_stall_us,omitempty"` // the training thread's wait at the window's end
-	Note                     string  `json:"note,omitempty"`
+	FreeAtPeak               *Free  `json:"free_at_peak,omitempty"`
+	EndAllocatedBytes        int64  `json:"end_allocated_bytes"`
+	EndReservedBytes         int64  `json:"end_reserved_bytes"`
+	PeakNVMLDeviceUsedBytes  int64  `json:"peak_nvml_device_used_bytes,omitempty"`
+	AllocatedBeforeRecording int64  `json:"allocated_before_recording_bytes"`
+	TopSites                 []Site `json:"top_sites"`
+	// KeptSites are the sites of the blocks allocated inside the window and still
+	// allocated at its end, most bytes first: what grew.
+	KeptSites []Site  `json:"kept_sites,omitempty"`
+	OOMs      []OOM   `json:"ooms"`
+	Batches   []int64 `json:"batches,omitempty"`
+	StallUS   int64   `json:"trainer_stall_us,omitempty"` // the training thread's wait at the window's end
+	Note      string  `json:"note,omitempty"`
 	// PeakAllocatedPhase is the phase of the training step the peak fell in, where
 	// the stacks show it (forward, backward, optimizer).
 	PeakAllocatedPhase string `json:"peak_allocated_phase,omitempty"`

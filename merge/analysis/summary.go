@@ -33,6 +33,16 @@ type Summary struct {
 	// the ranks the merge was asked about with the median rank.
 	Diff       *RankDiff  `json:"diff,omitempty"`
 	DiffsAsked []RankDiff `json:"diffs_asked,omitempty"`
+	// Focus is the rank the window was taken for; the findings lead with it.
+	Focus *Focus `json:"focus,omitempty"`
+}
+
+// Focus is the rank a window was taken for, and why: the rank that crossed a
+// trigger ("trigger: rank 5: headroom 3.1 GiB (3.9%) < 5%"), or the rank that
+// failed first in a post-mortem.
+type Focus struct {
+	Rank int    `json:"rank"`
+	Why  string `json:"why"`
 }
 
 // PicklePart is one merged pickle: device i of it is rank FirstRank+i, for ranks
