@@ -174,80 +174,21 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 	}
 	var rows []windowRow
 	claimed := map[string]bool{} // manifests a run's log names
-	runs := map[string]bool{}
-	for _, o := range objs {
-		if i := strings.Index(o.Key, "/memsnap/plans/window"); i >= 0 {
-			runs[o.Key[:i]] = true
-		}
-	}
-	names := make([]string, 0, len(runs))
-	for r := range runs {
-		names = append(names, r)
-	}
-	sort.Strings(names)
-	for _, run := range names {
+	for _, run := range loggedRuns(objs) {
 		rl := runlog.New(st, run)
 		ids, err := rl.PlanIDs(ctx)
 		if err != nil {
 			return nil, err
 		}
 		for _, id := range ids {
-			row := windowRow{run: run, id: id, state: "unfinished"}
-			// the log's keys are relative to the store the agents opened: its
-			// root is what lies before the run's name here
-			root := ""
-			if p, err := rl.ReadPlan(ctx, id); err == nil {
-				row.plan, row.kind, row.when = p, p.Kind, p.Created
-				if p.Run != "" && strings.HasSuffix(run, p.Run) {
-					root = strings.TrimSuffix(run, p.Run)
-					row.run = p.Run
-				}
-				row.manifest = root + p.Manifest
-			} else {
-				row.state, row.kind = "unreadable: "+err.Error(), "?"
-			}
-			outcome := ""
-			if o, err := rl.ReadOutcome(ctx, id); err == nil {
-				row.outcome, outcome, row.when = o, o.State, o.Finished
-				if o.Manifest != "" {
-					row.manifest = root + o.Manifest
-				}
-			} else if errors.Is(err, runlog.ErrMalformed) {
-				row.state = "outcome unreadable: " + err.Error()
-			}
-			// the manifest, the window's commit, is the truth when it is this
-			// window's; the state is derived as the leader derives it
-			var commit *window.Commit
-			if row.manifest != "" {
-				claimed[row.manifest] = true
-				if m, err := publish.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
-					row.pub = &publish.Published{Key: row.manifest, Manifest: m}
-					commit = &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
-				}
-			}
-			if commit != nil || outcome != "" || !strings.HasPrefix(row.state, "unreadable") && !strings.HasPrefix(row.state, "outcome unreadable") {
-				phase, final := window.Derive(commit, outcome)
-				row.state = stateName(phase, final, row.pub)
-			}
-			rows = append(rows, row)
+			rows = append(rows, loggedWindow(ctx, st, rl, run, id, claimed))
 		}
 	}
 	for _, o := range objs {
 		if !strings.HasSuffix(o.Key, ".manifest.json") || claimed[o.Key] {
 			continue
 		}
-		p := publish.Published{Key: o.Key, ModTime: o.ModTime}
-		p.Manifest, p.Err = publish.ReadManifest(ctx, st, o.Key)
-		row := windowRow{kind: "merge", state: runlog.Published, pub: &p, when: o.ModTime, manifest: o.Key}
-		if p.Err != nil {
-			row.state = "unreadable: " + p.Err.Error()
-		} else if row.state = publishedState(p.Manifest); p.Manifest.Window != nil {
-			row.id = p.Manifest.Window.ID
-			if p.Manifest.Kind != "" {
-				row.kind = p.Manifest.Kind
-			}
-		}
-		rows = append(rows, row)
+		rows = append(rows, mergeRow(ctx, st, o))
 	}
 	sort.SliceStable(rows, func(i, j int) bool {
 		if rows[i].run != rows[j].run {
@@ -259,6 +200,82 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 		return rows[i].when.Before(rows[j].when)
 	})
 	return rows, nil
+}
+
+// loggedRuns are the runs whose logs (plans) are among objs, sorted.
+func loggedRuns(objs []store.ObjectInfo) []string {
+	runs := map[string]bool{}
+	for _, o := range objs {
+		if i := strings.Index(o.Key, "/memsnap/plans/window"); i >= 0 {
+			runs[o.Key[:i]] = true
+		}
+	}
+	names := make([]string, 0, len(runs))
+	for r := range runs {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// loggedWindow is the row of window id in run's log rl: its plan, its outcome
+// and its manifest; the manifest it names goes into claimed.
+func loggedWindow(ctx context.Context, st store.Store, rl *runlog.Log, run string, id uint64, claimed map[string]bool) windowRow {
+	row := windowRow{run: run, id: id, state: "unfinished"}
+	// the log's keys are relative to the store the agents opened: its
+	// root is what lies before the run's name here
+	root := ""
+	if p, err := rl.ReadPlan(ctx, id); err == nil {
+		row.plan, row.kind, row.when = p, p.Kind, p.Created
+		if p.Run != "" && strings.HasSuffix(run, p.Run) {
+			root = strings.TrimSuffix(run, p.Run)
+			row.run = p.Run
+		}
+		row.manifest = root + p.Manifest
+	} else {
+		row.state, row.kind = "unreadable: "+err.Error(), "?"
+	}
+	outcome := ""
+	if o, err := rl.ReadOutcome(ctx, id); err == nil {
+		row.outcome, outcome, row.when = o, o.State, o.Finished
+		if o.Manifest != "" {
+			row.manifest = root + o.Manifest
+		}
+	} else if errors.Is(err, runlog.ErrMalformed) {
+		row.state = "outcome unreadable: " + err.Error()
+	}
+	// the manifest, the window's commit, is the truth when it is this
+	// window's; the state is derived as the leader derives it
+	var commit *window.Commit
+	if row.manifest != "" {
+		claimed[row.manifest] = true
+		if m, err := publish.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
+			row.pub = &publish.Published{Key: row.manifest, Manifest: m}
+			commit = &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
+		}
+	}
+	if commit != nil || outcome != "" || !strings.HasPrefix(row.state, "unreadable") && !strings.HasPrefix(row.state, "outcome unreadable") {
+		phase, final := window.Derive(commit, outcome)
+		row.state = stateName(phase, final, row.pub)
+	}
+	return row
+}
+
+// mergeRow is the row of a published merge no run's log names (memsnap
+// merge's), from its manifest o.
+func mergeRow(ctx context.Context, st store.Store, o store.ObjectInfo) windowRow {
+	p := publish.Published{Key: o.Key, ModTime: o.ModTime}
+	p.Manifest, p.Err = publish.ReadManifest(ctx, st, o.Key)
+	row := windowRow{kind: "merge", state: runlog.Published, pub: &p, when: o.ModTime, manifest: o.Key}
+	if p.Err != nil {
+		row.state = "unreadable: " + p.Err.Error()
+	} else if row.state = publishedState(p.Manifest); p.Manifest.Window != nil {
+		row.id = p.Manifest.Window.ID
+		if p.Manifest.Kind != "" {
+			row.kind = p.Manifest.Kind
+		}
+	}
+	return row
 }
 
 // publishedState is a manifest's state for ls: published, failed, or answered
