@@ -484,24 +484,9 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return !strings.HasSuffix(items[i].key, ".manifest.json") && strings.HasSuffix(items[j].key, ".manifest.json")
 	})
 	// refuse before downloading anything
-	var replaced []string // manifests whose copies the download replaces
-	for i, it := range items {
-		if it.sha == "" {
-			info, err := st.Stat(ctx, it.key)
-			if err != nil {
-				return err
-			}
-			items[i].sha, it.sha = info.SHA256, info.SHA256
-		}
-		same, err := store.CheckDestination(it.dest, it.sha, *overwrite)
-		if err != nil {
-			return err
-		}
-		if !same && strings.HasSuffix(it.key, ".manifest.json") {
-			if _, err := os.Lstat(it.dest); err == nil {
-				replaced = append(replaced, it.dest)
-			}
-		}
+	replaced, err := checkDestinations(ctx, st, items, *overwrite)
+	if err != nil {
+		return err
 	}
 	// an old manifest goes before the files it named are replaced: never an old
 	// manifest over new outputs, were the download to stop half-way
@@ -514,14 +499,7 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	for k, it := range items {
 		var progress func(done, total int64)
 		if tty {
-			var last time.Time
-			progress = func(done, total int64) {
-				// a few times a second, and at the end: not at every chunk read
-				if now := time.Now(); done == total || now.Sub(last) >= progressEvery {
-					last = now
-					fmt.Fprintf(stderr, "\rfile %d of %d  %s  %s / %s \033[K", k+1, len(items), it.key, humanBytes(done), humanBytes(total))
-				}
-			}
+			progress = getProgress(stderr, k, len(items), it.key)
 		}
 		r, err := store.Download(ctx, st, it.key, it.dest, store.DownloadOptions{Overwrite: *overwrite, SHA256: it.sha, Progress: progress})
 		if tty {
@@ -531,19 +509,63 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 		if !*quiet {
-			what := "downloaded"
-			if r.Skipped {
-				what = "up to date"
-			}
-			check := "no checksum to verify"
-			if r.Verified {
-				check = "sha256 verified"
-			}
-			fmt.Fprintf(stderr, "%s %s (%s, %s)\n", what, it.key, humanBytes(r.Size), check)
+			printGot(stderr, it.key, r)
 		}
 		fmt.Fprintln(stdout, r.Path)
 	}
 	return nil
+}
+
+// checkDestinations refuses a download whose local files hold other content
+// (unless overwrite), filling in the checksums items lack; it returns the
+// manifests whose copies the download replaces.
+func checkDestinations(ctx context.Context, st store.Store, items []getItem, overwrite bool) ([]string, error) {
+	var replaced []string
+	for i, it := range items {
+		if it.sha == "" {
+			info, err := st.Stat(ctx, it.key)
+			if err != nil {
+				return nil, err
+			}
+			items[i].sha, it.sha = info.SHA256, info.SHA256
+		}
+		same, err := store.CheckDestination(it.dest, it.sha, overwrite)
+		if err != nil {
+			return nil, err
+		}
+		if !same && strings.HasSuffix(it.key, ".manifest.json") {
+			if _, err := os.Lstat(it.dest); err == nil {
+				replaced = append(replaced, it.dest)
+			}
+		}
+	}
+	return replaced, nil
+}
+
+// getProgress shows the download of file k (of n) on a terminal: a few times a
+// second, and at the end, not at every chunk read.
+func getProgress(stderr io.Writer, k, n int, key string) func(done, total int64) {
+	var last time.Time
+	return func(done, total int64) {
+		if now := time.Now(); done == total || now.Sub(last) >= progressEvery {
+			last = now
+			fmt.Fprintf(stderr, "\rfile %d of %d  %s  %s / %s \033[K", k+1, n, key, humanBytes(done), humanBytes(total))
+		}
+	}
+}
+
+// printGot says what get did with an object: downloaded or up to date, and
+// whether its checksum was verified.
+func printGot(stderr io.Writer, key string, r store.DownloadResult) {
+	what := "downloaded"
+	if r.Skipped {
+		what = "up to date"
+	}
+	check := "no checksum to verify"
+	if r.Verified {
+		check = "sha256 verified"
+	}
+	fmt.Fprintf(stderr, "%s %s (%s, %s)\n", what, key, humanBytes(r.Size), check)
 }
 
 // getItems lists what `get` downloads: a manifest's outputs (checked against the
