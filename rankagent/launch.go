@@ -91,13 +91,7 @@ func RunWithTrainer(a *Agent, t Trainer) (Outcome, error) {
 
 	child := exec.Command(t.Command[0], t.Command[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = t.Stdin, t.Stdout, t.Stderr
-	var env []string
-	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); !slices.Contains(t.Hide, k) {
-			env = append(env, kv)
-		}
-	}
-	child.Env = append(append(env, t.Env...), "MEMSNAP_SOCKET="+a.Socket())
+	child.Env = trainerEnv(t, a.Socket())
 	if err := child.Start(); err != nil {
 		stop()
 		return Outcome{ExitCode: -1}, fmt.Errorf("rankagent: starting %s: %w", t.Command[0], err)
@@ -119,22 +113,61 @@ wait:
 			return Outcome{ExitCode: -1}, err
 		}
 	}
-	o := Outcome{ExitCode: 0}
-	var ee *exec.ExitError
-	switch {
-	case errors.As(werr, &ee):
-		o.ExitCode = ee.ExitCode()
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			o.ExitCode = 128 + int(ws.Signal()) // as a shell reports it
-		}
-	case werr != nil:
-		o.ExitCode = -1
-	}
+	o := Outcome{ExitCode: exitCode(werr)}
 	if t.OnExit != nil {
 		t.OnExit(o.ExitCode)
 	}
 	// the trainer's last messages (its snapshot, say) are read before the connection
 	// closes: judge the window only once they are
+	waitDisconnected(a)
+	// the trainer is gone: a window it was in is over, and a trainer that failed
+	// is an incident the cluster hears of
+	a.TrainerExited(o.ExitCode)
+	o.Stopped = waitForUploads(a, t)
+	var undone string
+	if t.Idle != nil && t.Unfinished != nil && !t.Idle() {
+		undone = t.Unfinished()
+	}
+	if err := stop(); err != nil {
+		return o, err
+	}
+	o.Stats = a.Stats()
+	o.Problems = problems(a, o.Stats, undone)
+	return o, nil
+}
+
+// trainerEnv is the trainer's environment: this process's, less the hidden
+// variables, with the trainer's own and the agent's socket added.
+func trainerEnv(t Trainer, socket string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); !slices.Contains(t.Hide, k) {
+			env = append(env, kv)
+		}
+	}
+	return append(append(env, t.Env...), "MEMSNAP_SOCKET="+socket)
+}
+
+// exitCode is the trainer's exit status from its wait's error, as a shell
+// reports it.
+func exitCode(werr error) int {
+	code := 0
+	var ee *exec.ExitError
+	switch {
+	case errors.As(werr, &ee):
+		code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal()) // as a shell reports it
+		}
+	case werr != nil:
+		code = -1
+	}
+	return code
+}
+
+// waitDisconnected waits (up to 10 seconds) for the trainer's connection to
+// close, so that its last messages are read.
+func waitDisconnected(a *Agent) {
 	gone := time.NewTimer(10 * time.Second)
 	tick := time.NewTicker(20 * time.Millisecond)
 	for a.Connected() {
@@ -147,56 +180,54 @@ wait:
 	}
 	gone.Stop()
 	tick.Stop()
-	// the trainer is gone: a window it was in is over, and a trainer that failed
-	// is an incident the cluster hears of
-	a.TrainerExited(o.ExitCode)
+}
+
+// waitForUploads waits for the agent (and t.Idle) to be idle, up to
+// t.DrainTimeout or a signal; it reports whether a signal stopped the wait.
+func waitForUploads(a *Agent, t Trainer) (stopped bool) {
 	deadline := time.NewTimer(t.DrainTimeout)
 	defer deadline.Stop()
-	tick = time.NewTicker(50 * time.Millisecond)
+	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	idle := a.Idle
 	if t.Idle != nil {
 		idle = func() bool { return a.Idle() && t.Idle() }
 	}
-drain:
 	for !idle() {
 		select {
 		case <-t.Signals:
-			o.Stopped = true
-			break drain
+			return true
 		case <-deadline.C:
-			break drain
+			return false
 		case <-tick.C:
 		}
 	}
-	var undone string
-	if t.Idle != nil && t.Unfinished != nil && !t.Idle() {
-		undone = t.Unfinished()
-	}
-	if err := stop(); err != nil {
-		return o, err
-	}
-	o.Stats = a.Stats()
+	return false
+}
+
+// problems lists what memsnap did not do, for the outcome: snapshots left
+// incoming, what the wait left undone, and the windows and uploads in s.
+func problems(a *Agent, s Stats, undone string) []string {
+	var p []string
 	if n := len(a.sp.incomingSnapshots()); n > 0 {
-		o.Problems = append(o.Problems, fmt.Sprintf("%d snapshot(s) not taken into the spool (kept in %s/incoming, the spool's disk was full; an agent started with this spool takes them)", n, a.Spool()))
+		p = append(p, fmt.Sprintf("%d snapshot(s) not taken into the spool (kept in %s/incoming, the spool's disk was full; an agent started with this spool takes them)", n, a.Spool()))
 	}
 	if undone != "" {
-		o.Problems = append(o.Problems, undone)
+		p = append(p, undone)
 	}
-	s := o.Stats
 	if s.WindowsMissed > 0 {
-		o.Problems = append(o.Problems, fmt.Sprintf("%d window(s) missed", s.WindowsMissed))
+		p = append(p, fmt.Sprintf("%d window(s) missed", s.WindowsMissed))
 	}
 	if s.WindowsPartial > 0 {
-		o.Problems = append(o.Problems, fmt.Sprintf("%d snapshot(s) did not cover their whole window (kept under .partial names)", s.WindowsPartial))
+		p = append(p, fmt.Sprintf("%d snapshot(s) did not cover their whole window (kept under .partial names)", s.WindowsPartial))
 	}
 	if s.UploadFailed > 0 {
-		o.Problems = append(o.Problems, fmt.Sprintf("%d snapshot(s) refused by the store (kept in %s/failed)", s.UploadFailed, a.Spool()))
+		p = append(p, fmt.Sprintf("%d snapshot(s) refused by the store (kept in %s/failed)", s.UploadFailed, a.Spool()))
 	}
 	if s.Pending > 0 {
-		o.Problems = append(o.Problems, fmt.Sprintf("%d snapshot(s) not uploaded yet (kept in %s/pending; an agent started with this spool uploads them)", s.Pending, a.Spool()))
+		p = append(p, fmt.Sprintf("%d snapshot(s) not uploaded yet (kept in %s/pending; an agent started with this spool uploads them)", s.Pending, a.Spool()))
 	}
-	return o, nil
+	return p
 }
 
 // String says how the run ended, for the agent's last log line.

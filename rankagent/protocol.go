@@ -160,95 +160,8 @@ func parseMessage(line []byte, maxBytes, maxMarks int) (*Message, error) {
 	bad := func(format string, a ...any) (*Message, error) {
 		return nil, fmt.Errorf("%w: %s: %s", ErrProtocol, m.Type, fmt.Sprintf(format, a...))
 	}
-	switch m.Type {
-	case "hello":
-		if m.V != ProtocolVersion {
-			return bad("protocol version %d, this agent speaks %d", m.V, ProtocolVersion)
-		}
-		if m.PID <= 0 {
-			return bad("pid %d", m.PID)
-		}
-		if (m.Rank != nil && *m.Rank < 0) || (m.LocalRank != nil && *m.LocalRank < 0) {
-			return bad("negative rank")
-		}
-		if len(m.DeviceUUID) > 128 || len(m.Torch) > 128 || len(m.Hook) > 128 {
-			return bad("a field is too long")
-		}
-	case "batch":
-		if m.Batch == nil || *m.Batch < 0 {
-			return bad("needs a batch >= 0")
-		}
-	case "memory":
-		if m.Batch == nil || *m.Batch < 0 || *m.Batch > maxMemoryBytes || m.Memory == nil {
-			return bad("needs a batch from 0 to 2^50 and the figures")
-		}
-		if err := m.Memory.check(); err != nil {
-			return bad("%v", err)
-		}
-	case "stopping":
-		if m.Cause == "" {
-			return bad("no cause")
-		}
-		if m.TimeUS < 0 || (m.Batch != nil && *m.Batch < 0) {
-			return bad("negative time or batch")
-		}
-	case "armed":
-		if m.Window == 0 {
-			return bad("no window id")
-		}
-	case "recording":
-		if m.Window == 0 || m.Batch == nil || *m.Batch < 0 {
-			return bad("needs a window id and a batch >= 0")
-		}
-	case "snapshot":
-		if m.Reason != "window" && m.Reason != "oom" && m.Reason != "postmortem" && m.Reason != "crash" {
-			return bad("reason %q (window, oom, postmortem or crash)", m.Reason)
-		}
-		// a crash dump names the window it was recording, with its bounds, or
-		// none (only record-always history)
-		if m.Reason == "crash" && m.Window != 0 && m.Stop <= m.Start {
-			return bad("window %d without its bounds", m.Window)
-		}
-		if m.Reason == "crash" && m.Window == 0 && (m.Start != 0 || m.Stop != 0) {
-			return bad("bounds [%d, %d) without a window id", m.Start, m.Stop)
-		}
-		if m.Reason == "postmortem" && m.Window == 0 {
-			return bad("a post-mortem without a window id")
-		}
-		if err := checkSpoolName(m.File); err != nil {
-			return bad("%v", err)
-		}
-		if m.Reason == "window" && m.Window == 0 {
-			return bad("no window id")
-		}
-		if m.StallUS < 0 {
-			return bad("negative stall")
-		}
-		if m.Start < 0 || m.Stop < 0 || (m.Stop != 0 && m.Stop <= m.Start) {
-			return bad("window [%d, %d) is empty or negative", m.Start, m.Stop)
-		}
-		if len(m.Batches) > maxMarks {
-			return bad("%d batch marks", len(m.Batches))
-		}
-		if m.BatchesFile && len(m.Batches) > 0 {
-			return bad("batch marks both here and in the message file")
-		}
-		for i, b := range m.Batches {
-			if b.Batch < 0 || b.EndUS < b.StartUS || (i > 0 && b.Batch <= m.Batches[i-1].Batch) {
-				return bad("batch mark %d is not increasing or ends before it starts", i)
-			}
-		}
-	case "error":
-		if len(m.Message) > 4096 {
-			m.Message = m.Message[:4096]
-		}
-		switch m.Code {
-		case "", CodeStartPassed, CodeRecordFailed, CodeDumpFailed:
-		default:
-			return bad("unknown code %q", m.Code)
-		}
-	default:
-		return bad("unknown message type")
+	if err := m.checkType(maxMarks); err != nil {
+		return bad("%v", err)
 	}
 	if len(m.Cause) > MaxCause {
 		return bad("cause of %d bytes, more than %d", len(m.Cause), MaxCause)
@@ -260,6 +173,107 @@ func parseMessage(line []byte, maxBytes, maxMarks int) (*Message, error) {
 		return bad("a cause only comes with stopping or a crash snapshot")
 	}
 	return &m, nil
+}
+
+// checkType checks the fields m's type needs, so that parseMessage can refuse
+// what is wrong; it cuts an error's message to 4096 bytes.
+func (m *Message) checkType(maxMarks int) error {
+	switch m.Type {
+	case "hello":
+		if m.V != ProtocolVersion {
+			return fmt.Errorf("protocol version %d, this agent speaks %d", m.V, ProtocolVersion)
+		}
+		if m.PID <= 0 {
+			return fmt.Errorf("pid %d", m.PID)
+		}
+		if (m.Rank != nil && *m.Rank < 0) || (m.LocalRank != nil && *m.LocalRank < 0) {
+			return errors.New("negative rank")
+		}
+		if len(m.DeviceUUID) > 128 || len(m.Torch) > 128 || len(m.Hook) > 128 {
+			return errors.New("a field is too long")
+		}
+	case "batch":
+		if m.Batch == nil || *m.Batch < 0 {
+			return errors.New("needs a batch >= 0")
+		}
+	case "memory":
+		if m.Batch == nil || *m.Batch < 0 || *m.Batch > maxMemoryBytes || m.Memory == nil {
+			return errors.New("needs a batch from 0 to 2^50 and the figures")
+		}
+		return m.Memory.check()
+	case "stopping":
+		if m.Cause == "" {
+			return errors.New("no cause")
+		}
+		if m.TimeUS < 0 || (m.Batch != nil && *m.Batch < 0) {
+			return errors.New("negative time or batch")
+		}
+	case "armed":
+		if m.Window == 0 {
+			return errors.New("no window id")
+		}
+	case "recording":
+		if m.Window == 0 || m.Batch == nil || *m.Batch < 0 {
+			return errors.New("needs a window id and a batch >= 0")
+		}
+	case "snapshot":
+		return m.checkSnapshot(maxMarks)
+	case "error":
+		if len(m.Message) > 4096 {
+			m.Message = m.Message[:4096]
+		}
+		switch m.Code {
+		case "", CodeStartPassed, CodeRecordFailed, CodeDumpFailed:
+		default:
+			return fmt.Errorf("unknown code %q", m.Code)
+		}
+	default:
+		return errors.New("unknown message type")
+	}
+	return nil
+}
+
+// checkSnapshot checks a snapshot message: its reason, its window and file, and
+// at most maxMarks batch marks in order.
+func (m *Message) checkSnapshot(maxMarks int) error {
+	if m.Reason != "window" && m.Reason != "oom" && m.Reason != "postmortem" && m.Reason != "crash" {
+		return fmt.Errorf("reason %q (window, oom, postmortem or crash)", m.Reason)
+	}
+	// a crash dump names the window it was recording, with its bounds, or
+	// none (only record-always history)
+	if m.Reason == "crash" && m.Window != 0 && m.Stop <= m.Start {
+		return fmt.Errorf("window %d without its bounds", m.Window)
+	}
+	if m.Reason == "crash" && m.Window == 0 && (m.Start != 0 || m.Stop != 0) {
+		return fmt.Errorf("bounds [%d, %d) without a window id", m.Start, m.Stop)
+	}
+	if m.Reason == "postmortem" && m.Window == 0 {
+		return errors.New("a post-mortem without a window id")
+	}
+	if err := checkSpoolName(m.File); err != nil {
+		return err
+	}
+	if m.Reason == "window" && m.Window == 0 {
+		return errors.New("no window id")
+	}
+	if m.StallUS < 0 {
+		return errors.New("negative stall")
+	}
+	if m.Start < 0 || m.Stop < 0 || (m.Stop != 0 && m.Stop <= m.Start) {
+		return fmt.Errorf("window [%d, %d) is empty or negative", m.Start, m.Stop)
+	}
+	if len(m.Batches) > maxMarks {
+		return fmt.Errorf("%d batch marks", len(m.Batches))
+	}
+	if m.BatchesFile && len(m.Batches) > 0 {
+		return errors.New("batch marks both here and in the message file")
+	}
+	for i, b := range m.Batches {
+		if b.Batch < 0 || b.EndUS < b.StartUS || (i > 0 && b.Batch <= m.Batches[i-1].Batch) {
+			return fmt.Errorf("batch mark %d is not increasing or ends before it starts", i)
+		}
+	}
+	return nil
 }
 
 // checkSpoolName accepts only a plain file name: no folders, no way out of the spool.

@@ -312,34 +312,52 @@ func snapshotCmd(ctx context.Context, args []string, stdout io.Writer, stderr io
 		}
 	}, Detach: planned, AnswerFirst: !*waitAll})
 	if err != nil && !errors.Is(err, coordinator.ErrDetached) {
-		// the cluster goes on with a window it planned: say which, and where its
-		// outcome will be
-		p.mu.Lock()
-		left := "the request may still be planned by the leader (memsnap ls shows the run's windows)"
-		if p.window != 0 {
-			left = fmt.Sprintf("window %d goes on in the cluster (memsnap ls shows how it ends)", p.window)
-		}
-		p.mu.Unlock()
-		switch {
-		case errors.Is(err, context.DeadlineExceeded):
-			return fmt.Errorf("gave up after --timeout %v: %w; %s", *timeout, err, left)
-		case errors.Is(err, context.Canceled):
-			return fmt.Errorf("interrupted; %s", left)
-		}
-		return err
+		return requestFailed(err, p, *timeout)
 	}
 	if res == nil { // planned, not waited for
 		fmt.Fprintf(stdout, "window %d planned: %s (memsnap ls shows it once published)\n", p.window, p.batches)
 		return nil
 	}
+	answer := func() *pb.WindowResult { // the answer printed as it came (nil: none)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return answered
+	}
+	return printResult(stdout, p, res, answer, *asJSON, *waitAll)
+}
+
+// requestFailed says why a window's request failed and what it left behind:
+// the cluster goes on with a window it planned, so it says which, and where its
+// outcome will be.
+func requestFailed(err error, p *progressPrinter, timeout time.Duration) error {
+	p.mu.Lock()
+	left := "the request may still be planned by the leader (memsnap ls shows the run's windows)"
+	if p.window != 0 {
+		left = fmt.Sprintf("window %d goes on in the cluster (memsnap ls shows how it ends)", p.window)
+	}
+	p.mu.Unlock()
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("gave up after --timeout %v: %w; %s", timeout, err, left)
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("interrupted; %s", left)
+	}
+	return err
+}
+
+// printResult prints the result of a window waited for (as JSON with asJSON)
+// and says how the command ends: with an error for a window that failed, and
+// exit status 1 when waitAll found its pickles not published. answer is the
+// answer the progress already printed (nil: none).
+func printResult(stdout io.Writer, p *progressPrinter, res *pb.WindowResult, answer func() *pb.WindowResult, asJSON, waitAll bool) error {
 	p.done()
 	if res.Window != 0 {
 		p.window = res.Window
 	}
 	// --wait-all asked for the pickles too: a window whose answer alone was
 	// published (the rest could not be written) did not give them
-	incomplete := *waitAll && res.State == pb.Outcome_OUTCOME_PUBLISHED && res.Pending
-	if *asJSON {
+	incomplete := waitAll && res.State == pb.Outcome_OUTCOME_PUBLISHED && res.Pending
+	if asJSON {
 		if err := json.NewEncoder(stdout).Encode(resultJSON(res, p.window)); err != nil {
 			return err
 		}
@@ -361,9 +379,7 @@ func snapshotCmd(ctx context.Context, args []string, stdout io.Writer, stderr io
 		}
 		return fmt.Errorf("window %d failed: %s", p.window, res.Error)
 	}
-	p.mu.Lock()
-	first := answered
-	p.mu.Unlock()
+	first := answer()
 	if first != nil {
 		printRest(stdout, res, first, p.window) // the answer is printed already
 	} else {

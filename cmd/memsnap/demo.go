@@ -67,16 +67,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	defer func() {
-		// the spools go, unless they hold snapshots that were not uploaded (a
-		// full disk, a store that failed): those stay for an agent to upload
-		if n := unsent(tmp); n > 0 {
-			fmt.Fprintf(stderr, "memsnap demo: %d snapshot(s) were not uploaded; they stay in %s (an agent started with --spool %s uploads that rank's); remove the folder when done\n",
-				n, tmp, filepath.Join(tmp, "spoolR"))
-			return
-		}
-		os.RemoveAll(tmp)
-	}()
+	defer removeDemoSpools(tmp, stderr)
 	key := make([]byte, 32)
 	rand.Read(key)
 
@@ -99,27 +90,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var wg sync.WaitGroup
 	tctx, stopTrainers := context.WithCancel(ctx)
 	defer func() { stopTrainers(); wg.Wait() }()
-	for r, rk := range lc.Ranks {
-		snap, err := demodata.Rank(r)
-		if err != nil {
-			return err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rankagent.Replay(tctx, rankagent.ReplayConfig{Socket: rk.Agent.Socket(), Snapshot: snap, Pace: 25 * time.Millisecond,
-				HoldAt: []int64{demoHold}, Rank: r, UUID: fmt.Sprintf("GPU-demo-%d", r)})
-		}()
+	if err := startReplays(tctx, lc, &wg); err != nil {
+		return err
 	}
-	if _, err := wait.Until(ctx, time.Minute, func() bool {
-		for _, rk := range lc.Ranks {
-			if rk.Agent.Batch() != demoHold-1 {
-				return false
-			}
-		}
-		return true
-	}); err != nil {
-		return fmt.Errorf("demo: the replay trainers did not start: %w", err)
+	if err := waitHeld(ctx, lc); err != nil {
+		return err
 	}
 	client, stopClient, err := lc.Client(ctx)
 	if err != nil {
@@ -136,7 +111,60 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if res.State != pb.Outcome_OUTCOME_PUBLISHED {
 		return fmt.Errorf("demo: window %d failed: %s", p.window, res.Error)
 	}
-	fmt.Fprintf(stdout, "window %d (batches %d-%d) merged from %d ranks and published to %s\n", p.window, res.Start, res.Stop-1, len(res.Ranks), st)
+	printDemoResult(stdout, res, p.window, st, run)
+	return nil
+}
+
+// removeDemoSpools removes the demo's spools, unless they hold snapshots that
+// were not uploaded (a full disk, a store that failed): those stay for an
+// agent to upload.
+func removeDemoSpools(tmp string, stderr io.Writer) {
+	if n := unsent(tmp); n > 0 {
+		fmt.Fprintf(stderr, "memsnap demo: %d snapshot(s) were not uploaded; they stay in %s (an agent started with --spool %s uploads that rank's); remove the folder when done\n",
+			n, tmp, filepath.Join(tmp, "spoolR"))
+		return
+	}
+	os.RemoveAll(tmp)
+}
+
+// startReplays starts each rank's replay trainer, answering with the rank's
+// recorded snapshot until ctx ends; wg counts them.
+func startReplays(ctx context.Context, lc *coordinator.LocalCluster, wg *sync.WaitGroup) error {
+	for r, rk := range lc.Ranks {
+		snap, err := demodata.Rank(r)
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rankagent.Replay(ctx, rankagent.ReplayConfig{Socket: rk.Agent.Socket(), Snapshot: snap, Pace: 25 * time.Millisecond,
+				HoldAt: []int64{demoHold}, Rank: r, UUID: fmt.Sprintf("GPU-demo-%d", r)})
+		}()
+	}
+	return nil
+}
+
+// waitHeld waits until every rank's trainer holds at demoHold, so the window
+// asked for next finds them all there.
+func waitHeld(ctx context.Context, lc *coordinator.LocalCluster) error {
+	if _, err := wait.Until(ctx, time.Minute, func() bool {
+		for _, rk := range lc.Ranks {
+			if rk.Agent.Batch() != demoHold-1 {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		return fmt.Errorf("demo: the replay trainers did not start: %w", err)
+	}
+	return nil
+}
+
+// printDemoResult says what the published window holds and where its outputs
+// are.
+func printDemoResult(stdout io.Writer, res *pb.WindowResult, window uint64, st *store.Dir, run string) {
+	fmt.Fprintf(stdout, "window %d (batches %d-%d) merged from %d ranks and published to %s\n", window, res.Start, res.Stop-1, len(res.Ranks), st)
 	for _, r := range sortedMissing(res.Missing) {
 		fmt.Fprintf(stdout, "  rank %d missing: %s\n", r, res.Missing[int32(r)])
 	}
@@ -153,7 +181,6 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if len(res.Outputs) > 0 {
 		fmt.Fprintf(stdout, "open %s in a browser (it needs no network)\n", res.Outputs[0])
 	}
-	return nil
 }
 
 // outputEnding finds the output whose name ends in suffix ("" when none does).

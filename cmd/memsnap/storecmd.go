@@ -174,80 +174,21 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 	}
 	var rows []windowRow
 	claimed := map[string]bool{} // manifests a run's log names
-	runs := map[string]bool{}
-	for _, o := range objs {
-		if i := strings.Index(o.Key, "/memsnap/plans/window"); i >= 0 {
-			runs[o.Key[:i]] = true
-		}
-	}
-	names := make([]string, 0, len(runs))
-	for r := range runs {
-		names = append(names, r)
-	}
-	sort.Strings(names)
-	for _, run := range names {
+	for _, run := range loggedRuns(objs) {
 		rl := runlog.New(st, run)
 		ids, err := rl.PlanIDs(ctx)
 		if err != nil {
 			return nil, err
 		}
 		for _, id := range ids {
-			row := windowRow{run: run, id: id, state: "unfinished"}
-			// the log's keys are relative to the store the agents opened: its
-			// root is what lies before the run's name here
-			root := ""
-			if p, err := rl.ReadPlan(ctx, id); err == nil {
-				row.plan, row.kind, row.when = p, p.Kind, p.Created
-				if p.Run != "" && strings.HasSuffix(run, p.Run) {
-					root = strings.TrimSuffix(run, p.Run)
-					row.run = p.Run
-				}
-				row.manifest = root + p.Manifest
-			} else {
-				row.state, row.kind = "unreadable: "+err.Error(), "?"
-			}
-			outcome := ""
-			if o, err := rl.ReadOutcome(ctx, id); err == nil {
-				row.outcome, outcome, row.when = o, o.State, o.Finished
-				if o.Manifest != "" {
-					row.manifest = root + o.Manifest
-				}
-			} else if errors.Is(err, runlog.ErrMalformed) {
-				row.state = "outcome unreadable: " + err.Error()
-			}
-			// the manifest, the window's commit, is the truth when it is this
-			// window's; the state is derived as the leader derives it
-			var commit *window.Commit
-			if row.manifest != "" {
-				claimed[row.manifest] = true
-				if m, err := publish.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
-					row.pub = &publish.Published{Key: row.manifest, Manifest: m}
-					commit = &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
-				}
-			}
-			if commit != nil || outcome != "" || !strings.HasPrefix(row.state, "unreadable") && !strings.HasPrefix(row.state, "outcome unreadable") {
-				phase, final := window.Derive(commit, outcome)
-				row.state = stateName(phase, final, row.pub)
-			}
-			rows = append(rows, row)
+			rows = append(rows, loggedWindow(ctx, st, rl, run, id, claimed))
 		}
 	}
 	for _, o := range objs {
 		if !strings.HasSuffix(o.Key, ".manifest.json") || claimed[o.Key] {
 			continue
 		}
-		p := publish.Published{Key: o.Key, ModTime: o.ModTime}
-		p.Manifest, p.Err = publish.ReadManifest(ctx, st, o.Key)
-		row := windowRow{kind: "merge", state: runlog.Published, pub: &p, when: o.ModTime, manifest: o.Key}
-		if p.Err != nil {
-			row.state = "unreadable: " + p.Err.Error()
-		} else if row.state = publishedState(p.Manifest); p.Manifest.Window != nil {
-			row.id = p.Manifest.Window.ID
-			if p.Manifest.Kind != "" {
-				row.kind = p.Manifest.Kind
-			}
-		}
-		rows = append(rows, row)
+		rows = append(rows, mergeRow(ctx, st, o))
 	}
 	sort.SliceStable(rows, func(i, j int) bool {
 		if rows[i].run != rows[j].run {
@@ -259,6 +200,82 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 		return rows[i].when.Before(rows[j].when)
 	})
 	return rows, nil
+}
+
+// loggedRuns are the runs whose logs (plans) are among objs, sorted.
+func loggedRuns(objs []store.ObjectInfo) []string {
+	runs := map[string]bool{}
+	for _, o := range objs {
+		if i := strings.Index(o.Key, "/memsnap/plans/window"); i >= 0 {
+			runs[o.Key[:i]] = true
+		}
+	}
+	names := make([]string, 0, len(runs))
+	for r := range runs {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// loggedWindow is the row of window id in run's log rl: its plan, its outcome
+// and its manifest; the manifest it names goes into claimed.
+func loggedWindow(ctx context.Context, st store.Store, rl *runlog.Log, run string, id uint64, claimed map[string]bool) windowRow {
+	row := windowRow{run: run, id: id, state: "unfinished"}
+	// the log's keys are relative to the store the agents opened: its
+	// root is what lies before the run's name here
+	root := ""
+	if p, err := rl.ReadPlan(ctx, id); err == nil {
+		row.plan, row.kind, row.when = p, p.Kind, p.Created
+		if p.Run != "" && strings.HasSuffix(run, p.Run) {
+			root = strings.TrimSuffix(run, p.Run)
+			row.run = p.Run
+		}
+		row.manifest = root + p.Manifest
+	} else {
+		row.state, row.kind = "unreadable: "+err.Error(), "?"
+	}
+	outcome := ""
+	if o, err := rl.ReadOutcome(ctx, id); err == nil {
+		row.outcome, outcome, row.when = o, o.State, o.Finished
+		if o.Manifest != "" {
+			row.manifest = root + o.Manifest
+		}
+	} else if errors.Is(err, runlog.ErrMalformed) {
+		row.state = "outcome unreadable: " + err.Error()
+	}
+	// the manifest, the window's commit, is the truth when it is this
+	// window's; the state is derived as the leader derives it
+	var commit *window.Commit
+	if row.manifest != "" {
+		claimed[row.manifest] = true
+		if m, err := publish.ReadManifest(ctx, st, row.manifest); err == nil && m.Window != nil && m.Window.ID == id {
+			row.pub = &publish.Published{Key: row.manifest, Manifest: m}
+			commit = &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
+		}
+	}
+	if commit != nil || outcome != "" || !strings.HasPrefix(row.state, "unreadable") && !strings.HasPrefix(row.state, "outcome unreadable") {
+		phase, final := window.Derive(commit, outcome)
+		row.state = stateName(phase, final, row.pub)
+	}
+	return row
+}
+
+// mergeRow is the row of a published merge no run's log names (memsnap
+// merge's), from its manifest o.
+func mergeRow(ctx context.Context, st store.Store, o store.ObjectInfo) windowRow {
+	p := publish.Published{Key: o.Key, ModTime: o.ModTime}
+	p.Manifest, p.Err = publish.ReadManifest(ctx, st, o.Key)
+	row := windowRow{kind: "merge", state: runlog.Published, pub: &p, when: o.ModTime, manifest: o.Key}
+	if p.Err != nil {
+		row.state = "unreadable: " + p.Err.Error()
+	} else if row.state = publishedState(p.Manifest); p.Manifest.Window != nil {
+		row.id = p.Manifest.Window.ID
+		if p.Manifest.Kind != "" {
+			row.kind = p.Manifest.Kind
+		}
+	}
+	return row
 }
 
 // publishedState is a manifest's state for ls: published, failed, or answered
@@ -467,24 +484,9 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return !strings.HasSuffix(items[i].key, ".manifest.json") && strings.HasSuffix(items[j].key, ".manifest.json")
 	})
 	// refuse before downloading anything
-	var replaced []string // manifests whose copies the download replaces
-	for i, it := range items {
-		if it.sha == "" {
-			info, err := st.Stat(ctx, it.key)
-			if err != nil {
-				return err
-			}
-			items[i].sha, it.sha = info.SHA256, info.SHA256
-		}
-		same, err := store.CheckDestination(it.dest, it.sha, *overwrite)
-		if err != nil {
-			return err
-		}
-		if !same && strings.HasSuffix(it.key, ".manifest.json") {
-			if _, err := os.Lstat(it.dest); err == nil {
-				replaced = append(replaced, it.dest)
-			}
-		}
+	replaced, err := checkDestinations(ctx, st, items, *overwrite)
+	if err != nil {
+		return err
 	}
 	// an old manifest goes before the files it named are replaced: never an old
 	// manifest over new outputs, were the download to stop half-way
@@ -497,14 +499,7 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	for k, it := range items {
 		var progress func(done, total int64)
 		if tty {
-			var last time.Time
-			progress = func(done, total int64) {
-				// a few times a second, and at the end: not at every chunk read
-				if now := time.Now(); done == total || now.Sub(last) >= progressEvery {
-					last = now
-					fmt.Fprintf(stderr, "\rfile %d of %d  %s  %s / %s \033[K", k+1, len(items), it.key, humanBytes(done), humanBytes(total))
-				}
-			}
+			progress = getProgress(stderr, k, len(items), it.key)
 		}
 		r, err := store.Download(ctx, st, it.key, it.dest, store.DownloadOptions{Overwrite: *overwrite, SHA256: it.sha, Progress: progress})
 		if tty {
@@ -514,19 +509,63 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 		if !*quiet {
-			what := "downloaded"
-			if r.Skipped {
-				what = "up to date"
-			}
-			check := "no checksum to verify"
-			if r.Verified {
-				check = "sha256 verified"
-			}
-			fmt.Fprintf(stderr, "%s %s (%s, %s)\n", what, it.key, humanBytes(r.Size), check)
+			printGot(stderr, it.key, r)
 		}
 		fmt.Fprintln(stdout, r.Path)
 	}
 	return nil
+}
+
+// checkDestinations refuses a download whose local files hold other content
+// (unless overwrite), filling in the checksums items lack; it returns the
+// manifests whose copies the download replaces.
+func checkDestinations(ctx context.Context, st store.Store, items []getItem, overwrite bool) ([]string, error) {
+	var replaced []string
+	for i, it := range items {
+		if it.sha == "" {
+			info, err := st.Stat(ctx, it.key)
+			if err != nil {
+				return nil, err
+			}
+			items[i].sha, it.sha = info.SHA256, info.SHA256
+		}
+		same, err := store.CheckDestination(it.dest, it.sha, overwrite)
+		if err != nil {
+			return nil, err
+		}
+		if !same && strings.HasSuffix(it.key, ".manifest.json") {
+			if _, err := os.Lstat(it.dest); err == nil {
+				replaced = append(replaced, it.dest)
+			}
+		}
+	}
+	return replaced, nil
+}
+
+// getProgress shows the download of file k (of n) on a terminal: a few times a
+// second, and at the end, not at every chunk read.
+func getProgress(stderr io.Writer, k, n int, key string) func(done, total int64) {
+	var last time.Time
+	return func(done, total int64) {
+		if now := time.Now(); done == total || now.Sub(last) >= progressEvery {
+			last = now
+			fmt.Fprintf(stderr, "\rfile %d of %d  %s  %s / %s \033[K", k+1, n, key, humanBytes(done), humanBytes(total))
+		}
+	}
+}
+
+// printGot says what get did with an object: downloaded or up to date, and
+// whether its checksum was verified.
+func printGot(stderr io.Writer, key string, r store.DownloadResult) {
+	what := "downloaded"
+	if r.Skipped {
+		what = "up to date"
+	}
+	check := "no checksum to verify"
+	if r.Verified {
+		check = "sha256 verified"
+	}
+	fmt.Fprintf(stderr, "%s %s (%s, %s)\n", what, key, humanBytes(r.Size), check)
 }
 
 // getItems lists what `get` downloads: a manifest's outputs (checked against the

@@ -505,25 +505,55 @@ func (r *RankData) categories(w Window, peakIdx int, startAllocated int64) *Cate
 	// the gradients the hook saw made, each matched to blocks allocated at its
 	// address in its batch (in the rank's clock; without usable marks, in any)
 	spans := spansOf(r.Meta)
-	idx := indexNotes(notes, spans != nil)
-	gradAt := func(e *snapshot.TraceEntry, size int64) (string, bool) {
-		k := noteKey{e.Addr, -1}
-		if spans != nil {
-			if k.batch = spans.batchAt(e.TimeUS); k.batch < 0 {
-				k.batch = -2 // between batches: made by none
-			}
-		}
-		for _, ks := range [...]noteKey{k, {e.Addr, -1}} { // version 1's notes have no batch
-			for _, g := range idx[ks] {
-				if size >= g.size && size <= g.size+roundingSlack(g.size) {
-					return g.module, true
-				}
-			}
-		}
-		return "", false
+	grads := gradIndex{spans: spans, idx: indexNotes(notes, spans != nil)}
+	survives := survivors(tr, ws)
+	made, slots := watchedSlots(tr, ws, survives)
+	sums, early, earlyBytes := earlyShares(r.Segs, ws, made)
+	// the rest of what was allocated before recording is unknown
+	sums[cUnknown] += max(startAllocated-earlyBytes, 0)
+
+	p := &catReplay{
+		ws: ws, survives: survives, slots: slots, grads: grads,
+		peakIdx: peakIdx, sums: sums, alive: map[int64]catBlock{},
 	}
-	// which allocations still hold their block at the snapshot (never freed after);
-	// only watched tensors need it
+	c := &Categories{Watched: len(ws), AtPeak: map[string]int64{}, Max: map[string]int64{}}
+	p.run(tr, w)
+	for k, n := range CategoryNames {
+		c.AtPeak[n], c.Max[n] = p.atPeak[k], max(p.maxes[k], p.atPeak[k])
+	}
+	c.Modules = peakModules(early, p.peakAlive)
+	return c
+}
+
+// gradIndex finds the gradient the hook saw made that a block allocated during
+// the window is, so that blocks freed before the snapshot are named too.
+type gradIndex struct {
+	spans batchSpans
+	idx   map[noteKey][]gradNote
+}
+
+// at is the module of the gradient made at e's address, in e's batch, of about
+// size bytes.
+func (g gradIndex) at(e *snapshot.TraceEntry, size int64) (string, bool) {
+	k := noteKey{e.Addr, -1}
+	if g.spans != nil {
+		if k.batch = g.spans.batchAt(e.TimeUS); k.batch < 0 {
+			k.batch = -2 // between batches: made by none
+		}
+	}
+	for _, ks := range [...]noteKey{k, {e.Addr, -1}} { // version 1's notes have no batch
+		for _, n := range g.idx[ks] {
+			if size >= n.size && size <= n.size+roundingSlack(n.size) {
+				return n.module, true
+			}
+		}
+	}
+	return "", false
+}
+
+// survivors marks which allocations still hold their block at the snapshot
+// (never freed after); only watched tensors need it.
+func survivors(tr []*snapshot.TraceEntry, ws []watched) []bool {
 	survives := make([]bool, len(tr))
 	freed := map[int64]bool{}
 	for i := len(tr) - 1; i >= 0 && len(ws) > 0; i-- {
@@ -536,12 +566,16 @@ func (r *RankData) categories(w Window, peakIdx int, startAllocated int64) *Cate
 			delete(freed, e.Addr)
 		}
 	}
-	// blocks alive at the snapshot that no recorded allocation made: they were
-	// there before recording began, with whatever watched tensors they hold.
-	// A surviving block holding watched tensors also names its slot: an earlier
-	// block of the same address, size and allocation site (the caching allocator
-	// hands a tensor made every step, such as a gradient, the same block each
-	// time) held the same tensors then.
+	return survives
+}
+
+// watchedSlots finds the addresses of the surviving blocks a recorded
+// allocation made, and the slots of those holding watched tensors.
+// A surviving block holding watched tensors also names its slot: an earlier
+// block of the same address, size and allocation site (the caching allocator
+// hands a tensor made every step, such as a gradient, the same block each
+// time) held the same tensors then.
+func watchedSlots(tr []*snapshot.TraceEntry, ws []watched, survives []bool) (map[int64]bool, map[slot][]part) {
 	made := map[int64]bool{}
 	slots := map[slot][]part{}
 	for i, e := range tr {
@@ -552,10 +586,13 @@ func (r *RankData) categories(w Window, peakIdx int, startAllocated int64) *Cate
 			}
 		}
 	}
-	var sums [nCats]int64
-	var early []part
-	var earlyBytes int64
-	for _, g := range r.Segs {
+	return made, slots
+}
+
+// earlyShares counts the watched tensors in the blocks alive at the snapshot
+// that no recorded allocation made: they were there before recording began.
+func earlyShares(segs []*snapshot.Segment, ws []watched, made map[int64]bool) (sums [nCats]int64, early []part, earlyBytes int64) {
+	for _, g := range segs {
 		if len(ws) == 0 {
 			break
 		}
@@ -571,110 +608,151 @@ func (r *RankData) categories(w Window, peakIdx int, startAllocated int64) *Cate
 			early = append(early, parts...)
 		}
 	}
-	// the rest of what was allocated before recording is unknown
-	sums[cUnknown] += max(startAllocated-earlyBytes, 0)
+	return sums, early, earlyBytes
+}
 
-	type live struct {
-		size  int64
-		parts []part // several shares (nil: one, in one)
-		one   part
-	}
-	sub := func(l live) {
-		if l.parts == nil {
-			sums[l.one.cat] -= l.one.bytes
-			return
-		}
-		for _, p := range l.parts {
-			sums[p.cat] -= p.bytes
-		}
-	}
-	alive := map[int64]live{}
-	var phases phaseCache
-	c := &Categories{Watched: len(ws), AtPeak: map[string]int64{}, Max: map[string]int64{}}
-	var maxes [nCats]int64
-	var atPeak [nCats]int64
-	var peakAlive map[int64]live
-	snap := func(i int) {
-		if i == peakIdx {
-			atPeak = sums
-			peakAlive = make(map[int64]live, len(alive))
-			for k, v := range alive {
-				peakAlive[k] = v
-			}
-		}
-	}
+// catBlock is a block alive during categories' replay, with its shares.
+type catBlock struct {
+	size  int64
+	parts []part // several shares (nil: one, in one)
+	one   part
+}
+
+// catReplay is the state of categories' replay of the trace: the bytes of each
+// category now, the blocks alive, and what the window's most and the peak saw.
+type catReplay struct {
+	ws       []watched
+	survives []bool
+	slots    map[slot][]part
+	grads    gradIndex
+	peakIdx  int
+
+	sums      [nCats]int64
+	alive     map[int64]catBlock
+	phases    phaseCache
+	maxes     [nCats]int64
+	atPeak    [nCats]int64
+	peakAlive map[int64]catBlock
+}
+
+// run replays the trace's allocations and frees, noting the most inside w and
+// the state at the peak.
+func (p *catReplay) run(tr []*snapshot.TraceEntry, w Window) {
 	inside := func(t int64) bool { return !w.Before(t) && !w.After(t) }
 	first := true
 	for i, e := range tr {
 		if first && inside(e.TimeUS) {
 			first = false
-			for k := range maxes {
-				maxes[k] = max(maxes[k], sums[k])
-			}
-			if peakIdx < 0 { // the peak is the state the window starts in
-				snap(-1)
+			p.noteMax()
+			if p.peakIdx < 0 { // the peak is the state the window starts in
+				p.snap(-1)
 			}
 		}
 		size := max(e.Size, 0) // as Deltas counts it
 		switch e.Action {
 		case snapshot.ActionAlloc:
-			if l, ok := alive[e.Addr]; ok { // allocated twice: the later wins
-				sub(l)
-			}
-			var parts []part
-			left := size
-			if survives[i] {
-				parts, left = inBlock(ws, e.Addr, size)
-			} else if sp, ok := slots[slotOf(e)]; ok {
-				parts = sp
-				for _, p := range sp {
-					left -= p.bytes
-				}
-			} else if mod, ok := gradAt(e, size); ok {
-				// a gradient the hook saw autograd make during the window, unless
-				// the block was made by a forward pass (an activation reusing it)
-				if cat, _ := phases.cat(e.Frames); cat != cActs {
-					parts, left = []part{{cGrads, mod, size}}, 0
-				}
-			}
-			if len(parts) == 0 { // the common case: one share, kept inline
-				cat, mod := phases.cat(e.Frames)
-				sums[cat] += left
-				alive[e.Addr] = live{size: size, one: part{cat, mod, left}}
-				break
-			}
-			if left > 0 {
-				cat, mod := phases.cat(e.Frames)
-				parts = append(parts[:len(parts):len(parts)], part{cat, mod, left})
-			}
-			for _, p := range parts {
-				sums[p.cat] += p.bytes
-			}
-			alive[e.Addr] = live{size: size, parts: parts}
+			p.alloc(i, e, size)
 		case snapshot.ActionFreeCompleted:
-			if l, ok := alive[e.Addr]; ok {
-				sub(l)
-				delete(alive, e.Addr)
-			} else {
-				// a block from before recording leaves: nothing watched (those
-				// are alive at the snapshot), so it was counted unknown
-				sums[cUnknown] = max(sums[cUnknown]-size, 0)
-			}
+			p.free(e, size)
 		}
 		if inside(e.TimeUS) {
-			for k := range maxes {
-				maxes[k] = max(maxes[k], sums[k])
-			}
+			p.noteMax()
 		}
-		snap(i)
+		p.snap(i)
 	}
-	if peakIdx < 0 && peakAlive == nil { // no event inside the window
-		snap(-1)
+	if p.peakIdx < 0 && p.peakAlive == nil { // no event inside the window
+		p.snap(-1)
 	}
-	for k, n := range CategoryNames {
-		c.AtPeak[n], c.Max[n] = atPeak[k], max(maxes[k], atPeak[k])
+}
+
+// noteMax raises each category's most to its bytes now.
+func (p *catReplay) noteMax() {
+	for k := range p.maxes {
+		p.maxes[k] = max(p.maxes[k], p.sums[k])
 	}
-	// modules at the peak: the watched tensors' modules and the forward frames
+}
+
+// snap keeps the state after event i when it is the peak.
+func (p *catReplay) snap(i int) {
+	if i == p.peakIdx {
+		p.atPeak = p.sums
+		p.peakAlive = make(map[int64]catBlock, len(p.alive))
+		for k, v := range p.alive {
+			p.peakAlive[k] = v
+		}
+	}
+}
+
+// sub takes a block's shares off the sums.
+func (p *catReplay) sub(l catBlock) {
+	if l.parts == nil {
+		p.sums[l.one.cat] -= l.one.bytes
+		return
+	}
+	for _, q := range l.parts {
+		p.sums[q.cat] -= q.bytes
+	}
+}
+
+// alloc adds the block event i allocates, split into its shares.
+func (p *catReplay) alloc(i int, e *snapshot.TraceEntry, size int64) {
+	if l, ok := p.alive[e.Addr]; ok { // allocated twice: the later wins
+		p.sub(l)
+	}
+	parts, left := p.watchedParts(i, e, size)
+	if len(parts) == 0 { // the common case: one share, kept inline
+		cat, mod := p.phases.cat(e.Frames)
+		p.sums[cat] += left
+		p.alive[e.Addr] = catBlock{size: size, one: part{cat, mod, left}}
+		return
+	}
+	if left > 0 {
+		cat, mod := p.phases.cat(e.Frames)
+		parts = append(parts[:len(parts):len(parts)], part{cat, mod, left})
+	}
+	for _, q := range parts {
+		p.sums[q.cat] += q.bytes
+	}
+	p.alive[e.Addr] = catBlock{size: size, parts: parts}
+}
+
+// watchedParts is what of the block event i allocates holds watched tensors or
+// a gradient, and the bytes left for its stack's phase to name.
+func (p *catReplay) watchedParts(i int, e *snapshot.TraceEntry, size int64) ([]part, int64) {
+	var parts []part
+	left := size
+	if p.survives[i] {
+		parts, left = inBlock(p.ws, e.Addr, size)
+	} else if sp, ok := p.slots[slotOf(e)]; ok {
+		parts = sp
+		for _, q := range sp {
+			left -= q.bytes
+		}
+	} else if mod, ok := p.grads.at(e, size); ok {
+		// a gradient the hook saw autograd make during the window, unless
+		// the block was made by a forward pass (an activation reusing it)
+		if cat, _ := p.phases.cat(e.Frames); cat != cActs {
+			parts, left = []part{{cGrads, mod, size}}, 0
+		}
+	}
+	return parts, left
+}
+
+// free takes a freed block off the sums.
+func (p *catReplay) free(e *snapshot.TraceEntry, size int64) {
+	if l, ok := p.alive[e.Addr]; ok {
+		p.sub(l)
+		delete(p.alive, e.Addr)
+	} else {
+		// a block from before recording leaves: nothing watched (those
+		// are alive at the snapshot), so it was counted unknown
+		p.sums[cUnknown] = max(p.sums[cUnknown]-size, 0)
+	}
+}
+
+// peakModules are the modules at the peak, most bytes first: the watched
+// tensors' modules and the forward frames.
+func peakModules(early []part, peakAlive map[int64]catBlock) []ModuleBytes {
 	mods := map[[2]string]int64{}
 	add := func(p part) {
 		if p.module != "" {
@@ -692,12 +770,12 @@ func (r *RankData) categories(w Window, peakIdx int, startAllocated int64) *Cate
 			add(p)
 		}
 	}
-	c.Modules = []ModuleBytes{}
+	out := []ModuleBytes{}
 	for k, n := range mods {
-		c.Modules = append(c.Modules, ModuleBytes{Module: k[0], Category: k[1], Bytes: n})
+		out = append(out, ModuleBytes{Module: k[0], Category: k[1], Bytes: n})
 	}
-	sort.Slice(c.Modules, func(i, j int) bool {
-		a, b := c.Modules[i], c.Modules[j]
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
 		if a.Bytes != b.Bytes {
 			return a.Bytes > b.Bytes
 		}
@@ -706,10 +784,10 @@ func (r *RankData) categories(w Window, peakIdx int, startAllocated int64) *Cate
 		}
 		return a.Category < b.Category
 	})
-	if len(c.Modules) > analysisModules {
-		c.Modules = c.Modules[:analysisModules]
+	if len(out) > analysisModules {
+		out = out[:analysisModules]
 	}
-	return c
+	return out
 }
 
 // check refuses categories an analysis file should not hold.
