@@ -269,7 +269,7 @@ const preloaders = 16
 // What cannot be read now is read again when the window is merged.
 func (l *leaderRun) preload(ctx context.Context, w *win, r int) {
 	s := w.m.Ranks[r]
-	if s == nil || w.pre[r] != nil || s.Phase != window.Uploaded || s.Result.MetaKey == "" || w.m.Postmortem() ||
+	if s == nil || w.pre[r] != nil || s.Phase != window.Uploaded || s.Result.MetaKey == "" || w.m.Dumps() ||
 		s.Result.Partial != "" || s.Result.Start != w.m.Start || s.Result.Stop != w.m.Stop { // the merge leaves these out
 		return
 	}

@@ -353,6 +353,11 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 				l.triggering = false
 				l.mu.Unlock()
 			}()
+			if l.c.cfg.Triggers.Dump {
+				// the history that led here, every rank's, at once
+				l.dumps(ctx, dumpPlan{kind: kind, reason: nonEmpty(r.Reason, "trigger"), failedRank: -1})
+				return
+			}
 		}
 		l.window(ctx, plan{kind: kind, length: length, reason: nonEmpty(r.Reason, "request"), watchers: []*pb.Envelope{req}, req: req})
 	}

@@ -296,7 +296,7 @@ func (l *leaderRun) inputs(ctx context.Context, w *win, ranks []int) (map[int]me
 	unfit := map[int]string{}
 	var check []int
 	for _, r := range ranks {
-		if w.m.Postmortem() {
+		if w.m.Dumps() {
 			inputs[r] = l.input(w.m.Ranks[r].Result, r)
 		} else {
 			check = append(check, r)
@@ -371,6 +371,9 @@ func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config
 		Reason: w.reason, Kind: kindName(w.m.Kind), FromAnalyses: true, Supersede: true, Attempt: l.attempt(), Fence: l.fence}
 	if rank, why, ok := TriggerRank(w.reason); ok && w.m.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER {
 		cfg.Focus = &analysis.Focus{Rank: rank, Why: "crossed a trigger: " + why}
+		if w.m.Dump {
+			cfg.Title = fmt.Sprintf("%s, trigger (window %d): every rank's history up to rank %d crossing", run, id, rank)
+		}
 	}
 	if w.m.World > l.c.cfg.FullDetailRanks {
 		cfg.Detail = merge.DetailDiff // the pickles hold the ranks the diff compares; the rest is in the summary and report
@@ -512,7 +515,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 		}
 	}
 	cfg := window.Config{ID: p.ID, Term: l.term, Kind: kindOf(p.Kind), Start: p.Start, Stop: p.Stop, World: p.WorldSize, Asked: asked,
-		Planned: found, Deadline: found.Add(max(p.Deadline.Sub(p.Created), 0)), Timers: l.timers()}
+		Planned: found, Deadline: found.Add(max(p.Deadline.Sub(p.Created), 0)), Timers: l.timers(), Dump: p.Dump}
 	mk := func(m *window.Window) *win {
 		w := newWin(m, nonEmpty(p.Reason, "recovered"), nil, p.Manifest)
 		if p.FailedRank != nil {
@@ -555,7 +558,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	log.Info("finishing a window an earlier leader left unfinished", "kind", p.Kind, "start", p.Start, "stop", p.Stop, "reports", len(reports),
 		"waiting", pending, "planned_by", p.Leader, "term", p.Term)
 	ch, seq := c.expect(4*len(asked)+16, c.fromRanks())
-	if !w.m.Postmortem() {
+	if !w.m.Dumps() {
 		// the command, for a rank that never heard of the window (its leader
 		// died before the command reached it): it is sent again
 		w.cmd = c.envelope(w.id())
@@ -570,7 +573,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	c.forget(seq)
 	l.drive(ctx, w)
 	l.finishRecovery(w)
-	if pending && !w.m.Postmortem() && w.end != steppedDown {
+	if pending && !w.m.Dumps() && w.end != steppedDown {
 		l.cancelWindow(w, "finished by a later leader")
 	}
 }

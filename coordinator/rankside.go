@@ -250,7 +250,8 @@ func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
 	// the snapshot the trainer took when it failed or was stopped is this rank's
 	// part of the post-mortem (also when the dump comes again: the leader asks
 	// once more when the rank's own report of its failure reaches it)
-	mine := inc != nil && inc.fresh(c.incidentHold()) && (inc.handedTo == 0 || inc.handedTo == w.ID) && !(inc.sent && inc.handedTo == w.ID)
+	mine := inc != nil && inc.fresh(c.incidentHold()) && (inc.handedTo == 0 || inc.handedTo == w.ID) && !(inc.sent && inc.handedTo == w.ID) &&
+		d.Kind != pb.WindowKind_WINDOW_KIND_TRIGGER // (a trigger's dump is of the history now)
 	if !dup {
 		c.pm = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender}
 		c.lastWindow = max(c.lastWindow, w.ID)

@@ -27,6 +27,10 @@ type Triggers struct {
 	GrowthBatches int64
 	// Cooldown is the least time between two trigger windows.
 	Cooldown time.Duration
+	// Dump: a trigger asks every rank for the allocator history its trainer
+	// keeps (--record-always) at once, as a post-mortem does, rather than
+	// planning batches to come: the window holds what led to the crossing.
+	Dump bool
 }
 
 // Enabled reports whether any threshold is set.

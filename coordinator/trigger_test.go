@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/snapshot"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
@@ -21,7 +24,9 @@ import (
 // leaking on a 2 GiB device, which runs out of memory once its peak would not
 // fit) crosses a trigger, and the leader takes a window of every rank, of kind
 // trigger, whose reason names the rank and what it crossed, published before the
-// rank's OOM. Once with --trigger-growth, once with --trigger-headroom.
+// rank's OOM, its findings leading with that rank and the site that leaks. Once
+// with --trigger-growth, once with --trigger-headroom, and once with
+// --record-always, where the window is every rank's history at once.
 func TestTriggers(t *testing.T) {
 	const leaking, leak, device = 2, int64(16 << 20), int64(2 << 30)
 	for _, c := range []struct {
@@ -31,6 +36,7 @@ func TestTriggers(t *testing.T) {
 	}{
 		{"growth", Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour}, "growing 16.0 MiB a batch (128.0 MiB or more over 10 batches)"},
 		{"headroom", Triggers{HeadroomRatio: 0.5, Cooldown: time.Hour}, "%) < 50%, growing 16.0 MiB a batch"},
+		{"record-always", Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour, Dump: true}, "growing 16.0 MiB a batch (128.0 MiB or more over 10 batches)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(),
@@ -42,6 +48,7 @@ func TestTriggers(t *testing.T) {
 				}}
 			opts := func(cfg *Config, a *rankagent.Config) {
 				cfg.FiguresInterval, cfg.Triggers = 200*time.Millisecond, c.trig
+				a.RecordAlways = c.trig.Dump
 			}
 			for r := 0; r < 4; r++ {
 				tc.startRank(r, 4, opts)
@@ -77,10 +84,19 @@ func TestTriggers(t *testing.T) {
 				o, err = rl.ReadOutcome(testutil.Context(t, 10*time.Second), trig.ID)
 				return err == nil
 			})
-			if o.State != runlog.Published || len(o.Ranks) != 4 || o.Kind != runlog.KindTrigger || trig.Stop > oom {
-				t.Fatalf("the trigger window %+v (planned %d-%d), the leaking rank runs out of memory at batch %d", o, trig.Start, trig.Stop, oom)
+			if o.State != runlog.Published || len(o.Ranks) != 4 || o.Kind != runlog.KindTrigger || trig.Stop > oom || trig.Dump != c.trig.Dump {
+				t.Fatalf("the trigger window %+v (planned %d-%d, dumps %v), the leaking rank runs out of memory at batch %d", o, trig.Start, trig.Stop, trig.Dump, oom)
 			}
 			m := readManifest(t, filepath.Join(tc.dir, trig.Manifest))
+			if c.trig.Dump {
+				// every rank's history at once, the leaking rank's taken before its OOM
+				sum := readSummary(t, filepath.Join(tc.dir, filepath.Dir(trig.Manifest), m.Outputs[publish.OutSummary].Name))
+				for _, r := range sum.Ranks {
+					if r.Events == 0 || len(r.OOMs) != 0 || len(r.Batches) != 0 {
+						t.Fatalf("rank %d's part of the dumps: %d events, %d OOMs, batches %v", r.Rank, r.Events, len(r.OOMs), r.Batches)
+					}
+				}
+			}
 			if m.Kind != runlog.KindTrigger || m.Reason != trig.Reason {
 				t.Fatalf("the manifest says kind %q, reason %q", m.Kind, m.Reason)
 			}
@@ -164,4 +180,18 @@ func TestTriggerRank(t *testing.T) {
 			t.Errorf("%q read as a trigger", r)
 		}
 	}
+}
+
+// readSummary reads a published merged.summary.json.
+func readSummary(t *testing.T, path string) *analysis.Summary {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s analysis.Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return &s
 }

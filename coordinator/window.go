@@ -502,14 +502,32 @@ func (l *leaderRun) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan,
 // or inside the collection of a window the failure interrupted, which goes on
 // afterwards.
 func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
-	c := l.c
 	r := req.GetRequest()
-	failedRank := int(r.FailedRank)
 	if l.declined(ctx, req) {
 		return
 	}
 	l.mu.Lock()
 	l.lastPM = time.Now()
+	l.mu.Unlock()
+	l.dumps(ctx, dumpPlan{kind: r.Kind, reason: r.Cause, failedRank: int(r.FailedRank), cause: r.Cause, at: failureTime(r.AtUs)})
+}
+
+// dumpPlan is a window of dumps: every rank gives what its trainer holds now.
+type dumpPlan struct {
+	kind   pb.WindowKind
+	reason string
+	// failedRank is a post-mortem's failed rank, asked whether a member or not,
+	// with how (cause) and when (at); -1 for a trigger's dumps.
+	failedRank int
+	cause      string
+	at         time.Time
+}
+
+// dumps plans a window of dumps, asks every member rank for its trainer's
+// snapshot now, and collects, merges and publishes them.
+func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
+	c := l.c
+	l.mu.Lock()
 	l.working++
 	l.mu.Unlock()
 	defer func() {
@@ -523,33 +541,45 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 	asked := map[int]int64{}
 	now := time.Now()
 	for rk := 0; rk < world; rk++ {
-		if _, ok := nodes[rk]; ok || rk == failedRank {
+		if _, ok := nodes[rk]; ok || rk == d.failedRank {
 			asked[rk] = -1
 			ranks = append(ranks, rk)
 		}
 	}
 	deadline := now.Add(c.cfg.PostmortemDeadline)
-	fr := failedRank
-	pl, err := l.createPlan(ctx, runlog.Plan{Kind: kindName(r.Kind), Reason: r.Cause, Ranks: ranks, Deadline: deadline, FailedRank: &fr, Cause: r.Cause})
+	rp := runlog.Plan{Kind: kindName(d.kind), Reason: d.reason, Ranks: ranks, Deadline: deadline, Cause: d.cause}
+	pm := d.kind == pb.WindowKind_WINDOW_KIND_OOM || d.kind == pb.WindowKind_WINDOW_KIND_CRASH
+	if pm {
+		fr := d.failedRank
+		rp.FailedRank = &fr
+	} else {
+		rp.Dump = true
+	}
+	pl, err := l.createPlan(ctx, rp)
 	if err != nil {
-		l.log.Error("cannot record the post-mortem's plan in the run's log; no post-mortem", "failed_rank", failedRank, "err", err)
+		l.log.Error("cannot record the plan of the dumps in the run's log; none taken", "kind", kindName(d.kind), "failed_rank", d.failedRank, "err", err)
 		return
 	}
-	m := window.New(window.Config{ID: pl.ID, Term: l.term, Kind: r.Kind, World: world, Asked: asked, Planned: now, Deadline: deadline, Timers: l.timers()})
-	w := newWin(m, r.Cause, nil, pl.Manifest)
-	if failedRank >= 0 && failedRank < world {
-		w.failed[failedRank] = failure{cause: r.Cause, at: failureTime(r.AtUs)}
+	m := window.New(window.Config{ID: pl.ID, Term: l.term, Kind: d.kind, World: world, Asked: asked, Planned: now, Deadline: deadline, Timers: l.timers(), Dump: !pm})
+	w := newWin(m, d.reason, nil, pl.Manifest)
+	if d.failedRank >= 0 && d.failedRank < world {
+		w.failed[d.failedRank] = failure{cause: d.cause, at: d.at}
 	}
-	l.mu.Lock()
-	l.lastPMID = w.id()
-	l.mu.Unlock()
-	l.log.Warn("post-mortem: asking every rank for its allocator state", "window", w.id(), "kind", kindName(r.Kind), "failed_rank", failedRank,
-		"cause", r.Cause, "ranks", len(ranks))
+	if pm {
+		l.mu.Lock()
+		l.lastPMID = w.id()
+		l.mu.Unlock()
+	}
+	msg := "post-mortem: asking every rank for its allocator state"
+	if !pm {
+		msg = "asking every rank for its allocator history now"
+	}
+	l.log.Warn(msg, "window", w.id(), "kind", kindName(d.kind), "failed_rank", d.failedRank, "reason", d.reason, "ranks", len(ranks))
 	ch, seq := c.expect(4*len(ranks)+64, c.fromRanks())
 	defer c.forget(seq)
 	w.cmd = c.envelope(w.id())
 	w.cmd.Seq, w.cmd.Term = seq, l.term
-	w.cmd.Body = &pb.Envelope_Dump{Dump: &pb.Dump{Reason: r.Cause, FailedRank: int32(failedRank), Kind: r.Kind}}
+	w.cmd.Body = &pb.Envelope_Dump{Dump: &pb.Dump{Reason: d.reason, FailedRank: int32(d.failedRank), Kind: d.kind}}
 	sent := l.sendAsync(w.cmd, ranks)
 	// the rank that failed may be gone: its snapshot is in the store already, or
 	// arrives when its agent uploads it

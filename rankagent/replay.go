@@ -123,10 +123,11 @@ type replay struct {
 	conn      net.Conn
 	connDone  chan struct{} // closed once conn's reader has seen it end
 	spool     string
-	always    bool     // the agent asked for record-always history
-	batch     int64    // the batch the trainer is in (-1 before the first)
-	curStart  int64    // when that batch started (µs)
-	window    *Message // armed, not recording yet
+	always    bool        // the agent asked for record-always history
+	batch     int64       // the batch the trainer is in (-1 before the first)
+	ended     []BatchMark // the last replayEnded batches that ended, recorded or not
+	curStart  int64       // when that batch started (µs)
+	window    *Message    // armed, not recording yet
 	recording *Message
 	marks     []BatchMark
 	closed    bool
@@ -340,6 +341,9 @@ func (r *replay) run(ctx context.Context, wg *sync.WaitGroup) error {
 		}
 		end := time.Now().UnixMicro()
 		r.mu.Lock()
+		if r.ended = append(r.ended, BatchMark{Batch: b, StartUS: start, EndUS: end}); len(r.ended) > replayEnded {
+			r.ended = slices.Delete(r.ended, 0, len(r.ended)-replayEnded)
+		}
 		w := r.recording
 		var marks []BatchMark
 		if w != nil {
@@ -564,7 +568,12 @@ func leakBlocks(at, size, segSize, requested int64, frames []*snapshot.Frame) []
 	return out
 }
 
-// endingNow returns the base snapshot with its last event now.
+// replayEnded is how many ended batches a replay trainer keeps, for the leak's
+// events in a snapshot taken outside a window.
+const replayEnded = 64
+
+// endingNow returns the base snapshot with its last event now, and what the
+// trainer leaked by the last batch that ended.
 func (r *replay) endingNow() *snapshot.Snapshot {
 	now := time.Now().UnixMicro()
 	s := *r.base
@@ -574,7 +583,10 @@ func (r *replay) endingNow() *snapshot.Snapshot {
 			t1 = max(t1, e.TimeUS)
 		}
 	}
-	return r.retimed(&s, func(t int64) int64 { return now - (t1 - t) })
+	r.mu.Lock()
+	ended := slices.Clone(r.ended)
+	r.mu.Unlock()
+	return r.withLeak(r.retimed(&s, func(t int64) int64 { return now - (t1 - t) }), ended)
 }
 
 // retimed gives s copies of its trace entries with their times mapped by at.

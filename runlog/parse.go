@@ -84,6 +84,8 @@ func ParsePlan(b []byte) (*Plan, error) {
 		return nil, bad("plan for batches [%d, %d)", p.Start, p.Stop)
 	case len(p.Ranks) > p.WorldSize:
 		return nil, bad("plan for %d ranks of %d", len(p.Ranks), p.WorldSize)
+	case p.Dump && (p.Start != 0 || p.Stop != 0 || p.Kind == KindWindow):
+		return nil, bad("a plan of dumps of kind %q for batches [%d, %d)", p.Kind, p.Start, p.Stop)
 	case p.FailedRank != nil && (*p.FailedRank < 0 || *p.FailedRank >= p.WorldSize):
 		return nil, bad("plan naming rank %d of %d", *p.FailedRank, p.WorldSize)
 	}

@@ -149,6 +149,10 @@ type Plan struct {
 	// how (nil and "" otherwise).
 	FailedRank *int   `json:"failed_rank,omitempty"`
 	Cause      string `json:"cause,omitempty"`
+	// Dump: every rank gives what its trainer holds when asked (its --record-always
+	// history), as a post-mortem does, rather than recording planned batches; a
+	// trigger window taken so has no batches.
+	Dump bool `json:"dump,omitempty"`
 	// Request names the request the window serves (the asking member and its
 	// request's id), so a leader that finds it served already does not plan it again
 	Request string `json:"request,omitempty"`

@@ -265,6 +265,8 @@ func TestParsersRefuse(t *testing.T) {
 		{"plan: ranks", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":2,"ranks":[1,0]}`, planErr},
 		{"plan: world", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":70000}`, planErr},
 		{"plan: failed rank", `{"version":1,"window":1,"kind":"crash","world_size":2,"failed_rank":2}`, planErr},
+		{"plan: dumps with batches", `{"version":1,"window":1,"kind":"trigger","start":1,"stop":2,"world_size":1,"dump":true}`, planErr},
+		{"plan: a window of dumps", `{"version":1,"window":1,"kind":"window","world_size":1,"dump":true}`, planErr},
 		{"plan: two values", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":1} {}`, planErr},
 		{"outcome: state", `{"version":1,"window":1,"state":"maybe"}`, outcomeErr},
 		{"outcome: published without manifest", `{"version":1,"window":1,"state":"published"}`, outcomeErr},
@@ -278,6 +280,9 @@ func TestParsersRefuse(t *testing.T) {
 	}
 	if _, err := ParsePlan([]byte(`{"version":1,"window":1,"kind":"crash","world_size":2,"failed_rank":1,"ranks":[0,1]}`)); err != nil {
 		t.Errorf("a crash post-mortem's plan: %v", err)
+	}
+	if p, err := ParsePlan([]byte(`{"version":1,"window":1,"kind":"trigger","world_size":2,"ranks":[0,1],"dump":true}`)); err != nil || !p.Dump {
+		t.Errorf("a trigger's plan of dumps: %+v, %v", p, err)
 	}
 }
 

@@ -65,7 +65,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	requireGPU := fs.Bool("require-gpu", false, "fail the window when the trainer's GPU cannot be read through NVML")
 	maxEntries := fs.Int("max-entries", 100000, "allocator history entries torch keeps")
 	stacks := fs.String("stacks", "python", "stacks torch records: python or all")
-	recordAlways := fs.Bool("record-always", false, "keep allocator history on from the first batch (bounded by --max-entries), so an OOM post-mortem shows how every rank got there")
+	recordAlways := fs.Bool("record-always", false, "keep allocator history on from the first batch (bounded by --max-entries), so an OOM post-mortem, and a trigger window at once, show how every rank got there")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at [HOST]:PORT/metrics, PORT plus the local rank (no HOST: loopback only; 0.0.0.0:PORT for every interface)")
 	figuresEvery := fs.Duration("figures-every", coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval, "how often this rank sends its trainer's memory figures to the leader (memsnap top, triggers, the leader's metrics)")
 	apiToken := fs.String("api-token-file", "", "with --metrics-addr: also take POST /api/v1/window and Alertmanager's webhook at /api/v1/alertmanager, with this file's bearer token")
@@ -148,6 +148,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := lf.apply(&ccfg); err != nil {
 			return err
 		}
+		ccfg.Triggers.Dump = *recordAlways // a trigger then takes the history that led to it
 		if *figuresEvery < 100*time.Millisecond {
 			return fmt.Errorf("--figures-every %v: at least 100ms", *figuresEvery)
 		}

@@ -72,7 +72,7 @@ type Status struct {
 // reached the rank, or the rank's agent restarted before w began. Such a rank is
 // sent the command again (once).
 func neverHeard(w *Window, st *Status) bool {
-	return st.Window < w.ID && st.Seen < w.ID && st.Batch < w.Start && !st.Spooled && !w.Postmortem()
+	return st.Window < w.ID && st.Seen < w.ID && st.Batch < w.Start && !st.Spooled && !w.Dumps()
 }
 
 // Tick is the leader's clock. IsMember says whether a rank is a member of the
@@ -568,7 +568,7 @@ func (s *stepper) resend(t Tick) {
 // for its report; so is one whose agent no longer knows the window.
 func (s *stepper) alive(at time.Time, sts map[int]Status, isMember func(int) bool) {
 	w := s.w
-	pm := w.Postmortem()
+	pm := w.Dumps()
 	var lost []int
 	for _, rank := range w.Outstanding() {
 		r := w.Ranks[rank]
@@ -732,7 +732,7 @@ func (s *stepper) allAcked() bool {
 // window as planned (a post-mortem takes what each rank has).
 func (s *stepper) classify() {
 	w := s.w
-	if w.Postmortem() {
+	if w.Dumps() {
 		return
 	}
 	for _, rank := range w.Mergeable() {

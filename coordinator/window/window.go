@@ -146,6 +146,8 @@ type Window struct {
 	Kind  pb.WindowKind
 	Start int64 // batches [Start, Stop); zero for a post-mortem
 	Stop  int64
+	// Dump: the ranks give what their trainers hold when asked (Dumps).
+	Dump  bool
 	World int
 	Phase Phase
 	Ranks map[int]*Rank
@@ -318,12 +320,15 @@ type Config struct {
 	// CanReplan: a rank past the start makes the leader plan the window again
 	// (once), rather than go on without it.
 	CanReplan bool
+	// Dump: the ranks give what their trainers hold when asked, as in a
+	// post-mortem (a trigger window under --record-always), not planned batches.
+	Dump bool
 }
 
 // New starts a window in phase Planned.
 func New(cfg Config) *Window {
 	w := &Window{ID: cfg.ID, Term: cfg.Term, Kind: cfg.Kind, Start: cfg.Start, Stop: cfg.Stop, World: cfg.World, Phase: Planned,
-		Ranks: make(map[int]*Rank, cfg.World), Planned: cfg.Planned, Deadline: cfg.Deadline, timers: cfg.Timers, canReplan: cfg.CanReplan,
+		Ranks: make(map[int]*Rank, cfg.World), Planned: cfg.Planned, Deadline: cfg.Deadline, timers: cfg.Timers, canReplan: cfg.CanReplan, Dump: cfg.Dump,
 		lost: map[int]string{}, checked: map[uint64]bool{}}
 	for r := 0; r < cfg.World; r++ {
 		if b, ok := cfg.Asked[r]; ok {
@@ -343,6 +348,10 @@ func New(cfg Config) *Window {
 func (w *Window) Postmortem() bool {
 	return w.Kind == pb.WindowKind_WINDOW_KIND_OOM || w.Kind == pb.WindowKind_WINDOW_KIND_CRASH
 }
+
+// Dumps reports whether the ranks give what their trainers hold when asked, with
+// no batches planned: a post-mortem, or a window planned with Dump.
+func (w *Window) Dumps() bool { return w.Postmortem() || w.Dump }
 
 // Waiting reports whether a rank is still awaited, without listing them: the
 // leader asks after every message, and at 1,024 ranks listing them each time

@@ -293,3 +293,29 @@ func TestDeriveAndAgree(t *testing.T) {
 		}
 	}
 }
+
+// TestDumpsTakeWhatRanksHold: a trigger's window of dumps (Dump, no batches)
+// merges each rank's snapshot as it is, as a post-mortem does; the same window
+// planned for batches leaves such a snapshot out.
+func TestDumpsTakeWhatRanksHold(t *testing.T) {
+	for _, dump := range []bool{true, false} {
+		w := New(Config{ID: 9, Term: 2, Kind: pb.WindowKind_WINDOW_KIND_TRIGGER, World: 2, Asked: map[int]int64{0: -1, 1: -1}, Planned: at0,
+			Deadline: at0.Add(time.Minute), Timers: testTimers, Dump: dump})
+		if !dump {
+			w.Start, w.Stop = 5, 8
+		}
+		w.Step(Sent{At: at0})
+		var fx []Effect
+		for r := 0; r < 2; r++ {
+			w.Step(Ack{Rank: r, Code: pb.AckCode_ACK_OK, At: at0})
+			fx = w.Step(Stored{Rank: r, Result: &pb.RankResult{Key: "k", MetaKey: "m", Reason: "postmortem"}, At: at0.Add(time.Second)})
+		}
+		p, ok := find[Publish](fx)
+		switch {
+		case dump && (!ok || len(p.Ranks) != 2):
+			t.Fatalf("dumps: %v %+v", w.Phase, fx)
+		case !dump && ok && len(p.Ranks) != 0:
+			t.Fatalf("a planned window merged snapshots of no batches: %+v", p)
+		}
+	}
+}

@@ -431,7 +431,11 @@ func (s *Summary) focusLine() string {
 func siteList(sites []Site, n int) string {
 	var parts []string
 	for _, st := range sites[:min(n, len(sites))] {
-		parts = append(parts, fmt.Sprintf("%s %s in %d blocks", st.Site, HumanBytes(st.Bytes), st.Blocks))
+		blocks := "blocks"
+		if st.Blocks == 1 {
+			blocks = "block"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s in %d %s", st.Site, HumanBytes(st.Bytes), st.Blocks, blocks))
 	}
 	return strings.Join(parts, ", ")
 }
