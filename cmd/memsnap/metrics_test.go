@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -239,6 +240,34 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	cmd.Process.Signal(os.Interrupt)
 	if err := cmd.Wait(); err != nil || !strings.Contains(tbl.String(), "3 of 3 ranks reporting — leader rank 0") {
 		t.Fatalf("memsnap top: %v\n%s", err, tbl.String())
+	}
+	// on a pipe whose reader goes (memsnap top | head): it leaves the cluster and
+	// exits 0, not killed by SIGPIPE
+	cmd = memsnapCmd(t, "top", "--every", "200ms", "--join", fmt.Sprintf("127.0.0.1:%d", gossip+1), "--run", run)
+	cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
+	errBuf := &syncBuffer{}
+	cmd.Stderr = errBuf
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	head := bufio.NewScanner(pipe)
+	for head.Scan() && !strings.HasPrefix(head.Text(), "RANK") {
+	}
+	pipe.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("memsnap top | head: %v\n%s", err, errBuf.String())
+		}
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatalf("memsnap top went on writing to a closed pipe\n%s", errBuf.String())
 	}
 }
 

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -54,6 +56,11 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer leave()
+	// a closed pipe is a write error to handle, not a signal that kills top before
+	// it leaves the cluster
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
 	ask := func() (*pb.ClusterView, error) {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -93,12 +100,16 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		} else {
 			renderView(&b, name, v, n, time.Now())
 		}
+		clear := "\n"
 		if tty {
-			io.WriteString(stdout, "\x1b[H\x1b[2J") // refresh in place
-		} else {
-			io.WriteString(stdout, "\n")
+			clear = "\x1b[H\x1b[2J" // refresh in place
 		}
-		io.WriteString(stdout, b.String())
+		if _, err := io.WriteString(stdout, clear+b.String()); err != nil {
+			if errors.Is(err, syscall.EPIPE) {
+				return nil // the reader is gone (memsnap top | head): leave quietly
+			}
+			return fmt.Errorf("writing the table: %w", err)
+		}
 		select {
 		case <-ctx.Done():
 			return nil // Ctrl-C ends it

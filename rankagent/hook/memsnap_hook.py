@@ -186,6 +186,31 @@ class _Torch:
         except Exception:
             return ""
 
+    # how many readings go by before memory_device looks at every device again
+    DEVICE_RECHECK = 60
+
+    def memory_device(self):
+        """The device whose figures are this process's: the current device, unless
+        the allocator holds more on another (a trainer that puts its model on cuda:N
+        without torch.cuda.set_device). Chosen again every DEVICE_RECHECK readings."""
+        cuda = self.torch.cuda
+        cur = cuda.current_device()
+        n = cuda.device_count()
+        if n <= 1:
+            return cur
+        k = getattr(self, "_dev_reads", 0)
+        self._dev_reads = k + 1
+        if k % self.DEVICE_RECHECK != 0 and getattr(self, "_dev", None) is not None:
+            return self._dev
+        best, most = cur, cuda.memory_reserved(cur)
+        for d in range(n):
+            if d != cur:
+                r = cuda.memory_reserved(d)
+                if r > most:
+                    best, most = d, r
+        self._dev = best
+        return best
+
     def memory(self):
         """The allocator's figures and the device's free and total bytes, as the
         agent's memory message carries them; None while CUDA is not initialised
@@ -193,8 +218,9 @@ class _Torch:
         cuda = self.torch.cuda
         if not cuda.is_initialized():
             return None
-        st = cuda.memory_stats()
-        free, total = cuda.mem_get_info()
+        dev = self.memory_device()
+        st = cuda.memory_stats(dev)
+        free, total = cuda.mem_get_info(dev)
         return {"allocated": int(st.get("allocated_bytes.all.current", 0)),
                 "reserved": int(st.get("reserved_bytes.all.current", 0)),
                 "peak": int(st.get("allocated_bytes.all.peak", 0)),

@@ -710,6 +710,20 @@ class MemoryTest(unittest.TestCase):
             hook.close()
             agent.close()
 
+    def test_figures_of_the_device_in_use(self):
+        # a trainer on cuda:2 that never called set_device: its figures are device
+        # 2's, not the current device's; looked for once, not at every reading
+        torch.cuda.others = {2: {"allocated_bytes.all.current": 5 << 30, "reserved_bytes.all.current": 6 << 30}}
+        try:
+            t = memsnap_hook._Torch()
+            for _ in range(3):
+                m = t.memory()
+            self.assertEqual((m["allocated"], m["reserved"]), (5 << 30, 6 << 30))
+            self.assertEqual([c for c in torch.calls if c[0] == "mem_get_info"], [("mem_get_info", 2)] * 3)
+            self.assertEqual(len([c for c in torch.calls if c[0] == "memory_reserved"]), 3)  # one look at each device
+        finally:
+            torch.cuda.others = {}
+
     def test_a_broken_reading_is_given_up(self):
         agent = FakeAgent()
         hook = memsnap_hook.Hook(agent.path)

@@ -49,13 +49,30 @@ class cuda:  # noqa: N801 (mirrors torch.cuda)
     def is_initialized():
         return cuda.initialized
 
+    # other devices' figures, by index: a test that sets some has that many
+    # devices (device 0 has stats)
+    others = {}
+
+    @staticmethod
+    def device_count():
+        return 1 + max(cuda.others, default=0)
+
     @staticmethod
     def memory_stats(device=None):
-        calls.append(("memory_stats",))
+        calls.append(("memory_stats", device))
+        if device:
+            return dict(cuda.others.get(device, {}))
         return dict(cuda.stats)
 
     @staticmethod
+    def memory_reserved(device=None):
+        calls.append(("memory_reserved", device))
+        st = cuda.others.get(device, {}) if device else cuda.stats
+        return st.get("reserved_bytes.all.current", 0)
+
+    @staticmethod
     def mem_get_info(device=None):
+        calls.append(("mem_get_info", device))
         return cuda.free_total
 
     @staticmethod
