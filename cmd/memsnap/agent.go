@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,6 +133,10 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.GPU = prov
 	// a cluster when there is more than one rank or somewhere to join
 	cluster := !*standalone && (id.WorldSize > 1 || mf.join != "" || os.Getenv(coordinator.JoinEnv) != "")
+	if set := setFlags(fs, "skip-batches", "interval", "every"); !cluster && len(set) > 0 {
+		return fmt.Errorf("%s: a standalone agent has no leader to plan windows from these; it records --window START:STOP (a cluster's leader plans them: --join, or a world size above 1)",
+			strings.Join(set, ", "))
+	}
 	var member *coordinator.Rank
 	var a *rankagent.Agent
 	if cluster {
@@ -374,4 +379,15 @@ func askWindow(ctx context.Context, coord *coordinator.Coordinator, log *slog.Lo
 func hostname() string {
 	h, _ := os.Hostname()
 	return h
+}
+
+// setFlags returns those of names given on the command line, as --name.
+func setFlags(fs *flag.FlagSet, names ...string) []string {
+	var set []string
+	fs.Visit(func(f *flag.Flag) {
+		if slices.Contains(names, f.Name) {
+			set = append(set, "--"+f.Name)
+		}
+	})
+	return set
 }

@@ -210,3 +210,15 @@ func TestLsCellsArePrintable(t *testing.T) {
 		t.Fatalf("%q", got)
 	}
 }
+
+// TestStandaloneRefusesLeaderFlags: a standalone agent given the flags only a
+// cluster's leader uses (it would plan nothing from them, and record nothing)
+// stops at once, saying to use --window.
+func TestStandaloneRefusesLeaderFlags(t *testing.T) {
+	dir := t.TempDir()
+	code, out := runProc(t, 30*time.Second, nil, "agent", "--standalone", "--store", filepath.Join(dir, "store"), "--spool", filepath.Join(dir, "spool"),
+		"--socket", filepath.Join(dir, "s"), "--skip-batches", "5", "--interval", "6", "--", "true")
+	if code == 0 || !strings.Contains(out, "--interval, --skip-batches: a standalone agent has no leader to plan windows") || !strings.Contains(out, "--window START:STOP") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
