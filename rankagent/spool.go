@@ -449,13 +449,9 @@ func (u *uploader) drain(ctx context.Context) time.Time {
 
 func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) {
 	dir := filepath.Join(u.sp.root, "pending", id)
-	jb, err := os.ReadFile(filepath.Join(dir, "job.json"))
+	j, err := readJob(dir)
 	if err != nil {
-		return UploadResult{}, fmt.Errorf("%w: job.json: %w", errSpoolCorrupt, err)
-	}
-	var j job
-	if err := json.Unmarshal(jb, &j); err != nil {
-		return UploadResult{}, fmt.Errorf("%w: job.json: %w", errSpoolCorrupt, err)
+		return UploadResult{}, err
 	}
 	res := UploadResult{Key: j.Key, MetaKey: j.MetaKey, AnalysisKey: j.AnalysisKey, Size: j.Size, SHA256: j.SHA256, Events: j.Events,
 		Window: Window{ID: j.Window, Start: j.Start, Stop: j.Stop}, Reason: j.Reason, Partial: j.Partial, Cause: j.Cause}
@@ -469,26 +465,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 	if err != nil {
 		return res, err
 	}
-	put := func(key, path, sum string, overwrite bool) error {
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		var size int64
-		if fi, err := f.Stat(); err == nil {
-			size = fi.Size()
-		}
-		_, err = st.Put(ctx, key, f, store.PutOptions{SHA256: sum, Overwrite: overwrite, Size: size})
-		if errors.Is(err, store.ErrExists) {
-			// an earlier attempt may have stored it before the agent stopped
-			if info, serr := st.Stat(ctx, key); serr == nil && sum != "" && strings.EqualFold(info.SHA256, sum) {
-				return nil
-			}
-		}
-		return err
-	}
-	err = put(j.Key, snap, j.SHA256, j.Overwrite)
+	err = putFile(ctx, st, j.Key, snap, j.SHA256, j.Overwrite)
 	if errors.Is(err, store.ErrExists) && !j.Renamed && !j.Overwrite {
 		// another object holds the name (a relaunch that recorded the same
 		// batches): the snapshot goes under the window's own name, once and for
@@ -498,7 +475,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 		}
 		res.Key, res.MetaKey, res.AnalysisKey = j.Key, j.MetaKey, j.AnalysisKey
 		u.log.Warn("the snapshot's name is taken in the store; storing it under its window's name", "key", j.Key, "window", j.Window)
-		err = put(j.Key, snap, j.SHA256, false)
+		err = putFile(ctx, st, j.Key, snap, j.SHA256, false)
 	}
 	if err != nil {
 		return res, err
@@ -507,7 +484,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 	if err != nil {
 		return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
 	}
-	if err := put(j.MetaKey, filepath.Join(dir, "meta.json"), metaSum, true); err != nil {
+	if err := putFile(ctx, st, j.MetaKey, filepath.Join(dir, "meta.json"), metaSum, true); err != nil {
 		return res, err
 	}
 	if j.AnalysisKey != "" {
@@ -516,7 +493,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 		if err != nil {
 			return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
 		}
-		if err := put(j.AnalysisKey, p, anSum, true); err != nil {
+		if err := putFile(ctx, st, j.AnalysisKey, p, anSum, true); err != nil {
 			return res, err
 		}
 	}
@@ -531,6 +508,42 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 		u.onResult(res)
 	}
 	return res, nil
+}
+
+// readJob reads a pending job's job.json; a spool that lost it or holds a
+// malformed one is corrupt.
+func readJob(dir string) (job, error) {
+	jb, err := os.ReadFile(filepath.Join(dir, "job.json"))
+	if err != nil {
+		return job{}, fmt.Errorf("%w: job.json: %w", errSpoolCorrupt, err)
+	}
+	var j job
+	if err := json.Unmarshal(jb, &j); err != nil {
+		return job{}, fmt.Errorf("%w: job.json: %w", errSpoolCorrupt, err)
+	}
+	return j, nil
+}
+
+// putFile stores the file at path under key; an object already there with the
+// same SHA-256 (an earlier attempt's) counts as stored.
+func putFile(ctx context.Context, st store.Store, key, path, sum string, overwrite bool) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var size int64
+	if fi, err := f.Stat(); err == nil {
+		size = fi.Size()
+	}
+	_, err = st.Put(ctx, key, f, store.PutOptions{SHA256: sum, Overwrite: overwrite, Size: size})
+	if errors.Is(err, store.ErrExists) {
+		// an earlier attempt may have stored it before the agent stopped
+		if info, serr := st.Stat(ctx, key); serr == nil && sum != "" && strings.EqualFold(info.SHA256, sum) {
+			return nil
+		}
+	}
+	return err
 }
 
 // RenamedKey is where a snapshot goes when its own name is taken in the store:

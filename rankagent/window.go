@@ -264,25 +264,14 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []sidecar.Memory
 // in incoming/ before, taken again: named by the batch it was first taken at, its
 // OOM not told again, its window not missed twice.
 func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, adopted bool, retake *heldSnapshot) {
-	defer func() {
-		a.mu.Lock()
-		a.working--
-		delete(a.taking, m.File)
-		a.mu.Unlock()
-	}()
+	defer a.doneTaking(m.File)
 	src, err := a.sp.incomingFile(m.File)
 	if err != nil {
 		a.log.Error("could not spool the trainer's snapshot", "file", m.File, "err", err)
 		return
 	}
 	if m.BatchesFile {
-		// a long window's marks are only in the message file beside the snapshot
-		full := a.sp.incomingMessage(m.File)
-		if full == nil || full.Window != m.Window || full.Reason != m.Reason {
-			a.log.Warn("the snapshot's batch marks are not in the file beside it; it is kept as partial", "file", m.File)
-		} else {
-			m.Batches = full.Batches
-		}
+		a.batchesFromFile(m)
 	}
 	a.mu.Lock()
 	batch := a.batch
@@ -291,21 +280,9 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 		batch = retake.batch
 	}
 	w, partial := a.snapshotWindow(m, armed, batch, adopted, retake)
-	fail := func(err error) {
-		a.log.Error("the trainer's snapshot cannot be uploaded; it is kept in the spool", "file", m.File, "err", err)
-		if dir, rerr := a.sp.reject(src, a.cfg.Identity.Rank, w.ID, err); rerr == nil {
-			a.log.Info("kept", "dir", dir)
-		}
-		if m.Reason == "window" {
-			a.mu.Lock()
-			a.stats.WindowsMissed++
-			a.mu.Unlock()
-			a.post(WindowEvent{Window: w, State: WindowFailed, Batch: batch, Reason: err.Error(), Time: time.Now()})
-		}
-	}
 	data, err := os.ReadFile(src)
 	if err != nil {
-		fail(err)
+		a.rejectSnapshot(m, src, w, batch, err)
 		return
 	}
 	ctx := a.ctx
@@ -317,39 +294,23 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 		if ctx.Err() != nil {
 			return // left in incoming/: the next agent adopts it
 		}
-		fail(fmt.Errorf("the trainer's snapshot does not decode: %w", err))
+		a.rejectSnapshot(m, src, w, batch, fmt.Errorf("the trainer's snapshot does not decode: %w", err))
 		return
 	}
 	events := 0
 	for _, tr := range s.DeviceTraces {
 		events += len(tr)
 	}
-	kind := ""
-	switch {
-	case m.Reason == "oom" || m.Reason == "postmortem" || m.Reason == "crash":
-		kind = m.Reason
-	case partial != "":
-		kind = "partial"
-	}
-	key, err := renderKey(&a.cfg, a.tmpl.remote, a.tmpl.file, w, kind)
+	key, err := renderKey(&a.cfg, a.tmpl.remote, a.tmpl.file, w, snapshotKind(m.Reason, partial))
 	if err != nil {
-		fail(err)
+		a.rejectSnapshot(m, src, w, batch, err)
 		return
 	}
 	id := a.cfg.Identity
 	meta := a.rankMeta(m, w, samples, partial)
 	mb, _ := json.MarshalIndent(meta, "", "  ")
 	sum := sha256Hex(data)
-	// the rank's own figures, so the leader need not decode every rank
-	var ab []byte
-	if an, err := analysis.AnalyzeSnapshot(ctx, s, &meta, analysis.AnalyzeOptions{Rank: id.Rank}); err == nil {
-		an.Snapshot = analysis.SnapshotRef{Size: int64(len(data)), SHA256: sum}
-		if ab, err = an.Marshal(); err != nil {
-			ab = nil
-		}
-	} else {
-		a.log.Warn("could not analyse the snapshot; the leader will decode it", "err", err)
-	}
+	ab := a.rankAnalysis(ctx, s, &meta, int64(len(data)), sum)
 	s = nil
 	j := job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sum, Size: int64(len(data)), Events: events, Overwrite: a.cfg.Overwrite,
 		Created: time.Now().UTC(), Window: w.ID, Start: w.Start, Stop: w.Stop, Reason: m.Reason, Partial: partial, Rank: id.Rank, Cause: m.Cause}
@@ -366,20 +327,10 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 			a.holdForRoom(m, armed, samples, batch, w, retake, err)
 			return
 		}
-		fail(err)
+		a.rejectSnapshot(m, src, w, batch, err)
 		return
 	}
-	state := WindowSpooled
-	a.mu.Lock()
-	switch {
-	case m.Reason != "window":
-	case partial != "":
-		state = WindowPartial
-		a.stats.WindowsPartial++
-	default:
-		a.stats.WindowsRecorded++
-	}
-	a.mu.Unlock()
+	state := a.spooledState(m.Reason, partial)
 	if partial != "" {
 		a.log.Warn("the snapshot does not cover its whole window; it is kept under a .partial name", "window", w.ID, "reason", partial, "key", key)
 	}
@@ -388,6 +339,85 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 		a.post(WindowEvent{Window: w, State: state, Batch: batch, Reason: partial, Time: time.Now()})
 	}
 	a.up.kick()
+}
+
+// doneTaking ends a take of file: the agent no longer works on it.
+func (a *Agent) doneTaking(file string) {
+	a.mu.Lock()
+	a.working--
+	delete(a.taking, file)
+	a.mu.Unlock()
+}
+
+// batchesFromFile reads a long window's batch marks, which are only in the
+// message file beside its snapshot; without them the snapshot is kept as partial.
+func (a *Agent) batchesFromFile(m *Message) {
+	full := a.sp.incomingMessage(m.File)
+	if full == nil || full.Window != m.Window || full.Reason != m.Reason {
+		a.log.Warn("the snapshot's batch marks are not in the file beside it; it is kept as partial", "file", m.File)
+	} else {
+		m.Batches = full.Batches
+	}
+}
+
+// rejectSnapshot keeps a snapshot that cannot be uploaded in the spool's failed
+// jobs and, for a window's snapshot, tells the window failed.
+func (a *Agent) rejectSnapshot(m *Message, src string, w Window, batch int64, err error) {
+	a.log.Error("the trainer's snapshot cannot be uploaded; it is kept in the spool", "file", m.File, "err", err)
+	if dir, rerr := a.sp.reject(src, a.cfg.Identity.Rank, w.ID, err); rerr == nil {
+		a.log.Info("kept", "dir", dir)
+	}
+	if m.Reason == "window" {
+		a.mu.Lock()
+		a.stats.WindowsMissed++
+		a.mu.Unlock()
+		a.post(WindowEvent{Window: w, State: WindowFailed, Batch: batch, Reason: err.Error(), Time: time.Now()})
+	}
+}
+
+// snapshotKind is the kind a snapshot's name says: an OOM, a post-mortem or a
+// crash by its reason, else partial, else none ("").
+func snapshotKind(reason, partial string) string {
+	kind := ""
+	switch {
+	case reason == "oom" || reason == "postmortem" || reason == "crash":
+		kind = reason
+	case partial != "":
+		kind = "partial"
+	}
+	return kind
+}
+
+// rankAnalysis is the rank's own figures of its snapshot, marshalled, so the
+// leader need not decode every rank; nil when they cannot be made.
+func (a *Agent) rankAnalysis(ctx context.Context, s *snapshot.Snapshot, meta *sidecar.RankMeta, size int64, sum string) []byte {
+	var ab []byte
+	if an, err := analysis.AnalyzeSnapshot(ctx, s, meta, analysis.AnalyzeOptions{Rank: a.cfg.Identity.Rank}); err == nil {
+		an.Snapshot = analysis.SnapshotRef{Size: size, SHA256: sum}
+		if ab, err = an.Marshal(); err != nil {
+			ab = nil
+		}
+	} else {
+		a.log.Warn("could not analyse the snapshot; the leader will decode it", "err", err)
+	}
+	return ab
+}
+
+// spooledState is where a spooled snapshot leaves its window (partial or
+// spooled), counted in the agent's stats when the snapshot is a window's.
+func (a *Agent) spooledState(reason, partial string) WindowState {
+	state := WindowSpooled
+	a.mu.Lock()
+	switch {
+	case reason != "window":
+	case partial != "":
+		state = WindowPartial
+		a.stats.WindowsPartial++
+	default:
+		a.stats.WindowsRecorded++
+	}
+	a.mu.Unlock()
+	return state
 }
 
 // snapshotWindow is the window a snapshot is of, as its name and metadata say:

@@ -145,67 +145,7 @@ func (r *RankData) leak(figs []BatchFigure, w Window) *Leak {
 		return nil
 	}
 	l := &Leak{Batches: n, GrowthBytes: growth, PerBatchBytes: per, Sites: []LeakSite{}}
-	// replay: which batch allocated each live block (-1: before the first batch)
-	starts := make([]int64, n)
-	for i, f := range figs {
-		starts[i] = f.StartUS
-	}
-	type live struct {
-		size   int64
-		frames []*snapshot.Frame
-		batch  int
-	}
-	alive := map[int64]live{}
-	for _, e := range r.Trace {
-		if w.Before(e.TimeUS) || w.After(e.TimeUS) {
-			continue
-		}
-		switch e.Action {
-		case snapshot.ActionAlloc:
-			b := sort.Search(n, func(i int) bool { return starts[i] > e.TimeUS }) - 1
-			alive[e.Addr] = live{e.Size, e.Frames, b}
-		case snapshot.ActionFreeCompleted:
-			delete(alive, e.Addr)
-		}
-	}
-	type acc struct {
-		LeakSite
-		batches map[int]bool
-	}
-	by := map[string]*acc{}
-	for _, x := range alive {
-		// allocated inside a batch that a later batch followed: it outlived its batch
-		if x.batch < 0 || x.batch >= n-1 {
-			continue
-		}
-		name := siteName(x.frames)
-		s := by[name]
-		if s == nil {
-			s = &acc{LeakSite: LeakSite{Site: name}, batches: map[int]bool{}}
-			by[name] = s
-		}
-		s.Bytes += x.size
-		s.Blocks++
-		s.batches[x.batch] = true
-	}
-	for _, s := range by {
-		s.Batches = len(s.batches)
-		// a site that leaves blocks behind in at least half the batches
-		if s.Batches < 2 || 2*s.Batches < n-1 {
-			continue
-		}
-		s.PerBatchBytes = s.Bytes / int64(s.Batches)
-		l.Sites = append(l.Sites, s.LeakSite)
-	}
-	sort.Slice(l.Sites, func(i, j int) bool {
-		if l.Sites[i].Bytes != l.Sites[j].Bytes {
-			return l.Sites[i].Bytes > l.Sites[j].Bytes
-		}
-		return l.Sites[i].Site < l.Sites[j].Site
-	})
-	if len(l.Sites) > leakSites {
-		l.Sites = l.Sites[:leakSites]
-	}
+	l.addSites(r.liveBlocks(figs, w), n)
 	return l
 }
 

@@ -150,34 +150,11 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	if m.Claim != (Object{}) && !m.Claim.valid() {
 		return nil, fmt.Errorf("merge: manifest: the claim is malformed")
 	}
-	inWorld := func(r int) bool { return r >= 0 && r < sidecar.MaxRanks && (m.WorldSize == 0 || r < m.WorldSize) }
-	for _, list := range [][]int{m.RanksMerged, m.MissingRanks} {
-		for _, r := range list {
-			if !inWorld(r) {
-				return nil, fmt.Errorf("merge: manifest: rank %d of world size %d", r, m.WorldSize)
-			}
-		}
-	}
-	if m.OutlierRank != nil && !inWorld(*m.OutlierRank) {
-		return nil, fmt.Errorf("merge: manifest: outlier rank %d of world size %d", *m.OutlierRank, m.WorldSize)
-	}
-	for k := range m.MissingReasons {
-		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) {
-			return nil, fmt.Errorf("merge: manifest: a reason for rank %q", k)
-		}
-	}
-	for k, why := range m.DetailMissing {
-		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) || len(why) > analysis.MaxFindingBytes {
-			return nil, fmt.Errorf("merge: manifest: a rank lacking detail, %q", k)
-		}
+	if err := m.checkRanks(); err != nil {
+		return nil, err
 	}
 	if len(m.DetailMissing) == 0 {
 		m.DetailMissing = nil
-	}
-	for _, p := range m.Pickles {
-		if !(Object{Name: p.Name, SHA256: strings.Repeat("0", 64)}).valid() || p.FirstRank < 0 || p.LastRank < p.FirstRank || !inWorld(p.LastRank) || p.Bytes < 0 {
-			return nil, fmt.Errorf("merge: manifest: pickle %q is malformed", p.Name)
-		}
 	}
 	if len(m.Findings) > analysis.MaxManifestFindings {
 		return nil, fmt.Errorf("merge: manifest: %d findings (at most %d)", len(m.Findings), analysis.MaxManifestFindings)
@@ -223,6 +200,39 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		m.Batches = nil
 	}
 	return &m, nil
+}
+
+// checkRanks refuses a manifest naming a rank outside its world: in the ranks
+// merged or missing, the outlier, the reasons, the ranks lacking detail, or a
+// pickle's range.
+func (m *Manifest) checkRanks() error {
+	inWorld := func(r int) bool { return r >= 0 && r < sidecar.MaxRanks && (m.WorldSize == 0 || r < m.WorldSize) }
+	for _, list := range [][]int{m.RanksMerged, m.MissingRanks} {
+		for _, r := range list {
+			if !inWorld(r) {
+				return fmt.Errorf("merge: manifest: rank %d of world size %d", r, m.WorldSize)
+			}
+		}
+	}
+	if m.OutlierRank != nil && !inWorld(*m.OutlierRank) {
+		return fmt.Errorf("merge: manifest: outlier rank %d of world size %d", *m.OutlierRank, m.WorldSize)
+	}
+	for k := range m.MissingReasons {
+		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) {
+			return fmt.Errorf("merge: manifest: a reason for rank %q", k)
+		}
+	}
+	for k, why := range m.DetailMissing {
+		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) || len(why) > analysis.MaxFindingBytes {
+			return fmt.Errorf("merge: manifest: a rank lacking detail, %q", k)
+		}
+	}
+	for _, p := range m.Pickles {
+		if !(Object{Name: p.Name, SHA256: strings.Repeat("0", 64)}).valid() || p.FirstRank < 0 || p.LastRank < p.FirstRank || !inWorld(p.LastRank) || p.Bytes < 0 {
+			return fmt.Errorf("merge: manifest: pickle %q is malformed", p.Name)
+		}
+	}
+	return nil
 }
 
 // valid reports whether o names a plain file beside the manifest (no folder, no

@@ -360,6 +360,23 @@ func (p *PBWriter) Rank(r *analysis.RankData, trace []*snapshot.TraceEntry, s an
 		}
 		b = i64(b, 8, other)
 	}
+	tail, err := proto.Marshal(rankRest(r, s))
+	if err != nil {
+		p.err = err
+		return
+	}
+	b = append(b, tail...)
+	var hdr []byte
+	hdr = protowire.AppendTag(hdr, 5, protowire.BytesType) // Timeline.ranks
+	hdr = protowire.AppendVarint(hdr, uint64(len(b)))
+	p.w.Write(hdr)
+	p.w.Write(b)
+	p.buf = b
+}
+
+// rankRest is what Rank leaves to proto.Marshal, after the events it encodes by
+// hand: the rank's figures, its segments, batches and memory samples.
+func rankRest(r *analysis.RankData, s analysis.RankSummary) *pb.RankTimeline {
 	rest := &pb.RankTimeline{
 		StartAllocatedBytes: s.StartAllocatedBytes, PeakAllocatedBytes: s.PeakAllocatedBytes,
 		EndAllocatedBytes: s.EndAllocatedBytes, EndReservedBytes: s.EndReservedBytes,
@@ -382,18 +399,7 @@ func (p *PBWriter) Rank(r *analysis.RankData, trace []*snapshot.TraceEntry, s an
 			rest.Samples = append(rest.Samples, &pb.MemorySample{TimeUs: m.TimeUS, DeviceUsedBytes: m.DeviceUsedBytes, ProcessUsedBytes: m.ProcessUsedBytes})
 		}
 	}
-	tail, err := proto.Marshal(rest)
-	if err != nil {
-		p.err = err
-		return
-	}
-	b = append(b, tail...)
-	var hdr []byte
-	hdr = protowire.AppendTag(hdr, 5, protowire.BytesType) // Timeline.ranks
-	hdr = protowire.AppendVarint(hdr, uint64(len(b)))
-	p.w.Write(hdr)
-	p.w.Write(b)
-	p.buf = b
+	return rest
 }
 
 // Finish writes the interned strings and frames and flushes the timeline.

@@ -256,11 +256,8 @@ func (d *decoder) poll(at int) error {
 }
 
 func (d *decoder) run() (*Snapshot, error) {
-	if len(d.data) < 2 || d.data[0] != opPROTO {
-		if len(d.data) == 0 {
-			return nil, d.fail(0, 0, "empty input")
-		}
-		return nil, d.fail(0, d.data[0], "not a protocol 2-5 pickle (no PROTO opcode first)")
+	if err := d.checkProto(); err != nil {
+		return nil, err
 	}
 	for {
 		if d.pos >= len(d.data) {
@@ -335,6 +332,18 @@ func (d *decoder) run() (*Snapshot, error) {
 			return nil, err
 		}
 	}
+}
+
+// checkProto refuses input that does not start with PROTO, as every protocol 2-5
+// pickle does, before run reads any opcode.
+func (d *decoder) checkProto() error {
+	if len(d.data) < 2 || d.data[0] != opPROTO {
+		if len(d.data) == 0 {
+			return d.fail(0, 0, "empty input")
+		}
+		return d.fail(0, d.data[0], "not a protocol 2-5 pickle (no PROTO opcode first)")
+	}
+	return nil
 }
 
 func (d *decoder) refuse(at int, op byte) error {

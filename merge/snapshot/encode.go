@@ -498,30 +498,7 @@ func (e *encoder) value(v Value, depth int) {
 	case string:
 		e.str(x)
 	case Tuple:
-		if len(x) > 0 {
-			if id, ok := e.objs[&x[0]]; ok {
-				e.get(id)
-				return
-			}
-		}
-		switch len(x) {
-		case 0:
-			e.op(opEMPTY_TUPLE)
-		case 1, 2, 3:
-			for _, it := range x {
-				e.value(it, depth+1)
-			}
-			e.op(opTUPLE1 + byte(len(x)-1))
-		default:
-			e.op(opMARK)
-			for _, it := range x {
-				e.value(it, depth+1)
-			}
-			e.op(opTUPLE)
-		}
-		if len(x) > 0 {
-			e.remember(&x[0])
-		}
+		e.tuple(x, depth)
 	case *List:
 		if id, ok := e.objs[x]; ok {
 			e.get(id)
@@ -529,46 +506,87 @@ func (e *encoder) value(v Value, depth int) {
 		}
 		e.listMemo(x, len(x.Items), func(i int) { e.value(x.Items[i], depth+1) })
 	case *Dict:
-		if id, ok := e.objs[x]; ok {
-			e.get(id)
-			return
-		}
-		e.op(opEMPTY_DICT)
-		e.remember(x)
-		st := dictState{n: len(x.Items)}
-		if st.n > 0 {
-			e.op(opMARK)
-		}
-		for _, it := range x.Items {
-			e.keyAny(&st, it.Key, depth+1)
-			e.value(it.Value, depth+1)
-		}
-		e.closeDict(st)
+		e.dict(x, depth)
 	case *Frame:
 		e.frame(x)
 	case *TraceEntry, *Block, *Segment, *Snapshot:
-		if id, ok := e.objs[v]; ok {
-			e.get(id)
-			return
-		}
-		saved := e.nest
-		e.nest, e.memoNext = depth+1, v
-		switch x := v.(type) {
-		case *TraceEntry:
-			e.entry(x)
-		case *Block:
-			e.block(x)
-		case *Segment:
-			e.segment(x)
-		case *Snapshot:
-			e.snapshot(x)
-		}
-		e.nest = saved
+		e.object(v, depth)
 	default:
 		if e.err == nil {
 			e.err = fmt.Errorf("snapshot: cannot encode a %T", v)
 		}
 	}
+}
+
+// tuple writes a generic tuple at depth, memoised by its first item's address so
+// a tuple shared between values is written once.
+func (e *encoder) tuple(x Tuple, depth int) {
+	if len(x) > 0 {
+		if id, ok := e.objs[&x[0]]; ok {
+			e.get(id)
+			return
+		}
+	}
+	switch len(x) {
+	case 0:
+		e.op(opEMPTY_TUPLE)
+	case 1, 2, 3:
+		for _, it := range x {
+			e.value(it, depth+1)
+		}
+		e.op(opTUPLE1 + byte(len(x)-1))
+	default:
+		e.op(opMARK)
+		for _, it := range x {
+			e.value(it, depth+1)
+		}
+		e.op(opTUPLE)
+	}
+	if len(x) > 0 {
+		e.remember(&x[0])
+	}
+}
+
+// dict writes a generic dict at depth, memoised so a shared (or self-containing)
+// dict is written once.
+func (e *encoder) dict(x *Dict, depth int) {
+	if id, ok := e.objs[x]; ok {
+		e.get(id)
+		return
+	}
+	e.op(opEMPTY_DICT)
+	e.remember(x)
+	st := dictState{n: len(x.Items)}
+	if st.n > 0 {
+		e.op(opMARK)
+	}
+	for _, it := range x.Items {
+		e.keyAny(&st, it.Key, depth+1)
+		e.value(it.Value, depth+1)
+	}
+	e.closeDict(st)
+}
+
+// object writes a trace entry, block, segment or snapshot met inside a generic
+// value, memoised by identity and nested one level below depth.
+func (e *encoder) object(v Value, depth int) {
+	if id, ok := e.objs[v]; ok {
+		e.get(id)
+		return
+	}
+	saved := e.nest
+	e.nest, e.memoNext = depth+1, v
+	switch x := v.(type) {
+	case *TraceEntry:
+		e.entry(x)
+	case *Block:
+		e.block(x)
+	case *Segment:
+		e.segment(x)
+	case *Snapshot:
+		e.snapshot(x)
+	}
+	e.nest = saved
 }
 
 // Writer writes a snapshot pickle incrementally: device traces one at a time, then

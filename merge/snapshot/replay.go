@@ -15,29 +15,9 @@ import (
 // events still replays (blocks freed without an allocation were there before).
 // Expandable segments (segment_map and segment_unmap) are checked for blocks only.
 func (s *Snapshot) CheckReplay(dev int) error {
-	type seg struct{ addr, size int64 }
-	var segs []seg
-	active := map[int64]int64{}
-	expandable := false
-	for i, g := range s.Segments {
-		if int(g.Device) != dev {
-			continue
-		}
-		expandable = expandable || g.IsExpandable
-		segs = append(segs, seg{g.Address, g.TotalSize})
-		at := g.Address
-		for _, b := range g.Blocks {
-			if b.Address != at && b.Has&BlockAddress != 0 {
-				return fmt.Errorf("segment %d (%#x): a block at %#x, where %#x was expected (blocks must tile the segment)", i, g.Address, b.Address, at)
-			}
-			if b.State == BlockActiveAllocated || b.State == BlockActivePendingFree {
-				active[at] = b.Size
-			}
-			at += b.Size
-		}
-		if len(g.Blocks) > 0 && at != g.Address+g.TotalSize {
-			return fmt.Errorf("segment %d (%#x): blocks cover %d bytes of %d", i, g.Address, at-g.Address, g.TotalSize)
-		}
+	segs, active, expandable, err := s.replayStart(dev)
+	if err != nil {
+		return err
 	}
 	inSeg := func(addr, size int64) bool {
 		i := sort.Search(len(segs), func(i int) bool { return segs[i].addr+segs[i].size > addr })
@@ -77,21 +57,9 @@ func (s *Snapshot) CheckReplay(dev int) error {
 			if expandable {
 				continue
 			}
-			k := -1
-			for j, g := range segs {
-				if g.addr == e.Addr {
-					k = j
-				}
+			if segs, err = undoSegmentAlloc(segs, active, i, e); err != nil {
+				return err
 			}
-			if k < 0 {
-				return fmt.Errorf("event %d: the segment allocated at %#x does not exist after it", i, e.Addr)
-			}
-			for a, n := range active {
-				if a >= e.Addr && a+n <= e.Addr+segs[k].size {
-					return fmt.Errorf("event %d: the segment allocated at %#x holds the block at %#x before it", i, e.Addr, a)
-				}
-			}
-			segs = append(segs[:k], segs[k+1:]...)
 		case ActionSegmentFree:
 			if expandable {
 				continue
@@ -99,11 +67,64 @@ func (s *Snapshot) CheckReplay(dev int) error {
 			if inSeg(e.Addr, 1) {
 				return fmt.Errorf("event %d: the segment freed at %#x exists after it", i, e.Addr)
 			}
-			segs = append(segs, seg{e.Addr, e.Size})
+			segs = append(segs, replaySeg{e.Addr, e.Size})
 			sortSegs()
 		}
 	}
 	return nil
+}
+
+// replaySeg is a segment's address range, as CheckReplay tracks it.
+type replaySeg struct{ addr, size int64 }
+
+// replayStart reads device dev's segments at the trace's end, checking that their
+// blocks tile them: the segments, the active blocks' sizes by address, and
+// whether any segment is expandable.
+func (s *Snapshot) replayStart(dev int) ([]replaySeg, map[int64]int64, bool, error) {
+	var segs []replaySeg
+	active := map[int64]int64{}
+	expandable := false
+	for i, g := range s.Segments {
+		if int(g.Device) != dev {
+			continue
+		}
+		expandable = expandable || g.IsExpandable
+		segs = append(segs, replaySeg{g.Address, g.TotalSize})
+		at := g.Address
+		for _, b := range g.Blocks {
+			if b.Address != at && b.Has&BlockAddress != 0 {
+				return nil, nil, false, fmt.Errorf("segment %d (%#x): a block at %#x, where %#x was expected (blocks must tile the segment)", i, g.Address, b.Address, at)
+			}
+			if b.State == BlockActiveAllocated || b.State == BlockActivePendingFree {
+				active[at] = b.Size
+			}
+			at += b.Size
+		}
+		if len(g.Blocks) > 0 && at != g.Address+g.TotalSize {
+			return nil, nil, false, fmt.Errorf("segment %d (%#x): blocks cover %d bytes of %d", i, g.Address, at-g.Address, g.TotalSize)
+		}
+	}
+	return segs, active, expandable, nil
+}
+
+// undoSegmentAlloc undoes event i, a segment_alloc, removing its segment from segs;
+// the segment must exist and hold no active block.
+func undoSegmentAlloc(segs []replaySeg, active map[int64]int64, i int, e *TraceEntry) ([]replaySeg, error) {
+	k := -1
+	for j, g := range segs {
+		if g.addr == e.Addr {
+			k = j
+		}
+	}
+	if k < 0 {
+		return nil, fmt.Errorf("event %d: the segment allocated at %#x does not exist after it", i, e.Addr)
+	}
+	for a, n := range active {
+		if a >= e.Addr && a+n <= e.Addr+segs[k].size {
+			return nil, fmt.Errorf("event %d: the segment allocated at %#x holds the block at %#x before it", i, e.Addr, a)
+		}
+	}
+	return append(segs[:k], segs[k+1:]...), nil
 }
 
 // SegmentsBefore returns device dev's segments as they were before the trace
@@ -139,23 +160,11 @@ func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
 		return -1
 	}
 	own := func(i int) *Segment {
-		g := out[i]
-		if !owned[g] {
-			c := *g
-			c.Blocks = make([]*Block, len(g.Blocks))
-			at := g.Address
-			for j, b := range g.Blocks {
-				nb := *b
-				if nb.Has&BlockAddress == 0 { // older torch: a block's address is its place
-					nb.Address, nb.Has = at, nb.Has|BlockAddress
-				}
-				at += nb.Size
-				c.Blocks[j] = &nb
-			}
-			out[i], g = &c, &c
-			owned[g] = true
+		if !owned[out[i]] {
+			out[i] = copySegment(out[i])
+			owned[out[i]] = true
 		}
-		return g
+		return out[i]
 	}
 	for i := len(tail) - 1; i >= 0; i-- {
 		e := tail[i]
@@ -168,16 +177,7 @@ func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
 			if k < 0 {
 				continue
 			}
-			g := own(k)
-			for _, b := range g.Blocks {
-				if b.Address == e.Addr && b.State == BlockActiveAllocated {
-					b.State, b.Frames, b.RequestedSize = blockInactive, nil, 0
-					b.Has &^= BlockFrames | BlockRequestedSize
-					g.AllocatedSize -= b.Size
-					g.ActiveSize -= b.Size
-					break
-				}
-			}
+			undoAlloc(own(k), e)
 		case ActionFreeCompleted:
 			k := find(e.Addr)
 			if k < 0 {
@@ -194,14 +194,7 @@ func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
 			if j < len(out) && out[j].Address < e.Addr+e.Size {
 				continue
 			}
-			typ := "large"
-			if e.Size < 1<<20 {
-				typ = "small"
-			}
-			has := BlockAddress | BlockSize | BlockState
-			g := &Segment{Device: segDevice(segs), Address: e.Addr, TotalSize: e.Size, Stream: e.Stream, SegmentType: typ,
-				Blocks: []*Block{{Address: e.Addr, Size: e.Size, State: blockInactive, Has: has}},
-				Has:    SegDevice | SegAddress | SegTotalSize | SegAllocatedSize | SegActiveSize | SegStream | SegSegmentType | SegBlocks}
+			g := freedSegment(segs, e)
 			owned[g] = true
 			out = append(out, nil)
 			copy(out[j+1:], out[j:])
@@ -209,6 +202,50 @@ func SegmentsBefore(segs []*Segment, tail []*TraceEntry) []*Segment {
 		}
 	}
 	return out
+}
+
+// copySegment copies a segment and its blocks for SegmentsBefore to change,
+// giving each block its address where the snapshot left it out.
+func copySegment(g *Segment) *Segment {
+	c := *g
+	c.Blocks = make([]*Block, len(g.Blocks))
+	at := g.Address
+	for j, b := range g.Blocks {
+		nb := *b
+		if nb.Has&BlockAddress == 0 { // older torch: a block's address is its place
+			nb.Address, nb.Has = at, nb.Has|BlockAddress
+		}
+		at += nb.Size
+		c.Blocks[j] = &nb
+	}
+	return &c
+}
+
+// undoAlloc makes the allocated block at e's address inactive again, as it was
+// before the allocation e.
+func undoAlloc(g *Segment, e *TraceEntry) {
+	for _, b := range g.Blocks {
+		if b.Address == e.Addr && b.State == BlockActiveAllocated {
+			b.State, b.Frames, b.RequestedSize = blockInactive, nil, 0
+			b.Has &^= BlockFrames | BlockRequestedSize
+			g.AllocatedSize -= b.Size
+			g.ActiveSize -= b.Size
+			break
+		}
+	}
+}
+
+// freedSegment is the segment a segment_free e removed, brought back whole
+// and inactive, on the device of segs.
+func freedSegment(segs []*Segment, e *TraceEntry) *Segment {
+	typ := "large"
+	if e.Size < 1<<20 {
+		typ = "small"
+	}
+	has := BlockAddress | BlockSize | BlockState
+	return &Segment{Device: segDevice(segs), Address: e.Addr, TotalSize: e.Size, Stream: e.Stream, SegmentType: typ,
+		Blocks: []*Block{{Address: e.Addr, Size: e.Size, State: blockInactive, Has: has}},
+		Has:    SegDevice | SegAddress | SegTotalSize | SegAllocatedSize | SegActiveSize | SegStream | SegSegmentType | SegBlocks}
 }
 
 // Bounds of SegmentsBefore.

@@ -68,34 +68,27 @@ func (j Job) Build(t0 int64) (*snapshot.Snapshot, *sidecar.RankMeta) {
 		}
 		tr = append(tr, e)
 	}
-	const base = 1 << 40
 	meta := &sidecar.RankMeta{Version: 1, Rank: 0, WorldSize: 1}
 	var blocks []*snapshot.Block
 	blocks = append(blocks, &snapshot.Block{Address: base, Size: 256 * mib, State: snapshot.BlockActiveAllocated,
 		Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
-	gradAt := func(b int) int64 { // the allocator reuses the block
-		if j.GradFlip {
-			return base + 256*mib + int64(b%2)*32*mib
-		}
-		return base + 256*mib
-	}
 	for b := 0; b < j.Batches; b++ {
 		s := t0 + int64(b)*1000
 		meta.Batches = append(meta.Batches, sidecar.BatchMark{Batch: int64(b), StartUS: s, EndUS: s + 900})
 		if b > 0 {
-			ev(snapshot.ActionFreeRequested, gradAt(b-1), 32*mib, s+10, GradFrame)
-			ev(snapshot.ActionFreeCompleted, gradAt(b-1), 32*mib, s+11, GradFrame)
+			ev(snapshot.ActionFreeRequested, j.gradAt(b-1), 32*mib, s+10, GradFrame)
+			ev(snapshot.ActionFreeCompleted, j.gradAt(b-1), 32*mib, s+11, GradFrame)
 		}
 		act := int64(base + 512*mib)
 		ev(snapshot.ActionAlloc, act, 64*mib, s+100, ActFrame)
-		ev(snapshot.ActionAlloc, gradAt(b), 32*mib, s+200, GradFrame)
+		ev(snapshot.ActionAlloc, j.gradAt(b), 32*mib, s+200, GradFrame)
 		if j.BigAct > 0 {
 			ev(snapshot.ActionAlloc, base+700*mib, j.BigAct, s+150, BigFrame)
 			ev(snapshot.ActionFreeCompleted, base+700*mib, j.BigAct, s+350, BigFrame)
 		}
 		if j.OptTemp && b > 0 {
-			ev(snapshot.ActionAlloc, gradAt(b-1), 32*mib, s+250, OptFrame)
-			ev(snapshot.ActionFreeCompleted, gradAt(b-1), 32*mib, s+260, OptFrame)
+			ev(snapshot.ActionAlloc, j.gradAt(b-1), 32*mib, s+250, OptFrame)
+			ev(snapshot.ActionFreeCompleted, j.gradAt(b-1), 32*mib, s+260, OptFrame)
 		}
 		ev(snapshot.ActionFreeRequested, act, 64*mib, s+300, ActFrame)
 		ev(snapshot.ActionFreeCompleted, act, 64*mib, s+301, ActFrame)
@@ -108,45 +101,63 @@ func (j Job) Build(t0 int64) (*snapshot.Snapshot, *sidecar.RankMeta) {
 	}
 	if j.GradFreed {
 		last := t0 + int64(j.Batches-1)*1000
-		ev(snapshot.ActionFreeRequested, gradAt(j.Batches-1), 32*mib, last+850, GradFrame)
-		ev(snapshot.ActionFreeCompleted, gradAt(j.Batches-1), 32*mib, last+851, GradFrame)
+		ev(snapshot.ActionFreeRequested, j.gradAt(j.Batches-1), 32*mib, last+850, GradFrame)
+		ev(snapshot.ActionFreeCompleted, j.gradAt(j.Batches-1), 32*mib, last+851, GradFrame)
 	} else {
-		blocks = append(blocks, &snapshot.Block{Address: gradAt(j.Batches - 1), Size: 32 * mib, State: snapshot.BlockActiveAllocated,
+		blocks = append(blocks, &snapshot.Block{Address: j.gradAt(j.Batches - 1), Size: 32 * mib, State: snapshot.BlockActiveAllocated,
 			Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
 	}
 	var extra []snapshot.Item
 	if j.Watch {
 		blocks = append(blocks, &snapshot.Block{Address: base + 800*mib, Size: 128 * mib, State: snapshot.BlockActiveAllocated,
 			Has: snapshot.BlockAddress | snapshot.BlockSize | snapshot.BlockState})
-		tensor := func(addr, size int64, kind, module string) snapshot.Value {
-			return &snapshot.List{Items: []snapshot.Value{addr, size, kind, module}}
-		}
-		list := &snapshot.List{Items: []snapshot.Value{
-			tensor(base, 128*mib, "parameter", "fc1"), tensor(base+128*mib, 128*mib, "parameter", "fc2"),
-			tensor(base+800*mib, 64*mib, "optimizer_state", "fc1"), tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),
-			tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),                 // a storage named twice counts once
-			tensor(-5, 10, "parameter", "bad"), tensor(base, 1, "weights?", "bad"), // malformed: skipped
-		}}
-		if !j.GradFreed {
-			list.Items = append(list.Items, tensor(gradAt(j.Batches-1), 32*mib, "gradient", "fc2"))
-		}
-		if j.SeenGrad {
-			list.Items = append(list.Items, tensor(gradAt(j.Batches), 32*mib-100, "gradient", "fc2"))
-		}
-		items := []snapshot.Item{{Key: "version", Value: int64(1)}, {Key: "tensors", Value: list}}
-		if j.MadeNotes {
-			made := &snapshot.List{}
-			for b := 0; b < j.Batches; b++ {
-				made.Items = append(made.Items, &snapshot.List{Items: []snapshot.Value{gradAt(b), int64(32 * mib), "fc2", int64(b)}})
-			}
-			made.Items = append(made.Items, &snapshot.List{Items: []snapshot.Value{int64(-1), int64(1), "bad", int64(0)}}) // malformed: skipped
-			items = append(items, snapshot.Item{Key: "gradients_made", Value: made})
-		}
-		extra = []snapshot.Item{{Key: tensorsKey, Value: &snapshot.Dict{Items: items}}}
+		extra = []snapshot.Item{{Key: tensorsKey, Value: &snapshot.Dict{Items: j.hookItems()}}}
 	}
 	seg := &snapshot.Segment{Device: 0, Address: base, TotalSize: 1 << 30, Blocks: blocks,
 		Has: snapshot.SegDevice | snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegBlocks}
 	s := &snapshot.Snapshot{Segments: []*snapshot.Segment{seg}, DeviceTraces: [][]*snapshot.TraceEntry{tr},
 		Has: snapshot.SnapSegments | snapshot.SnapDeviceTraces, Extra: extra}
 	return s, meta
+}
+
+// base is the address of the job's segment.
+const base = 1 << 40
+
+// gradAt is the address of batch b's gradient: the allocator reuses the block.
+func (j Job) gradAt(b int) int64 {
+	if j.GradFlip {
+		return base + 256*mib + int64(b%2)*32*mib
+	}
+	return base + 256*mib
+}
+
+// hookItems are what the hook stores of a watched job under tensorsKey: the
+// model's and the optimizer's tensors (and a few malformed ones), the gradient
+// it saw, and with MadeNotes the gradients made.
+func (j Job) hookItems() []snapshot.Item {
+	tensor := func(addr, size int64, kind, module string) snapshot.Value {
+		return &snapshot.List{Items: []snapshot.Value{addr, size, kind, module}}
+	}
+	list := &snapshot.List{Items: []snapshot.Value{
+		tensor(base, 128*mib, "parameter", "fc1"), tensor(base+128*mib, 128*mib, "parameter", "fc2"),
+		tensor(base+800*mib, 64*mib, "optimizer_state", "fc1"), tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),
+		tensor(base+864*mib, 64*mib, "optimizer_state", "fc2"),                 // a storage named twice counts once
+		tensor(-5, 10, "parameter", "bad"), tensor(base, 1, "weights?", "bad"), // malformed: skipped
+	}}
+	if !j.GradFreed {
+		list.Items = append(list.Items, tensor(j.gradAt(j.Batches-1), 32*mib, "gradient", "fc2"))
+	}
+	if j.SeenGrad {
+		list.Items = append(list.Items, tensor(j.gradAt(j.Batches), 32*mib-100, "gradient", "fc2"))
+	}
+	items := []snapshot.Item{{Key: "version", Value: int64(1)}, {Key: "tensors", Value: list}}
+	if j.MadeNotes {
+		made := &snapshot.List{}
+		for b := 0; b < j.Batches; b++ {
+			made.Items = append(made.Items, &snapshot.List{Items: []snapshot.Value{j.gradAt(b), int64(32 * mib), "fc2", int64(b)}})
+		}
+		made.Items = append(made.Items, &snapshot.List{Items: []snapshot.Value{int64(-1), int64(1), "bad", int64(0)}}) // malformed: skipped
+		items = append(items, snapshot.Item{Key: "gradients_made", Value: made})
+	}
+	return items
 }
