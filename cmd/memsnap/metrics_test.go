@@ -254,8 +254,25 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	head := bufio.NewScanner(pipe)
-	for head.Scan() && !strings.HasPrefix(head.Text(), "RANK") {
+	table := make(chan bool, 1)
+	go func() {
+		head := bufio.NewScanner(pipe)
+		for head.Scan() {
+			if strings.Contains(head.Text(), "RANK") {
+				table <- true
+				return
+			}
+		}
+		table <- false
+	}()
+	select {
+	case ok := <-table:
+		if !ok {
+			t.Fatalf("memsnap top ended before a table\n%s", errBuf.String())
+		}
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatalf("no table from memsnap top within a minute\n%s", errBuf.String())
 	}
 	pipe.Close()
 	done := make(chan error, 1)
