@@ -24,6 +24,7 @@ echo "== 1. the agent's figures are torch's"
   -- python3 scripts/gpu/live_trainer.py figures http://127.0.0.1:9400/metrics >"$OUT/figures.log" 2>&1 || fails=1
 grep -E "figures|device used|hook cost|FAIL" "$OUT/figures.log" || true
 grep -q "figures: OK" "$OUT/figures.log" || { tail -20 "$OUT/figures.log"; fails=1; }
+python3 scripts/gpu/device_choice.py || fails=1   # two GPUs or more: the figures of cuda:N without set_device
 fi
 
 if step 2; then
