@@ -48,6 +48,9 @@ func analysisSeeds(t testing.TB) [][]byte {
 }
 
 var brokenAnalyses = []string{
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"free_at_peak":{"reserved_bytes":1,"free_bytes":1,"largest_free_block_bytes":-1}}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"ooms":[{"time_us":1,"size":1,"device_free_bytes":0,"allocated_bytes":0,"largest_free_block_bytes":72057594037927937}]}`,
+	`{"version":1,"rank":0,"snapshot":{"size":1,"sha256":"` + strings.Repeat("0", 64) + `"},"kept_sites":[{"site":"a"},{"site":"b"},{"site":"c"},{"site":"d"},{"site":"e"},{"site":"f"}]}`,
 	`{"version":2,"rank":0}`,
 	`{"version":1,"rank":-1}`,
 	`{"version":1,"rank":65536}`,

@@ -50,11 +50,17 @@ func (r *RankData) largestFree(at []int) (largest []int64, ok bool) {
 	var segs []freeSegment
 	blocks := map[int64]int64{} // allocated blocks: address -> size
 	for _, g := range r.Segs {
+		if g.TotalSize < 0 || !plausibleBytes(g.Address) || !plausibleBytes(g.TotalSize) {
+			return nil, false // (a damaged snapshot: sums of these must not overflow)
+		}
 		segs = append(segs, freeSegment{g.Address, g.TotalSize, g.IsExpandable})
 		addr := g.Address
 		for _, b := range g.Blocks {
 			if b.Has&snapshot.BlockAddress != 0 {
 				addr = b.Address
+			}
+			if b.Size < 0 || !plausibleBytes(addr) || !plausibleBytes(b.Size) {
+				return nil, false
 			}
 			if b.State == snapshot.BlockActiveAllocated || b.State == snapshot.BlockActivePendingFree {
 				blocks[addr] = b.Size

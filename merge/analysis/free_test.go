@@ -153,3 +153,15 @@ func TestLargestFreeBlockAgreesWithSegmentsBefore(t *testing.T) {
 		}
 	}
 }
+
+// TestDamagedSegmentDevice: a snapshot with no trace whose segments name a
+// device no rank drives (negative, huge) is analysed as device 0, not a panic.
+func TestDamagedSegmentDevice(t *testing.T) {
+	for _, d := range []int64{-3, 1 << 40} {
+		s := &snapshot.Snapshot{Segments: []*snapshot.Segment{{Device: d}}}
+		a, err := AnalyzeSnapshot(context.Background(), s, nil, AnalyzeOptions{})
+		if err != nil || a.Device != 0 {
+			t.Fatalf("device %d: analysed as device %v, %v", d, a, err)
+		}
+	}
+}

@@ -114,9 +114,12 @@ func pickDevice(s *snapshot.Snapshot) (int, string) {
 		}
 	}
 	if n <= 0 {
-		// no trace: take the device that holds segments
+		// no trace: take the device that holds segments (one a rank could drive:
+		// a damaged snapshot's device can be any number)
 		for _, g := range s.Segments {
-			return int(g.Device), ""
+			if g.Device >= 0 && g.Device < sidecar.MaxRanks {
+				return int(g.Device), ""
+			}
 		}
 	}
 	note := ""
