@@ -345,6 +345,15 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 		kind := pb.WindowKind_WINDOW_KIND_WINDOW
 		if r.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER && req.Sender == l.c.name {
 			kind = r.Kind // (only this leader's own triggers plan one)
+			if rank, _, ok := TriggerRank(r.Reason); ok && l.c.stillCrossing(rank) == "" {
+				// it waited behind another window, and its rank no longer crosses
+				// (it left, or ran out of memory meanwhile): no window for nothing
+				l.log.Info("a trigger's rank no longer crosses it; no window", "rank", rank, "trigger", r.Reason)
+				l.c.mu.Lock()
+				l.c.lastTrigger = time.Time{} // (the cooldown is not spent on it)
+				l.c.mu.Unlock()
+				return
+			}
 			l.mu.Lock()
 			l.triggering = true
 			l.mu.Unlock()

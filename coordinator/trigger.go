@@ -85,6 +85,19 @@ func TriggerRank(reason string) (rank int, why string, ok bool) {
 	return n, why, true
 }
 
+// stillCrossing says what rank's latest figures still cross ("" once they do not,
+// or once the rank has not reported for viewStale report periods: it left, or
+// ran out of memory), for a trigger request that waited in the leader's queue.
+func (c *Coordinator) stillCrossing(rank int) string {
+	c.mu.Lock()
+	rv, ok := c.views[rank]
+	c.mu.Unlock()
+	if !ok || time.Since(rv.at) > viewStale*max(c.cfg.FiguresInterval, time.Second) {
+		return ""
+	}
+	return c.cfg.Triggers.Crossed(rank, rv.f)
+}
+
 // loadLastTrigger takes the cooldown up where an earlier leader left it: the
 // newest trigger window in the run's log is the last trigger.
 func (l *leaderRun) loadLastTrigger(ctx context.Context) {

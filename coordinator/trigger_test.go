@@ -195,3 +195,25 @@ func readSummary(t *testing.T, path string) *analysis.Summary {
 	}
 	return &s
 }
+
+// TestStaleTriggerIsDropped: a trigger that waited in the leader's queue plans
+// nothing once its rank no longer crosses: its figures went stale (it left, or
+// ran out of memory meanwhile) or came back under the threshold.
+func TestStaleTriggerIsDropped(t *testing.T) {
+	c := &Coordinator{cfg: Config{FiguresInterval: time.Second, Triggers: Triggers{GrowthBytes: 10 << 20, GrowthBatches: 1}}, log: slog.New(slog.DiscardHandler)}
+	if why := c.stillCrossing(2); why != "" {
+		t.Fatalf("a rank with no figures still crosses: %q", why)
+	}
+	c.views = map[int]rankView{2: {f: &pb.Figures{Growth: 16 << 20}, at: time.Now()}}
+	if why := c.stillCrossing(2); !strings.Contains(why, "growing 16.0 MiB a batch") {
+		t.Fatalf("a rank crossing now: %q", why)
+	}
+	c.views[2] = rankView{f: &pb.Figures{Growth: 16 << 20}, at: time.Now().Add(-viewStale*time.Second - time.Second)}
+	if why := c.stillCrossing(2); why != "" {
+		t.Fatalf("a rank silent for %d report periods still crosses: %q", viewStale, why)
+	}
+	c.views[2] = rankView{f: &pb.Figures{Growth: 1 << 20}, at: time.Now()}
+	if why := c.stillCrossing(2); why != "" {
+		t.Fatalf("a rank back under the threshold still crosses: %q", why)
+	}
+}

@@ -153,7 +153,7 @@ func rankSummary(lr *loadedRank) analysis.RankSummary {
 		PeakAllocatedPhase: a.PeakPhase, PeakReservedBytes: a.PeakReservedBytes, PeakReservedTimeUS: at(a.PeakReservedUS),
 		EndAllocatedBytes: a.EndAllocatedBytes, EndReservedBytes: a.EndReservedBytes, AllocatedBeforeRecording: a.BeforeRecording,
 		TopSites: a.Sites[:min(analysis.TopSites, len(a.Sites))], OOMs: make([]analysis.OOM, len(a.OOMs)), Note: a.Note,
-		Truncated: a.Truncated, Leak: a.Leak, OutsideAllocator: a.Outside, Categories: a.Categories, FreeAtPeak: a.FreeAtPeak, KeptSites: a.KeptSites}
+		Truncated: a.Truncated, Leak: a.Leak, OutsideAllocator: a.Outside, Categories: a.Categories, FreeAtPeak: a.FreeAtPeak, KeptSites: a.KeptSites, ExpandableSegments: a.ExpandableSegments}
 	for i, o := range a.OOMs {
 		o.TimeUS += sh
 		s.OOMs[i] = o

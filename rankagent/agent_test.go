@@ -631,6 +631,19 @@ func TestMemoryMessages(t *testing.T) {
 	if v, _ := a.Memory(); v.Growth != 0 || len(a.mem) != 1 || v.Headroom != 3 {
 		t.Fatalf("after a restart: %+v", v)
 	}
+	// a warm-up: 4 GiB made at the first step (the optimizer's state), then flat:
+	// no growth, however large the jump
+	a = &Agent{}
+	for b := int64(0); b < 8; b++ {
+		alloc := int64(8 << 30)
+		if b == 0 {
+			alloc = 4 << 30
+		}
+		a.noteMemoryLocked(b, Memory{Allocated: alloc, Reserved: 9 << 30, Peak: alloc, DeviceTotal: 80 << 30})
+		if v, _ := a.Memory(); v.Growth != 0 {
+			t.Fatalf("a warm-up step read as growth at batch %d: %+v", b, v)
+		}
+	}
 }
 
 // TestLongWindow: a window of more batches than one socket line can mark (here

@@ -3,6 +3,7 @@ package rankagent
 import (
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -28,9 +29,11 @@ type MemoryView struct {
 	// fails: the device's free bytes plus what the allocator holds beyond its peak
 	// (reserved − peak, at least 0). Fragmentation can make it less.
 	Headroom int64
-	// Growth is the allocated bytes added per batch over the reports kept (at the
-	// end of a batch, when a step's temporaries are freed): a leak grows it.
-	// Zero until two reports of different batches arrived.
+	// Growth is the allocated bytes added per batch (at the end of a batch, when a
+	// step's temporaries are freed): the median of the growth per batch from each
+	// report kept to the next, so a leak grows it and a one-time step (the
+	// optimizer's state made at the first step, a warm-up) does not. Zero until
+	// growthSteps such steps arrived.
 	Growth float64
 }
 
@@ -66,7 +69,8 @@ func (a *Agent) Memory() (MemoryView, bool) {
 		a.mu.Unlock()
 		return MemoryView{}, false
 	}
-	first, last := a.mem[0], a.mem[len(a.mem)-1]
+	last := a.mem[len(a.mem)-1]
+	growth := medianGrowth(a.mem)
 	d, pid := a.device, a.hookPID
 	a.mu.Unlock()
 	v := MemoryView{Batch: last.batch, At: last.at, Memory: last.m}
@@ -81,10 +85,32 @@ func (a *Agent) Memory() (MemoryView, bool) {
 	}
 	free := max(v.DeviceTotal-v.DeviceUsed, 0)
 	v.Headroom = free + max(last.m.Reserved-last.m.Peak, 0)
-	if last.batch > first.batch {
-		v.Growth = float64(last.m.Allocated-first.m.Allocated) / float64(last.batch-first.batch)
-	}
+	v.Growth = growth
 	return v, true
+}
+
+// growthSteps is how many steps from one report to the next the growth needs:
+// with three, one jump among them is not a leak.
+const growthSteps = 3
+
+// medianGrowth is the median, over consecutive reports of later batches, of the
+// allocated bytes added per batch; 0 with fewer than growthSteps of them.
+func medianGrowth(mem []memoryReport) float64 {
+	var rates []float64
+	for i := 1; i < len(mem); i++ {
+		if db := mem[i].batch - mem[i-1].batch; db > 0 {
+			rates = append(rates, float64(mem[i].m.Allocated-mem[i-1].m.Allocated)/float64(db))
+		}
+	}
+	if len(rates) < growthSteps {
+		return 0
+	}
+	slices.Sort(rates)
+	n := len(rates)
+	if n%2 == 1 {
+		return rates[n/2]
+	}
+	return (rates[n/2-1] + rates[n/2]) / 2
 }
 
 // SpoolBytes is the size of what the spool holds: snapshots waiting for the

@@ -193,6 +193,9 @@ func parseTriggers(headroom, growth string, cooldown time.Duration) (coordinator
 			}
 			t.HeadroomRatio = v / 100
 		} else {
+			if _, err := strconv.ParseFloat(h, 64); err == nil {
+				return t, fmt.Errorf("--trigger-headroom %q: a share needs its %% (5%%), a size its unit (2GiB)", headroom)
+			}
 			n, err := parseBytes(h)
 			if err != nil || n == 0 {
 				return t, fmt.Errorf("--trigger-headroom %q: a share (5%%) or a size above 0 (2GiB)", headroom)

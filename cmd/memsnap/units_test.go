@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -46,9 +47,12 @@ func TestParseTriggers(t *testing.T) {
 	if _, err := parseTriggers("5%", "", 0); err == nil {
 		t.Error("a cooldown of 0: no error")
 	}
-	for _, c := range [][2]string{{"0%", ""}, {"100%", ""}, {"-3%", ""}, {"x%", ""}, {"0", ""}, {"lots", ""}, {"", "0"}, {"", "1GiB/0"}, {"", "1GiB/x"}, {"", "/10"}} {
+	for _, c := range [][2]string{{"0%", ""}, {"100%", ""}, {"-3%", ""}, {"x%", ""}, {"0", ""}, {"lots", ""}, {"", "0"}, {"", "1GiB/0"}, {"", "1GiB/x"}, {"", "/10"}, {"5", ""}, {"1.5", ""}} {
 		if tr, err := parseTriggers(c[0], c[1], time.Minute); err == nil {
 			t.Errorf("parseTriggers(%q, %q) = %+v, want an error", c[0], c[1], tr)
 		}
+	}
+	if _, err := parseTriggers("5", "", time.Minute); err == nil || !strings.Contains(err.Error(), "a share needs its % (5%)") {
+		t.Errorf("a bare number of headroom (5 bytes, or 5%%?): %v", err)
 	}
 }

@@ -69,12 +69,15 @@ type RankAnalysis struct {
 	PeakReservedBytes int64  `json:"peak_reserved_bytes"`
 	PeakReservedUS    int64  `json:"peak_reserved_time_us"`
 	// FreeAtPeak is the allocator's free memory at the allocated peak.
-	FreeAtPeak        *Free  `json:"free_at_peak,omitempty"`
-	EndAllocatedBytes int64  `json:"end_allocated_bytes"`
-	EndReservedBytes  int64  `json:"end_reserved_bytes"`
-	BeforeRecording   int64  `json:"allocated_before_recording_bytes"`
-	Sites             []Site `json:"sites"`                 // alive at the peak, most bytes first
-	OtherSites        *Site  `json:"other_sites,omitempty"` // the sites beyond Sites, together
+	FreeAtPeak *Free `json:"free_at_peak,omitempty"`
+	// ExpandableSegments: the allocator's segments are expandable ones
+	// (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is on).
+	ExpandableSegments bool   `json:"expandable_segments,omitempty"`
+	EndAllocatedBytes  int64  `json:"end_allocated_bytes"`
+	EndReservedBytes   int64  `json:"end_reserved_bytes"`
+	BeforeRecording    int64  `json:"allocated_before_recording_bytes"`
+	Sites              []Site `json:"sites"`                 // alive at the peak, most bytes first
+	OtherSites         *Site  `json:"other_sites,omitempty"` // the sites beyond Sites, together
 	// KeptSites are the sites of the blocks allocated inside the window and still
 	// allocated at its end, most bytes first (at most KeptSitesMax): what grew.
 	KeptSites []Site        `json:"kept_sites,omitempty"`
@@ -202,6 +205,9 @@ func (r *RankData) Analysis(w Window) *RankAnalysis {
 	}
 	hist := newHistory(len(r.Trace), endA-netA)
 	peakIdx, freeAt := r.walk(a, w, endA-netA, endR-netR, hist)
+	if endA-netA < 0 || endR-netR < 0 {
+		a.FreeAtPeak = nil // the segments do not hold what the trace made: no free memory is told from them
+	}
 	r.freeAt(a, freeAt)
 	if !w.Cut() {
 		a.EndAllocatedBytes, a.EndReservedBytes = endA, endR
@@ -300,17 +306,32 @@ func (r *RankData) walk(a *RankAnalysis, w Window, alloc, res int64, hist *histo
 
 // freeAt adds the largest free block at the allocated peak and at the OOMs (after
 // the events at: the peak's, then the OOMs') where the segments tell it.
+//
+// Figures that cannot be (more allocated than reserved, a free block larger
+// than all that is free: a damaged snapshot) are left out rather than told.
 func (r *RankData) freeAt(a *RankAnalysis, at []int) {
-	if a.FreeAtPeak == nil {
+	for _, g := range r.Segs {
+		a.ExpandableSegments = a.ExpandableSegments || g.IsExpandable
+	}
+	f := a.FreeAtPeak
+	if f == nil {
+		return
+	}
+	if f.FreeBytes < 0 || f.ReservedBytes < 0 {
+		a.FreeAtPeak = nil
 		return
 	}
 	largest, ok := r.largestFree(at)
 	if !ok {
 		return
 	}
-	a.FreeAtPeak.LargestFreeBlockBytes = &largest[0]
+	if largest[0] <= f.FreeBytes {
+		f.LargestFreeBlockBytes = &largest[0]
+	}
 	for i := range a.OOMs {
-		a.OOMs[i].LargestFreeBlock = &largest[i+1]
+		if o := &a.OOMs[i]; largest[i+1] <= o.ReservedThen-o.AllocatedThen {
+			o.LargestFreeBlock = &largest[i+1]
+		}
 	}
 }
 

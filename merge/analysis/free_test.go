@@ -97,7 +97,7 @@ func TestLargestFreeBlock(t *testing.T) {
 		g := &snapshot.Segment{Address: seg, TotalSize: 10 * mib, Has: snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegBlocks,
 			Blocks: blocks(seg, []int64{10 * mib}, false)}
 		a := analyze(t, synthetic(g, ev(snapshot.ActionOOM, 0, 20*mib), ev(snapshot.ActionAlloc, seg, 10*mib)))
-		if a.FreeAtPeak == nil || a.FreeAtPeak.LargestFreeBlockBytes != nil || a.OOMs[0].LargestFreeBlock != nil {
+		if a.FreeAtPeak != nil && a.FreeAtPeak.LargestFreeBlockBytes != nil || a.OOMs[0].LargestFreeBlock != nil || a.OOMs[0].Fragmented() {
 			t.Fatalf("free at the peak %+v, OOM %+v", a.FreeAtPeak, a.OOMs)
 		}
 	})
@@ -163,5 +163,43 @@ func TestDamagedSegmentDevice(t *testing.T) {
 		if err != nil || a.Device != 0 {
 			t.Fatalf("device %d: analysed as device %v, %v", d, a, err)
 		}
+	}
+}
+
+// TestFreeFiguresThatCannotBe: a snapshot whose segments do not hold what its
+// trace allocated (segments dropped, blocks that do not tile) gets no free
+// memory at the peak rather than a negative one, and no largest free block
+// larger than all that is free; an OOM in expandable segments is not told to
+// turn them on.
+func TestFreeFiguresThatCannotBe(t *testing.T) {
+	const seg = int64(0x7f0000000000)
+	tr := []*snapshot.TraceEntry{ev(snapshot.ActionSegmentAlloc, seg, 10*mib), ev(snapshot.ActionAlloc, seg, 10*mib)}
+	s := synthetic(&snapshot.Segment{Address: seg, TotalSize: 10 * mib}, tr...)
+	s.Segments = nil // (dropped: the start is computed as below zero)
+	if a := analyze(t, s); a.FreeAtPeak != nil {
+		t.Fatalf("free at the peak from damaged segments: %+v", a.FreeAtPeak)
+	}
+	// an expandable segment: the fragmentation finding names no remedy it has
+	g := &snapshot.Segment{Address: seg, TotalSize: 100 * mib, IsExpandable: true, Has: snapshot.SegAddress | snapshot.SegTotalSize | snapshot.SegBlocks | snapshot.SegIsExpandable,
+		Blocks: blocks(seg, []int64{10 * mib, 10 * mib, 10 * mib, 10 * mib, 10 * mib, 10 * mib, 10 * mib, 10 * mib, 10 * mib, 10 * mib},
+			true, false, true, false, true, false, true, false, true, false)}
+	tr = []*snapshot.TraceEntry{ev(snapshot.ActionSegmentMap, seg, 100*mib)}
+	for i := range int64(10) {
+		tr = append(tr, ev(snapshot.ActionAlloc, seg+i*10*mib, 10*mib))
+	}
+	for _, i := range []int64{1, 3, 5, 7, 9} {
+		tr = append(tr, ev(snapshot.ActionFreeCompleted, seg+i*10*mib, 10*mib))
+	}
+	a := analyze(t, synthetic(g, append(tr, ev(snapshot.ActionOOM, 0, 30*mib))...))
+	if !a.ExpandableSegments || len(a.OOMs) != 1 || !a.OOMs[0].Fragmented() {
+		t.Fatalf("expandable %v, OOMs %+v", a.ExpandableSegments, a.OOMs)
+	}
+	sum := &Summary{Ranks: []RankSummary{{Rank: 0, OOMs: a.OOMs, ExpandableSegments: true}}}
+	if got := strings.Join(sum.Findings(), "\n"); strings.Contains(got, "expandable_segments:True is the usual remedy") || !strings.Contains(got, "expandable segments are on already") {
+		t.Fatalf("findings:\n%s", got)
+	}
+	// a reserved figure no device holds is no fragmentation
+	if (OOM{Size: 1, AllocatedThen: 0, ReservedThen: 1 << 62}).Fragmented() {
+		t.Fatal("4096 PiB reserved read as fragmentation")
 	}
 }

@@ -271,9 +271,13 @@ func (s *Summary) Findings() []string {
 					if o.LargestFreeBlock != nil {
 						largest = ", the largest free block " + HumanBytes(*o.LargestFreeBlock)
 					}
+					remedy := "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the usual remedy"
+					if r.ExpandableSegments {
+						remedy = "expandable segments are on already: fewer long-lived allocations between large ones, or freeing them sooner, leaves larger pieces"
+					}
 					out = append(out, fmt.Sprintf("rank %d ran out of memory asking for %s while %s was reserved but not allocated%s: enough free memory, "+
-						"in pieces none large enough (fragmentation); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is the usual remedy",
-						r.Rank, HumanBytes(o.Size), HumanBytes(o.ReservedThen-o.AllocatedThen), largest))
+						"in pieces none large enough (fragmentation); %s",
+						r.Rank, HumanBytes(o.Size), HumanBytes(o.ReservedThen-o.AllocatedThen), largest, remedy))
 				}
 				break
 			}
@@ -351,6 +355,9 @@ func (s *Summary) focusLine() string {
 	}
 	r := s.Ranks[i]
 	line := head + ": peak " + HumanBytes(r.PeakAllocatedBytes)
+	if r.Events == 0 {
+		return line + "; its snapshot holds no allocator history (an agent keeps one only with --record-always, or while it records a window)"
+	}
 	if l := r.Leak; l != nil && len(l.Sites) > 0 {
 		var parts []string
 		for _, st := range l.Sites[:min(3, len(l.Sites))] {

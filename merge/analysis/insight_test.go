@@ -450,7 +450,7 @@ func TestFragmentedOOM(t *testing.T) {
 func TestFocusLeads(t *testing.T) {
 	sp := &Spread{MedianPeakAllocatedBytes: 100 * mib, MaxPeakAllocatedBytes: 200 * mib, OutlierRank: 1, OutlierRanks: []int{1}, OutlierPeakBytes: 200 * mib}
 	ranks := []RankSummary{{Rank: 0, PeakAllocatedBytes: 100 * mib},
-		{Rank: 1, PeakAllocatedBytes: 200 * mib, KeptSites: []Site{{Site: "grow (train.py:9)", Bytes: 48 * mib, Blocks: 3}}}}
+		{Rank: 1, Events: 500, PeakAllocatedBytes: 200 * mib, KeptSites: []Site{{Site: "grow (train.py:9)", Bytes: 48 * mib, Blocks: 3}}}}
 	s := &Summary{Spread: sp, Ranks: ranks, Focus: &Focus{Rank: 1, Why: "crossed a trigger: growing 16.0 MiB a batch"}}
 	a := s.Answer()
 	want := "rank 1, which this window was taken for (crossed a trigger: growing 16.0 MiB a batch): peak 200.0 MiB; allocated in the window and kept: grow (train.py:9) 48.0 MiB in 3 blocks"
@@ -460,6 +460,12 @@ func TestFocusLeads(t *testing.T) {
 	s.Focus = &Focus{Rank: 3, Why: "failed first: out of memory"}
 	s.MissingReasons = map[string]string{"3": "its agent left the cluster"}
 	if a := s.Answer(); a[0] != "rank 3, which this window was taken for (failed first: out of memory): its snapshot is missing: its agent left the cluster" {
+		t.Fatalf("answer:\n%s", strings.Join(a, "\n"))
+	}
+	// a dump of a rank that kept no history (no --record-always) says so
+	s.Focus, s.MissingReasons = &Focus{Rank: 1, Why: "crossed a trigger"}, nil
+	s.Ranks[1].Events = 0
+	if a := s.Answer(); !strings.HasSuffix(a[0], "its snapshot holds no allocator history (an agent keeps one only with --record-always, or while it records a window)") {
 		t.Fatalf("answer:\n%s", strings.Join(a, "\n"))
 	}
 	s.Focus = nil

@@ -39,8 +39,13 @@ type OOM struct {
 // in its segments: the memory was there, in pieces none large enough (where the
 // largest piece is known, it is smaller than what was asked for).
 func (o OOM) Fragmented() bool {
-	return o.Size > 0 && o.ReservedThen-o.AllocatedThen >= o.Size && (o.LargestFreeBlock == nil || *o.LargestFreeBlock < o.Size)
+	return o.Size > 0 && o.AllocatedThen >= 0 && o.ReservedThen <= maxDeviceBytes && o.ReservedThen-o.AllocatedThen >= o.Size &&
+		(o.LargestFreeBlock == nil || *o.LargestFreeBlock < o.Size)
 }
+
+// maxDeviceBytes bounds what one device's allocator can hold (1 PiB): figures
+// above it come from a damaged snapshot.
+const maxDeviceBytes = 1 << 50
 
 // Site is an allocation site (a Python frame) and what it held alive at a peak.
 type Site struct {
@@ -69,7 +74,9 @@ type RankSummary struct {
 	PeakReservedTimeUS  int64  `json:"peak_reserved_time_us"`
 	// FreeAtPeak is the allocator's free memory at the allocated peak: reserved but
 	// not allocated, and the largest free block.
-	FreeAtPeak               *Free  `json:"free_at_peak,omitempty"`
+	FreeAtPeak *Free `json:"free_at_peak,omitempty"`
+	// ExpandableSegments: the rank's allocator used expandable segments.
+	ExpandableSegments       bool   `json:"expandable_segments,omitempty"`
 	EndAllocatedBytes        int64  `json:"end_allocated_bytes"`
 	EndReservedBytes         int64  `json:"end_reserved_bytes"`
 	PeakNVMLDeviceUsedBytes  int64  `json:"peak_nvml_device_used_bytes,omitempty"`
