@@ -18,6 +18,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -68,21 +69,19 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if *asJSON {
 		// the figures come every few seconds: the first view may be empty
-		deadline := time.Now().Add(2 * coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval)
-		for {
-			v, err := ask()
-			if err != nil {
-				return err
-			}
-			if len(v.Ranks) > 0 || time.Now().After(deadline) {
-				return json.NewEncoder(stdout).Encode(viewJSON(name, v, time.Now()))
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(200 * time.Millisecond):
-			}
+		var v *pb.ClusterView
+		var err error
+		wait.Every(ctx, 2*coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval, 200*time.Millisecond, func() bool {
+			v, err = ask()
+			return err != nil || len(v.Ranks) > 0
+		})
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			return err
 		}
+		return json.NewEncoder(stdout).Encode(viewJSON(name, v, time.Now()))
 	}
 	tty := isTerminal(stdout)
 	for {
