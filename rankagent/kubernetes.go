@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -16,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/bounded"
 	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
@@ -102,9 +102,9 @@ func getCompletions(client *http.Client, u, token string) (n int, retry bool, er
 		return 0, true, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	body, err := bounded.Read(resp.Body, "the API server's answer", 4<<20)
 	if err != nil {
-		return 0, true, err
+		return 0, !errors.Is(err, bounded.ErrTooLarge), err
 	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:

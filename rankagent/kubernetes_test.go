@@ -12,7 +12,8 @@ import (
 	"testing"
 )
 
-// fakeAPIServer serves one Job (completions n; 0: none) over TLS on loopback, as
+// fakeAPIServer serves one Job (completions n; 0: none; -1: 8, in an answer
+// over 4 MiB) over TLS on loopback, as
 // Kubernetes' API server does, to the holder of token; it points
 // serviceAccountDir at a folder holding the pod's token (podToken), the server's
 // CA and the namespace, and returns the pod's environment.
@@ -28,8 +29,11 @@ func fakeAPIServer(t *testing.T, ns, job string, n int, token, podToken string) 
 			return
 		}
 		spec := `{"completionMode":"Indexed"}`
-		if n > 0 {
+		switch {
+		case n > 0:
 			spec = fmt.Sprintf(`{"completionMode":"Indexed","completions":%d,"parallelism":%d}`, n, n)
+		case n < 0:
+			spec = fmt.Sprintf(`{"completionMode":"Indexed","completions":8,"padding":%q}`, strings.Repeat("x", 4<<20))
 		}
 		fmt.Fprintf(w, `{"kind":"Job","apiVersion":"batch/v1","metadata":{"name":%q,"namespace":%q},"spec":%s}`, job, ns, spec)
 	}))
@@ -86,6 +90,8 @@ func TestWorldSizeFromTheJob(t *testing.T) {
 			"403 Forbidden: the pod's service account needs get on this Job"},
 		{"a Job without completions", func() func(string) string { return fakeAPIServer(t, "ml", "train", 0, "tok", "tok") },
 			"spec.completions (<nil>) is no world size"},
+		{"an answer over 4 MiB", func() func(string) string { return fakeAPIServer(t, "ml", "train", -1, "tok", "tok") },
+			"the API server's answer is larger than 4194304 bytes"},
 		{"another Job's name", func() func(string) string {
 			g := fakeAPIServer(t, "ml", "train", 8, "tok", "tok")
 			return func(k string) string {

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/bounded"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -288,12 +289,12 @@ func ReadAll(ctx context.Context, s Store, key string) ([]byte, error) {
 // ErrTooLarge that names what was read): the one bounded read of untrusted
 // records, manifests and messages.
 func ReadLimited(r io.Reader, name string, limit int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("store: reading %s: %w", name, err)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%w: %s is larger than %d bytes", ErrTooLarge, name, limit)
+	b, err := bounded.Read(r, name, limit)
+	switch {
+	case errors.Is(err, bounded.ErrTooLarge):
+		return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
+	case err != nil:
+		return nil, fmt.Errorf("store: %w", err)
 	}
 	return b, nil
 }
