@@ -94,7 +94,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	stderr, stdout = &syncWriter{w: stderr}, &syncWriter{w: stdout}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 
-	id, err := rankagent.ResolveIdentity(nil, rankagent.Overrides{RunName: *runName, Rank: *rank, LocalRank: *localRank,
+	id, err := rankagent.ResolveIdentity(ctx, nil, rankagent.Overrides{RunName: *runName, Rank: *rank, LocalRank: *localRank,
 		NodeRank: *nodeRank, WorldSize: *world, LocalWorld: *localWorld})
 	if err != nil {
 		return err

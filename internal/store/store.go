@@ -60,11 +60,12 @@ var (
 // with the same credentials is refused again), or the store URL or endpoint is
 // malformed (ErrBadURL).
 //
-// Everything else is transient, including errors this package does not know: an
+// Everything else is worth retrying, including errors this package does not know
+// (retry.Transient answers the other way for those: internal/retry says why): an
 // unreachable endpoint and a missing bucket (an operator can fix those while the
 // job waits), a cancelled or expired context, server errors and time-outs. An
-// error that wraps one of those is transient even when it also wraps a permanent
-// one.
+// error that wraps one of those is not permanent even when it also wraps a
+// permanent one.
 func Permanent(err error) bool {
 	if err == nil {
 		return false
