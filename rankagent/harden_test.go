@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/gpu"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -326,7 +327,7 @@ func TestOneBadJobNeverBlocksTheQueue(t *testing.T) {
 		src := filepath.Join(sp.incoming(), "x.pickle")
 		os.WriteFile(src, data, 0o600)
 		if sum == "" {
-			sum = sha256Hex(data)
+			sum = digest.SHA256Hex(data)
 		}
 		if _, err := sp.addJob(src, job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sum, Size: int64(len(data)), Window: 1, Start: 1, Stop: 2, Reason: "window"}, []byte("{}"), nil); err != nil {
 			t.Fatal(err)
@@ -378,7 +379,7 @@ func TestTransientErrorsRetryPerJob(t *testing.T) {
 		src := filepath.Join(sp.incoming(), "x.pickle")
 		os.WriteFile(src, data, 0o600)
 		key := fmt.Sprintf("a/%d.pickle", i)
-		sp.addJob(src, job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Window: uint64(i + 1), Reason: "window"}, []byte("{}"), nil)
+		sp.addJob(src, job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: digest.SHA256Hex(data), Size: int64(len(data)), Window: uint64(i + 1), Reason: "window"}, []byte("{}"), nil)
 	}
 	dir := t.TempDir()
 	var calls int
