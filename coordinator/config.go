@@ -15,7 +15,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/internal/bounded"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/rankagent"
@@ -357,24 +357,9 @@ func LoadKey(flag, file string, getenv func(string) string) ([]byte, error) {
 	case flag != "":
 		return ParseKey(flag)
 	case file != "":
-		f, err := os.Open(file)
+		b, err := bounded.ReadSecretFile(file, "coordinator: key file", 4096)
 		if err != nil {
-			return nil, fmt.Errorf("coordinator: key file: %w", err)
-		}
-		defer f.Close()
-		st, err := f.Stat()
-		if err != nil {
-			return nil, fmt.Errorf("coordinator: key file: %w", err)
-		}
-		// the owner's, and at most readable by its group (as Kubernetes' fsGroup
-		// makes a Secret's file, mode 0440): never writable by the group, never
-		// open to others
-		if st.Mode().Perm()&0o037 != 0 {
-			return nil, fmt.Errorf("coordinator: key file %s is open to others or writable by its group (mode %v); chmod 600 it (640 lets its group read it)", file, st.Mode().Perm())
-		}
-		b, err := io.ReadAll(io.LimitReader(f, 4096))
-		if err != nil {
-			return nil, fmt.Errorf("coordinator: key file: %w", err)
+			return nil, err
 		}
 		return ParseKey(string(b))
 	case getenv(KeyEnv) != "":

@@ -74,6 +74,12 @@ func TestKeyFileModes(t *testing.T) {
 			t.Errorf("mode %o: accepted (%v)", c.mode, err)
 		}
 	}
+	// a file over 4 KiB is no key file (it was read cut short)
+	big := filepath.Join(dir, "big")
+	os.WriteFile(big, []byte(key+strings.Repeat("\n", 4096)), 0o600)
+	if _, err := LoadKey("", big, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "larger than 4096 bytes") {
+		t.Errorf("a key file over 4 KiB: %v", err)
+	}
 	// as a Secret volume lays it out: key -> ..data/key -> ..2026_12_05/key
 	sec := filepath.Join(dir, "secret")
 	os.MkdirAll(filepath.Join(sec, "..2026_12_05"), 0o755)

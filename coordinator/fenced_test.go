@@ -366,15 +366,14 @@ func TestWaitAllNotToldFailed(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, "rank 1 to lead", func() bool { return tc.ranks[1].Coord.IsLeader() })
 	// more times than a member asks a leader that cannot tell before it gives up
 	// on a window it has no answer of
-	for wait := time.After(2 * time.Minute); unsure.Load() <= unknownTries; {
+	testutil.Eventually(t, 2*time.Minute, "the new leader to say more than unknownTries times that it cannot tell", func() bool {
 		select {
 		case r := <-done:
 			t.Fatalf("the member stopped waiting while the store refused writes: %+v %v", r.res, r.err)
-		case <-wait:
-			t.Fatalf("the new leader said %d times that it cannot tell", unsure.Load())
-		case <-time.After(100 * time.Millisecond):
+		default:
 		}
-	}
+		return unsure.Load() > unknownTries
+	})
 	readOnly.Store(false)
 	r := <-done
 	if r.err != nil || r.res.State != pb.Outcome_OUTCOME_PUBLISHED || r.res.Pending || r.res.Error != "" {

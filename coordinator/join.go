@@ -429,14 +429,8 @@ func isSelf(addr, self string) bool {
 // memberlist merges their states on the join. The wait doubles up to 30 s while
 // nothing changes.
 func (c *Coordinator) rejoinLoop(ctx context.Context) {
-	wait := c.cfg.RejoinInterval
-	for {
-		d := retry.Jitter(wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(d):
-		}
+	wait := retry.Backoff{Min: c.cfg.RejoinInterval, Max: 30 * time.Second}
+	for wait.Wait(ctx) {
 		want := c.cfg.Identity.WorldSize
 		if c.cfg.Client {
 			want = 1
@@ -459,23 +453,21 @@ func (c *Coordinator) rejoinLoop(ctx context.Context) {
 		}
 		c.mu.Unlock()
 		if ranks >= want || m == nil {
-			wait = c.cfg.RejoinInterval
+			wait.Reset()
 			continue
 		}
 		targets := c.joinTargets(gone)
 		if len(targets) == 0 {
-			wait = min(2*wait, 30*time.Second)
 			continue
 		}
 		before := m.NumMembers()
 		n, err := m.Join(targets)
 		if after := m.NumMembers(); after > before {
 			c.log.Info("rejoined members that were apart", "members", after, "was", before, "world_size", c.cfg.Identity.WorldSize)
-			wait = c.cfg.RejoinInterval
+			wait.Reset()
 			continue
 		}
 		c.log.Debug("rejoin found no one new", "tried", len(targets), "answered", n, "err", err)
-		wait = min(2*wait, 30*time.Second)
 	}
 }
 

@@ -411,7 +411,7 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank in
 	if r.MetaKey == "" {
 		return nil, "its snapshot has no metadata", nil
 	}
-	b, err := store.ReadAll(ctx, l.st, r.MetaKey)
+	b, _, err := store.ReadObject(ctx, l.st, r.MetaKey, sidecar.MaxMetaBytes)
 	if err != nil {
 		if retryable(err) {
 			return nil, "", err

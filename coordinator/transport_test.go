@@ -242,22 +242,11 @@ func checkIdle(t *testing.T, tr *limitedTransport) {
 }
 
 // logBuffer collects log lines from several goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
+type logBuffer struct{ testutil.SyncBuffer }
 
 func (b *logBuffer) lines(substr string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []string
-	for _, l := range strings.Split(b.buf.String(), "\n") {
+	for _, l := range strings.Split(b.String(), "\n") {
 		if strings.Contains(l, substr) {
 			out = append(out, l)
 		}

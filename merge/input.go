@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -101,15 +100,11 @@ func (in Input) WithMeta(raw []byte) Input {
 // not exist, an error when it is larger than MaxAnalysisBytes.
 func StoreAnalysis(st store.Store, key string) func(ctx context.Context) ([]byte, error) {
 	return func(ctx context.Context) ([]byte, error) {
-		rc, _, err := st.Get(ctx, key)
+		b, _, err := store.ReadObject(ctx, st, key, analysis.MaxAnalysisBytes)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, nil
 		}
-		if err != nil {
-			return nil, err
-		}
-		defer rc.Close()
-		return readBounded(rc, key, analysis.MaxAnalysisBytes)
+		return b, err
 	}
 }
 
@@ -128,11 +123,6 @@ func fileAnalysis(p string) func(ctx context.Context) ([]byte, error) {
 		}
 		return snapshot.ReadFileBytes(ctx, p)
 	}
-}
-
-// readBounded reads r whole, refusing more than limit bytes.
-func readBounded(r io.Reader, name string, limit int64) ([]byte, error) {
-	return store.ReadLimited(r, name, limit)
 }
 
 // Resolver turns command-line inputs into Inputs.
@@ -310,7 +300,7 @@ func (r *Resolver) expandS3(ctx context.Context, arg string, rank int) ([]Input,
 		in := Input{Rank: rank, Source: "s3://" + u.Bucket + "/" + key,
 			load: func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, key) }}
 		if keys[metaKey] {
-			in.meta = func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, metaKey) }
+			in.meta = func(ctx context.Context) ([]byte, error) { return readMeta(ctx, st, metaKey) }
 		}
 		if ak := path.Join(path.Dir(key), analysis.AnalysisName(path.Base(key))); keys[ak] {
 			in.analysis = StoreAnalysis(st, ak)
@@ -368,7 +358,7 @@ func StoreInput(st store.Store, key, metaKey string, rank int) Input {
 	in := Input{Rank: rank, Source: key, load: func(ctx context.Context) ([]byte, error) { return store.ReadAll(ctx, st, key) }}
 	if metaKey != "" {
 		in.meta = func(ctx context.Context) ([]byte, error) {
-			b, err := store.ReadAll(ctx, st, metaKey)
+			b, err := readMeta(ctx, st, metaKey)
 			if errors.Is(err, store.ErrNotFound) {
 				return nil, nil
 			}
@@ -376,4 +366,11 @@ func StoreInput(st store.Store, key, metaKey string, rank int) Input {
 		}
 	}
 	return in
+}
+
+// readMeta reads the sidecar at key in st, refusing one larger than
+// sidecar.MaxMetaBytes.
+func readMeta(ctx context.Context, st store.Store, key string) ([]byte, error) {
+	b, _, err := store.ReadObject(ctx, st, key, sidecar.MaxMetaBytes)
+	return b, err
 }

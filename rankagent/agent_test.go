@@ -40,7 +40,20 @@ type harness struct {
 	results chan UploadResult
 }
 
+// startAgent starts an agent of cfg that logs to the test and hands every
+// upload's result to the harness's results.
 func startAgent(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	cfg.Logger = testutil.Logger(t)
+	h := &harness{done: make(chan error, 1), results: make(chan UploadResult, 16)}
+	cfg.OnUpload = func(r UploadResult) { h.results <- r }
+	return startWith(t, cfg, h)
+}
+
+// startWith starts an agent of cfg in h (a socket and a spool of its own where
+// cfg names none, retries within 20-200 ms), waits for its socket, and stops it
+// when the test ends.
+func startWith(t *testing.T, cfg Config, h *harness) *harness {
 	t.Helper()
 	if cfg.Socket == "" {
 		cfg.Socket = shortSocket(t)
@@ -48,10 +61,7 @@ func startAgent(t *testing.T, cfg Config) *harness {
 	if cfg.Spool == "" {
 		cfg.Spool = t.TempDir()
 	}
-	cfg.Logger = testutil.Logger(t)
 	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
-	h := &harness{done: make(chan error, 1), results: make(chan UploadResult, 16)}
-	cfg.OnUpload = func(r UploadResult) { h.results <- r }
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/gpu"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -326,7 +327,7 @@ func TestOneBadJobNeverBlocksTheQueue(t *testing.T) {
 		src := filepath.Join(sp.incoming(), "x.pickle")
 		os.WriteFile(src, data, 0o600)
 		if sum == "" {
-			sum = sha256Hex(data)
+			sum = digest.SHA256Hex(data)
 		}
 		if _, err := sp.addJob(src, job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sum, Size: int64(len(data)), Window: 1, Start: 1, Stop: 2, Reason: "window"}, []byte("{}"), nil); err != nil {
 			t.Fatal(err)
@@ -378,7 +379,7 @@ func TestTransientErrorsRetryPerJob(t *testing.T) {
 		src := filepath.Join(sp.incoming(), "x.pickle")
 		os.WriteFile(src, data, 0o600)
 		key := fmt.Sprintf("a/%d.pickle", i)
-		sp.addJob(src, job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sha256Hex(data), Size: int64(len(data)), Window: uint64(i + 1), Reason: "window"}, []byte("{}"), nil)
+		sp.addJob(src, job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: digest.SHA256Hex(data), Size: int64(len(data)), Window: uint64(i + 1), Reason: "window"}, []byte("{}"), nil)
 	}
 	dir := t.TempDir()
 	var calls int
@@ -673,5 +674,33 @@ func TestSpoolDiskFull(t *testing.T) {
 	r := waitUpload(t, h, 20*time.Second)
 	if r.Err != nil || r.Key != "run1/torch_memory_traces/rank0.6.memory_snapshot.pickle" {
 		t.Fatalf("upload once there is room: %+v", r)
+	}
+}
+
+// TestLargestSidecarFits: the largest sidecar an agent writes (MaxFileMarks
+// batch marks and maxSamples NVML samples, of many-digit figures) is within
+// sidecar.MaxMetaBytes, the most a merge reads of one.
+func TestLargestSidecarFits(t *testing.T) {
+	size := func(marks, samples int) int64 {
+		m := sidecar.RankMeta{Version: 1, RunName: strings.Repeat("r", 64), Rank: 65535, WorldSize: 65536, Hostname: strings.Repeat("h", 64)}
+		for i := range marks {
+			m.Batches = append(m.Batches, sidecar.BatchMark{Batch: 1e12 + int64(i), StartUS: 1767225600000000, EndUS: 1767225600000000})
+		}
+		for range samples {
+			m.Samples = append(m.Samples, sidecar.MemorySample{TimeUS: 1767225600000000, DeviceUsedBytes: 200 << 30, ProcessUsedBytes: 200 << 30})
+		}
+		b, err := json.MarshalIndent(m, "", "  ") // as the agent writes it
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int64(len(b))
+	}
+	const n = 1000
+	base := size(1, 1)
+	mark, sample := (size(n+1, 1)-base)/n, (size(1, n+1)-base)/n
+	if largest := base + mark*MaxFileMarks + sample*maxSamples; largest > sidecar.MaxMetaBytes {
+		t.Fatalf("the largest sidecar is about %d bytes, more than sidecar.MaxMetaBytes (%d)", largest, sidecar.MaxMetaBytes)
+	} else {
+		t.Logf("the largest sidecar is about %d bytes (%.0f MiB)", largest, float64(largest)/(1<<20))
 	}
 }

@@ -1,6 +1,7 @@
 package rankagent
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -192,8 +193,9 @@ type Overrides struct {
 }
 
 // ResolveIdentity takes the launcher's identity from the environment (or a single
-// rank when there is no launcher) and applies the overrides.
-func ResolveIdentity(getenv func(string) string, o Overrides) (Identity, error) {
+// rank when there is no launcher) and applies the overrides; ctx bounds reading
+// a Kubernetes Job's size.
+func ResolveIdentity(ctx context.Context, getenv func(string) string, o Overrides) (Identity, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
@@ -205,7 +207,7 @@ func ResolveIdentity(getenv func(string) string, o Overrides) (Identity, error) 
 		id = Identity{WorldSize: 1, LocalWorldSize: 1, Launcher: "flags", RunName: getenv("MEMSNAP_RUN_NAME")}
 	}
 	if id.Launcher == "kubernetes" && id.WorldSize == 0 && o.WorldSize < 0 {
-		n, err := readJobCompletions(getenv)
+		n, err := readJobCompletions(ctx, getenv)
 		if err != nil {
 			return id, fmt.Errorf("rankagent: WORLD_SIZE is not set, and the world size could not be read from the Kubernetes Job: %w (set WORLD_SIZE or --world-size, or let the pod's service account get its Job)", err)
 		}

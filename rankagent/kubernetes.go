@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/bounded"
+	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/merge/sidecar"
 )
 
@@ -32,7 +33,7 @@ const kubernetesJobTimeout = 20 * time.Second
 // Job's name is $MEMSNAP_K8S_JOB, else the pod's hostname less its
 // "-<index>" (an indexed Job's pods are named so); its namespace
 // $POD_NAMESPACE, else the service account's.
-func jobCompletions(getenv func(string) string) (int, error) {
+func jobCompletions(ctx context.Context, getenv func(string) string) (int, error) {
 	host, port := getenv("KUBERNETES_SERVICE_HOST"), getenv("KUBERNETES_SERVICE_PORT")
 	if host == "" || port == "" {
 		return 0, errors.New("not in a Kubernetes pod (KUBERNETES_SERVICE_HOST is not set)")
@@ -71,25 +72,20 @@ func jobCompletions(getenv func(string) string) (int, error) {
 	}
 	client := &http.Client{Timeout: kubernetesJobTimeout, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 	u := fmt.Sprintf("https://%s/apis/batch/v1/namespaces/%s/jobs/%s", net.JoinHostPort(host, port), url.PathEscape(ns), url.PathEscape(job))
-	var last error
-	for try := 0; try < 3; try++ {
-		if try > 0 {
-			time.Sleep(time.Duration(try) * time.Second)
-		}
-		n, retry, err := getCompletions(client, u, strings.TrimSpace(string(token)))
+	wait := retry.Backoff{Min: time.Second, Max: 2 * time.Second}
+	for try := 1; ; try++ {
+		n, again, err := getCompletions(ctx, client, u, strings.TrimSpace(string(token)))
 		if err == nil {
 			return n, nil
 		}
-		last = fmt.Errorf("Job %s/%s: %w", ns, job, err)
-		if !retry {
-			break
+		if !again || try == 3 || !wait.Wait(ctx) {
+			return 0, fmt.Errorf("Job %s/%s: %w", ns, job, err)
 		}
 	}
-	return 0, last
 }
 
-func getCompletions(client *http.Client, u, token string) (n int, retry bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), kubernetesJobTimeout)
+func getCompletions(ctx context.Context, client *http.Client, u, token string) (n int, again bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, kubernetesJobTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -102,9 +98,9 @@ func getCompletions(client *http.Client, u, token string) (n int, retry bool, er
 		return 0, true, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	body, err := bounded.Read(resp.Body, "the API server's answer", 4<<20)
 	if err != nil {
-		return 0, true, err
+		return 0, !errors.Is(err, bounded.ErrTooLarge), err
 	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:

@@ -1,6 +1,7 @@
 package rankagent
 
 import (
+	"context"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -10,9 +11,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
-// fakeAPIServer serves one Job (completions n; 0: none) over TLS on loopback, as
+// fakeAPIServer serves one Job (completions n; 0: none; -1: 8, in an answer
+// over 4 MiB; -2: 503 Service Unavailable) over TLS on loopback, as
 // Kubernetes' API server does, to the holder of token; it points
 // serviceAccountDir at a folder holding the pod's token (podToken), the server's
 // CA and the namespace, and returns the pod's environment.
@@ -27,9 +30,16 @@ func fakeAPIServer(t *testing.T, ns, job string, n int, token, podToken string) 
 			http.Error(w, `{"kind":"Status","reason":"NotFound"}`, http.StatusNotFound)
 			return
 		}
+		if n == -2 {
+			http.Error(w, `{"kind":"Status","reason":"ServiceUnavailable"}`, http.StatusServiceUnavailable)
+			return
+		}
 		spec := `{"completionMode":"Indexed"}`
-		if n > 0 {
+		switch {
+		case n > 0:
 			spec = fmt.Sprintf(`{"completionMode":"Indexed","completions":%d,"parallelism":%d}`, n, n)
+		case n == -1:
+			spec = fmt.Sprintf(`{"completionMode":"Indexed","completions":8,"padding":%q}`, strings.Repeat("x", 4<<20))
 		}
 		fmt.Fprintf(w, `{"kind":"Job","apiVersion":"batch/v1","metadata":{"name":%q,"namespace":%q},"spec":%s}`, job, ns, spec)
 	}))
@@ -62,7 +72,7 @@ func fakeAPIServer(t *testing.T, ns, job string, n int, token, podToken string) 
 // read it, or in a Job without completions, the agent says what to do.
 func TestWorldSizeFromTheJob(t *testing.T) {
 	getenv := fakeAPIServer(t, "ml", "train", 8, "tok", "tok")
-	id, err := ResolveIdentity(getenv, Overrides{Rank: -1, LocalRank: -1, NodeRank: -1, WorldSize: -1, LocalWorld: -1})
+	id, err := ResolveIdentity(context.Background(), getenv, Overrides{Rank: -1, LocalRank: -1, NodeRank: -1, WorldSize: -1, LocalWorld: -1})
 	if err != nil || id.WorldSize != 8 || id.Rank != 3 || id.Launcher != "kubernetes" || id.RunName != "train-7f3a" {
 		t.Fatalf("identity %+v %v", id, err)
 	}
@@ -74,7 +84,7 @@ func TestWorldSizeFromTheJob(t *testing.T) {
 		}
 		return bad(k)
 	}
-	if id, err := ResolveIdentity(withWS, Overrides{Rank: -1, LocalRank: -1, NodeRank: -1, WorldSize: -1, LocalWorld: -1}); err != nil || id.WorldSize != 4 {
+	if id, err := ResolveIdentity(context.Background(), withWS, Overrides{Rank: -1, LocalRank: -1, NodeRank: -1, WorldSize: -1, LocalWorld: -1}); err != nil || id.WorldSize != 4 {
 		t.Fatalf("with WORLD_SIZE: %+v %v", id, err)
 	}
 	for _, c := range []struct {
@@ -86,6 +96,8 @@ func TestWorldSizeFromTheJob(t *testing.T) {
 			"403 Forbidden: the pod's service account needs get on this Job"},
 		{"a Job without completions", func() func(string) string { return fakeAPIServer(t, "ml", "train", 0, "tok", "tok") },
 			"spec.completions (<nil>) is no world size"},
+		{"an answer over 4 MiB", func() func(string) string { return fakeAPIServer(t, "ml", "train", -1, "tok", "tok") },
+			"the API server's answer is larger than 4194304 bytes"},
 		{"another Job's name", func() func(string) string {
 			g := fakeAPIServer(t, "ml", "train", 8, "tok", "tok")
 			return func(k string) string {
@@ -108,9 +120,22 @@ func TestWorldSizeFromTheJob(t *testing.T) {
 			return func(k string) string { return map[string]string{"JOB_COMPLETION_INDEX": "3"}[k] }
 		}, "not in a Kubernetes pod"},
 	} {
-		_, err := ResolveIdentity(c.getenv(), Overrides{Rank: -1, LocalRank: -1, NodeRank: -1, WorldSize: -1, LocalWorld: -1})
+		_, err := ResolveIdentity(context.Background(), c.getenv(), Overrides{Rank: -1, LocalRank: -1, NodeRank: -1, WorldSize: -1, LocalWorld: -1})
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "set WORLD_SIZE") {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)
 		}
+	}
+}
+
+// TestJobReadStopsWithItsContext: an API server that keeps failing is asked
+// again after a wait, but a context that ends stops the waits at once.
+func TestJobReadStopsWithItsContext(t *testing.T) {
+	getenv := fakeAPIServer(t, "ml", "train", -2, "tok", "tok")
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := ResolveIdentity(ctx, getenv, Overrides{Rank: -1, LocalRank: -1, NodeRank: -1, WorldSize: -1, LocalWorld: -1})
+	if err == nil || !strings.Contains(err.Error(), "503 Service Unavailable") || time.Since(start) > 2*time.Second {
+		t.Fatalf("after %v: %v", time.Since(start), err)
 	}
 }

@@ -9,8 +9,11 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/memsnap/memsnap/internal/wait"
 )
 
 // Trainer is a training command the agent launches and waits for
@@ -168,41 +171,29 @@ func exitCode(werr error) int {
 // waitDisconnected waits (up to 10 seconds) for the trainer's connection to
 // close, so that its last messages are read.
 func waitDisconnected(a *Agent) {
-	gone := time.NewTimer(10 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	for a.Connected() {
-		select {
-		case <-gone.C:
-		case <-tick.C:
-			continue
-		}
-		break
-	}
-	gone.Stop()
-	tick.Stop()
+	wait.Until(context.Background(), 10*time.Second, func() bool { return !a.Connected() })
 }
 
 // waitForUploads waits for the agent (and t.Idle) to be idle, up to
 // t.DrainTimeout or a signal; it reports whether a signal stopped the wait.
 func waitForUploads(a *Agent, t Trainer) (stopped bool) {
-	deadline := time.NewTimer(t.DrainTimeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
 	idle := a.Idle
 	if t.Idle != nil {
 		idle = func() bool { return a.Idle() && t.Idle() }
 	}
-	for !idle() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var signalled atomic.Bool
+	go func() { // a signal ends the wait
 		select {
 		case <-t.Signals:
-			return true
-		case <-deadline.C:
-			return false
-		case <-tick.C:
+			signalled.Store(true)
+			cancel()
+		case <-ctx.Done():
 		}
-	}
-	return false
+	}()
+	ok, _ := wait.Every(ctx, t.DrainTimeout, 50*time.Millisecond, idle)
+	return !ok && signalled.Load()
 }
 
 // problems lists what memsnap did not do, for the outcome: snapshots left

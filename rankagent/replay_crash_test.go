@@ -174,24 +174,6 @@ func (tp *tap) sent(t *testing.T, types ...string) []*Message {
 	return out
 }
 
-// syncBuffer collects an agent's log lines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // slogTee logs to t.Log and to buf.
 func slogTee(t *testing.T, buf io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.MultiWriter(testutil.LogWriter(t), buf), &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -204,7 +186,7 @@ func slogTee(t *testing.T, buf io.Writer) *slog.Logger {
 type crashRig struct {
 	h        *harness
 	tap      *tap
-	logs     *syncBuffer
+	logs     *testutil.SyncBuffer
 	incoming string
 
 	mu    sync.Mutex
@@ -214,13 +196,11 @@ type crashRig struct {
 
 func newCrashRig(t *testing.T, recordAlways bool) *crashRig {
 	t.Helper()
-	rig := &crashRig{logs: &syncBuffer{}, files: map[string][]byte{}}
+	rig := &crashRig{logs: &testutil.SyncBuffer{}, files: map[string][]byte{}}
 	dir := t.TempDir()
 	cfg := DefaultConfig(testID(2))
 	cfg.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(dir, true) }
 	cfg.RecordAlways = recordAlways
-	cfg.Socket, cfg.Spool = shortSocket(t), t.TempDir()
-	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
 	h := &harness{done: make(chan error, 1), results: make(chan UploadResult, 16)}
 	cfg.OnUpload = func(r UploadResult) {
 		select {
@@ -229,23 +209,9 @@ func newCrashRig(t *testing.T, recordAlways bool) *crashRig {
 		}
 	}
 	cfg.Logger = slogTee(t, rig.logs)
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	h.agent, h.cancel = a, cancel
-	go func() { h.done <- a.Run(ctx) }()
-	testutil.Eventually(t, 5*time.Second, "the agent's socket", func() bool {
-		c, err := net.Dial("unix", cfg.Socket)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-	t.Cleanup(h.stop)
-	rig.h, rig.incoming = h, filepath.Join(cfg.Spool, "incoming")
-	rig.tap = newTap(t, cfg.Socket, rig.see)
+	rig.h = startWith(t, cfg, h)
+	rig.incoming = filepath.Join(h.agent.Spool(), "incoming")
+	rig.tap = newTap(t, h.agent.Socket(), rig.see)
 	return rig
 }
 

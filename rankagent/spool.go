@@ -2,8 +2,6 @@ package rankagent
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -608,9 +606,4 @@ func (u *uploader) idle() bool {
 	busy := u.busy
 	u.mu.Unlock()
 	return !busy && len(u.sp.pendingJobs()) == 0
-}
-
-func sha256Hex(b []byte) string {
-	h := sha256.Sum256(b)
-	return hex.EncodeToString(h[:])
 }

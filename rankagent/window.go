@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
 	"github.com/memsnap/memsnap/merge/snapshot"
@@ -309,7 +310,7 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 	id := a.cfg.Identity
 	meta := a.rankMeta(m, w, samples, partial)
 	mb, _ := json.MarshalIndent(meta, "", "  ")
-	sum := sha256Hex(data)
+	sum := digest.SHA256Hex(data)
 	ab := a.rankAnalysis(ctx, s, &meta, int64(len(data)), sum)
 	s = nil
 	j := job{Key: key, MetaKey: sidecar.MetaName(key), SHA256: sum, Size: int64(len(data)), Events: events, Overwrite: a.cfg.Overwrite,

@@ -13,12 +13,8 @@
 #     batches [3, 6), merged with `memsnap merge`): the same checks of the categories.
 #   MEMSNAP=path/to/memsnap NPROC=3 OUT=dir [PARTS="cluster lightning hf"] scripts/gpu-categories.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-MEMSNAP="$(realpath "${MEMSNAP:-.devrun/memsnap}")"
-OUT="$(realpath -m "${OUT:-$(mktemp -d)}")"; mkdir -p "$OUT"
+source "$(dirname "$0")/gpu-common.sh"
 NPROC="${NPROC:-3}"; ENTRIES="${ENTRIES:-1500}"; PARTS="${PARTS:-cluster lightning hf}"
-export PYTHONPATH="$PWD/rankagent/hook:$PWD/scripts/gpu${PYTHONPATH:+:$PYTHONPATH}"
-export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" PYTHONUNBUFFERED=1
 work=$(mktemp -d); job=
 trap '[ -n "$job" ] && kill $job 2>/dev/null; rm -rf "$work"' EXIT
 fails=0

@@ -10,15 +10,8 @@
 #   MEMSNAP=path/to/memsnap NPROC=<ranks, default: the GPUs> OUT=dir scripts/gpu-cluster.sh
 # Leave NCCL's NVLink multicast off (NCCL_NVLS_ENABLE=0 is set unless already set).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-MEMSNAP="$(realpath "${MEMSNAP:-.devrun/memsnap}")"
-OUT="${OUT:-$(mktemp -d)}"
-NGPU=$(nvidia-smi -L | wc -l)
-NPROC="${NPROC:-$NGPU}"
-BACKEND=gloo
-if [ "$NGPU" -ge "$NPROC" ] && [ "$NPROC" -gt 1 ]; then BACKEND=nccl; fi
-export MEMSNAP_BACKEND="$BACKEND" NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
-export PYTHONPATH="$PWD/rankagent/hook${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/gpu-common.sh"
+gpu_ranks
 export MEMSNAP_KEY="$("$MEMSNAP" keygen)"
 run=gpu-cluster; store="$OUT/store"; work=$(mktemp -d); mkdir -p "$store"
 echo "== $NPROC ranks on $NGPU GPU(s), backend $BACKEND"

@@ -11,16 +11,9 @@
 #   MEMSNAP=path/to/memsnap NPROC=8 FAIL_RANK=3 OUT=dir scripts/gpu-crash.sh
 # With fewer GPUs than ranks every rank shares GPU 0 (gloo); NCCL_NVLS_ENABLE=0.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-MEMSNAP="$(realpath "${MEMSNAP:-.devrun/memsnap}")"
-OUT="${OUT:-$(mktemp -d)}"
-NGPU=$(nvidia-smi -L | wc -l)
-NPROC="${NPROC:-8}"
+source "$(dirname "$0")/gpu-common.sh"
+gpu_ranks 8
 FAIL_RANK="${FAIL_RANK:-3}"
-BACKEND=gloo
-if [ "$NGPU" -ge "$NPROC" ] && [ "$NPROC" -gt 1 ]; then BACKEND=nccl; fi
-export MEMSNAP_BACKEND="$BACKEND" NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
-export PYTHONPATH="$PWD/rankagent/hook${PYTHONPATH:+:$PYTHONPATH}"
 export MEMSNAP_KEY="$("$MEMSNAP" keygen)"
 run=gpu-crash; store="$OUT/store"; work=$(mktemp -d); mkdir -p "$store"
 trap 'kill $job 2>/dev/null || true; rm -rf "$work"' EXIT

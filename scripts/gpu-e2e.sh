@@ -6,11 +6,8 @@
 # merges the ranks; and measures the hook's per-batch overhead with real torch loaded.
 #   MEMSNAP=path/to/memsnap OUT=dir scripts/gpu-e2e.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-MEMSNAP="$(realpath "${MEMSNAP:-.devrun/memsnap}")"
-OUT="${OUT:-$(mktemp -d)}"
+source "$(dirname "$0")/gpu-common.sh"
 NPROC="${NPROC:-4}"; START="${START:-3}"; STOP="${STOP:-6}"
-export PYTHONPATH="$PWD/rankagent/hook${PYTHONPATH:+:$PYTHONPATH}"
 store="$OUT/store"; mkdir -p "$store"
 echo "== torchrun: $NPROC ranks, each under 'memsnap agent --window $START:$STOP'"
 python3 -m torch.distributed.run --no-python --nproc_per_node="$NPROC" \

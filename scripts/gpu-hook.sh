@@ -8,10 +8,7 @@
 #     watch() given what is no module and no optimizer, one RuntimeWarning each.
 #   MEMSNAP=path/to/memsnap OUT=dir scripts/gpu-hook.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-MEMSNAP="$(realpath "${MEMSNAP:-.devrun/memsnap}")"
-OUT="$(realpath -m "${OUT:-$(mktemp -d)}")"; mkdir -p "$OUT"
-export PYTHONPATH="$PWD/rankagent/hook:$PWD/scripts/gpu${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu-common.sh"
 fails=0
 marks() { # $1: run name; prints the batches of its one snapshot's marks
   python3 - "$OUT/store/$1/torch_memory_traces" <<'PY'

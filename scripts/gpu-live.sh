@@ -12,10 +12,7 @@
 #     though the trainer trains on after it, and the findings call it fragmentation.
 #   MEMSNAP=path/to/memsnap OUT=dir [STEPS="1 3"] scripts/gpu-live.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-MEMSNAP="$(realpath "${MEMSNAP:-.devrun/memsnap}")"
-OUT="$(realpath -m "${OUT:-$(mktemp -d)}")"; mkdir -p "$OUT"
-export PYTHONPATH="$PWD/rankagent/hook${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu-common.sh"
 fails=0
 step() { [[ " ${STEPS:-1 2 3} " == *" $1 "* ]]; }
 if step 1; then

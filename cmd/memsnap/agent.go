@@ -42,37 +42,84 @@ func init() {
 }
 
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	c := commands["agent"]
+	var f agentFlags
+	cmdArgs, err := f.parse(commands["agent"], args, stderr)
+	if err != nil {
+		return err
+	}
+	// the logger and the trainer's output share stderr (and stdout): serialise writes
+	stderr, stdout = &syncWriter{w: stderr}, &syncWriter{w: stdout}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	cfg, err := f.agentConfig(ctx, log)
+	if err != nil {
+		return err
+	}
+	prov, gerr := gpu.OpenNVML(nil)
+	if gerr != nil {
+		if f.requireGPU {
+			return fmt.Errorf("--require-gpu: %w", gerr)
+		}
+		log.Info("no GPU information: the agent runs on without NVML", "reason", gerr)
+	}
+	defer prov.Close()
+	cfg.GPU = prov
+	a, member, err := f.newAgent(cfg, log)
+	if err != nil {
+		return err
+	}
+	stopMetrics, err := serveMetrics(ctx, f.metricsAddr, f.apiToken, cfg.Identity, a, member, f.lf, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	return runAgentWith(ctx, a, member, cmdArgs, f.drain, cfg.Spool, stdout, stderr, log)
+}
+
+// agentFlags are memsnap agent's flags.
+type agentFlags struct {
+	fs                                                       *flag.FlagSet
+	storeURL, runName, folder, spool, filename, remote       string
+	rank, localRank, nodeRank, world, localWorld, maxEntries int
+	overwrite, standalone, requireGPU, recordAlways          bool
+	socket, window, stacks, metricsAddr, apiToken            string
+	figuresEvery, drain                                      time.Duration
+	mf                                                       memberFlags
+	lf                                                       leaderFlags
+	sf                                                       storeFlags
+}
+
+// parse reads args into f: the flags up to "--", and what follows it (the
+// trainer's command), which it returns.
+func (f *agentFlags) parse(c *command, args []string, stderr io.Writer) ([]string, error) {
 	fs := newFlags(c, stderr)
-	storeURL := fs.String("store", "memsnap-store", "where snapshots go: s3://bucket/prefix or a folder")
-	runName := fs.String("run-name", "", "the run's name (default: $MEMSNAP_RUN_NAME, the launcher's job id, or \"memsnap\")")
-	rank := fs.Int("rank", -1, "this rank (default: from torchrun, SLURM or Open MPI's environment)")
-	localRank := fs.Int("local-rank", -1, "this rank on its node")
-	nodeRank := fs.Int("node-rank", -1, "this node's rank")
-	world := fs.Int("world-size", -1, "ranks in the job")
-	localWorld := fs.Int("local-world-size", -1, "ranks on this node")
-	folder := fs.String("folder", naming.DefaultFolder, "local folder template (Composer's folder); the spool is <folder>/.memsnap-spool-rank<rank>")
-	spoolDir := fs.String("spool", "", "the spool folder (overrides --folder)")
-	filename := fs.String("filename", naming.DefaultFilename, "snapshot name template, without .pickle (Composer's filename)")
-	remote := fs.String("remote-file-name", naming.DefaultRemoteFileName, "folder template of uploaded snapshots (Composer's remote_file_name)")
-	overwrite := fs.Bool("overwrite", false, "replace snapshots that exist in the store")
-	sock := fs.String("socket", "", "the trainer socket (default: per run and local rank, owner-only)")
-	window := fs.String("window", "", "START:STOP: record batches [START, STOP) (standalone agents; a cluster's leader plans windows)")
-	standalone := fs.Bool("standalone", false, "no cluster: record only --window (the default for a single rank with nothing to join)")
-	var mf memberFlags
-	mf.register(fs)
-	var lf leaderFlags
-	lf.register(fs)
-	requireGPU := fs.Bool("require-gpu", false, "fail the window when the trainer's GPU cannot be read through NVML")
-	maxEntries := fs.Int("max-entries", 100000, "allocator history entries torch keeps")
-	stacks := fs.String("stacks", "python", "stacks torch records: python or all")
-	recordAlways := fs.Bool("record-always", false, "keep allocator history on from the first batch (bounded by --max-entries), so an OOM post-mortem, and a trigger window at once, show how every rank got there")
-	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at [HOST]:PORT/metrics, PORT plus the local rank (no HOST: loopback only; 0.0.0.0:PORT for every interface)")
-	figuresEvery := fs.Duration("figures-every", coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval, "how often this rank sends its trainer's memory figures to the leader (memsnap top, triggers, the leader's metrics)")
-	apiToken := fs.String("api-token-file", "", "with --metrics-addr: also take POST /api/v1/window and Alertmanager's webhook at /api/v1/alertmanager, with this file's bearer token")
-	drain := fs.Duration("drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits (a second Ctrl-C stops the wait)")
-	var sf storeFlags
-	sf.register(fs)
+	f.fs = fs
+	fs.StringVar(&f.storeURL, "store", "memsnap-store", "where snapshots go: s3://bucket/prefix or a folder")
+	fs.StringVar(&f.runName, "run-name", "", "the run's name (default: $MEMSNAP_RUN_NAME, the launcher's job id, or \"memsnap\")")
+	fs.IntVar(&f.rank, "rank", -1, "this rank (default: from torchrun, SLURM or Open MPI's environment)")
+	fs.IntVar(&f.localRank, "local-rank", -1, "this rank on its node")
+	fs.IntVar(&f.nodeRank, "node-rank", -1, "this node's rank")
+	fs.IntVar(&f.world, "world-size", -1, "ranks in the job")
+	fs.IntVar(&f.localWorld, "local-world-size", -1, "ranks on this node")
+	fs.StringVar(&f.folder, "folder", naming.DefaultFolder, "local folder template (Composer's folder); the spool is <folder>/.memsnap-spool-rank<rank>")
+	fs.StringVar(&f.spool, "spool", "", "the spool folder (overrides --folder)")
+	fs.StringVar(&f.filename, "filename", naming.DefaultFilename, "snapshot name template, without .pickle (Composer's filename)")
+	fs.StringVar(&f.remote, "remote-file-name", naming.DefaultRemoteFileName, "folder template of uploaded snapshots (Composer's remote_file_name)")
+	fs.BoolVar(&f.overwrite, "overwrite", false, "replace snapshots that exist in the store")
+	fs.StringVar(&f.socket, "socket", "", "the trainer socket (default: per run and local rank, owner-only)")
+	fs.StringVar(&f.window, "window", "", "START:STOP: record batches [START, STOP) (standalone agents; a cluster's leader plans windows)")
+	fs.BoolVar(&f.standalone, "standalone", false, "no cluster: record only --window (the default for a single rank with nothing to join)")
+	f.mf.register(fs)
+	f.lf.register(fs)
+	fs.BoolVar(&f.requireGPU, "require-gpu", false, "fail the window when the trainer's GPU cannot be read through NVML")
+	fs.IntVar(&f.maxEntries, "max-entries", 100000, "allocator history entries torch keeps")
+	fs.StringVar(&f.stacks, "stacks", "python", "stacks torch records: python or all")
+	fs.BoolVar(&f.recordAlways, "record-always", false, "keep allocator history on from the first batch (bounded by --max-entries), so an OOM post-mortem, and a trigger window at once, show how every rank got there")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at [HOST]:PORT/metrics, PORT plus the local rank (no HOST: loopback only; 0.0.0.0:PORT for every interface)")
+	fs.DurationVar(&f.figuresEvery, "figures-every", coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval, "how often this rank sends its trainer's memory figures to the leader (memsnap top, triggers, the leader's metrics)")
+	fs.StringVar(&f.apiToken, "api-token-file", "", "with --metrics-addr: also take POST /api/v1/window and Alertmanager's webhook at /api/v1/alertmanager, with this file's bearer token")
+	fs.DurationVar(&f.drain, "drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits (a second Ctrl-C stops the wait)")
+	f.sf.register(fs)
 	// flags stop at "--"; what follows is the trainer's command
 	var cmdArgs []string
 	for i, a := range args {
@@ -83,33 +130,35 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return err
+			return nil, err
 		}
-		return errUsage
+		return nil, errUsage
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (put the trainer's command after --)", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q (put the trainer's command after --)", fs.Arg(0))
 	}
-	// the logger and the trainer's output share stderr (and stdout): serialise writes
-	stderr, stdout = &syncWriter{w: stderr}, &syncWriter{w: stdout}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	return cmdArgs, nil
+}
 
-	id, err := rankagent.ResolveIdentity(nil, rankagent.Overrides{RunName: *runName, Rank: *rank, LocalRank: *localRank,
-		NodeRank: *nodeRank, WorldSize: *world, LocalWorld: *localWorld})
+// agentConfig is the agent's configuration from the flags and the launcher's
+// environment, its store checked as far as it can be now.
+func (f *agentFlags) agentConfig(ctx context.Context, log *slog.Logger) (rankagent.Config, error) {
+	id, err := rankagent.ResolveIdentity(ctx, nil, rankagent.Overrides{RunName: f.runName, Rank: f.rank, LocalRank: f.localRank,
+		NodeRank: f.nodeRank, WorldSize: f.world, LocalWorld: f.localWorld})
 	if err != nil {
-		return err
+		return rankagent.Config{}, err
 	}
 	cfg := rankagent.DefaultConfig(id)
-	cfg.Filename, cfg.RemoteFileName, cfg.Overwrite = *filename, *remote, *overwrite
-	cfg.Socket, cfg.RequireGPU, cfg.MaxEntries, cfg.Stacks, cfg.RecordAlways = *sock, *requireGPU, *maxEntries, *stacks, *recordAlways
+	cfg.Filename, cfg.RemoteFileName, cfg.Overwrite = f.filename, f.remote, f.overwrite
+	cfg.Socket, cfg.RequireGPU, cfg.MaxEntries, cfg.Stacks, cfg.RecordAlways = f.socket, f.requireGPU, f.maxEntries, f.stacks, f.recordAlways
 	cfg.Logger = log
-	cfg.Spool = *spoolDir
+	cfg.Spool = f.spool
 	if cfg.Spool == "" {
-		if cfg.Spool, err = rankagent.DefaultSpool(*folder, id); err != nil {
-			return err
+		if cfg.Spool, err = rankagent.DefaultSpool(f.folder, id); err != nil {
+			return rankagent.Config{}, err
 		}
 	}
-	scfg := sf.config(*storeURL, true)
+	scfg := f.sf.config(f.storeURL, true)
 	cfg.OpenStore = func(ctx context.Context) (store.Store, error) { return store.Open(ctx, scfg) }
 	// what can be checked now is checked now: a bad URL or refused credentials stop
 	// the agent at once; a store that does not answer yet only warns (snapshots
@@ -118,71 +167,77 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		log.Info("store ready", "store", st.String())
 		st.Close()
 	} else if store.Permanent(err) {
-		return fmt.Errorf("--store %s: %w", *storeURL, err)
+		return rankagent.Config{}, fmt.Errorf("--store %s: %w", f.storeURL, err)
 	} else if ctx.Err() == nil {
-		log.Warn("the store does not answer yet; snapshots wait in the spool and are uploaded once it does", "store", *storeURL, "err", err)
+		log.Warn("the store does not answer yet; snapshots wait in the spool and are uploaded once it does", "store", f.storeURL, "err", err)
 	}
-	prov, gerr := gpu.OpenNVML(nil)
-	if gerr != nil {
-		if *requireGPU {
-			return fmt.Errorf("--require-gpu: %w", gerr)
-		}
-		log.Info("no GPU information: the agent runs on without NVML", "reason", gerr)
-	}
-	defer prov.Close()
-	cfg.GPU = prov
-	// a cluster when there is more than one rank or somewhere to join
-	cluster := !*standalone && (id.WorldSize > 1 || mf.join != "" || os.Getenv(coordinator.JoinEnv) != "")
-	if set := setFlags(fs, "skip-batches", "interval", "every"); !cluster && len(set) > 0 {
-		return fmt.Errorf("%s: a standalone agent has no leader to plan windows from these; it records --window START:STOP (a cluster's leader plans them: --join, or a world size above 1)",
+	return cfg, nil
+}
+
+// newAgent makes the agent of cfg, a cluster's member (member) when there is
+// more than one rank or somewhere to join, and arms --window.
+func (f *agentFlags) newAgent(cfg rankagent.Config, log *slog.Logger) (a *rankagent.Agent, member *coordinator.Rank, err error) {
+	id := cfg.Identity
+	cluster := !f.standalone && (id.WorldSize > 1 || f.mf.join != "" || os.Getenv(coordinator.JoinEnv) != "")
+	if set := setFlags(f.fs, "skip-batches", "interval", "every"); !cluster && len(set) > 0 {
+		return nil, nil, fmt.Errorf("%s: a standalone agent has no leader to plan windows from these; it records --window START:STOP (a cluster's leader plans them: --join, or a world size above 1)",
 			strings.Join(set, ", "))
 	}
-	var member *coordinator.Rank
-	var a *rankagent.Agent
 	if cluster {
-		if *window != "" {
-			return errors.New("--window is for standalone agents; in a cluster the leader plans windows (--skip-batches, --interval, --every, or memsnap snapshot)")
+		if f.window != "" {
+			return nil, nil, errors.New("--window is for standalone agents; in a cluster the leader plans windows (--skip-batches, --interval, --every, or memsnap snapshot)")
 		}
-		ccfg := coordinator.DefaultConfig(id)
-		if err := mf.apply(&ccfg, id.LocalRank, id.LocalWorldSize); err != nil {
-			return err
+		ccfg, err := f.clusterConfig(id, log)
+		if err != nil {
+			return nil, nil, err
 		}
-		if len(ccfg.Join) == 0 && id.Rank != 0 {
-			return errors.New("no cluster to join: pass --join host[:port] (rank 0's agent), or --standalone")
-		}
-		if err := lf.apply(&ccfg); err != nil {
-			return err
-		}
-		ccfg.Triggers.Dump = *recordAlways // a trigger then takes the history that led to it
-		if *figuresEvery < 100*time.Millisecond {
-			return fmt.Errorf("--figures-every %v: at least 100ms", *figuresEvery)
-		}
-		ccfg.FiguresInterval = *figuresEvery
-		log.Info("gossip address chosen", "advertise", ccfg.Memberlist.AdvertiseAddr, "by", mf.chose, "bind", ccfg.Memberlist.BindAddr)
 		ccfg.OpenStore, ccfg.Logger = cfg.OpenStore, log
 		if member, err = coordinator.NewRank(cfg, ccfg); err != nil {
-			return err
+			return nil, nil, err
 		}
 		a = member.Agent
 	} else if a, err = rankagent.New(cfg); err != nil {
-		return err
+		return nil, nil, err
 	}
-	if *window != "" {
-		s, e, ok := strings.Cut(*window, ":")
+	if f.window != "" {
+		s, e, ok := strings.Cut(f.window, ":")
 		start, err1 := strconv.ParseInt(s, 10, 64)
 		stop, err2 := strconv.ParseInt(e, 10, 64)
 		if !ok || err1 != nil || err2 != nil {
-			return fmt.Errorf("--window %q: want START:STOP", *window)
+			return nil, nil, fmt.Errorf("--window %q: want START:STOP", f.window)
 		}
 		if _, err := a.ArmNext(start, stop); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
-	stopMetrics, err := serveMetrics(ctx, *metricsAddr, *apiToken, id, a, member, lf, log)
-	if err != nil {
-		return err
+	return a, member, nil
+}
+
+// clusterConfig is the cluster membership's configuration from the flags.
+func (f *agentFlags) clusterConfig(id rankagent.Identity, log *slog.Logger) (coordinator.Config, error) {
+	ccfg := coordinator.DefaultConfig(id)
+	if err := f.mf.apply(&ccfg, id.LocalRank, id.LocalWorldSize); err != nil {
+		return ccfg, err
 	}
-	defer stopMetrics()
+	if len(ccfg.Join) == 0 && id.Rank != 0 {
+		return ccfg, errors.New("no cluster to join: pass --join host[:port] (rank 0's agent), or --standalone")
+	}
+	if err := f.lf.apply(&ccfg); err != nil {
+		return ccfg, err
+	}
+	ccfg.Triggers.Dump = f.recordAlways // a trigger then takes the history that led to it
+	if f.figuresEvery < 100*time.Millisecond {
+		return ccfg, fmt.Errorf("--figures-every %v: at least 100ms", f.figuresEvery)
+	}
+	ccfg.FiguresInterval = f.figuresEvery
+	log.Info("gossip address chosen", "advertise", ccfg.Memberlist.AdvertiseAddr, "by", f.mf.chose, "bind", ccfg.Memberlist.BindAddr)
+	return ccfg, nil
+}
+
+// runAgentWith runs the agent (with its cluster membership) until ctx ends or,
+// with a trainer's command, launches it and waits for it and for the uploads.
+func runAgentWith(ctx context.Context, a *rankagent.Agent, member *coordinator.Rank, cmdArgs []string, drain time.Duration, spool string,
+	stdout, stderr io.Writer, log *slog.Logger) error {
 	runAll := a.Run
 	idle := func() bool { return true }
 	var unfinished func() string
@@ -199,9 +254,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	o, err := rankagent.RunWithTrainer(a, rankagent.Trainer{Command: cmdArgs, Stdin: os.Stdin, Stdout: stdout, Stderr: stderr, Hide: []string{coordinator.KeyEnv},
-		Signals: sigs, DrainTimeout: *drain, Run: runAll, Idle: idle, Unfinished: unfinished, OnExit: func(code int) {
+		Signals: sigs, DrainTimeout: drain, Run: runAll, Idle: idle, Unfinished: unfinished, OnExit: func(code int) {
 			if !a.Idle() {
-				log.Info("the trainer exited; waiting for uploads (Ctrl-C stops the wait)", "status", code, "timeout", *drain)
+				log.Info("the trainer exited; waiting for uploads (Ctrl-C stops the wait)", "status", code, "timeout", drain)
 			}
 		}})
 	if err != nil {
@@ -209,9 +264,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	switch {
 	case o.Stopped:
-		log.Warn("stopped while uploading: "+o.String(), "spool", cfg.Spool)
+		log.Warn("stopped while uploading: "+o.String(), "spool", spool)
 	case len(o.Problems) > 0:
-		log.Error(o.String(), "spool", cfg.Spool)
+		log.Error(o.String(), "spool", spool)
 	default:
 		log.Info(o.String())
 	}

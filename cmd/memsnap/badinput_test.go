@@ -76,7 +76,7 @@ func TestBadStoresFailAtOnce(t *testing.T) {
 	dir := t.TempDir()
 	cmd := memsnapCmd(t, "agent", "--standalone", "--spool", filepath.Join(dir, "spool"), "--socket", filepath.Join(dir, "s"),
 		"--store", "s3://somebucket/x", "--endpoint", fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t)), "--access-key", "a", "--secret-key", "b")
-	out := &syncBuffer{}
+	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -153,7 +153,7 @@ func TestSnapshotInterrupted(t *testing.T) {
 	// 200 batches of 20 ms: it records for 4 s
 	cmd := memsnapCmd(t, "snapshot", "--join", join, "--run", pc.run, "--batches", "200", "--wait")
 	cmd.Env = append(cmd.Env, key)
-	out := &syncBuffer{}
+	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/rankagent"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 func init() {
@@ -412,17 +413,30 @@ func printRest(w io.Writer, res, answer *pb.WindowResult, window uint64) {
 	}
 }
 
+// kindLabel is a window's kind, as the run's log names it ("trigger"), as people
+// read it ("trigger window"); a kind it does not know as it is.
+func kindLabel(kind string) string {
+	switch kind {
+	case runlog.KindWindow:
+		return "window"
+	case runlog.KindTrigger:
+		return "trigger window"
+	case runlog.KindOOM:
+		return "OOM post-mortem"
+	case runlog.KindCrash:
+		return "crash post-mortem"
+	}
+	return kind
+}
+
 // printAnswer prints a published window's result: what it is, the findings,
 // the manifest and the outputs, and, when its merged pickles and timeline are
 // still being written (res.Pending), that they are coming (unless the command
 // waits for them: waiting).
 func printAnswer(w io.Writer, res *pb.WindowResult, window uint64, waiting bool) {
-	what := "window"
-	switch res.Kind {
-	case pb.WindowKind_WINDOW_KIND_OOM:
-		what = "OOM post-mortem"
-	case pb.WindowKind_WINDOW_KIND_CRASH:
-		what = "crash post-mortem"
+	what := kindLabel(runlog.KindWindow)
+	if res.Kind != pb.WindowKind_WINDOW_KIND_UNSPECIFIED {
+		what = kindLabel(pb.Name(res.Kind)) // the run's log's name of the kind
 	}
 	verb := "published"
 	if res.Pending {

@@ -40,7 +40,7 @@ type procCluster struct {
 	mu     sync.Mutex // guards agents: a test kills one while its cleanup kills all
 	agents []*exec.Cmd
 	waits  []chan int // each agent's exit status, once it exited
-	logs   []*syncBuffer
+	logs   []*testutil.SyncBuffer
 	sock   string
 }
 
@@ -56,19 +56,6 @@ type procOpts struct {
 	masterAddr string           // no --join: MASTER_ADDR names the head host, as torchrun sets it
 }
 
-// syncBuffer is a bytes.Buffer safe for a process's output and a test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 func startProcCluster(t *testing.T, n int, storeArgs []string, hang ...int) *procCluster {
 	return startProcs(t, n, procOpts{storeArgs: storeArgs, hang: hang})
 }
@@ -83,7 +70,7 @@ func startProcs(t *testing.T, n int, o procOpts) *procCluster {
 	for r := 0; r < n; r++ {
 		pc.ports = append(pc.ports, base+r)
 	}
-	pc.agents, pc.waits, pc.logs = make([]*exec.Cmd, n), make([]chan int, n), make([]*syncBuffer, n)
+	pc.agents, pc.waits, pc.logs = make([]*exec.Cmd, n), make([]chan int, n), make([]*testutil.SyncBuffer, n)
 	for r := 0; r < n; r++ {
 		pc.start(r)
 	}
@@ -133,7 +120,7 @@ func (pc *procCluster) start(r int) {
 		cmd.Env = append(cmd.Env, "MASTER_ADDR="+o.masterAddr)
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // kill -9 takes its trainer too
-	buf := &syncBuffer{}
+	buf := &testutil.SyncBuffer{}
 	if old := pc.logs[r]; old != nil {
 		buf.Write([]byte(old.String() + "\n--- started again ---\n"))
 	}

@@ -35,7 +35,7 @@ func mpirunPath(t *testing.T) string {
 // mpiJob starts `mpirun -np n memsnap agent ... -- memsnap replay ...` as a real
 // Open MPI job on this host and returns it with its output, its run's name, read
 // from what the agents say, and a channel closed when mpirun has exited.
-func mpiJob(t *testing.T, n, base int, key string, store string) (*exec.Cmd, *syncBuffer, string, <-chan struct{}) {
+func mpiJob(t *testing.T, n, base int, key string, store string) (*exec.Cmd, *testutil.SyncBuffer, string, <-chan struct{}) {
 	bin := mpirunPath(t)
 	work := t.TempDir()
 	snap := testutil.Snapshot(t, "ddp4/rank0.5.memory_snapshot.pickle")
@@ -46,7 +46,7 @@ func mpiJob(t *testing.T, n, base int, key string, store string) (*exec.Cmd, *sy
 	cmd.Dir = work // the spools go under the run's folder here
 	cmd.Env = append(os.Environ(), "MEMSNAP_TEST_MAIN=1", "OMPI_MCA_rmaps_base_oversubscribe=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out := &syncBuffer{}
+	out := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -41,7 +41,7 @@ func startMetricsJob(t *testing.T, leak []int64, extra ...string) *metricsJob {
 	j.gossip = testutil.FreePorts(t, n)
 	mport := testutil.FreePorts(t, n)
 	var agents []*exec.Cmd
-	var logs []*syncBuffer
+	var logs []*testutil.SyncBuffer
 	for r := 0; r < n; r++ {
 		path := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r))
 		b, err := os.ReadFile(path)
@@ -71,7 +71,7 @@ func startMetricsJob(t *testing.T, leak []int64, extra ...string) *metricsJob {
 		cmd := memsnapCmd(t, args...)
 		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+j.key)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		buf := &syncBuffer{}
+		buf := &testutil.SyncBuffer{}
 		cmd.Stderr, cmd.Stdout = buf, buf
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -231,7 +231,7 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	// without --json, on a pipe: a table each refresh, until Ctrl-C
 	cmd = memsnapCmd(t, "top", "--every", "200ms", "--join", fmt.Sprintf("127.0.0.1:%d", gossip+1), "--run", run)
 	cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
-	tbl := &syncBuffer{}
+	tbl := &testutil.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = tbl, tbl
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -245,7 +245,7 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	// exits 0, not killed by SIGPIPE
 	cmd = memsnapCmd(t, "top", "--every", "200ms", "--join", fmt.Sprintf("127.0.0.1:%d", gossip+1), "--run", run)
 	cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
-	errBuf := &syncBuffer{}
+	errBuf := &testutil.SyncBuffer{}
 	cmd.Stderr = errBuf
 	pipe, err := cmd.StdoutPipe()
 	if err != nil {

@@ -57,7 +57,7 @@ func TestClusterCommands(t *testing.T) {
 	base := testutil.FreePorts(t, 2) // local rank L listens on base+L
 	ports := []int{base, base + 1}
 	var agents []*exec.Cmd
-	var logs []*syncBuffer
+	var logs []*testutil.SyncBuffer
 	for r := 0; r < 2; r++ {
 		snap := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r))
 		args := []string{"agent", "--run-name", run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", "2", "--local-world-size", "2",
@@ -70,7 +70,7 @@ func TestClusterCommands(t *testing.T) {
 		cmd := memsnapCmd(t, args...)
 		cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+key)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the cleanup takes its trainer too
-		buf := &syncBuffer{}
+		buf := &testutil.SyncBuffer{}
 		cmd.Stderr, cmd.Stdout = buf, buf
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -316,10 +316,7 @@ func (r windowRow) line(st store.Store) string {
 	if r.id != 0 {
 		win = strconv.FormatUint(r.id, 10)
 	}
-	kind := map[string]string{runlog.KindWindow: "window", runlog.KindOOM: "OOM post-mortem", runlog.KindCrash: "crash post-mortem", runlog.KindTrigger: "trigger window"}[r.kind]
-	if kind == "" {
-		kind = r.kind
-	}
+	kind := kindLabel(r.kind)
 	if p := r.plan; p != nil && p.Stop > p.Start {
 		batches = fmt.Sprintf("%d-%d", p.Start, p.Stop-1)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 )
@@ -149,5 +150,33 @@ func TestCommandsOnBothStores(t *testing.T) {
 	}
 	if code, out, errOut := runCLI(t, append([]string{"diff", "--json", a, b}, creds...)...); code != 0 || !strings.Contains(out, `"source": "s3://`) {
 		t.Fatalf("diff of two s3:// URLs: %d %q %q", code, out, errOut)
+	}
+}
+
+// TestKindLabels: snapshot's answer and ls name a window's kind alike: a
+// trigger's window is a "trigger window" in both.
+func TestKindLabels(t *testing.T) {
+	for _, c := range []struct {
+		kind pb.WindowKind
+		want string
+	}{
+		{pb.WindowKind_WINDOW_KIND_UNSPECIFIED, "window"},
+		{pb.WindowKind_WINDOW_KIND_WINDOW, "window"},
+		{pb.WindowKind_WINDOW_KIND_TRIGGER, "trigger window"},
+		{pb.WindowKind_WINDOW_KIND_OOM, "OOM post-mortem"},
+		{pb.WindowKind_WINDOW_KIND_CRASH, "crash post-mortem"},
+	} {
+		var b strings.Builder
+		printAnswer(&b, &pb.WindowResult{Kind: c.kind, Start: 4, Stop: 6, Ranks: []int32{0}}, 7, false)
+		if want := c.want + " 7 (batches 4-5) published"; !strings.HasPrefix(b.String(), want) {
+			t.Errorf("%v: %q, want %q", c.kind, b.String(), want)
+		}
+		if c.kind == pb.WindowKind_WINDOW_KIND_UNSPECIFIED {
+			continue
+		}
+		row := windowRow{kind: pb.Name(c.kind)} // as the run's log names it
+		if cells := strings.Split(row.line(nil), "\t"); cells[2] != c.want {
+			t.Errorf("%v: ls's row says %q, want %q", c.kind, cells[2], c.want)
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -67,27 +68,36 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return c.AskView(actx)
 	}
 	if *asJSON {
-		// the figures come every few seconds: the first view may be empty
-		deadline := time.Now().Add(2 * coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval)
-		for {
-			v, err := ask()
-			if err != nil {
-				return err
-			}
-			if len(v.Ranks) > 0 || time.Now().After(deadline) {
-				return json.NewEncoder(stdout).Encode(viewJSON(name, v, time.Now()))
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
+		return topJSON(ctx, stdout, name, ask)
 	}
+	return topTables(ctx, stdout, name, ask, *rows, *every)
+}
+
+// topJSON prints the leader's view once, as one JSON object, waiting a little
+// for figures (they come every few seconds: the first view may be empty).
+func topJSON(ctx context.Context, stdout io.Writer, name string, ask func() (*pb.ClusterView, error)) error {
+	var v *pb.ClusterView
+	var err error
+	wait.Every(ctx, 2*coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval, 200*time.Millisecond, func() bool {
+		v, err = ask()
+		return err != nil || len(v.Ranks) > 0
+	})
+	switch {
+	case ctx.Err() != nil:
+		return nil
+	case err != nil:
+		return err
+	}
+	return json.NewEncoder(stdout).Encode(viewJSON(name, v, time.Now()))
+}
+
+// topTables writes the table of the leader's view (rows ranks; 0: what the
+// terminal holds) every period, until ctx ends or the reader goes.
+func topTables(ctx context.Context, stdout io.Writer, name string, ask func() (*pb.ClusterView, error), rows int, every time.Duration) error {
 	tty := isTerminal(stdout)
 	for {
 		v, err := ask()
-		n := *rows
+		n := rows
 		if n == 0 {
 			n = 20
 			if h := termHeight(stdout); h > 8 {
@@ -96,7 +106,7 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		var b strings.Builder
 		if err != nil {
-			fmt.Fprintf(&b, "memsnap top: %v (asking again in %v)\n", err, *every)
+			fmt.Fprintf(&b, "memsnap top: %v (asking again in %v)\n", err, every)
 		} else {
 			renderView(&b, name, v, n, time.Now())
 		}
@@ -113,7 +123,7 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		select {
 		case <-ctx.Done():
 			return nil // Ctrl-C ends it
-		case <-time.After(*every):
+		case <-time.After(every):
 		}
 	}
 }

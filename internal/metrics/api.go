@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/memsnap/memsnap/internal/bounded"
 )
 
 // The agent's window endpoint: the tools that watch a job (a script, an alert)
@@ -52,26 +54,12 @@ func LoadToken(file string) ([]byte, error) {
 	if st, err := os.Stat(file); err == nil && !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("--api-token-file %s is not a regular file", file)
 	}
-	f, err := os.Open(file)
+	b, err := bounded.ReadSecretFile(file, "--api-token-file", 4096)
 	if err != nil {
-		return nil, fmt.Errorf("--api-token-file: %w", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("--api-token-file: %w", err)
-	}
-	if st.Mode().Perm()&0o037 != 0 {
-		return nil, fmt.Errorf("--api-token-file %s is open to others or writable by its group (mode %v); chmod 600 it", file, st.Mode().Perm())
-	}
-	b, err := io.ReadAll(io.LimitReader(f, 4097))
-	if err != nil {
-		return nil, fmt.Errorf("--api-token-file: %w", err)
+		return nil, err
 	}
 	t := []byte(strings.TrimSpace(string(b)))
 	switch {
-	case len(b) > 4096:
-		return nil, fmt.Errorf("--api-token-file %s: more than 4 KiB", file)
 	case len(t) < 16:
 		return nil, fmt.Errorf("--api-token-file %s: a token of at least 16 characters (memsnap keygen makes one)", file)
 	case strings.IndexFunc(string(t), func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:

@@ -3,6 +3,7 @@ package pb
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -37,8 +38,76 @@ func Parse[E interface {
 	return e, false
 }
 
+// Lower is e as data memsnap reads spells it (a torch snapshot's actions): its
+// generated name less the prefix its enum's values share, in lower case, the
+// underscores kept ("FREE_REQUESTED" is "free_requested"); "" for a number its
+// enum does not name.
+func Lower(e protoreflect.Enum) string {
+	l, n := lowersOf(e.Descriptor()), e.Number()
+	for i, v := range l.numbers {
+		if v == n {
+			return l.names[i]
+		}
+	}
+	return ""
+}
+
+// ParseLower is the value of enum type E whose Lower is s; ok is false when there
+// is none.
+func ParseLower[E interface {
+	~int32
+	protoreflect.Enum
+}](s string) (e E, ok bool) {
+	l := lowersOf(e.Descriptor())
+	for i, name := range l.names {
+		if name == s {
+			return E(l.numbers[i]), true
+		}
+	}
+	return e, false
+}
+
 func word(name, prefix string) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, prefix)), "_", " ")
+	return strings.ReplaceAll(lower(name, prefix), "_", " ")
+}
+
+func lower(name, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(name, prefix))
+}
+
+// lowers is an enum's values and their Lower names, in the order it declares
+// them (a merge looks up every event's action: a short scan, no map, no lock).
+type lowers struct {
+	d       protoreflect.EnumDescriptor
+	numbers []protoreflect.EnumNumber
+	names   []string
+}
+
+var lowerCache atomic.Pointer[[]*lowers] // replaced whole when an enum is added
+
+// lowersOf is d's Lower names, made once.
+func lowersOf(d protoreflect.EnumDescriptor) *lowers {
+	old := lowerCache.Load()
+	if old != nil {
+		for _, l := range *old {
+			if l.d == d {
+				return l
+			}
+		}
+	}
+	values, pre := d.Values(), prefixOf(d)
+	l := &lowers{d: d}
+	for i := 0; i < values.Len(); i++ {
+		v := values.Get(i)
+		l.numbers, l.names = append(l.numbers, v.Number()), append(l.names, lower(string(v.Name()), pre))
+	}
+	var all []*lowers
+	if old != nil {
+		all = append(all, *old...)
+	}
+	all = append(all, l)
+	lowerCache.CompareAndSwap(old, &all) // a racing caller's may win: this one is made again next time
+	return l
 }
 
 var prefixes sync.Map // protoreflect.FullName -> string

@@ -1,5 +1,20 @@
 // Package retry is memsnap's one retry policy: which errors may go away by
 // themselves, and the jittered exponential wait before trying again.
+//
+// An error neither this package nor the store knows (a parse error, a bug's)
+// is treated oppositely by the two questions memsnap asks of an error:
+//
+//   - Transient ("may it go away by itself?") answers false: such an error is
+//     not waited out. A merge reading its inputs takes it as the input's own
+//     failure, not the store's.
+//   - store.Permanent ("can retrying never help?") answers false too, and that
+//     means it is retried: only what is known to recur is given up at once. An
+//     upload queue keeps the snapshot and tries again; a report is written again
+//     up to its tries.
+//
+// A caller that must decide both ways (the leader's retryable) asks Transient,
+// then store.Permanent, and decides what is left itself: the leader retries it
+// unless it is a rank's input that cannot be read.
 package retry
 
 import (
@@ -15,7 +30,8 @@ import (
 
 // Transient reports whether err may go away by itself: the store unreachable or
 // its bucket missing (an operator can fix either while a job waits), a connection
-// broken, a deadline passed. An error store.Permanent names is never transient.
+// broken, a deadline passed. An error store.Permanent names is never transient,
+// nor is one neither package knows (see the package's doc).
 func Transient(err error) bool {
 	if err == nil || store.Permanent(err) {
 		return false

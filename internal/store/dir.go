@@ -201,13 +201,12 @@ func (d *Dir) PutFile(ctx context.Context, key, path string, opts PutOptions) (O
 		if err != nil {
 			return ObjectInfo{}, fmt.Errorf("store: %s: %w", k, err)
 		}
-		h := sha256.New()
-		_, err = io.Copy(h, ctxReader{ctx, f})
+		sum, _, err := hashReader(ctx, f)
 		f.Close()
 		if err != nil {
 			return ObjectInfo{}, fmt.Errorf("store: hashing %s: %w", k, err)
 		}
-		if sum := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(sum, opts.SHA256) {
+		if !strings.EqualFold(sum, opts.SHA256) {
 			return ObjectInfo{}, fmt.Errorf("%w: %s: got %s, want %s", ErrChecksum, k, sum, opts.SHA256)
 		}
 	}
@@ -258,11 +257,9 @@ func (d *Dir) Stat(ctx context.Context, key string) (ObjectInfo, error) {
 		return ObjectInfo{}, err
 	}
 	defer rc.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, ctxReader{ctx, rc}); err != nil {
+	if info.SHA256, _, err = hashReader(ctx, rc); err != nil {
 		return ObjectInfo{}, fmt.Errorf("store: hashing %s: %w", info.Key, err)
 	}
-	info.SHA256 = hex.EncodeToString(h.Sum(nil))
 	return info, nil
 }
 
@@ -313,6 +310,17 @@ func (d *Dir) Delete(ctx context.Context, key string) error {
 		return fsErr("deleting", k, err)
 	}
 	return nil
+}
+
+// hashReader reads r to its end (or until ctx ends), and returns the SHA-256 of
+// what it read, in hex, and how many bytes it read.
+func hashReader(ctx context.Context, r io.Reader) (string, int64, error) {
+	h := sha256.New()
+	n, err := io.Copy(h, ctxReader{ctx, r})
+	if err != nil {
+		return "", n, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
 // ctxReader stops a copy when its context ends.

@@ -68,12 +68,11 @@ func HashFile(p string) (string, int64, error) {
 		return "", 0, err
 	}
 	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
+	sum, n, err := hashReader(context.Background(), f)
 	if err != nil {
 		return "", 0, err
 	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
+	return sum, n, nil
 }
 
 // Download copies key to the local file path: into a temporary file beside it,

@@ -117,15 +117,14 @@ func (s *S3) prepare(ctx context.Context, k string, r io.Reader, opts PutOptions
 	want := strings.ToLower(opts.SHA256)
 	if rs, ok := r.(io.ReadSeeker); ok {
 		if start, err := rs.Seek(0, io.SeekCurrent); err == nil { // a pipe is a File that cannot seek
-			h := sha256.New()
-			n, err := io.Copy(h, ctxReader{ctx, rs})
+			sum, n, err := hashReader(ctx, rs)
 			if err != nil {
 				return body{}, nil, fmt.Errorf("store: hashing %s: %w", k, err)
 			}
 			if _, err := rs.Seek(start, io.SeekStart); err != nil {
 				return body{}, nil, fmt.Errorf("store: rewinding %s: %w", k, err)
 			}
-			b := body{r: rs, size: n, sum: hex.EncodeToString(h.Sum(nil))}
+			b := body{r: rs, size: n, sum: sum}
 			return b, func() {}, checkSum(k, b.sum, want)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/bounded"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -59,11 +60,12 @@ var (
 // with the same credentials is refused again), or the store URL or endpoint is
 // malformed (ErrBadURL).
 //
-// Everything else is transient, including errors this package does not know: an
+// Everything else is worth retrying, including errors this package does not know
+// (retry.Transient answers the other way for those: internal/retry says why): an
 // unreachable endpoint and a missing bucket (an operator can fix those while the
 // job waits), a cancelled or expired context, server errors and time-outs. An
-// error that wraps one of those is transient even when it also wraps a permanent
-// one.
+// error that wraps one of those is not permanent even when it also wraps a
+// permanent one.
 func Permanent(err error) bool {
 	if err == nil {
 		return false
@@ -288,12 +290,12 @@ func ReadAll(ctx context.Context, s Store, key string) ([]byte, error) {
 // ErrTooLarge that names what was read): the one bounded read of untrusted
 // records, manifests and messages.
 func ReadLimited(r io.Reader, name string, limit int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("store: reading %s: %w", name, err)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%w: %s is larger than %d bytes", ErrTooLarge, name, limit)
+	b, err := bounded.Read(r, name, limit)
+	switch {
+	case errors.Is(err, bounded.ErrTooLarge):
+		return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
+	case err != nil:
+		return nil, fmt.Errorf("store: %w", err)
 	}
 	return b, nil
 }

@@ -1,7 +1,6 @@
 package testutil
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -116,24 +114,6 @@ func (p *Prometheus) Query(query string, at time.Time) ([]Sample, error) {
 	return out, nil
 }
 
-// lockedBuffer is a buffer a process writes while a test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // StartAlertmanager starts Alertmanager (Debian's prometheus-alertmanager) on a
 // free loopback port, without clustering, sending every alert to webhook at
 // once (group_wait 1s) with the bearer token in tokenFile; it returns its
@@ -195,7 +175,7 @@ func waitReady(t testing.TB, what, url string) {
 func startServer(t testing.TB, name, bin string, args ...string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	log := &lockedBuffer{}
+	log := &SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

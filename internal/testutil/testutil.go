@@ -3,6 +3,7 @@
 package testutil
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -156,6 +157,26 @@ func Python(t testing.TB) string {
 		t.Skip("python3 not found")
 	}
 	return py
+}
+
+// SyncBuffer is a buffer that processes and goroutines write while a test reads
+// it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String is what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // Eventually polls cond until it is true or the deadline passes (wait.Until).

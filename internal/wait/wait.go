@@ -7,15 +7,22 @@ import (
 	"time"
 )
 
-// Every is how often Until looks.
-const Every = 20 * time.Millisecond
+// Interval is how often Until looks.
+const Interval = 20 * time.Millisecond
 
-// Until looks at cond every Every until it holds (true), or until timeout passes
-// or ctx ends (false, with the context's error).
+// Until looks at cond every Interval until it holds (true), or until timeout
+// passes or ctx ends (false, with the context's error).
 func Until(ctx context.Context, timeout time.Duration, cond func() bool) (bool, error) {
+	return Every(ctx, timeout, Interval, cond)
+}
+
+// Every looks at cond every period until it holds (true), or until timeout
+// passes or ctx ends: then it looks once more and reports what it saw, with the
+// context's error.
+func Every(ctx context.Context, timeout, period time.Duration, cond func() bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	t := time.NewTicker(Every)
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for !cond() {
 		select {

@@ -339,43 +339,25 @@ func (r *RankData) freeAt(a *RankAnalysis, at []int) {
 // allocation site, most bytes first. It also returns the bytes those blocks hold
 // (what is allocated at idx less what was allocated before recording began).
 func (r *RankData) sitesAt(idx int) ([]Site, int64) {
-	type live struct {
-		size   int64
-		frames []*snapshot.Frame
-	}
-	alive := map[int64]live{}
+	sites := bySite(aliveAfter(r.Trace[:max(min(idx+1, len(r.Trace)), 0)], Window{}, nil))
 	var tracked int64
-	for i := 0; i <= idx && i < len(r.Trace); i++ {
-		e := r.Trace[i]
-		switch e.Action {
-		case snapshot.ActionAlloc:
-			if l, ok := alive[e.Addr]; ok { // an address allocated twice: the later wins
-				tracked -= l.size
-			}
-			alive[e.Addr] = live{max(e.Size, 0), e.Frames}
-			tracked += max(e.Size, 0)
-		case snapshot.ActionFreeCompleted:
-			if l, ok := alive[e.Addr]; ok {
-				delete(alive, e.Addr)
-				tracked -= l.size
-			}
-		}
+	for _, s := range sites {
+		tracked += s.Bytes
 	}
-	return bySite(alive, func(l live) (int64, []*snapshot.Frame) { return l.size, l.frames }), tracked
+	return sites, tracked
 }
 
 // bySite groups blocks by their allocation site, most bytes first.
-func bySite[K comparable, V any](blocks map[K]V, of func(V) (int64, []*snapshot.Frame)) []Site {
+func bySite(blocks map[int64]liveBlock) []Site {
 	by := map[string]*Site{}
 	for _, b := range blocks {
-		size, frames := of(b)
-		name := siteName(frames)
+		name := siteName(b.frames)
 		st := by[name]
 		if st == nil {
 			st = &Site{Site: name}
 			by[name] = st
 		}
-		st.Bytes += size
+		st.Bytes += b.size
 		st.Blocks++
 	}
 	out := make([]Site, 0, len(by))
@@ -392,23 +374,7 @@ const KeptSitesMax = 5
 // keptSites groups by site the blocks allocated inside w and still allocated at
 // its end (what the window added and kept: a leak's blocks), most bytes first.
 func (r *RankData) keptSites(w Window) []Site {
-	type live struct {
-		size   int64
-		frames []*snapshot.Frame
-	}
-	alive := map[int64]live{}
-	for _, e := range r.Trace {
-		if w.Before(e.TimeUS) || w.After(e.TimeUS) {
-			continue
-		}
-		switch e.Action {
-		case snapshot.ActionAlloc:
-			alive[e.Addr] = live{max(e.Size, 0), e.Frames}
-		case snapshot.ActionFreeCompleted:
-			delete(alive, e.Addr)
-		}
-	}
-	out := bySite(alive, func(l live) (int64, []*snapshot.Frame) { return l.size, l.frames })
+	out := bySite(aliveAfter(r.Trace, w, nil))
 	return out[:min(len(out), KeptSitesMax)]
 }
 

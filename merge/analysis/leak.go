@@ -6,36 +6,46 @@ import (
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
-// liveBlock is a block still allocated at the end of a rank's window, and the
-// batch that allocated it (-1: before the first batch).
+// liveBlock is a block a replay of the trace found allocated: its size (a
+// negative size, which is corrupt, counts as nothing), its frames, and the batch
+// that allocated it (-1: before the first batch, or no batches known).
 type liveBlock struct {
 	size   int64
 	frames []*snapshot.Frame
 	batch  int
 }
 
-// liveBlocks replays the rank's trace inside w to find which batch allocated each
-// block still live at its end, by address; figs are the batches, in time order.
-func (r *RankData) liveBlocks(figs []BatchFigure, w Window) map[int64]liveBlock {
-	n := len(figs)
-	starts := make([]int64, n)
-	for i, f := range figs {
-		starts[i] = f.StartUS
-	}
+// aliveAfter replays events (a rank's trace, or the start of it) and returns
+// the blocks still allocated after them, by address: an allocation adds one (a
+// later one at the same address replaces it), a completed free removes it. Only
+// events inside w count. starts are the batches' start times, in order: the
+// batch of a block is the last that started before it was allocated.
+func aliveAfter(events []*snapshot.TraceEntry, w Window, starts []int64) map[int64]liveBlock {
 	alive := map[int64]liveBlock{}
-	for _, e := range r.Trace {
+	for _, e := range events {
 		if w.Before(e.TimeUS) || w.After(e.TimeUS) {
 			continue
 		}
 		switch e.Action {
 		case snapshot.ActionAlloc:
-			b := sort.Search(n, func(i int) bool { return starts[i] > e.TimeUS }) - 1
-			alive[e.Addr] = liveBlock{e.Size, e.Frames, b}
+			b := sort.Search(len(starts), func(i int) bool { return starts[i] > e.TimeUS }) - 1
+			alive[e.Addr] = liveBlock{max(e.Size, 0), e.Frames, b}
 		case snapshot.ActionFreeCompleted:
 			delete(alive, e.Addr)
 		}
 	}
 	return alive
+}
+
+// liveBlocks is the blocks allocated inside w and still allocated at its end,
+// by address, each with the batch that allocated it; figs are the batches, in
+// time order.
+func (r *RankData) liveBlocks(figs []BatchFigure, w Window) map[int64]liveBlock {
+	starts := make([]int64, len(figs))
+	for i, f := range figs {
+		starts[i] = f.StartUS
+	}
+	return aliveAfter(r.Trace, w, starts)
 }
 
 // addSites names the sites whose blocks outlive their batch in at least half of

@@ -247,24 +247,11 @@ func NewPBWriter(w io.Writer, in *Interner) *PBWriter {
 	return &PBWriter{w: bufio.NewWriterSize(w, 256<<10), in: in}
 }
 
-var actionCodes = map[string]pb.Action{
-	snapshot.ActionAlloc: pb.Action_ALLOC, snapshot.ActionFreeRequested: pb.Action_FREE_REQUESTED,
-	snapshot.ActionFreeCompleted: pb.Action_FREE_COMPLETED, snapshot.ActionSegmentAlloc: pb.Action_SEGMENT_ALLOC,
-	snapshot.ActionSegmentFree: pb.Action_SEGMENT_FREE, snapshot.ActionSegmentMap: pb.Action_SEGMENT_MAP,
-	snapshot.ActionSegmentUnmap: pb.Action_SEGMENT_UNMAP, snapshot.ActionSnapshot: pb.Action_SNAPSHOT,
-	snapshot.ActionOOM: pb.Action_OOM, snapshot.ActionAnnotate: pb.Action_ANNOTATE,
-}
-
+// actionCode is a trace entry's action as a timeline codes it: the Action whose
+// lower-case name it is ("free_requested" is FREE_REQUESTED), else OTHER (its
+// name then goes among the timeline's strings).
 func actionCode(a string) pb.Action {
-	switch a {
-	case snapshot.ActionAlloc:
-		return pb.Action_ALLOC
-	case snapshot.ActionFreeRequested:
-		return pb.Action_FREE_REQUESTED
-	case snapshot.ActionFreeCompleted:
-		return pb.Action_FREE_COMPLETED
-	}
-	if c, ok := actionCodes[a]; ok {
+	if c, ok := pb.ParseLower[pb.Action](a); ok && c != pb.Action_ACTION_UNSPECIFIED {
 		return c
 	}
 	return pb.Action_OTHER

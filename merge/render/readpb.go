@@ -13,14 +13,6 @@ import (
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
-var actionNames = func() map[pb.Action]string {
-	m := map[pb.Action]string{}
-	for k, v := range actionCodes {
-		m[v] = k
-	}
-	return m
-}()
-
 // ReadTimeline parses a merged.memsnap.pb, checking its indexes.
 func ReadTimeline(data []byte) (*pb.Timeline, error) {
 	var tl pb.Timeline
@@ -72,6 +64,15 @@ func ReadTimeline(data []byte) (*pb.Timeline, error) {
 	return &tl, nil
 }
 
+// actionName is ev's action as a trace entry names it: its code's lower-case
+// name, else (OTHER, or a code the enum does not name) the one among tl's strings.
+func actionName(tl *pb.Timeline, ev *pb.Event) string {
+	if a := pb.Lower(ev.Action); a != "" && ev.Action != pb.Action_OTHER && ev.Action != pb.Action_ACTION_UNSPECIFIED {
+		return a
+	}
+	return tl.Strings[ev.ActionName]
+}
+
 // rankSnapshot rebuilds one rank of a timeline as a snapshot with that rank's trace
 // as device 0's; frames are shared through frames.
 func rankSnapshot(tl *pb.Timeline, rt *pb.RankTimeline, frames []*snapshot.Frame, device int64) ([]*snapshot.TraceEntry, []*snapshot.Segment) {
@@ -79,10 +80,8 @@ func rankSnapshot(tl *pb.Timeline, rt *pb.RankTimeline, frames []*snapshot.Frame
 	trace := make([]*snapshot.TraceEntry, len(rt.Events))
 	for i, ev := range rt.Events {
 		e := &entries[i]
-		e.Action = actionNames[ev.Action]
-		if ev.Action == pb.Action_OTHER || e.Action == "" {
-			e.Action = tl.Strings[ev.ActionName]
-		}
+		e.Action = actionName(tl, ev)
+
 		e.Addr, e.Size, e.Stream, e.TimeUS = ev.Addr, ev.Size, ev.Stream, ev.TimeUs
 		e.Has = snapshot.EntryAction | snapshot.EntrySize | snapshot.EntryStream | snapshot.EntryTimeUS | snapshot.EntryFrames
 		if ev.Action == pb.Action_OOM {

@@ -74,6 +74,11 @@ type MemorySample struct {
 // empty ranks.
 const MaxRanks = 1 << 16
 
+// MaxMetaBytes bounds a sidecar read from a store. An agent writes at most
+// MaxFileMarks (1 << 20) batch marks and 1 << 20 NVML samples into one, indented:
+// about 240 MiB at the most; a larger object is no agent's sidecar.
+const MaxMetaBytes = 256 << 20
+
 // MetaName returns the sidecar name for a snapshot name: X.pickle (also .gz, .zst)
 // becomes X.memsnap.json.
 func MetaName(snapshotName string) string {

@@ -364,6 +364,40 @@ func (d *decoder) dictFields(x *Dict, set func(k, v *val)) {
 	}
 }
 
+// record is what a list of a snapshot's dicts becomes: a *Frame, *Segment,
+// *Block or *TraceEntry, each dict's fields set on a new one.
+type record[T any] interface {
+	*T
+	set(d *decoder, k, v *val)
+}
+
+// asRecords converts l's items to records (once per list and schema): a record
+// as it is, a dict as a new record of size bytes with its fields set; any other
+// item fails the list.
+func asRecords[T any, P record[T]](d *decoder, l *List, as schema, size int64) ([]P, bool) {
+	c, ok := d.convert(l, as, func(items []Value) (any, bool) {
+		out := make([]P, len(items))
+		for i, it := range items {
+			switch x := it.(type) {
+			case P:
+				out[i] = x
+			case *Dict:
+				d.spend(size)
+				r := P(new(T))
+				d.dictFields(x, func(k, v *val) { r.set(d, k, v) })
+				out[i] = r
+			default:
+				return nil, false
+			}
+		}
+		return out, true
+	})
+	if !ok {
+		return nil, false
+	}
+	return c.([]P), true
+}
+
 func (d *decoder) asFrames(v *val) ([]*Frame, bool) {
 	if v.k == kFrames && v.o.(*frameList).generic == nil {
 		return v.o.(*frameList).frames, true
@@ -372,27 +406,7 @@ func (d *decoder) asFrames(v *val) ([]*Frame, bool) {
 	if !ok {
 		return nil, false
 	}
-	c, ok := d.convert(l, schFrames, func(items []Value) (any, bool) {
-		out := make([]*Frame, len(items))
-		for i, it := range items {
-			switch x := it.(type) {
-			case *Frame:
-				out[i] = x
-			case *Dict:
-				d.spend(sizeFrame)
-				f := &Frame{}
-				d.dictFields(x, func(k, v *val) { f.set(d, k, v) })
-				out[i] = f
-			default:
-				return nil, false
-			}
-		}
-		return out, true
-	})
-	if !ok {
-		return nil, false
-	}
-	return c.([]*Frame), true
+	return asRecords[Frame](d, l, schFrames, sizeFrame)
 }
 
 func (d *decoder) asSegments(v *val) ([]*Segment, bool) {
@@ -400,27 +414,7 @@ func (d *decoder) asSegments(v *val) ([]*Segment, bool) {
 	if !ok {
 		return nil, false
 	}
-	c, ok := d.convert(l, schSegList, func(items []Value) (any, bool) {
-		out := make([]*Segment, len(items))
-		for i, it := range items {
-			switch x := it.(type) {
-			case *Segment:
-				out[i] = x
-			case *Dict:
-				d.spend(sizeSegment)
-				g := &Segment{}
-				d.dictFields(x, func(k, v *val) { g.set(d, k, v) })
-				out[i] = g
-			default:
-				return nil, false
-			}
-		}
-		return out, true
-	})
-	if !ok {
-		return nil, false
-	}
-	return c.([]*Segment), true
+	return asRecords[Segment](d, l, schSegList, sizeSegment)
 }
 
 func (d *decoder) asBlocks(v *val) ([]*Block, bool) {
@@ -428,51 +422,11 @@ func (d *decoder) asBlocks(v *val) ([]*Block, bool) {
 	if !ok {
 		return nil, false
 	}
-	c, ok := d.convert(l, schBlockList, func(items []Value) (any, bool) {
-		out := make([]*Block, len(items))
-		for i, it := range items {
-			switch x := it.(type) {
-			case *Block:
-				out[i] = x
-			case *Dict:
-				d.spend(sizeBlock)
-				b := &Block{}
-				d.dictFields(x, func(k, v *val) { b.set(d, k, v) })
-				out[i] = b
-			default:
-				return nil, false
-			}
-		}
-		return out, true
-	})
-	if !ok {
-		return nil, false
-	}
-	return c.([]*Block), true
+	return asRecords[Block](d, l, schBlockList, sizeBlock)
 }
 
 func (d *decoder) asEntries(l *List) ([]*TraceEntry, bool) {
-	c, ok := d.convert(l, schTrace, func(items []Value) (any, bool) {
-		out := make([]*TraceEntry, len(items))
-		for i, it := range items {
-			switch x := it.(type) {
-			case *TraceEntry:
-				out[i] = x
-			case *Dict:
-				d.spend(sizeEntry)
-				e := &TraceEntry{}
-				d.dictFields(x, func(k, v *val) { e.set(d, k, v) })
-				out[i] = e
-			default:
-				return nil, false
-			}
-		}
-		return out, true
-	})
-	if !ok {
-		return nil, false
-	}
-	return c.([]*TraceEntry), true
+	return asRecords[TraceEntry](d, l, schTrace, sizeEntry)
 }
 
 func (d *decoder) asTraces(v *val) ([][]*TraceEntry, bool) {
