@@ -18,9 +18,9 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/gpu"
-	"github.com/memsnap/memsnap/internal/metrics"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/metrics"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/rankagent"
 )

@@ -15,7 +15,7 @@ import (
 // its own figures and health, every rank's figures from its view, the Go and
 // process collectors, in the text format.
 //
-//	go test -run XXX -bench LeaderScrape ./internal/metrics
+//	go test -run XXX -bench LeaderScrape ./metrics
 func BenchmarkLeaderScrape(b *testing.B) {
 	for _, n := range []int{64, 1024} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
