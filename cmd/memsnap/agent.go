@@ -209,6 +209,9 @@ func (f *agentFlags) newAgent(cfg rankagent.Config, log *slog.Logger) (a *rankag
 		if _, err := a.ArmNext(start, stop); err != nil {
 			return nil, nil, err
 		}
+	} else if !cluster {
+		log.Warn("a standalone agent without --window records no batches: only its trainer's snapshot when it runs out of memory or fails " +
+			"(--window START:STOP records batches; in a cluster the leader plans windows)")
 	}
 	return a, member, nil
 }

@@ -221,4 +221,10 @@ func TestStandaloneRefusesLeaderFlags(t *testing.T) {
 	if code == 0 || !strings.Contains(out, "--interval, --skip-batches: a standalone agent has no leader to plan windows") || !strings.Contains(out, "--window START:STOP") {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
+	// without --window it runs, and says it records no batches
+	code, out = runProc(t, 30*time.Second, nil, "agent", "--standalone", "--store", filepath.Join(dir, "store"), "--spool", filepath.Join(dir, "spool"),
+		"--socket", filepath.Join(dir, "s"), "--", "true")
+	if code != 0 || !strings.Contains(out, "a standalone agent without --window records no batches") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
 }
