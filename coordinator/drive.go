@@ -42,6 +42,9 @@ func (l *leaderRun) exec(ctx context.Context, w *win, fx []window.Effect) {
 			l.step(ctx, w, window.Polled{At: time.Now(), Status: statusesOf(l.c.status(ctx, e.Ranks), w.id())})
 		case window.ReadLog:
 			reps, ok := l.readReports(ctx, w.id(), e.Ranks)
+			if ok && w.m.Postmortem() {
+				ok = l.addIncidents(ctx, reps, e.Ranks, w.m.Planned, w.m.Deadline)
+			}
 			l.step(ctx, w, window.LogRead{At: time.Now(), Ranks: e.Ranks, Reports: reps, OK: ok})
 		case window.CheckTerm:
 			if latest, err := l.rl.LatestTerm(ctx); err == nil && latest > l.term {
@@ -324,6 +327,35 @@ func (l *leaderRun) readReports(ctx context.Context, id uint64, ranks []int) (ma
 		}
 	}
 	return out, true
+}
+
+// addIncidents adds to reps, for the ranks of a post-mortem planned at planned
+// that have no report of it, the snapshot each stored of its own OOM or crash
+// around then (the run's log keeps it as the rank's incident): a rank that died,
+// or whose hand-over never reached a leader, is part of the post-mortem all the
+// same. It reports false when the log could not be read.
+func (l *leaderRun) addIncidents(ctx context.Context, reps map[int]*pb.RankResult, ranks []int, planned, deadline time.Time) bool {
+	if l.rl == nil {
+		return true
+	}
+	hold := l.c.incidentHold()
+	for _, r := range ranks {
+		if reps[r] != nil {
+			continue
+		}
+		incs, bad, err := l.rl.Incidents(ctx, r, planned.Add(-hold), deadline.Add(hold))
+		if err != nil {
+			l.log.Warn("cannot read a rank's incidents from the run's log", "of_rank", r, "err", err)
+			return false
+		}
+		for _, e := range bad {
+			l.log.Warn("a rank's incident in the run's log is malformed; ignored", "err", e)
+		}
+		if n := len(incs); n > 0 {
+			reps[r] = resultOfReport(incs[n-1])
+		}
+	}
+	return true
 }
 
 func resultOfReport(r *runlog.Report) *pb.RankResult {

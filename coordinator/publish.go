@@ -368,7 +368,7 @@ func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config
 	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(id, stop), WorldSize: w.m.World, Progressive: true,
 		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, id, start, stop-1),
 		Window: &sidecar.WindowInfo{ID: id, Start: start, Stop: stop}, MissingReasons: w.m.MissingReasons(), Logger: l.log.With("window", id),
-		Reason: w.reason, Kind: kindName(w.m.Kind), FromAnalyses: true, Supersede: true, Attempt: l.attempt(), Fence: l.fence}
+		Reason: w.reason, Kind: kindName(w.m.Kind), FromAnalyses: true, Supersede: true, Attempt: l.attempt(), Fence: l.fence, Partial: partialOf(w, inputs)}
 	if rank, why, ok := TriggerRank(w.reason); ok && w.m.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER {
 		cfg.Focus = &analysis.Focus{Rank: rank, Why: "crossed a trigger: " + why}
 		if w.m.Dump {
@@ -393,6 +393,24 @@ func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config
 		}
 	}
 	return cfg
+}
+
+// partialOf names the ranks of inputs whose snapshots of w say they are partial,
+// with what each covers and why (a post-mortem's are what each rank had).
+func partialOf(w *win, inputs map[int]merge.Input) map[int]string {
+	if w.m.Dumps() {
+		return nil
+	}
+	out := map[int]string{}
+	for r := range inputs {
+		if s := w.m.Ranks[r]; s != nil && s.Result != nil && s.Result.Partial != "" {
+			out[r] = fmt.Sprintf("batches %d-%d: %s", s.Result.Start, s.Result.Stop-1, s.Result.Partial)
+			if s.Result.Stop <= s.Result.Start {
+				out[r] = "no whole batch: " + s.Result.Partial
+			}
+		}
+	}
+	return out
 }
 
 // input is rank r's stored snapshot as a merge input, with the rank's own
@@ -438,12 +456,26 @@ func (l *leaderRun) coverageOf(m *sidecar.RankMeta, rank int, w *win) string {
 	if m.Rank != rank || (m.RunName != "" && m.RunName != l.c.cfg.Identity.RunName) {
 		return fmt.Sprintf("its metadata is rank %d's of run %q", m.Rank, m.RunName)
 	}
+	if res := w.m.Ranks[rank].Result; res != nil && res.Partial != "" {
+		return partialCoverage(m, start, stop)
+	}
 	if len(m.Batches) != int(stop-start) {
 		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), stop-start)
 	}
 	for i, bm := range m.Batches {
 		if bm.Batch != start+int64(i) {
 			return fmt.Sprintf("it recorded batch %d where batch %d belongs", bm.Batch, start+int64(i))
+		}
+	}
+	return ""
+}
+
+// partialCoverage says why a partial recording's batch marks are not a run of
+// the window's batches ("" when they are: it is merged as partial).
+func partialCoverage(m *sidecar.RankMeta, start, stop int64) string {
+	for i, bm := range m.Batches {
+		if bm.Batch < start || bm.Batch >= stop || (i > 0 && bm.Batch != m.Batches[i-1].Batch+1) {
+			return fmt.Sprintf("its partial recording has batch %d, outside a run of the window's [%d, %d)", bm.Batch, start, stop)
 		}
 	}
 	return ""
@@ -551,6 +583,12 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	for _, e := range bad {
 		log.Warn("a rank's report in the run's log is malformed; ignored", "err", e)
 	}
+	if p.Kind == runlog.KindOOM || p.Kind == runlog.KindCrash {
+		if !l.incidentReports(ctx, p, reports, asked) {
+			log.Warn("cannot read the ranks' incidents; trying again later")
+			return
+		}
+	}
 	fs := l.found(ctx, p, reports, asked)
 	now := time.Now()
 	w := mk(window.Recover(window.Resume{Config: cfg, Found: fs, At: now, RejoinGrace: c.cfg.RejoinGrace}))
@@ -576,6 +614,26 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	if pending && !w.m.Dumps() && w.end != steppedDown {
 		l.cancelWindow(w, "finished by a later leader")
 	}
+}
+
+// incidentReports adds to reports, for the ranks asked of post-mortem p with no
+// report of it, the incident each stored around p's time (addIncidents).
+func (l *leaderRun) incidentReports(ctx context.Context, p *runlog.Plan, reports map[int]*runlog.Report, asked map[int]int64) bool {
+	reps := map[int]*pb.RankResult{}
+	var ranks []int
+	for r := range asked {
+		if reports[r] == nil {
+			ranks = append(ranks, r)
+		}
+	}
+	if !l.addIncidents(ctx, reps, ranks, p.Created, p.Created.Add(max(p.Deadline.Sub(p.Created), 0))) {
+		return false
+	}
+	for r, res := range reps {
+		rep := reportOf(p.ID, r, res)
+		reports[r] = &rep
+	}
+	return true
 }
 
 // found is what a leader taking window p over finds of each rank asked: its

@@ -77,6 +77,9 @@ type Config struct {
 	Window *sidecar.WindowInfo
 	// MissingReasons says why a rank is missing, for the manifest (rank -> reason).
 	MissingReasons map[int]string
+	// Partial names merged ranks that recorded only part of the window, and what
+	// each covers and why, for the manifest (rank -> reason).
+	Partial map[int]string
 	// Reason says why the window was recorded ("request", "schedule", a post-mortem
 	// of an OOM), for the manifest.
 	Reason string
@@ -364,7 +367,7 @@ func (c *Config) tempDir() (string, error) {
 // names.
 func (c *Config) publishing() *publish.Config {
 	return &publish.Config{Out: c.Out, Overwrite: c.Overwrite, Align: c.Align, Offsets: c.Offsets, Title: c.Title, Window: c.Window,
-		Reason: c.Reason, Kind: c.Kind, Attempt: c.Attempt, Logger: c.Logger, Fence: c.Fence}
+		Reason: c.Reason, Kind: c.Kind, Attempt: c.Attempt, Partial: c.Partial, Logger: c.Logger, Fence: c.Fence}
 }
 
 // shift returns what is added to a rank's time_us to align it; traceStart is its

@@ -304,7 +304,7 @@ func New(cfg Config) (*Agent, error) {
 	a.log = cfg.Logger.With("rank", cfg.Identity.Rank)
 	a.tmpl.remote = naming.MustParse(cfg.RemoteFileName)
 	a.tmpl.file = naming.MustParse(cfg.Filename)
-	a.up = &uploader{sp: sp, open: cfg.OpenStore, log: a.log, minWait: cfg.RetryMin, maxWait: cfg.RetryMax,
+	a.up = &uploader{sp: sp, runName: cfg.Identity.RunName, open: cfg.OpenStore, log: a.log, minWait: cfg.RetryMin, maxWait: cfg.RetryMax,
 		wake: make(chan struct{}, 1), tries: map[string]*attempts{}, onResult: a.uploaded, onRetry: a.uploadRetried}
 	return a, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/sidecar"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // The spool is a local folder (owner-only) that holds every snapshot until the
@@ -60,6 +61,14 @@ type job struct {
 	Rank    int  `json:"rank"`
 	// AnalysisKey is where the rank's analysis of its snapshot goes ("" for none)
 	AnalysisKey string `json:"analysis_key,omitempty"`
+	// Covers and WindowPartial are, for a crash in the middle of window Window,
+	// the batches its recording covers, [first, last+1), and why it is partial:
+	// the rank's report of that window says so
+	Covers        []int64 `json:"covers,omitempty"`
+	WindowPartial string  `json:"window_partial,omitempty"`
+	// Stored says the snapshot, its sidecar and its analysis are in the store;
+	// the job ends once its report is in the run's log too
+	Stored bool `json:"stored,omitempty"`
 }
 
 func openSpool(root string) (*spool, error) {
@@ -274,6 +283,7 @@ func (s *spool) jobs(sub string) []string {
 // job never holds up the others.
 type uploader struct {
 	sp       *spool
+	runName  string // the run's name: its log is where each job's report goes
 	open     func(context.Context) (store.Store, error)
 	log      *slog.Logger
 	minWait  time.Duration
@@ -463,37 +473,14 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 	if err != nil {
 		return res, err
 	}
-	err = putFile(ctx, st, j.Key, snap, j.SHA256, j.Overwrite)
-	if errors.Is(err, store.ErrExists) && !j.Renamed && !j.Overwrite {
-		// another object holds the name (a relaunch that recorded the same
-		// batches): the snapshot goes under the window's own name, once and for
-		// all (job.json remembers it, so a retry uses the same name)
-		if j, err = u.rename(dir, j); err != nil {
+	if !j.Stored {
+		if j, err = u.storeObjects(ctx, st, dir, j, &res); err != nil {
 			return res, err
 		}
-		res.Key, res.MetaKey, res.AnalysisKey = j.Key, j.MetaKey, j.AnalysisKey
-		u.log.Warn("the snapshot's name is taken in the store; storing it under its window's name", "key", j.Key, "window", j.Window)
-		err = putFile(ctx, st, j.Key, snap, j.SHA256, false)
 	}
-	if err != nil {
-		return res, err
-	}
-	metaSum, _, err := store.HashFile(filepath.Join(dir, "meta.json"))
-	if err != nil {
-		return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
-	}
-	if err := putFile(ctx, st, j.MetaKey, filepath.Join(dir, "meta.json"), metaSum, true); err != nil {
-		return res, err
-	}
-	if j.AnalysisKey != "" {
-		p := filepath.Join(dir, "analysis.json")
-		anSum, _, err := store.HashFile(p)
-		if err != nil {
-			return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
-		}
-		if err := putFile(ctx, st, j.AnalysisKey, p, anSum, true); err != nil {
-			return res, err
-		}
+	// stored means reported: the job ends only once the run's log has its report
+	if err := u.report(ctx, st, j); err != nil {
+		return res, fmt.Errorf("the snapshot is stored, but its report is not in the run's log: %w", err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		u.log.Warn("uploaded, but the spool job could not be removed", "dir", dir, "err", err)
@@ -506,6 +493,91 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 		u.onResult(res)
 	}
 	return res, nil
+}
+
+// storeObjects puts a job's snapshot, sidecar and analysis into the store and
+// records in job.json that they are there (so a retry only writes the report).
+func (u *uploader) storeObjects(ctx context.Context, st store.Store, dir string, j job, res *UploadResult) (job, error) {
+	snap := filepath.Join(dir, "snapshot.pickle")
+	err := putFile(ctx, st, j.Key, snap, j.SHA256, j.Overwrite)
+	if errors.Is(err, store.ErrExists) && !j.Renamed && !j.Overwrite {
+		// another object holds the name (a relaunch that recorded the same
+		// batches): the snapshot goes under the window's own name, once and for
+		// all (job.json remembers it, so a retry uses the same name)
+		if j, err = u.rename(dir, j); err != nil {
+			return j, err
+		}
+		res.Key, res.MetaKey, res.AnalysisKey = j.Key, j.MetaKey, j.AnalysisKey
+		u.log.Warn("the snapshot's name is taken in the store; storing it under its window's name", "key", j.Key, "window", j.Window)
+		err = putFile(ctx, st, j.Key, snap, j.SHA256, false)
+	}
+	if err != nil {
+		return j, err
+	}
+	metaSum, _, err := store.HashFile(filepath.Join(dir, "meta.json"))
+	if err != nil {
+		return j, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
+	}
+	if err := putFile(ctx, st, j.MetaKey, filepath.Join(dir, "meta.json"), metaSum, true); err != nil {
+		return j, err
+	}
+	if j.AnalysisKey != "" {
+		p := filepath.Join(dir, "analysis.json")
+		anSum, _, err := store.HashFile(p)
+		if err != nil {
+			return j, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
+		}
+		if err := putFile(ctx, st, j.AnalysisKey, p, anSum, true); err != nil {
+			return j, err
+		}
+	}
+	j.Stored = true
+	if err := writeJob(dir, j); err != nil {
+		u.log.Warn("could not note in the spool job that its snapshot is stored; a retry stores it again", "dir", dir, "err", err)
+	}
+	return j, nil
+}
+
+// report writes what job j stored into the run's log: the rank's report of its
+// window (a crash in the middle of one reports what it recorded as partial), and,
+// for an OOM's or a crash's snapshot, the rank's incident, which a post-mortem
+// finds there.
+func (u *uploader) report(ctx context.Context, st store.Store, j job) error {
+	rl := runlog.New(st, u.runName)
+	rep := runlog.Report{Window: j.Window, Rank: j.Rank, Key: j.Key, MetaKey: j.MetaKey, AnalysisKey: j.AnalysisKey, Size: j.Size, SHA256: j.SHA256,
+		Events: int64(j.Events), Start: j.Start, Stop: j.Stop, Reason: j.Reason, Partial: j.Partial, Cause: j.Cause}
+	if j.Reason == "oom" || j.Reason == "crash" {
+		inc := rep
+		inc.At = j.Created
+		if err := rl.PutIncident(ctx, inc); err != nil {
+			return err
+		}
+		if j.Window == 0 || len(j.Covers) != 2 {
+			return nil
+		}
+		rep.Start, rep.Stop, rep.Partial = j.Covers[0], j.Covers[1], j.WindowPartial
+	}
+	if j.Window == 0 {
+		return nil
+	}
+	return rl.PutReport(ctx, rep)
+}
+
+// reportFailure writes, once and as far as the store lets it, that job j's
+// snapshot can never be stored, so that its window's leader need not wait for it.
+func (u *uploader) reportFailure(j job, why error) {
+	if j.Window == 0 || j.Stored || (j.Reason != "window" && j.Reason != "postmortem") {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := u.store(ctx)
+	if err == nil {
+		err = runlog.New(st, u.runName).PutReport(ctx, runlog.Report{Window: j.Window, Rank: j.Rank, Start: j.Start, Stop: j.Stop, Reason: j.Reason, Error: why.Error()})
+	}
+	if err != nil {
+		u.log.Warn("could not write into the run's log that the snapshot cannot be stored", "window", j.Window, "err", err)
+	}
 }
 
 // readJob reads a pending job's job.json; a spool that lost it or holds a
@@ -563,12 +635,17 @@ func (u *uploader) rename(dir string, j job) (job, error) {
 		j.AnalysisKey = analysis.AnalysisName(j.Key)
 	}
 	j.Renamed = true
+	return j, writeJob(dir, j)
+}
+
+// writeJob replaces a job's job.json, whole or not at all.
+func writeJob(dir string, j job) error {
 	jb, _ := json.MarshalIndent(j, "", "  ")
 	tmp := filepath.Join(dir, ".job.json")
 	if err := writeFileSync(tmp, jb); err != nil {
-		return j, err
+		return err
 	}
-	return j, os.Rename(tmp, filepath.Join(dir, "job.json"))
+	return os.Rename(tmp, filepath.Join(dir, "job.json"))
 }
 
 // fail moves a job that can never succeed to failed/ and reports it.
@@ -579,6 +656,9 @@ func (u *uploader) fail(id string, err error, res UploadResult) {
 		u.log.Error("could not move a failed job aside", "dir", src, "err", rerr)
 	}
 	writeReason(dst, err)
+	if j, jerr := readJob(dst); jerr == nil {
+		u.reportFailure(j, err)
+	}
 	u.mu.Lock()
 	u.stats.failed++
 	delete(u.tries, id)

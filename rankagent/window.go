@@ -318,6 +318,9 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 	if ab != nil {
 		j.AnalysisKey = analysis.AnalysisName(key)
 	}
+	if m.Reason == "crash" && m.Window != 0 && meta.Window != nil {
+		j.Covers, j.WindowPartial = crashCovers(m), meta.Partial
+	}
 	jobID, err := a.sp.addJob(src, j, mb, ab)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -340,6 +343,15 @@ func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, 
 		a.post(WindowEvent{Window: w, State: state, Batch: batch, Reason: partial, Time: time.Now()})
 	}
 	a.up.kick()
+}
+
+// crashCovers is the batches a crash's recording of its window covers, [first,
+// last+1) by its batch marks ([start, start) with none).
+func crashCovers(m *Message) []int64 {
+	if n := len(m.Batches); n > 0 {
+		return []int64{max(m.Batches[0].Batch, 0), max(m.Batches[n-1].Batch+1, 0)}
+	}
+	return []int64{max(m.Start, 0), max(m.Start, 0)}
 }
 
 // doneTaking ends a take of file: the agent no longer works on it.

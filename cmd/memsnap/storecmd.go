@@ -148,7 +148,35 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, r := range rows {
 		fmt.Fprintln(tw, r.line(st))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	hintFinish(stderr, rest[0], rows)
+	return nil
+}
+
+// hintFinish names, for each run with unfinished windows, the command that
+// publishes them from the store when no agent of the run is left.
+func hintFinish(w io.Writer, loc string, rows []windowRow) {
+	type key struct{ run, at string }
+	undone := map[key][]int{}
+	var runs []key
+	for _, r := range rows {
+		if r.state == "unfinished" && r.plan != nil {
+			k := key{r.plan.Run, loc}
+			if r.root != "" {
+				k.at = strings.TrimSuffix(loc, "/") + "/" + strings.TrimSuffix(r.root, "/")
+			}
+			if undone[k] == nil {
+				runs = append(runs, k)
+			}
+			undone[k] = append(undone[k], int(r.id))
+		}
+	}
+	for _, k := range runs {
+		fmt.Fprintf(w, "memsnap ls: run %s has unfinished windows (%s): a live leader finishes them; with no agent of the run left, "+
+			"`memsnap finish %s --run %s` publishes them from the store\n", k.run, rankList(undone[k]), k.at, k.run)
+	}
 }
 
 // windowRow is one line of `memsnap ls`: a window in a run's log (whatever its
@@ -163,6 +191,7 @@ type windowRow struct {
 	pub      *publish.Published
 	when     time.Time
 	manifest string
+	root     string // where the agents' store is, under the location listed
 }
 
 // listWindows reads the run logs and the manifests under prefix: every window a
@@ -231,7 +260,7 @@ func loggedWindow(ctx context.Context, st store.Store, rl *runlog.Log, run strin
 			root = strings.TrimSuffix(run, p.Run)
 			row.run = p.Run
 		}
-		row.manifest = root + p.Manifest
+		row.manifest, row.root = root+p.Manifest, root
 	} else {
 		row.state, row.kind = "unreadable: "+err.Error(), "?"
 	}

@@ -729,7 +729,9 @@ func (s *stepper) allAcked() bool {
 }
 
 // classify calls missing the uploaded ranks whose snapshots do not cover the
-// window as planned (a post-mortem takes what each rank has).
+// window as planned and do not say why (a post-mortem takes what each rank has).
+// A snapshot that says it is partial (its trainer stopped in the middle of the
+// window, say) is merged as partial: what it recorded is the truth of that rank.
 func (s *stepper) classify() {
 	w := s.w
 	if w.Dumps() {
@@ -739,7 +741,6 @@ func (s *stepper) classify() {
 		r := w.Ranks[rank]
 		switch res := r.Result; {
 		case res.Partial != "":
-			r.Phase, r.Reason = Missing, "its snapshot does not cover the window: "+res.Partial
 		case res.Start != w.Start || res.Stop != w.Stop:
 			r.Phase, r.Reason = Missing, fmt.Sprintf("its snapshot covers [%d, %d), the window is [%d, %d)", res.Start, res.Stop, w.Start, w.Stop)
 		}
@@ -765,6 +766,24 @@ func (s *stepper) conclude(at time.Time) {
 		s.do(CommitFailure{Why: w.failure, Missing: w.MissingReasons()})
 		return
 	}
+	if !w.confirmed {
+		// a rank called missing may have stored its snapshot after all (its
+		// result never reached this leader, or its trainer was stopped in the
+		// middle and it stored what it had): the log says, before the window is
+		// published without it or failed for want of it
+		var ranks []int
+		for rank := 0; rank < w.World; rank++ {
+			if r := w.Ranks[rank]; r != nil && r.Phase == Missing && r.Result == nil {
+				ranks = append(ranks, rank)
+			}
+		}
+		if len(ranks) > 0 || len(w.Mergeable()) == 0 {
+			w.confirming = true
+			s.do(ReadLog{Ranks: ranks})
+			return
+		}
+	}
+	s.classify()
 	if ranks := w.Mergeable(); len(ranks) > 0 {
 		if !w.told {
 			w.told = true
@@ -772,19 +791,6 @@ func (s *stepper) conclude(at time.Time) {
 		}
 		w.inFlight = true
 		s.do(Publish{Ranks: ranks})
-		return
-	}
-	if !w.confirmed {
-		// a rank called missing may have stored its snapshot after all (its
-		// result never reached this leader): the log says
-		var ranks []int
-		for rank := 0; rank < w.World; rank++ {
-			if r := w.Ranks[rank]; r != nil && r.Phase == Missing && r.Result == nil {
-				ranks = append(ranks, rank)
-			}
-		}
-		w.confirming = true
-		s.do(ReadLog{Ranks: ranks})
 		return
 	}
 	if w.failure == "" {

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
@@ -89,13 +90,16 @@ type Manifest struct {
 	RanksMerged    []int               `json:"ranks_merged"`
 	MissingRanks   []int               `json:"missing_ranks"`
 	MissingReasons map[string]string   `json:"missing_reasons,omitempty"`
-	ClockOffsetsUS map[string]int64    `json:"clock_offsets_us"`
-	Align          string              `json:"align"`
-	Batches        []int64             `json:"batches,omitempty"` // the batches every rank recorded
-	OutlierRank    *int                `json:"outlier_rank,omitempty"`
-	Reason         string              `json:"reason,omitempty"` // why the window was recorded
-	Kind           string              `json:"kind,omitempty"`   // window, oom or crash (a cluster's windows)
-	Attempt        string              `json:"attempt,omitempty"`
+	// PartialRanks are merged ranks that recorded only part of the window (a
+	// trainer stopped in its middle), and what each covers and why.
+	PartialRanks   map[string]string `json:"partial_ranks,omitempty"`
+	ClockOffsetsUS map[string]int64  `json:"clock_offsets_us"`
+	Align          string            `json:"align"`
+	Batches        []int64           `json:"batches,omitempty"` // the batches every rank recorded
+	OutlierRank    *int              `json:"outlier_rank,omitempty"`
+	Reason         string            `json:"reason,omitempty"` // why the window was recorded
+	Kind           string            `json:"kind,omitempty"`   // window, oom or crash (a cluster's windows)
+	Attempt        string            `json:"attempt,omitempty"`
 	// Pickles are the merged pickles and the ranks each holds (names relative to
 	// the manifest, as Outputs names them).
 	Pickles []analysis.PicklePart `json:"pickles,omitempty"`
@@ -227,6 +231,11 @@ func (m *Manifest) checkRanks() error {
 			return fmt.Errorf("merge: manifest: a rank lacking detail, %q", k)
 		}
 	}
+	for k, why := range m.PartialRanks {
+		if r, err := strconv.Atoi(k); err != nil || strconv.Itoa(r) != k || !inWorld(r) || len(why) > maxPartialReason {
+			return fmt.Errorf("merge: manifest: a partial rank, %q", k)
+		}
+	}
 	for _, p := range m.Pickles {
 		if !(Object{Name: p.Name, SHA256: strings.Repeat("0", 64)}).valid() || p.FirstRank < 0 || p.LastRank < p.FirstRank || !inWorld(p.LastRank) || p.Bytes < 0 {
 			return fmt.Errorf("merge: manifest: pickle %q is malformed", p.Name)
@@ -263,6 +272,8 @@ type Config struct {
 	Reason, Kind string
 	// Attempt names this publication (see merge.Config.Attempt).
 	Attempt string
+	// Partial: merged ranks that recorded part of the window, and why.
+	Partial map[int]string
 	Logger  *slog.Logger
 	// Fence, when set, is asked before the claim and every manifest are stored.
 	Fence func(ctx context.Context) error
@@ -552,7 +563,36 @@ func ManifestOf(cfg *Config, cobj Object, refs []InputRef, sum *analysis.Summary
 	}
 	man.Batches = commonBatches(sum.Ranks)
 	man.Findings = sum.ManifestFindings()
+	man.PartialRanks, man.Findings = partialRanks(cfg.Partial, sum.RanksMerged, man.Findings)
 	return man
+}
+
+// maxPartialReason bounds what a manifest says of one partial rank.
+const maxPartialReason = 4096
+
+// partialRanks names the merged ranks that recorded part of the window, for the
+// manifest, and says so first among the findings.
+func partialRanks(partial map[int]string, merged []int, findings []string) (map[string]string, []string) {
+	out := map[string]string{}
+	var ranks []string
+	for _, r := range merged {
+		if why, ok := partial[r]; ok {
+			out[strconv.Itoa(r)] = cut(why, maxPartialReason)
+			ranks = append(ranks, strconv.Itoa(r))
+		}
+	}
+	if len(out) == 0 {
+		return nil, findings
+	}
+	line := fmt.Sprintf("ranks %s recorded part of the window (partial_ranks says what each covers)", strings.Join(ranks, ", "))
+	if len(ranks) == 1 {
+		line = fmt.Sprintf("rank %s recorded part of the window: %s", ranks[0], out[ranks[0]])
+	}
+	findings = append([]string{cut(line, analysis.MaxFindingBytes)}, findings...)
+	if len(findings) > analysis.MaxManifestFindings {
+		findings = findings[:analysis.MaxManifestFindings]
+	}
+	return out, findings
 }
 
 // commonBatches returns the batches every merged rank recorded (from the
@@ -588,4 +628,16 @@ func cutReasonN(s string, n int) string {
 		s = strings.ToValidUTF8(s[:n], "")
 	}
 	return s
+}
+
+// cut shortens s to at most n bytes on a rune boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
 }

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/memsnap/memsnap/coordinator/commit"
+	"github.com/memsnap/memsnap/internal/store"
+)
+
+func init() {
+	register(&command{
+		name: "finish",
+		summary: "publish a run's unfinished windows from the store alone, when no agent is left to lead (the job was torn down): " +
+			"every rank whose snapshot the run's log reports is merged, as partial where it recorded part of the window",
+		usage: "[flags] s3://bucket/prefix | FOLDER   (the store the agents used)",
+		exits: "0 every window finished (published or failed with its reason); 1 it could not (the last line says why); 2 a usage error",
+		run:   runFinish,
+	})
+}
+
+func runFinish(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags(commands["finish"], stderr)
+	run := fs.String("run", "", "the run's name (default: every run in the store with unfinished windows)")
+	only := fs.String("window", "", "finish only these windows (comma-separated ids)")
+	var sf storeFlags
+	sf.register(fs)
+	rest, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	windows, err := windowIDs(*only)
+	if err != nil {
+		return fmt.Errorf("--window: %w", err)
+	}
+	st, err := store.Open(ctx, sf.config(rest[0], false))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	runs := []string{*run}
+	if *run == "" {
+		if runs, err = unfinishedRuns(ctx, st); err != nil {
+			return err
+		}
+	}
+	if len(runs) == 0 {
+		fmt.Fprintf(stdout, "no run under %s has an unfinished window\n", rest[0])
+		return nil
+	}
+	host, _ := os.Hostname()
+	for _, r := range runs {
+		res, err := commit.Finish(ctx, commit.Config{Store: st, Run: r, Windows: windows, Holder: "memsnap finish on " + host})
+		printFinished(stdout, r, res)
+		if err != nil {
+			return fmt.Errorf("run %s: %w", r, err)
+		}
+		if len(res) == 0 {
+			fmt.Fprintf(stdout, "run %s: no unfinished window\n", r)
+		}
+	}
+	return nil
+}
+
+// unfinishedRuns are the runs under st whose logs hold a window with no outcome.
+func unfinishedRuns(ctx context.Context, st store.Store) ([]string, error) {
+	objs, err := st.List(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range loggedRuns(objs) {
+		ids, err := commit.Unfinished(ctx, st, r)
+		if err != nil {
+			return nil, err
+		}
+		if len(ids) > 0 {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func windowIDs(s string) ([]uint64, error) {
+	var out []uint64
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		id, err := strconv.ParseUint(f, 10, 64)
+		if err != nil || id == 0 {
+			return nil, errors.New("window ids are positive numbers, comma-separated")
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+// printFinished says how each window of run ended.
+func printFinished(w io.Writer, run string, res []commit.Result) {
+	for _, r := range res {
+		fmt.Fprintf(w, "run %s: %s %d %s", run, kindLabel(r.Kind), r.Window, r.State)
+		if r.State == "published" {
+			fmt.Fprintf(w, " with %d ranks (%s): %s", len(r.Ranks), rankList(r.Ranks), r.Manifest)
+		} else {
+			fmt.Fprintf(w, ": %s", r.Error)
+		}
+		fmt.Fprintln(w)
+		for _, rank := range sortedRanks(r.Partial) {
+			fmt.Fprintf(w, "  rank %d partial: %s\n", rank, r.Partial[rank])
+		}
+		for _, rank := range sortedRanks(r.Missing) {
+			fmt.Fprintf(w, "  rank %d missing: %s\n", rank, r.Missing[rank])
+		}
+	}
+}
+
+func sortedRanks(m map[int]string) []int {
+	out := make([]int, 0, len(m))
+	for r := range m {
+		out = append(out, r)
+	}
+	sort.Ints(out)
+	return out
+}

@@ -1,0 +1,313 @@
+// Package commit finishes a run's windows from what the store alone holds: the
+// plans, the ranks' reports and incidents in the run's log, and the snapshots
+// they name. It is what `memsnap finish` runs when no agent is left to lead (the
+// job was torn down before a new leader was elected): every rank that stored a
+// recording of a window is merged, as partial where it says so, and the window
+// is committed (its manifest) and its outcome written under a term of its own,
+// which fences any leader that was still writing. Finish runs on its caller's
+// goroutine and keeps no state between calls.
+package commit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/merge/sidecar"
+	"github.com/memsnap/memsnap/runlog"
+)
+
+// IncidentSpan is how far before a post-mortem's plan, and after its deadline, a
+// rank's incident counts as its part of the post-mortem.
+const IncidentSpan = 2 * time.Minute
+
+// Config says which run to finish.
+type Config struct {
+	// Store holds the run's snapshots and its log.
+	Store store.Store
+	// Run is the run's name: its log is at <store>/<run>/memsnap/.
+	Run string
+	// Windows, when not empty, are the only windows finished.
+	Windows []uint64
+	// Holder names who finishes, in the term it takes ("memsnap finish" when empty).
+	Holder string
+	// Logger receives progress; nil discards it.
+	Logger *slog.Logger
+}
+
+// Result is how one window was finished.
+type Result struct {
+	Window   uint64
+	Kind     string
+	State    string // runlog.Published or runlog.Failed
+	Manifest string
+	Ranks    []int          // the ranks merged
+	Partial  map[int]string // merged ranks that recorded part of the window, and why
+	Missing  map[int]string // ranks not merged, and why
+	Error    string         // why it failed
+}
+
+// Unfinished lists the windows of the run that have a plan and no outcome,
+// oldest first, without writing anything.
+func Unfinished(ctx context.Context, st store.Store, run string) ([]uint64, error) {
+	rl := runlog.New(st, run)
+	plans, err := rl.PlanIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	done, err := rl.OutcomeIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []uint64
+	for _, id := range plans {
+		if _, ok := slices.BinarySearch(done, id); !ok {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+// Finish finishes the run's unfinished windows (or those of cfg.Windows) under a
+// new term, and says how each ended. A window whose commit another writer made
+// first ends as that commit says.
+func Finish(ctx context.Context, cfg Config) ([]Result, error) {
+	if cfg.Store == nil || cfg.Run == "" {
+		return nil, errors.New("commit: no store or no run")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	holder := cfg.Holder
+	if holder == "" {
+		holder = "memsnap finish"
+	}
+	rl := runlog.New(cfg.Store, cfg.Run)
+	ids, err := Unfinished(ctx, cfg.Store, cfg.Run)
+	if err != nil {
+		return nil, fmt.Errorf("commit: reading the run's log: %w", err)
+	}
+	if len(cfg.Windows) > 0 {
+		ids = slices.DeleteFunc(ids, func(id uint64) bool { return !slices.Contains(cfg.Windows, id) })
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	term, err := rl.NewTerm(ctx, runlog.Term{Leader: holder, Rank: -1}, 0)
+	if err != nil {
+		return nil, fmt.Errorf("commit: taking a term in the run's log: %w", err)
+	}
+	f := &finisher{cfg: cfg, rl: rl, term: term.Term, holder: holder, log: cfg.Logger.With("term", term.Term)}
+	var out []Result
+	for _, id := range ids {
+		r, err := f.window(ctx, id)
+		if err != nil {
+			return out, fmt.Errorf("commit: window %d: %w", id, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+type finisher struct {
+	cfg    Config
+	rl     *runlog.Log
+	term   uint64
+	holder string
+	log    *slog.Logger
+}
+
+func (f *finisher) fence(ctx context.Context) error { return f.rl.Fence(ctx, f.term) }
+
+// window finishes one window from its plan, its commit if it has one, and the
+// ranks' reports.
+func (f *finisher) window(ctx context.Context, id uint64) (Result, error) {
+	p, err := f.rl.ReadPlan(ctx, id)
+	if err != nil {
+		if errors.Is(err, runlog.ErrMalformed) {
+			return f.outcome(ctx, Result{Window: id, State: runlog.Failed, Error: err.Error()})
+		}
+		return Result{}, err
+	}
+	res := Result{Window: id, Kind: p.Kind, Manifest: p.Manifest, Missing: map[int]string{}, Partial: map[int]string{}}
+	if p.Manifest != "" {
+		m, err := publish.ReadManifest(ctx, f.cfg.Store, p.Manifest)
+		if err == nil {
+			return f.outcome(ctx, fromManifest(res, m))
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return Result{}, err
+		}
+	}
+	inputs, err := f.inputs(ctx, p, &res)
+	if err != nil {
+		return Result{}, err
+	}
+	if len(inputs) == 0 {
+		return f.fail(ctx, p, res, "no rank's snapshot of the window is in the run's log")
+	}
+	if p.Manifest == "" {
+		return f.fail(ctx, p, res, "its plan names no manifest (an earlier version's): it cannot be published from the store alone")
+	}
+	return f.merge(ctx, p, res, inputs)
+}
+
+// inputs are the snapshots the log reports for p's ranks; the ranks without one
+// go into res.Missing, those that recorded part of the window into res.Partial.
+func (f *finisher) inputs(ctx context.Context, p *runlog.Plan, res *Result) ([]merge.Input, error) {
+	reports, bad, err := f.rl.Reports(ctx, p.ID)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range bad {
+		f.log.Warn("a rank's report in the run's log is malformed; ignored", "window", p.ID, "err", e)
+	}
+	post := p.Kind == runlog.KindOOM || p.Kind == runlog.KindCrash
+	var ins []merge.Input
+	for _, r := range p.Ranks {
+		if r < 0 || r >= p.WorldSize {
+			continue
+		}
+		rep := reports[r]
+		if rep == nil && post {
+			if rep, err = f.incident(ctx, p, r); err != nil {
+				return nil, err
+			}
+		}
+		switch {
+		case rep == nil:
+			res.Missing[r] = "no snapshot of it in the run's log (its agent stopped before storing one)"
+		case rep.Error != "" || rep.Key == "":
+			res.Missing[r] = "its snapshot was not stored: " + rep.Error
+		default:
+			if why := partialOf(p, rep, post); why != "" {
+				res.Partial[r] = why
+			}
+			in := merge.StoreInput(f.cfg.Store, rep.Key, rep.MetaKey, r)
+			if rep.AnalysisKey != "" {
+				in = in.WithAnalysis(merge.StoreAnalysis(f.cfg.Store, rep.AnalysisKey))
+			}
+			ins = append(ins, in)
+		}
+	}
+	return ins, nil
+}
+
+// incident is the snapshot rank r stored of its own OOM or crash around
+// post-mortem p's time (nil when none).
+func (f *finisher) incident(ctx context.Context, p *runlog.Plan, r int) (*runlog.Report, error) {
+	incs, _, err := f.rl.Incidents(ctx, r, p.Created.Add(-IncidentSpan), p.Deadline.Add(IncidentSpan))
+	if err != nil || len(incs) == 0 {
+		return nil, err
+	}
+	return incs[len(incs)-1], nil
+}
+
+// partialOf says what a rank's report covers of window p and why, when that is
+// not the whole window ("" when it is, and for a post-mortem's).
+func partialOf(p *runlog.Plan, rep *runlog.Report, post bool) string {
+	if post || p.Dump {
+		return ""
+	}
+	if rep.Partial == "" && rep.Start == p.Start && rep.Stop == p.Stop {
+		return ""
+	}
+	why := rep.Partial
+	if why == "" {
+		why = fmt.Sprintf("it covers [%d, %d), the window is [%d, %d)", rep.Start, rep.Stop, p.Start, p.Stop)
+	}
+	if rep.Stop <= rep.Start {
+		return "no whole batch: " + why
+	}
+	return fmt.Sprintf("batches %d-%d: %s", rep.Start, rep.Stop-1, why)
+}
+
+// merge publishes p from inputs, under p's manifest and this finisher's term.
+func (f *finisher) merge(ctx context.Context, p *runlog.Plan, res Result, inputs []merge.Input) (Result, error) {
+	base, ok := strings.CutSuffix(p.Manifest, publish.OutSuffix[publish.OutManifest])
+	if !ok || strings.ContainsAny(base, "{}") {
+		return f.fail(ctx, p, res, "its plan's manifest name "+strconv.Quote(p.Manifest)+" is not a merge's")
+	}
+	cfg := merge.Config{Inputs: inputs, Out: f.cfg.Store, OutputBase: base, WorldSize: p.WorldSize, Align: merge.AlignOffsets,
+		Title:  fmt.Sprintf("%s, %s %d (finished from the store)", f.cfg.Run, p.Kind, p.ID),
+		Window: &sidecar.WindowInfo{ID: p.ID, Start: p.Start, Stop: p.Stop}, MissingReasons: res.Missing, Partial: res.Partial,
+		Reason: p.Reason, Kind: p.Kind, FromAnalyses: true, Supersede: true, Attempt: "t" + strconv.FormatUint(f.term, 10),
+		Fence: f.fence, Logger: f.log.With("window", p.ID)}
+	if p.FailedRank != nil && (p.Kind == runlog.KindOOM || p.Kind == runlog.KindCrash) {
+		cfg.Focus = &analysis.Focus{Rank: *p.FailedRank, Why: "failed first: " + p.Cause}
+		cfg.Reason = fmt.Sprintf("%s post-mortem: rank %d failed first (%s)", p.Kind, *p.FailedRank, p.Cause)
+	}
+	out, err := merge.Merge(ctx, cfg)
+	if errors.Is(err, runlog.ErrSuperseded) {
+		return Result{}, err
+	}
+	if err != nil {
+		if m, rerr := publish.ReadManifest(ctx, f.cfg.Store, p.Manifest); rerr == nil {
+			return f.outcome(ctx, fromManifest(res, m)) // another writer committed it first
+		}
+		return Result{}, err
+	}
+	return f.outcome(ctx, fromManifest(res, out.Manifest))
+}
+
+// fail commits p as failed, for why.
+func (f *finisher) fail(ctx context.Context, p *runlog.Plan, res Result, why string) (Result, error) {
+	res.State, res.Error = runlog.Failed, why
+	if p.Manifest == "" {
+		return f.outcome(ctx, res)
+	}
+	fw := publish.FailedWindow{Error: why, WorldSize: p.WorldSize, MissingReasons: res.Missing, Reason: p.Reason, Kind: p.Kind,
+		Attempt: "t" + strconv.FormatUint(f.term, 10), Window: &sidecar.WindowInfo{ID: p.ID, Start: p.Start, Stop: p.Stop}}
+	held, err := publish.CommitFailed(ctx, f.cfg.Store, p.Manifest, fw, f.fence)
+	if err != nil {
+		return Result{}, err
+	}
+	return f.outcome(ctx, fromManifest(res, held))
+}
+
+// fromManifest is res as the window's commit m says it ended.
+func fromManifest(res Result, m *publish.Manifest) Result {
+	if m.Failed() {
+		res.State, res.Error, res.Ranks = runlog.Failed, m.Error, nil
+		return res
+	}
+	res.State, res.Error, res.Ranks = runlog.Published, "", append([]int(nil), m.RanksMerged...)
+	for k, why := range m.MissingReasons {
+		if r, err := strconv.Atoi(k); err == nil {
+			res.Missing[r] = why
+		}
+	}
+	return res
+}
+
+// outcome writes how the window ended into the run's log; the outcome another
+// writer wrote first is the truth.
+func (f *finisher) outcome(ctx context.Context, res Result) (Result, error) {
+	missing := map[string]string{}
+	for r, why := range res.Missing {
+		missing[strconv.Itoa(r)] = why
+	}
+	o := runlog.Outcome{ID: res.Window, Term: f.term, Kind: res.Kind, State: res.State, Error: res.Error, Ranks: res.Ranks,
+		Missing: missing, Leader: f.holder}
+	if res.State == runlog.Published {
+		o.Manifest = res.Manifest
+	}
+	got, err := f.rl.Finish(ctx, o)
+	if err != nil {
+		return Result{}, err
+	}
+	if got.Term != f.term {
+		res.State, res.Error = got.State, got.Error
+	}
+	f.log.Info("window finished", "window", res.Window, "state", res.State, "ranks", len(res.Ranks), "partial", len(res.Partial), "missing", len(res.Missing))
+	return res, nil
+}
