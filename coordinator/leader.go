@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/commit"
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/retry"
@@ -625,6 +626,9 @@ func (l *leaderRun) sweep(ctx context.Context) {
 		}
 		l.recoverPlan(ctx, p)
 	}
+	if l.c.cfg.OnOOM && ctx.Err() == nil {
+		l.orphanPostmortem(ctx)
+	}
 	// members waiting for windows that are not unfinished any more get the outcome
 	l.mu.Lock()
 	var ids []uint64
@@ -641,6 +645,30 @@ func (l *leaderRun) sweep(ctx context.Context) {
 			l.tellResult(id, nil, res)
 		}
 	}
+}
+
+// orphanPostmortem takes a post-mortem of the incidents the run's log holds
+// that no post-mortem covers (their ranks stored the snapshot of their OOM or
+// crash when no leader was there: the job went down with its leader), once
+// they are older than a live post-mortem would wait for.
+func (l *leaderRun) orphanPostmortem(ctx context.Context) {
+	incs, err := commit.Orphans(ctx, l.rl, time.Now().Add(-l.c.incidentHold()))
+	if err != nil {
+		l.log.Warn("cannot read the run's log for incidents no post-mortem took; trying again later", "err", err)
+		return
+	}
+	if len(incs) == 0 {
+		return
+	}
+	rp := commit.PostmortemPlan(incs, l.c.cfg.Identity.WorldSize)
+	pl, err := l.createPlan(ctx, rp)
+	if err != nil {
+		l.log.Warn("cannot record the plan of a post-mortem of the incidents in the run's log; trying again later", "incidents", len(incs), "err", err)
+		return
+	}
+	l.log.Warn("post-mortem of snapshots ranks stored of their OOM or crash with no leader to take them", "window", pl.ID, "kind", pl.Kind,
+		"failed_rank", *pl.FailedRank, "incidents", len(incs))
+	l.recoverPlan(ctx, &pl)
 }
 
 // tellResult gives every member waiting for window id its result.

@@ -540,15 +540,17 @@ func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
 	var ranks []int
 	asked := map[int]int64{}
 	now := time.Now()
+	pm := d.kind == pb.WindowKind_WINDOW_KIND_OOM || d.kind == pb.WindowKind_WINDOW_KIND_CRASH
 	for rk := 0; rk < world; rk++ {
-		if _, ok := nodes[rk]; ok || rk == d.failedRank {
+		// a post-mortem asks every rank: one that is gone may have stored the
+		// snapshot of its own failure, which the run's log holds
+		if _, ok := nodes[rk]; ok || rk == d.failedRank || pm {
 			asked[rk] = -1
 			ranks = append(ranks, rk)
 		}
 	}
 	deadline := now.Add(c.cfg.PostmortemDeadline)
 	rp := runlog.Plan{Kind: kindName(d.kind), Reason: d.reason, Ranks: ranks, Deadline: deadline, Cause: d.cause}
-	pm := d.kind == pb.WindowKind_WINDOW_KIND_OOM || d.kind == pb.WindowKind_WINDOW_KIND_CRASH
 	if pm {
 		fr := d.failedRank
 		rp.FailedRank = &fr

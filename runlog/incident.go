@@ -113,3 +113,38 @@ func incidentTime(name string) (int64, bool) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	return n, err == nil && n > 0
 }
+
+// AllIncidents lists every rank's incidents stored between from and to, oldest
+// first (a record that does not parse is left out and named beside).
+func (l *Log) AllIncidents(ctx context.Context, from, to time.Time) ([]*Report, []error, error) {
+	objs, err := l.st.List(ctx, l.root+"incidents/")
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []*Report
+	var bad []error
+	for _, o := range objs {
+		rest := strings.TrimPrefix(o.Key, l.root+"incidents/rank")
+		slash := strings.IndexByte(rest, '/')
+		if slash <= 0 || rest == o.Key {
+			continue
+		}
+		r, err := strconv.Atoi(rest[:slash])
+		us, ok := incidentTime(rest[slash+1:])
+		if err != nil || r < 0 || r >= maxRanks || strconv.Itoa(r) != rest[:slash] || !ok || us < from.UnixMicro() || us > to.UnixMicro() {
+			continue
+		}
+		rep, err := l.readIncident(ctx, o.Key, r)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+		case errors.Is(err, ErrMalformed):
+			bad = append(bad, err)
+		case err != nil:
+			return nil, nil, err
+		default:
+			out = append(out, rep)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	return out, bad, nil
+}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/coordinator/commit"
 	"github.com/memsnap/memsnap/internal/store"
 )
@@ -29,6 +30,8 @@ func runFinish(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags(commands["finish"], stderr)
 	run := fs.String("run", "", "the run's name (default: every run in the store with unfinished windows)")
 	only := fs.String("window", "", "finish only these windows (comma-separated ids)")
+	mergedName := fs.String("merged-name", coordinator.DefaultMergedName, "the merged outputs' name template, as the agents had it: a post-mortem of the "+
+		"snapshots ranks stored of their OOM or crash, which no leader took, is published under it")
 	var sf storeFlags
 	sf.register(fs)
 	rest, err := parse(fs, args)
@@ -60,7 +63,7 @@ func runFinish(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	host, _ := os.Hostname()
 	for _, r := range runs {
-		res, err := commit.Finish(ctx, commit.Config{Store: st, Run: r, Windows: windows, Holder: "memsnap finish on " + host})
+		res, err := commit.Finish(ctx, commit.Config{Store: st, Run: r, Windows: windows, Holder: "memsnap finish on " + host, MergedName: *mergedName})
 		printFinished(stdout, r, res)
 		if err != nil {
 			return fmt.Errorf("run %s: %w", r, err)

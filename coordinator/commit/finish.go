@@ -23,6 +23,7 @@ import (
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/sidecar"
+	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -40,6 +41,10 @@ type Config struct {
 	Windows []uint64
 	// Holder names who finishes, in the term it takes ("memsnap finish" when empty).
 	Holder string
+	// MergedName is the template of a window's merged outputs' names (the
+	// agents' --merged-name), for a post-mortem planned here of the incidents no
+	// post-mortem took; empty plans none.
+	MergedName string
 	// Logger receives progress; nil discards it.
 	Logger *slog.Logger
 }
@@ -96,10 +101,15 @@ func Finish(ctx context.Context, cfg Config) ([]Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("commit: reading the run's log: %w", err)
 	}
+	var orphans []*runlog.Report
 	if len(cfg.Windows) > 0 {
 		ids = slices.DeleteFunc(ids, func(id uint64) bool { return !slices.Contains(cfg.Windows, id) })
+	} else if cfg.MergedName != "" {
+		if orphans, err = Orphans(ctx, rl, time.Now()); err != nil {
+			return nil, fmt.Errorf("commit: reading the run's incidents: %w", err)
+		}
 	}
-	if len(ids) == 0 {
+	if len(ids) == 0 && len(orphans) == 0 {
 		return nil, nil
 	}
 	term, err := rl.NewTerm(ctx, runlog.Term{Leader: holder, Rank: -1}, 0)
@@ -107,6 +117,13 @@ func Finish(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, fmt.Errorf("commit: taking a term in the run's log: %w", err)
 	}
 	f := &finisher{cfg: cfg, rl: rl, term: term.Term, holder: holder, log: cfg.Logger.With("term", term.Term)}
+	if len(orphans) > 0 {
+		id, err := f.planPostmortem(ctx, orphans)
+		if err != nil {
+			return nil, fmt.Errorf("commit: planning a post-mortem of the incidents in the run's log: %w", err)
+		}
+		ids = append(ids, id)
+	}
 	var out []Result
 	for _, id := range ids {
 		r, err := f.window(ctx, id)
@@ -127,6 +144,30 @@ type finisher struct {
 }
 
 func (f *finisher) fence(ctx context.Context) error { return f.rl.Fence(ctx, f.term) }
+
+// planPostmortem records the plan of a post-mortem of incidents no post-mortem
+// took, for the world of the run's newest plan.
+func (f *finisher) planPostmortem(ctx context.Context, incs []*runlog.Report) (uint64, error) {
+	world := 0
+	for _, in := range incs {
+		world = max(world, in.Rank+1)
+	}
+	if newest, err := f.rl.Latest(ctx, 1); err == nil && len(newest) == 1 {
+		world = max(world, newest[0].WorldSize)
+	}
+	p := PostmortemPlan(incs, world)
+	// (a plan names a leader's rank; the finisher is none, its name says so)
+	p.Run, p.Term, p.Leader, p.LeaderRank = f.cfg.Run, f.term, f.holder, 0
+	pl, err := f.rl.CreatePlan(ctx, p, 0, func(id uint64) (string, error) {
+		keys, err := publish.OutputKeys(f.cfg.MergedName, naming.Vars{"run_name": f.cfg.Run, "window": int64(id), "batch": int64(0), "world_size": world})
+		return keys[publish.OutManifest], err
+	})
+	if err != nil {
+		return 0, err
+	}
+	f.log.Info("planned a post-mortem of the incidents no post-mortem took", "window", pl.ID, "kind", pl.Kind, "incidents", len(incs))
+	return pl.ID, nil
+}
 
 // window finishes one window from its plan, its commit if it has one, and the
 // ranks' reports.

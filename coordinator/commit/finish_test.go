@@ -45,7 +45,9 @@ func stored(t *testing.T, st store.Store, rank int, name string, meta sidecar.Ra
 // ranks 1 and 2 stored what they had recorded as crash snapshots, reported
 // under window 1 and as incidents; the leader's crash post-mortem, window 2,
 // was planned and never finished. Rank 0 stored nothing.
-func tornDown(t *testing.T) (store.Store, *runlog.Log) {
+func tornDown(t *testing.T) (store.Store, *runlog.Log) { return tornDownWith(t, true) }
+
+func tornDownWith(t *testing.T, postmortem bool) (store.Store, *runlog.Log) {
 	st, err := store.OpenDir(t.TempDir(), true)
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +76,7 @@ func tornDown(t *testing.T) (store.Store, *runlog.Log) {
 			Window: &sidecar.WindowInfo{ID: 1, Start: 10, Stop: 20}, Batches: marks, Partial: why})
 		rep.Reason, rep.Cause = "crash", "SIGTERM"
 		inc := rep
-		inc.Window, inc.Start, inc.Stop, inc.At = 1, last, last+1, now.Add(time.Second)
+		inc.Window, inc.Start, inc.Stop, inc.At = 1, last, last+1, now.Add(-time.Duration(3-rank)*time.Second)
 		if err := rl.PutIncident(ctx, inc); err != nil {
 			t.Fatal(err)
 		}
@@ -82,6 +84,9 @@ func tornDown(t *testing.T) (store.Store, *runlog.Log) {
 		if err := rl.PutReport(ctx, rep); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if !postmortem {
+		return st, rl
 	}
 	failed := 0
 	pm := runlog.Plan{Run: run, Term: term.Term, Leader: "r0", Kind: runlog.KindCrash, Reason: "crash post-mortem", WorldSize: 3, Ranks: []int{0, 1, 2},
@@ -161,5 +166,33 @@ func TestFinishWithNothingStored(t *testing.T) {
 	}
 	if undone, _ := Unfinished(ctx, st, run); fmt.Sprint(undone) != "[2]" {
 		t.Fatalf("unfinished after finishing window 1 only: %v", undone)
+	}
+}
+
+// TestFinishTakesTheOrphanedPostmortem: when the leader died before it planned
+// the crash post-mortem, the ranks' incidents in the run's log are taken into one
+// (a crash's, led by the first rank that failed), and a second finish takes none.
+func TestFinishTakesTheOrphanedPostmortem(t *testing.T) {
+	st, rl := tornDownWith(t, false)
+	ctx := context.Background()
+	cfg := Config{Store: st, Run: run, MergedName: "{run_name}/torch_memory_traces/window{window}/merged", Logger: testutil.Logger(t)}
+	res, err := Finish(ctx, cfg)
+	if err != nil || len(res) != 2 {
+		t.Fatalf("finished %+v (%v)", res, err)
+	}
+	pm := res[1]
+	if pm.Window != 2 || pm.Kind != runlog.KindCrash || pm.State != runlog.Published || fmt.Sprint(pm.Ranks) != "[1 2]" ||
+		pm.Manifest != run+"/torch_memory_traces/window2/merged.manifest.json" {
+		t.Fatalf("the post-mortem %+v", pm)
+	}
+	p, err := rl.ReadPlan(ctx, 2)
+	if err != nil || p.FailedRank == nil || *p.FailedRank != 1 || p.Cause != "SIGTERM" || p.WorldSize != 3 {
+		t.Fatalf("its plan %+v (%v)", p, err)
+	}
+	if again, err := Finish(ctx, cfg); err != nil || len(again) != 0 {
+		t.Fatalf("second finish %+v (%v)", again, err)
+	}
+	if orphans, err := Orphans(ctx, rl, time.Now()); err != nil || len(orphans) != 0 {
+		t.Fatalf("orphans left %+v (%v)", orphans, err)
 	}
 }
