@@ -56,6 +56,59 @@ type leaderRun struct {
 	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
 	// triggering: a trigger window is in progress (trigger.go)
 	triggering bool
+	// deferred are post-mortems and trigger windows whose plans the run's log
+	// could not take (a full or read-only store): served again when due
+	deferred []deferredReq
+}
+
+// deferredReq is a request served again at due, for the tries-th time.
+type deferredReq struct {
+	req   *pb.Envelope
+	due   time.Time
+	tries int
+}
+
+// deferRequest serves req again later, with backoff: a post-mortem or a trigger
+// window whose plan the run's log cannot take now is taken once it can, never
+// dropped. One post-mortem waits at a time (the ranks of one incident all ask).
+func (l *leaderRun) deferRequest(req *pb.Envelope, why error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	kind := req.GetRequest().GetKind()
+	tries := 1
+	for i, d := range l.deferred {
+		if d.req == req || d.req.GetRequest().GetKind() == kind && kind != pb.WindowKind_WINDOW_KIND_WINDOW {
+			tries = d.tries + 1
+			l.deferred = append(l.deferred[:i], l.deferred[i+1:]...)
+			break
+		}
+	}
+	if len(l.deferred) >= maxQueued {
+		l.log.Error("dropping a deferred window: too many wait", "from", req.Sender)
+		return
+	}
+	wait := retry.After(tries, time.Second, 30*time.Second)
+	l.deferred = append(l.deferred, deferredReq{req: req, due: time.Now().Add(wait), tries: tries})
+	l.log.Warn("the run's log cannot take the window's plan now; it is taken once it can", "kind", kindName(kind), "reason", req.GetRequest().GetReason(),
+		"retry_in", wait.Round(time.Millisecond), "err", why)
+}
+
+// undefer queues the deferred requests that are due, first.
+func (l *leaderRun) undefer() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	var due []*pb.Envelope
+	keep := l.deferred[:0]
+	for _, d := range l.deferred {
+		if now.After(d.due) {
+			due = append(due, d.req)
+		} else {
+			keep = append(keep, d)
+		}
+	}
+	l.deferred = keep
+	l.requests = append(due, l.requests...)
 }
 
 // postmortemQuiet is how long after a post-mortem further reports (other ranks
@@ -130,6 +183,7 @@ func (l *leaderRun) run(ctx context.Context) {
 			}
 			continue
 		}
+		l.undefer()
 		if req := l.pop(); req != nil {
 			l.serveRequest(ctx, req)
 			continue
@@ -196,6 +250,11 @@ func (l *leaderRun) triggerPending() bool {
 	}
 	for _, q := range l.requests {
 		if r := q.GetRequest(); r != nil && r.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER {
+			return true
+		}
+	}
+	for _, d := range l.deferred {
+		if d.req.GetRequest().GetKind() == pb.WindowKind_WINDOW_KIND_TRIGGER {
 			return true
 		}
 	}
@@ -335,7 +394,14 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 		}
 		// a request another leader served already (this one stalled with it, or
 		// the member asked again): it is a watch of that window
-		if id := l.served(ctx, req); id != 0 {
+		id, err := l.served(ctx, req)
+		if err != nil {
+			// not knowing whether it was served is no "not served": it could be
+			// planned twice; it is served again once the log reads
+			l.deferRequest(req, fmt.Errorf("reading the run's log for the request: %w", err))
+			return
+		}
+		if id != 0 {
 			w := proto.Clone(req).(*pb.Envelope)
 			w.WindowId = id
 			l.log.Info("the request was served already; answering with its window", "from", req.Sender, "window", id)
@@ -365,7 +431,7 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 			}()
 			if l.c.cfg.Triggers.Dump {
 				// the history that led here, every rank's, at once
-				l.dumps(ctx, dumpPlan{kind: kind, reason: nonEmpty(r.Reason, "trigger"), failedRank: -1})
+				l.dumps(ctx, dumpPlan{kind: kind, reason: nonEmpty(r.Reason, "trigger"), failedRank: -1, req: req})
 				return
 			}
 		}
@@ -377,14 +443,14 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 func requestID(req *pb.Envelope) string { return fmt.Sprintf("%s#%016x", req.Sender, req.Seq) }
 
 // served returns the window that already serves req, from the newest plans in
-// the run's log (0: none).
-func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) uint64 {
+// the run's log (0: none); an error when the log cannot be read.
+func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) (uint64, error) {
 	if req.Seq == 0 {
-		return 0
+		return 0, nil
 	}
 	recent, err := l.rl.Latest(ctx, 16)
 	if err != nil {
-		return 0
+		return 0, err
 	}
 	id := requestID(req)
 	for _, p := range recent {
@@ -401,11 +467,11 @@ func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) uint64 {
 		if err == nil && res != nil && res.State == pb.Outcome_OUTCOME_FAILED && len(res.Ranks) == 0 {
 			// nothing of it was recorded: the request is planned again
 			l.log.Info("the request's window failed with no snapshot; planning the request again", "from", req.Sender, "window", p.ID, "why", res.Error)
-			return 0
+			return 0, nil
 		}
-		return p.ID
+		return p.ID, nil
 	}
-	return 0
+	return 0, nil
 }
 
 // answer acks a request (ok, or refused with code).

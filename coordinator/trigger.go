@@ -99,22 +99,36 @@ func (c *Coordinator) stillCrossing(rank int) string {
 }
 
 // loadLastTrigger takes the cooldown up where an earlier leader left it: the
-// newest trigger window in the run's log is the last trigger.
+// newest trigger window in the run's log is the last trigger. Every plan within
+// the cooldown is read, however many windows were asked meanwhile.
 func (l *leaderRun) loadLastTrigger(ctx context.Context) {
 	if !l.c.cfg.Triggers.Enabled() {
 		return
 	}
-	plans, err := l.rl.Latest(ctx, 16)
+	ids, err := l.rl.PlanIDs(ctx)
 	if err != nil {
+		l.log.Warn("cannot read the run's log for the last trigger window; its cooldown starts now", "err", err)
+		l.c.mu.Lock()
+		l.c.lastTrigger = time.Now() // (unknown: the cautious side, no second trigger window at once)
+		l.c.mu.Unlock()
 		return
 	}
-	for _, p := range plans {
+	since := time.Now().Add(-max(l.c.cfg.Triggers.Cooldown, time.Second))
+	for i := len(ids) - 1; i >= 0; i-- {
+		p, err := l.rl.ReadPlan(ctx, ids[i])
+		if err != nil {
+			continue
+		}
 		if p.Kind == runlog.KindTrigger {
 			l.c.mu.Lock()
 			if p.Created.After(l.c.lastTrigger) {
 				l.c.lastTrigger = p.Created
 			}
 			l.c.mu.Unlock()
+			return
+		}
+		if p.Created.Before(since) {
+			return
 		}
 	}
 }

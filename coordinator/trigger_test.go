@@ -1,12 +1,15 @@
 package coordinator
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -215,5 +218,91 @@ func TestStaleTriggerIsDropped(t *testing.T) {
 	c.views[2] = rankView{f: &pb.Figures{Growth: 1 << 20}, at: time.Now()}
 	if why := c.stillCrossing(2); why != "" {
 		t.Fatalf("a rank back under the threshold still crosses: %q", why)
+	}
+}
+
+// refusePlans is a store that refuses to take plans into the run's log while
+// refuse is set (a read-only or full store, for the log's plans).
+type refusePlans struct {
+	store.Store
+	refuse *atomic.Bool
+	tried  *atomic.Int32
+}
+
+func (s refusePlans) Put(ctx context.Context, key string, r io.Reader, o store.PutOptions) (store.ObjectInfo, error) {
+	if strings.Contains(key, "/memsnap/plans/") && s.refuse.Load() {
+		s.tried.Add(1)
+		return store.ObjectInfo{}, fmt.Errorf("%w: read-only for now", store.ErrAccess)
+	}
+	return s.Store.Put(ctx, key, r, o)
+}
+
+// TestTriggerDeferredWhileTheLogRefusesPlans: a rank crosses a trigger while the
+// run's log refuses plans: the trigger window is not dropped, and is taken (once,
+// under its cooldown) when the store takes plans again.
+func TestTriggerDeferredWhileTheLogRefusesPlans(t *testing.T) {
+	const leaking, leak, device = 2, int64(16 << 20), int64(2 << 30)
+	refuse, tried := &atomic.Bool{}, &atomic.Int32{}
+	refuse.Store(true)
+	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(),
+		replay: func(rank int, rc *rankagent.ReplayConfig) {
+			rc.HoldAt, rc.Pace, rc.DeviceTotal, rc.MemoryEvery = nil, 50*time.Millisecond, device, 10*time.Millisecond
+			if rank == leaking {
+				rc.LeakPerBatch = leak
+			}
+		}}
+	opts := func(cfg *Config, a *rankagent.Config) {
+		cfg.FiguresInterval, cfg.Triggers = 200*time.Millisecond, Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour}
+		wrapStores(cfg, func(st store.Store) store.Store { return refusePlans{st, refuse, tried} })
+	}
+	for r := 0; r < 3; r++ {
+		tc.startRank(r, 3, opts)
+	}
+	deferred := func() bool {
+		c := tc.ranks[0].Coord
+		c.mu.Lock()
+		l := c.lead
+		c.mu.Unlock()
+		if l == nil {
+			return false
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.deferred) == 1 && l.deferred[0].req.GetRequest().GetKind() == pb.WindowKind_WINDOW_KIND_TRIGGER
+	}
+	testutil.Eventually(t, time.Minute, "the trigger window deferred, its plan refused", func() bool { return tried.Load() > 0 && deferred() })
+	refuse.Store(false)
+	st, err := store.OpenDir(tc.dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := runlog.New(st, tc.run)
+	var trig *runlog.Plan
+	testutil.Eventually(t, time.Minute, "the trigger window planned once the log takes plans", func() bool {
+		ps, err := rl.Latest(testutil.Context(t, 10*time.Second), 16)
+		for _, p := range ps {
+			if err == nil && p.Kind == runlog.KindTrigger {
+				trig = p
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.HasPrefix(trig.Reason, fmt.Sprintf("trigger: rank %d: ", leaking)) {
+		t.Fatalf("the trigger window's reason: %q", trig.Reason)
+	}
+	testutil.Eventually(t, time.Minute, "the trigger window published", func() bool {
+		o, err := rl.ReadOutcome(testutil.Context(t, 10*time.Second), trig.ID)
+		return err == nil && o.State == runlog.Published
+	})
+	ps, _ := rl.Latest(testutil.Context(t, 10*time.Second), 64)
+	n := 0
+	for _, p := range ps {
+		if p.Kind == runlog.KindTrigger {
+			n++
+		}
+	}
+	if n != 1 || deferred() {
+		t.Fatalf("%d trigger windows (deferred still: %v)", n, deferred())
 	}
 }

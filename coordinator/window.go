@@ -180,6 +180,10 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 		if ctx.Err() != nil {
 			return nil // (no longer leading: as above)
 		}
+		if p.kind == pb.WindowKind_WINDOW_KIND_TRIGGER && p.req != nil {
+			l.deferRequest(p.req, err) // (its cooldown is spent on the window it will be)
+			return nil
+		}
 		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: cfg.Start, Stop: cfg.Stop, Store: l.st.String(),
 			Error: "the window's plan could not be recorded in the run's log: " + err.Error()}
 		l.tellResult(0, p.watchers, res)
@@ -506,10 +510,7 @@ func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
 	if l.declined(ctx, req) {
 		return
 	}
-	l.mu.Lock()
-	l.lastPM = time.Now()
-	l.mu.Unlock()
-	l.dumps(ctx, dumpPlan{kind: r.Kind, reason: r.Cause, failedRank: int(r.FailedRank), cause: r.Cause, at: failureTime(r.AtUs)})
+	l.dumps(ctx, dumpPlan{kind: r.Kind, reason: r.Cause, failedRank: int(r.FailedRank), cause: r.Cause, at: failureTime(r.AtUs), req: req})
 }
 
 // dumpPlan is a window of dumps: every rank gives what its trainer holds now.
@@ -521,6 +522,9 @@ type dumpPlan struct {
 	failedRank int
 	cause      string
 	at         time.Time
+	// req is the request the dumps serve: served again later when the run's
+	// log cannot take their plan now
+	req *pb.Envelope
 }
 
 // dumps plans a window of dumps, asks every member rank for its trainer's
@@ -559,8 +563,26 @@ func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
 	}
 	pl, err := l.createPlan(ctx, rp)
 	if err != nil {
+		if isSuperseded(err) {
+			l.c.believeTerm(ctx, l.rl)
+			if d.req != nil {
+				l.pushFront(d.req) // (served again under this leader's next term)
+			}
+			return
+		}
+		if d.req != nil && ctx.Err() == nil {
+			l.deferRequest(d.req, err)
+			return
+		}
 		l.log.Error("cannot record the plan of the dumps in the run's log; none taken", "kind", kindName(d.kind), "failed_rank", d.failedRank, "err", err)
 		return
+	}
+	if pm {
+		// (a post-mortem not taken starts no quiet time: reports of the same
+		// incident would be declined as part of a window that does not exist)
+		l.mu.Lock()
+		l.lastPM = time.Now()
+		l.mu.Unlock()
 	}
 	m := window.New(window.Config{ID: pl.ID, Term: l.term, Kind: d.kind, World: world, Asked: asked, Planned: now, Deadline: deadline, Timers: l.timers(), Dump: !pm})
 	w := newWin(m, d.reason, nil, pl.Manifest)
