@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/coordinator/transport"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -262,7 +263,7 @@ func (c *Coordinator) start() error {
 		c.log.Warn("gossip is NOT encrypted or authenticated (--insecure): anyone who reaches the gossip port can join and send windows")
 	}
 	if ml.Transport == nil {
-		t, err := netTransport(&ml, c.log)
+		t, err := transport.New(&ml, c.log)
 		if err != nil {
 			return err
 		}
