@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/coordinator/cluster"
 	"github.com/memsnap/memsnap/coordinator/transport"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
@@ -258,7 +259,7 @@ func (c *Coordinator) start() error {
 	ml.Label = LabelFor(c.cfg.Identity.RunName)
 	ml.SecretKey = c.cfg.SecretKey
 	ml.LogOutput = nil
-	ml.Logger = newMemberlistLogger(c.log)
+	ml.Logger = cluster.MemberlistLogger(c.log)
 	if len(c.cfg.SecretKey) == 0 {
 		c.log.Warn("gossip is NOT encrypted or authenticated (--insecure): anyone who reaches the gossip port can join and send windows")
 	}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -131,6 +132,16 @@ func (c *Coordinator) toLeader(env *pb.Envelope) {
 		c.reply(env, r, true)
 	}
 }
+
+// refusals counts the messages this member refused, by why, and says so at most
+// once per refusalEvery per reason.
+type refusals struct {
+	mu    sync.Mutex
+	count map[string]int
+	said  map[string]time.Time
+}
+
+const refusalEvery = 10 * time.Second
 
 // refuse logs a message this member will not act on (at most one line per reason
 // per refusalEvery).

@@ -1,4 +1,4 @@
-package coordinator
+package cluster
 
 import (
 	"bytes"
@@ -33,9 +33,9 @@ var refusalKinds = []struct {
 
 var fromAddr = regexp.MustCompile(`(?:from=|\s)(\[?[0-9a-fA-F.:]+\]?:\d+)`)
 
-// newMemberlistLogger bridges memberlist's log lines into slog at Debug, and turns
+// MemberlistLogger bridges memberlist's log lines into slog at Debug, and turns
 // the lines that say memberlist refused someone into a rate-limited Warn.
-func newMemberlistLogger(l *slog.Logger) *log.Logger {
+func MemberlistLogger(l *slog.Logger) *log.Logger {
 	w := &mlWriter{log: l.With("from", "memberlist"), ref: &refusals{count: map[string]int{}, said: map[string]time.Time{}}}
 	return log.New(w, "", 0)
 }
