@@ -21,6 +21,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/coordinator/cluster"
+	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/wait"
@@ -182,8 +183,8 @@ func (f *leaderFlags) apply(cfg *coordinator.Config) error {
 
 // parseTriggers reads --trigger-headroom (5% or 2GiB), --trigger-growth
 // (SIZE[/N]) and --trigger-cooldown.
-func parseTriggers(headroom, growth string, cooldown time.Duration) (coordinator.Triggers, error) {
-	t := coordinator.Triggers{Cooldown: cooldown, GrowthBatches: 10}
+func parseTriggers(headroom, growth string, cooldown time.Duration) (view.Triggers, error) {
+	t := view.Triggers{Cooldown: cooldown, GrowthBatches: 10}
 	if cooldown < 10*time.Second {
 		return t, fmt.Errorf("--trigger-cooldown %v: at least 10s (each trigger window stalls every rank for its batches)", cooldown)
 	}
