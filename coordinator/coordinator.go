@@ -21,6 +21,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator/cluster"
 	"github.com/memsnap/memsnap/coordinator/transport"
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -528,7 +529,7 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 			c.gone[n.Name] = goneMember{at: time.Now(), members: len(c.members)}
 		}
 		c.setMember(n.Name, nil)
-	} else if meta, err := decodeMeta(n.Meta); err == nil && meta.Run == c.cfg.Identity.RunName {
+	} else if meta, err := wire.DecodeMeta(n.Meta); err == nil && meta.Run == c.cfg.Identity.RunName {
 		delete(c.gone, n.Name)
 		nn := *n
 		c.setMember(n.Name, &member{node: &nn, meta: meta})

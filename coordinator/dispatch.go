@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 )
 
@@ -45,7 +46,7 @@ func (c *Coordinator) dispatch(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case b := <-c.inbox:
-			env, err := decodeEnvelope(b)
+			env, err := wire.DecodeEnvelope(b)
 			if err != nil {
 				c.log.Warn("dropped a malformed cluster message", "err", err, "bytes", len(b))
 				continue

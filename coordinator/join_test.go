@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/sidecar"
@@ -95,12 +96,12 @@ func TestParseKey(t *testing.T) {
 // and reads back.
 func TestMetaFits(t *testing.T) {
 	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: sidecar.MaxRanks - 1, LocalRank: sidecar.MaxRanks - 1, NodeRank: sidecar.MaxRanks - 1,
-		WorldSize: sidecar.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: maxWindowID, Hostname: strings.Repeat("h", 64), Term: maxWindowID}
+		WorldSize: sidecar.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: wire.MaxWindowID, Hostname: strings.Repeat("h", 64), Term: wire.MaxWindowID}
 	b, err := proto.Marshal(m)
-	if err != nil || len(b) > maxMeta {
+	if err != nil || len(b) > wire.MaxMeta {
 		t.Fatalf("%d bytes (%v)", len(b), err)
 	}
-	if _, err := decodeMeta(b); err != nil {
+	if _, err := wire.DecodeMeta(b); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -22,15 +22,16 @@ import (
 	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/testutil"
 )
 
-// What the coordinator sends through the transport, whose limits are sized for
-// it: its gossip label (coordinator.LabelFor) and the largest message a member
-// sends (coordinator's maxMessage).
+// runLabel is a run's gossip label, as coordinator.LabelFor makes it: the
+// limits are sized for the longest.
 func runLabel(run string) string { return "memsnap/" + run }
 
-const largestMessage = 1 << 20
+// largestMessage is the largest message a member sends.
+const largestMessage = wire.MaxMessage
 
 var floodBare = flag.Bool("flood.bare", false,
 	"TestFloodTransport: flood memberlist's bare NetTransport, without limitTransport (the test then fails: that is the point)")
