@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -341,7 +342,7 @@ func TestProgressIsTheWindowsStory(t *testing.T) {
 }
 
 // TestStepMessages: gathered steps go out in messages that stay far under
-// maxMessage, whatever their reasons' length, and none is lost or repeated.
+// wire.MaxMessage, whatever their reasons' length, and none is lost or repeated.
 func TestStepMessages(t *testing.T) {
 	for _, tc := range []struct {
 		n, reason int
@@ -350,7 +351,7 @@ func TestStepMessages(t *testing.T) {
 		{1, 0, []int{1}},
 		{stepsPerMessage, 0, []int{stepsPerMessage}},
 		{1300, 10, []int{512, 512, 276}},
-		{200, maxString, []int{64, 64, 64, 8}},
+		{200, wire.MaxString, []int{64, 64, 64, 8}},
 	} {
 		var steps []*pb.RankStep
 		for i := 0; i < tc.n; i++ {
@@ -367,10 +368,10 @@ func TestStepMessages(t *testing.T) {
 				next++
 			}
 			env := &pb.Envelope{Sender: "r0", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: m}}}
-			if n := proto.Size(env); n > maxMessage/2 {
+			if n := proto.Size(env); n > wire.MaxMessage/2 {
 				t.Fatalf("a message of %d bytes", n)
 			}
-			if err := checkEnvelope(env); err != nil {
+			if err := wire.CheckEnvelope(env); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/bounded"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/naming"
@@ -123,7 +124,7 @@ type Config struct {
 	FiguresInterval time.Duration
 	// Triggers make the leader plan a window (of kind trigger) as soon as a
 	// rank's figures cross one, before an OOM.
-	Triggers Triggers
+	Triggers view.Triggers
 	// JoinGrace is how long the leader waits, before planning a window, for ranks
 	// that are not members yet; the window goes on without those still absent.
 	JoinGrace time.Duration

@@ -19,6 +19,9 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/coordinator/cluster"
+	"github.com/memsnap/memsnap/coordinator/transport"
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -257,12 +260,12 @@ func (c *Coordinator) start() error {
 	ml.Label = LabelFor(c.cfg.Identity.RunName)
 	ml.SecretKey = c.cfg.SecretKey
 	ml.LogOutput = nil
-	ml.Logger = newMemberlistLogger(c.log)
+	ml.Logger = cluster.MemberlistLogger(c.log)
 	if len(c.cfg.SecretKey) == 0 {
 		c.log.Warn("gossip is NOT encrypted or authenticated (--insecure): anyone who reaches the gossip port can join and send windows")
 	}
 	if ml.Transport == nil {
-		t, err := netTransport(&ml, c.log)
+		t, err := transport.New(&ml, c.log)
 		if err != nil {
 			return err
 		}
@@ -526,7 +529,7 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 			c.gone[n.Name] = goneMember{at: time.Now(), members: len(c.members)}
 		}
 		c.setMember(n.Name, nil)
-	} else if meta, err := decodeMeta(n.Meta); err == nil && meta.Run == c.cfg.Identity.RunName {
+	} else if meta, err := wire.DecodeMeta(n.Meta); err == nil && meta.Run == c.cfg.Identity.RunName {
 		delete(c.gone, n.Name)
 		nn := *n
 		c.setMember(n.Name, &member{node: &nn, meta: meta})

@@ -6,6 +6,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 )
 
@@ -50,7 +51,7 @@ type alive struct{ c *Coordinator }
 var _ memberlist.AliveDelegate = (*alive)(nil)
 
 func (a *alive) NotifyAlive(n *memberlist.Node) error {
-	m, err := decodeMeta(n.Meta)
+	m, err := wire.DecodeMeta(n.Meta)
 	if err != nil {
 		return fmt.Errorf("coordinator: %s: %w", n.Name, err)
 	}

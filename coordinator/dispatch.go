@@ -2,10 +2,12 @@ package coordinator
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 )
 
@@ -44,7 +46,7 @@ func (c *Coordinator) dispatch(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case b := <-c.inbox:
-			env, err := decodeEnvelope(b)
+			env, err := wire.DecodeEnvelope(b)
 			if err != nil {
 				c.log.Warn("dropped a malformed cluster message", "err", err, "bytes", len(b))
 				continue
@@ -131,6 +133,16 @@ func (c *Coordinator) toLeader(env *pb.Envelope) {
 		c.reply(env, r, true)
 	}
 }
+
+// refusals counts the messages this member refused, by why, and says so at most
+// once per refusalEvery per reason.
+type refusals struct {
+	mu    sync.Mutex
+	count map[string]int
+	said  map[string]time.Time
+}
+
+const refusalEvery = 10 * time.Second
 
 // refuse logs a message this member will not act on (at most one line per reason
 // per refusalEvery).

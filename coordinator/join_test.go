@@ -1,18 +1,18 @@
 package coordinator
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/sidecar"
@@ -96,12 +96,12 @@ func TestParseKey(t *testing.T) {
 // and reads back.
 func TestMetaFits(t *testing.T) {
 	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: sidecar.MaxRanks - 1, LocalRank: sidecar.MaxRanks - 1, NodeRank: sidecar.MaxRanks - 1,
-		WorldSize: sidecar.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: maxWindowID, Hostname: strings.Repeat("h", 64), Term: maxWindowID}
+		WorldSize: sidecar.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: wire.MaxWindowID, Hostname: strings.Repeat("h", 64), Term: wire.MaxWindowID}
 	b, err := proto.Marshal(m)
-	if err != nil || len(b) > maxMeta {
+	if err != nil || len(b) > wire.MaxMeta {
 		t.Fatalf("%d bytes (%v)", len(b), err)
 	}
-	if _, err := decodeMeta(b); err != nil {
+	if _, err := wire.DecodeMeta(b); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -150,18 +150,42 @@ func TestJoinNameResolvesToEveryAddress(t *testing.T) {
 	}
 }
 
-// TestMemberlistRefusalsAreSaid: gossip labelled for another run is a warning
-// naming the label; a connection without any label (closed before it sent a
-// byte) is not.
-func TestMemberlistRefusalsAreSaid(t *testing.T) {
-	var buf bytes.Buffer
-	l := newMemberlistLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	l.Printf(`[ERR] memberlist: discarding stream with unacceptable label "": from=127.0.0.1:4000`)
-	if buf.Len() != 0 {
-		t.Fatalf("an empty connection warned: %s", buf.String())
-	}
-	l.Printf(`[ERR] memberlist: discarding stream with unacceptable label "memsnap:other": from=127.0.0.1:4000`)
-	if s := buf.String(); !strings.Contains(s, "labelled for another run") || !strings.Contains(s, "memsnap:other") || !strings.Contains(s, "127.0.0.1:4000") {
-		t.Fatalf("warning %q", s)
+// TestReadvertiseOnceTheJoinTargetResolves: a member whose address was chosen
+// before its join target resolved (here: one nobody can reach it at, as the IPv6
+// ULA memberlist picks) chooses again once it does, restarts gossip on that
+// address, and forms a cluster whose windows it records. Real memberlist over
+// loopback: rank 1 binds 127.0.0.2 and first advertises 127.0.0.3.
+func TestReadvertiseOnceTheJoinTargetResolves(t *testing.T) {
+	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5}
+	base := testutil.FreePorts(t, 2)
+	ports := []int{base, base + 1}
+	var resolves atomic.Bool
+	var asked atomic.Int32
+	tc.startRank(1, 2, func(c *Config, a *rankagent.Config) {
+		c.Memberlist.BindAddr, c.Memberlist.AdvertiseAddr = "127.0.0.2", "127.0.0.3"
+		c.Memberlist.BindPort, c.Memberlist.AdvertisePort = ports[1], ports[1]
+		c.Join = []string{fmt.Sprintf("127.0.0.1:%d", ports[0])}
+		c.Readvertise = func() (string, string) {
+			asked.Add(1)
+			if !resolves.Load() {
+				return "", ""
+			}
+			return "127.0.0.2", "the route to 127.0.0.1 (the join name, resolved now)"
+		}
+	})
+	testutil.Eventually(t, 30*time.Second, "rank 1 to ask for its address while its join target does not answer", func() bool { return asked.Load() >= 2 })
+	resolves.Store(true)
+	tc.startRank(0, 2, func(c *Config, a *rankagent.Config) {
+		c.Memberlist.BindPort, c.Memberlist.AdvertisePort = ports[0], ports[0]
+		c.Join = nil
+	})
+	testutil.Eventually(t, 60*time.Second, "both ranks to see each other at 127.0.0.2 and 127.0.0.1", func() bool {
+		return tc.ranks[1].Coord.Addr() == fmt.Sprintf("127.0.0.2:%d", ports[1]) &&
+			len(tc.ranks[0].Coord.Members()) == 2 && len(tc.ranks[1].Coord.Members()) == 2
+	})
+	tc.holding()
+	res, err := tc.client().Snapshot(testutil.Context(t, 2*time.Minute), 2, nil, nil)
+	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 1]" {
+		t.Fatalf("a window of both ranks: %+v %v", res, err)
 	}
 }

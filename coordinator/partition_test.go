@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/rankagent"
@@ -378,7 +379,7 @@ func TestForgedMessagesChangeNothing(t *testing.T) {
 	for _, to := range []string{rank0, rank1} {
 		forge(to, bigID, bigTerm, -1, forgedPlan)
 		forge(to, bigID, bigTerm, 0, forgedPlan) // claiming to be rank 0, under the client's own name
-		forge(to, maxWindowID, bigTerm, -1, &pb.Cancel{Reason: "forged"})
+		forge(to, wire.MaxWindowID, bigTerm, -1, &pb.Cancel{Reason: "forged"})
 		forge(to, bigID, bigTerm, -1, &pb.Cancel{Reason: "forged"})
 		forge(to, bigID+1, bigTerm, -1, &pb.Dump{Reason: "forged", FailedRank: 1, Kind: pb.WindowKind_WINDOW_KIND_OOM})
 	}

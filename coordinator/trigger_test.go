@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -34,12 +35,12 @@ func TestTriggers(t *testing.T) {
 	const leaking, leak, device = 2, int64(16 << 20), int64(2 << 30)
 	for _, c := range []struct {
 		name string
-		trig Triggers
+		trig view.Triggers
 		want string
 	}{
-		{"growth", Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour}, "growing 16.0 MiB a batch (128.0 MiB or more over 10 batches)"},
-		{"headroom", Triggers{HeadroomRatio: 0.5, Cooldown: time.Hour}, "%) < 50%, growing 16.0 MiB a batch"},
-		{"record-always", Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour, Dump: true}, "growing 16.0 MiB a batch (128.0 MiB or more over 10 batches)"},
+		{"growth", view.Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour}, "growing 16.0 MiB a batch (128.0 MiB or more over 10 batches)"},
+		{"headroom", view.Triggers{HeadroomRatio: 0.5, Cooldown: time.Hour}, "%) < 50%, growing 16.0 MiB a batch"},
+		{"record-always", view.Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour, Dump: true}, "growing 16.0 MiB a batch (128.0 MiB or more over 10 batches)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(),
@@ -142,7 +143,7 @@ func base(t *testing.T, rank int) int64 {
 // rank that keeps crossing asks for no other, whatever the cooldown (a short
 // one filled the leader's queue with trigger windows a request waited behind).
 func TestOneTriggerAtATime(t *testing.T) {
-	c := &Coordinator{cfg: Config{Triggers: Triggers{GrowthBytes: 1, GrowthBatches: 1}}, log: slog.New(slog.DiscardHandler)}
+	c := &Coordinator{cfg: Config{Triggers: view.Triggers{GrowthBytes: 1, GrowthBatches: 1}}, log: slog.New(slog.DiscardHandler)}
 	l := newLeader(c)
 	c.lead = l
 	f := &pb.Figures{Batch: 10, Allocated: 1 << 30, Growth: 1 << 20}
@@ -169,22 +170,6 @@ func TestOneTriggerAtATime(t *testing.T) {
 	}
 }
 
-// TestTriggerRank reads back the rank and what it crossed from every reason
-// checkTriggers writes, and nothing from reasons it does not.
-func TestTriggerRank(t *testing.T) {
-	tr := Triggers{GrowthBytes: 1 << 20, GrowthBatches: 2}
-	why := tr.Crossed(17, &pb.Figures{Growth: 1 << 20})
-	rank, what, ok := TriggerRank(triggerPrefix + why)
-	if !ok || rank != 17 || !strings.HasPrefix(what, "growing 1.0 MiB a batch") {
-		t.Fatalf("%q read as rank %d, %q, %v", why, rank, what, ok)
-	}
-	for _, r := range []string{"", "request", "trigger: rank x: y", "trigger: rank -1: y", "trigger: rank 01: y", "trigger: rank 3", "alert: rank 3: y"} {
-		if _, _, ok := TriggerRank(r); ok {
-			t.Errorf("%q read as a trigger", r)
-		}
-	}
-}
-
 // readSummary reads a published merged.summary.json.
 func readSummary(t *testing.T, path string) *analysis.Summary {
 	t.Helper()
@@ -203,7 +188,7 @@ func readSummary(t *testing.T, path string) *analysis.Summary {
 // nothing once its rank no longer crosses: its figures went stale (it left, or
 // ran out of memory meanwhile) or came back under the threshold.
 func TestStaleTriggerIsDropped(t *testing.T) {
-	c := &Coordinator{cfg: Config{FiguresInterval: time.Second, Triggers: Triggers{GrowthBytes: 10 << 20, GrowthBatches: 1}}, log: slog.New(slog.DiscardHandler)}
+	c := &Coordinator{cfg: Config{FiguresInterval: time.Second, Triggers: view.Triggers{GrowthBytes: 10 << 20, GrowthBatches: 1}}, log: slog.New(slog.DiscardHandler)}
 	if why := c.stillCrossing(2); why != "" {
 		t.Fatalf("a rank with no figures still crosses: %q", why)
 	}

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -36,13 +36,6 @@ type rankView struct {
 	node string
 }
 
-// figuresOf turns a rank agent's memory view into the message's figures.
-func figuresOf(v rankagent.MemoryView) *pb.Figures {
-	return &pb.Figures{Batch: v.Batch, Allocated: v.Allocated, Reserved: v.Reserved, Peak: v.Peak, InactiveSplit: v.InactiveSplit,
-		AllocRetries: v.AllocRetries, Ooms: v.OOMs, DeviceUsed: v.DeviceUsed, DeviceTotal: v.DeviceTotal, Headroom: v.Headroom,
-		Growth: v.Growth, AtUs: v.At.UnixMicro()}
-}
-
 // figuresLoop sends this rank's figures to its leader every FiguresInterval
 // (with a tenth of jitter, so a thousand ranks do not send at one moment).
 func (c *Coordinator) figuresLoop(ctx context.Context) {
@@ -69,7 +62,7 @@ func (c *Coordinator) figuresLoop(ctx context.Context) {
 			continue
 		}
 		env := c.envelope(0)
-		env.Body = &pb.Envelope_Figures{Figures: figuresOf(v)}
+		env.Body = &pb.Envelope_Figures{Figures: view.FiguresOf(v)}
 		c.post(leader, "", env, false)
 	}
 }
@@ -119,24 +112,8 @@ func (c *Coordinator) View() *pb.ClusterView {
 	c.mu.Unlock()
 	// (a rank that leads keeps its own figures as the others send theirs)
 	v.Reporting = int32(len(v.Ranks))
-	SortView(v)
+	view.Sort(v)
 	return v
-}
-
-// SortView orders a view's ranks by headroom, the lowest first (a rank whose
-// device size is unknown last), then by rank.
-func SortView(v *pb.ClusterView) {
-	sort.Slice(v.Ranks, func(i, j int) bool {
-		a, b := v.Ranks[i], v.Ranks[j]
-		ka, kb := a.Figures.DeviceTotal > 0, b.Figures.DeviceTotal > 0
-		if ka != kb {
-			return ka
-		}
-		if a.Figures.Headroom != b.Figures.Headroom {
-			return a.Figures.Headroom < b.Figures.Headroom
-		}
-		return a.Rank < b.Rank
-	})
 }
 
 // maxViewRanks bounds the ranks a view message carries (the lowest headroom

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/snapshot"
@@ -110,7 +111,7 @@ func TestViewFitsAMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := decodeEnvelope(b)
+	got, err := wire.DecodeEnvelope(b)
 	if err != nil {
 		t.Fatalf("%d bytes: %v", len(b), err)
 	}

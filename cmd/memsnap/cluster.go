@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator"
+	"github.com/memsnap/memsnap/coordinator/cluster"
+	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/wait"
@@ -57,7 +59,7 @@ func (f *memberFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.join, "join", "", "members to join, host[:port],... (default: $MEMSNAP_JOIN, torchrun's MASTER_ADDR, SLURM's first node, Open MPI's head node)")
 	fs.StringVar(&f.bind, "bind", "", "the address gossip listens on (default 0.0.0.0, or 127.0.0.1 when every member to join is on loopback)")
 	fs.StringVar(&f.advertise, "advertise", "", "the address other members reach this one at (default: --iface's, else the source address of the route to the first join target, else of the default route)")
-	fs.StringVar(&f.iface, "iface", os.Getenv(coordinator.IfaceEnv), "advertise this interface's address (a name, or a prefix as NCCL_SOCKET_IFNAME takes; default $"+coordinator.IfaceEnv+")")
+	fs.StringVar(&f.iface, "iface", os.Getenv(cluster.IfaceEnv), "advertise this interface's address (a name, or a prefix as NCCL_SOCKET_IFNAME takes; default $"+cluster.IfaceEnv+")")
 	fs.IntVar(&f.port, "gossip-port", -1, fmt.Sprintf("the base gossip port: local rank L listens on it + L, and a host to join without a port is tried at it + 0 ... + local world size - 1 (default %d; 0 picks a free port)", coordinator.DefaultGossipPort))
 	fs.StringVar(&f.key, "key", "", "the gossip key, base64 (default: --key-file, or $"+coordinator.KeyEnv+"; make one with memsnap keygen)")
 	fs.StringVar(&f.keyFile, "key-file", "", "a file holding the gossip key (mode 600, or 640: its group may read it)")
@@ -101,7 +103,7 @@ func (f *memberFlags) apply(cfg *coordinator.Config, localRank, localWorld int) 
 	case f.iface == "" && cfg.Memberlist.BindAddr != "0.0.0.0" && cfg.Memberlist.BindAddr != "":
 		cfg.Memberlist.AdvertiseAddr, f.chose = cfg.Memberlist.BindAddr, "the bind address"
 	default:
-		ip, how, settled, err := coordinator.AdvertiseAddr(cfg.Join, f.iface)
+		ip, how, settled, err := cluster.AdvertiseAddr(cfg.Join, f.iface)
 		if err != nil {
 			return err
 		}
@@ -115,7 +117,7 @@ func (f *memberFlags) apply(cfg *coordinator.Config, localRank, localWorld int) 
 			// to it says (a pod starts before its headless Service lists it)
 			join := cfg.Join
 			cfg.Readvertise = func() (string, string) {
-				if ip, how, settled, _ := coordinator.AdvertiseAddr(join, ""); settled {
+				if ip, how, settled, _ := cluster.AdvertiseAddr(join, ""); settled {
 					return ip, how
 				}
 				return "", ""
@@ -181,8 +183,8 @@ func (f *leaderFlags) apply(cfg *coordinator.Config) error {
 
 // parseTriggers reads --trigger-headroom (5% or 2GiB), --trigger-growth
 // (SIZE[/N]) and --trigger-cooldown.
-func parseTriggers(headroom, growth string, cooldown time.Duration) (coordinator.Triggers, error) {
-	t := coordinator.Triggers{Cooldown: cooldown, GrowthBatches: 10}
+func parseTriggers(headroom, growth string, cooldown time.Duration) (view.Triggers, error) {
+	t := view.Triggers{Cooldown: cooldown, GrowthBatches: 10}
 	if cooldown < 10*time.Second {
 		return t, fmt.Errorf("--trigger-cooldown %v: at least 10s (each trigger window stalls every rank for its batches)", cooldown)
 	}

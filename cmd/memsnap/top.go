@@ -17,6 +17,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/memsnap/memsnap/coordinator"
+	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge/analysis"
@@ -161,7 +162,7 @@ const staleAfter = 10 * time.Second
 // renderView writes the job's memory as a table: a summary of the spread across
 // ranks, then the rows ranks with the least headroom, then how many more.
 func renderView(w io.Writer, run string, v *pb.ClusterView, rows int, now time.Time) {
-	coordinator.SortView(v)
+	view.Sort(v)
 	leader := "no leader answered"
 	if v.LeaderRank >= 0 {
 		leader = fmt.Sprintf("leader rank %d", v.LeaderRank)
@@ -253,7 +254,7 @@ func cutNode(n string) string {
 
 // viewJSON is the leader's view as --json prints it.
 func viewJSON(run string, v *pb.ClusterView, now time.Time) any {
-	coordinator.SortView(v)
+	view.Sort(v)
 	type rank struct {
 		Rank          int32   `json:"rank"`
 		Node          string  `json:"node"`

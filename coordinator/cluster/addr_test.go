@@ -1,17 +1,10 @@
-package coordinator
+package cluster
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/internal/testutil"
-	"github.com/memsnap/memsnap/rankagent"
 )
 
 // stubHost is a host with an Ethernet address outside the private ranges, an
@@ -113,45 +106,5 @@ func TestAdvertiseAddr(t *testing.T) {
 		if err != nil || ip != c.want || !strings.Contains(how, c.how) || settled == c.unsettled {
 			t.Errorf("%v %q: %q (%s, settled %v) %v, want %q (%s, settled %v)", c.join, c.iface, ip, how, settled, err, c.want, c.how, !c.unsettled)
 		}
-	}
-}
-
-// TestReadvertiseOnceTheJoinTargetResolves: a member whose address was chosen
-// before its join target resolved (here: one nobody can reach it at, as the IPv6
-// ULA memberlist picks) chooses again once it does, restarts gossip on that
-// address, and forms a cluster whose windows it records. Real memberlist over
-// loopback: rank 1 binds 127.0.0.2 and first advertises 127.0.0.3.
-func TestReadvertiseOnceTheJoinTargetResolves(t *testing.T) {
-	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(), holdAt: 5}
-	base := testutil.FreePorts(t, 2)
-	ports := []int{base, base + 1}
-	var resolves atomic.Bool
-	var asked atomic.Int32
-	tc.startRank(1, 2, func(c *Config, a *rankagent.Config) {
-		c.Memberlist.BindAddr, c.Memberlist.AdvertiseAddr = "127.0.0.2", "127.0.0.3"
-		c.Memberlist.BindPort, c.Memberlist.AdvertisePort = ports[1], ports[1]
-		c.Join = []string{fmt.Sprintf("127.0.0.1:%d", ports[0])}
-		c.Readvertise = func() (string, string) {
-			asked.Add(1)
-			if !resolves.Load() {
-				return "", ""
-			}
-			return "127.0.0.2", "the route to 127.0.0.1 (the join name, resolved now)"
-		}
-	})
-	testutil.Eventually(t, 30*time.Second, "rank 1 to ask for its address while its join target does not answer", func() bool { return asked.Load() >= 2 })
-	resolves.Store(true)
-	tc.startRank(0, 2, func(c *Config, a *rankagent.Config) {
-		c.Memberlist.BindPort, c.Memberlist.AdvertisePort = ports[0], ports[0]
-		c.Join = nil
-	})
-	testutil.Eventually(t, 60*time.Second, "both ranks to see each other at 127.0.0.2 and 127.0.0.1", func() bool {
-		return tc.ranks[1].Coord.Addr() == fmt.Sprintf("127.0.0.2:%d", ports[1]) &&
-			len(tc.ranks[0].Coord.Members()) == 2 && len(tc.ranks[1].Coord.Members()) == 2
-	})
-	tc.holding()
-	res, err := tc.client().Snapshot(testutil.Context(t, 2*time.Minute), 2, nil, nil)
-	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[0 1]" {
-		t.Fatalf("a window of both ranks: %+v %v", res, err)
 	}
 }

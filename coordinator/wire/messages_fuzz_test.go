@@ -1,9 +1,10 @@
-package coordinator
+package wire
 
 import (
 	"bytes"
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ import (
 // envelopeSeeds is one valid envelope of every body type.
 func envelopeSeeds() []*pb.Envelope {
 	env := func(rank int32, window uint64, body any) *pb.Envelope {
-		e := &pb.Envelope{SenderRank: rank, WindowId: window, Sender: NodeName("run", int(max(rank, 0))), Seq: 7}
+		e := &pb.Envelope{SenderRank: rank, WindowId: window, Sender: "run/rank" + strconv.Itoa(int(max(rank, 0))), Seq: 7} // as coordinator.NodeName names a rank
 		switch b := body.(type) {
 		case *pb.StatusRequest:
 			e.Body = &pb.Envelope_StatusRequest{StatusRequest: b}
@@ -75,7 +76,7 @@ func envelopeSeeds() []*pb.Envelope {
 	}
 }
 
-// brokenEnvelopes are encodings decodeEnvelope refuses.
+// brokenEnvelopes are encodings DecodeEnvelope refuses.
 func brokenEnvelopes(t testing.TB) [][]byte {
 	valid := mustMarshal(t, envelopeSeeds()[3])
 	var out [][]byte
@@ -96,17 +97,17 @@ func brokenEnvelopes(t testing.TB) [][]byte {
 		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: sidecar.MaxRanks}}},                        // rank too large
 		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{Rank: -1}}}}},   // a step of no rank
 		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{State: 999}}}}}, // unknown state
-		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{Reason: strings.Repeat("m", maxString+1)}}}}},
+		{Sender: "x", Body: &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Steps: []*pb.RankStep{{Reason: strings.Repeat("m", MaxString+1)}}}}},
 		{Sender: "x", Body: &pb.Envelope_Request{Request: &pb.SnapshotRequest{Batches: -1}}},                                  // negative length
 		{Sender: "x", Body: &pb.Envelope_Result{Result: &pb.RankResult{Size: -1}}},                                            // negative size
-		{Sender: "x", Body: &pb.Envelope_Ack{Ack: &pb.Ack{Message: strings.Repeat("m", maxString+1)}}},                        // long field
+		{Sender: "x", Body: &pb.Envelope_Ack{Ack: &pb.Ack{Message: strings.Repeat("m", MaxString+1)}}},                        // long field
 		{Sender: "x", Body: &pb.Envelope_WindowResult{WindowResult: &pb.WindowResult{Missing: map[int32]string{-5: "gone"}}}}, // negative rank
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Result: &pb.RankResult{Events: -1}}}},                      // nested result
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Batch: -2}}},                                               // batch before none
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{StepUs: maxStepUs + 1}}},                                   // step past a time.Duration
-		{Sender: "x", Body: &pb.Envelope_WindowResult{WindowResult: &pb.WindowResult{Outputs: []string{strings.Repeat("o", maxString+1)}}}},
+		{Sender: "x", Body: &pb.Envelope_WindowResult{WindowResult: &pb.WindowResult{Outputs: []string{strings.Repeat("o", MaxString+1)}}}},
 		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{FailedRank: -7}}},                    // negative rank
-		{Sender: "x", WindowId: maxWindowID + 1, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}}, // a window id the next one would wrap past
+		{Sender: "x", WindowId: MaxWindowID + 1, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}}, // a window id the next one would wrap past
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Seen: ^uint64(0)}}},            // the same, seen
 	} {
 		out = append(out, mustMarshal(t, e))
@@ -143,7 +144,7 @@ func unknownField(n int) []byte {
 }
 
 // checkAccepted checks an accepted envelope against the rules every receiver
-// relies on, independently of checkEnvelope.
+// relies on, independently of CheckEnvelope.
 func checkAccepted(t *testing.T, e *pb.Envelope) {
 	t.Helper()
 	inRank := func(what string, r int32, none bool) {
@@ -153,7 +154,7 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 	}
 	short := func(ss ...string) {
 		for _, s := range ss {
-			if len(s) > maxString || !utf8.ValidString(s) {
+			if len(s) > MaxString || !utf8.ValidString(s) {
 				t.Fatalf("accepted a field of %d bytes (valid UTF-8: %v)", len(s), utf8.ValidString(s))
 			}
 		}
@@ -238,7 +239,7 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 	}
 }
 
-// FuzzDecodeEnvelope: decodeEnvelope never panics, refuses more than maxMessage
+// FuzzDecodeEnvelope: DecodeEnvelope never panics, refuses more than MaxMessage
 // bytes, and what it accepts obeys its rules and survives a re-encoding unchanged.
 func FuzzDecodeEnvelope(f *testing.F) {
 	for _, e := range envelopeSeeds() {
@@ -257,25 +258,25 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	noRank.SenderRank = 0
 	f.Add(append(int32Compact(1, -1), mustMarshal(f, noRank)...))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		e, err := decodeEnvelope(b)
+		e, err := DecodeEnvelope(b)
 		if err != nil {
 			if e != nil || !errors.Is(err, errMalformed) {
 				t.Fatalf("refused with %v but returned %v", err, e)
 			}
 			return
 		}
-		if len(b) > maxMessage {
-			t.Fatalf("accepted %d bytes, more than %d", len(b), maxMessage)
+		if len(b) > MaxMessage {
+			t.Fatalf("accepted %d bytes, more than %d", len(b), MaxMessage)
 		}
-		if err := checkEnvelope(e); err != nil {
-			t.Fatalf("accepted, then refused by checkEnvelope: %v", err)
+		if err := CheckEnvelope(e); err != nil {
+			t.Fatalf("accepted, then refused by CheckEnvelope: %v", err)
 		}
 		checkAccepted(t, e)
 		again, err := proto.Marshal(e)
 		if err != nil {
 			t.Fatalf("an accepted message does not re-encode: %v", err)
 		}
-		e2, err := decodeEnvelope(again)
+		e2, err := DecodeEnvelope(again)
 		if err != nil {
 			t.Fatalf("an accepted message, re-encoded (%d bytes from %d), is refused: %v", len(again), len(b), err)
 		}
@@ -296,7 +297,7 @@ func nodeMetaSeeds() []*pb.NodeMeta {
 	}
 }
 
-// FuzzDecodeMeta: decodeMeta never panics, and what it accepts obeys its rules,
+// FuzzDecodeMeta: DecodeMeta never panics, and what it accepts obeys its rules,
 // fits memberlist's limit, and survives a re-encoding unchanged.
 func FuzzDecodeMeta(f *testing.F) {
 	for _, m := range nodeMetaSeeds() {
@@ -311,9 +312,9 @@ func FuzzDecodeMeta(f *testing.F) {
 		{Version: 1, Run: "gpt", Rank: -2},
 		{Version: 1, Run: "gpt", Rank: 0, WorldSize: sidecar.MaxRanks + 1},
 		{Version: 1, Run: "gpt", Rank: -1, LocalRank: -1},
-		{Version: 1, Run: "gpt", Rank: -1, Hostname: strings.Repeat("h", maxMeta)},
-		{Version: 1, Run: "gpt", Rank: -1, Term: maxWindowID + 1},
-		{Version: 1, Run: "gpt", Rank: -1, LastWindow: maxWindowID + 1},
+		{Version: 1, Run: "gpt", Rank: -1, Hostname: strings.Repeat("h", MaxMeta)},
+		{Version: 1, Run: "gpt", Rank: -1, Term: MaxWindowID + 1},
+		{Version: 1, Run: "gpt", Rank: -1, LastWindow: MaxWindowID + 1},
 	} {
 		f.Add(mustMarshal(f, m))
 	}
@@ -322,7 +323,7 @@ func FuzzDecodeMeta(f *testing.F) {
 	// a rank of -1 in its 5-byte form, with the rest filling memberlist's limit
 	f.Add(metaAtLimit(f))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeMeta(b)
+		m, err := DecodeMeta(b)
 		if err != nil {
 			if m != nil || !errors.Is(err, errMalformed) {
 				t.Fatalf("refused with %v but returned %v", err, m)
@@ -330,7 +331,7 @@ func FuzzDecodeMeta(f *testing.F) {
 			return
 		}
 		switch {
-		case len(b) == 0 || len(b) > maxMeta:
+		case len(b) == 0 || len(b) > MaxMeta:
 			t.Fatalf("accepted %d bytes", len(b))
 		case m.Version != 1 || m.Run == "" || !utf8.ValidString(m.Run):
 			t.Fatalf("accepted version %d, run %q", m.Version, m.Run)
@@ -338,14 +339,14 @@ func FuzzDecodeMeta(f *testing.F) {
 			t.Fatalf("accepted rank %d of world size %d", m.Rank, m.WorldSize)
 		case m.LocalRank < 0 || m.LocalRank >= sidecar.MaxRanks || m.NodeRank < 0 || m.NodeRank >= sidecar.MaxRanks:
 			t.Fatalf("accepted local rank %d, node rank %d", m.LocalRank, m.NodeRank)
-		case m.LastWindow > maxWindowID || m.Term > maxWindowID:
+		case m.LastWindow > MaxWindowID || m.Term > MaxWindowID:
 			t.Fatalf("accepted window id %d, term %d", m.LastWindow, m.Term)
 		}
 		again, err := proto.Marshal(m)
 		if err != nil {
 			t.Fatalf("accepted metadata does not re-encode: %v", err)
 		}
-		m2, err := decodeMeta(again)
+		m2, err := DecodeMeta(again)
 		if err != nil {
 			t.Fatalf("accepted metadata, re-encoded (%d bytes from %d), is refused: %v", len(again), len(b), err)
 		}
@@ -355,13 +356,13 @@ func FuzzDecodeMeta(f *testing.F) {
 	})
 }
 
-// metaAtLimit is maxMeta bytes of metadata of a member that is not a rank, its
+// metaAtLimit is MaxMeta bytes of metadata of a member that is not a rank, its
 // rank of -1 written in 5 bytes: 5 bytes more once re-encoded.
 func metaAtLimit(t testing.TB) []byte {
 	head := append(int32Compact(3, -1), mustMarshal(t, &pb.NodeMeta{Version: 1, Run: "gpt"})...)
-	host := strings.Repeat("h", maxMeta-len(head)-3) // tag and a 2-byte length
+	host := strings.Repeat("h", MaxMeta-len(head)-3) // tag and a 2-byte length
 	b := append(head, mustMarshal(t, &pb.NodeMeta{Hostname: host})...)
-	if len(b) != maxMeta {
+	if len(b) != MaxMeta {
 		t.Fatalf("metaAtLimit: %d bytes", len(b))
 	}
 	return b
@@ -371,50 +372,50 @@ func metaAtLimit(t testing.TB) []byte {
 // and for the message once re-encoded.
 func TestDecodeLimits(t *testing.T) {
 	body := mustMarshal(t, envelopeSeeds()[11])
-	at := append(bytes.Clone(body), unknownField(maxMessage-len(body))...)
-	if _, err := decodeEnvelope(at); err != nil {
+	at := append(bytes.Clone(body), unknownField(MaxMessage-len(body))...)
+	if _, err := DecodeEnvelope(at); err != nil {
 		t.Fatalf("a message of exactly %d bytes: %v", len(at), err)
 	}
-	over := append(bytes.Clone(body), unknownField(maxMessage+1-len(body))...)
-	if _, err := decodeEnvelope(over); err == nil {
+	over := append(bytes.Clone(body), unknownField(MaxMessage+1-len(body))...)
+	if _, err := DecodeEnvelope(over); err == nil {
 		t.Fatalf("a message of %d bytes was accepted", len(over))
 	}
-	// maxMessage bytes received, maxMessage+5 once the sender rank of -1 is
+	// MaxMessage bytes received, MaxMessage+5 once the sender rank of -1 is
 	// written as proto.Marshal writes it
 	noRank := envelopeSeeds()[11]
 	noRank.SenderRank = 0
 	compact := append(int32Compact(1, -1), mustMarshal(t, noRank)...)
-	grown := append(bytes.Clone(compact), unknownField(maxMessage-len(compact))...)
-	if len(grown) != maxMessage {
+	grown := append(bytes.Clone(compact), unknownField(MaxMessage-len(compact))...)
+	if len(grown) != MaxMessage {
 		t.Fatalf("%d bytes", len(grown))
 	}
-	if e, err := decodeEnvelope(grown); err == nil {
+	if e, err := DecodeEnvelope(grown); err == nil {
 		t.Fatalf("accepted %d bytes that re-encode to %d", len(grown), proto.Size(e))
 	}
-	if m, err := decodeMeta(metaAtLimit(t)); err == nil {
-		t.Fatalf("accepted %d bytes of metadata that re-encode to %d", maxMeta, proto.Size(m))
+	if m, err := DecodeMeta(metaAtLimit(t)); err == nil {
+		t.Fatalf("accepted %d bytes of metadata that re-encode to %d", MaxMeta, proto.Size(m))
 	}
 	// the same metadata written as proto.Marshal writes it, at the limit, is accepted
 	m := &pb.NodeMeta{Version: 1, Run: "gpt", Rank: -1}
-	m.Hostname = strings.Repeat("h", maxMeta-proto.Size(m)-3)
-	if b := mustMarshal(t, m); len(b) != maxMeta {
+	m.Hostname = strings.Repeat("h", MaxMeta-proto.Size(m)-3)
+	if b := mustMarshal(t, m); len(b) != MaxMeta {
 		t.Fatalf("%d bytes", len(b))
-	} else if _, err := decodeMeta(b); err != nil {
-		t.Fatalf("metadata of exactly %d bytes: %v", maxMeta, err)
+	} else if _, err := DecodeMeta(b); err != nil {
+		t.Fatalf("metadata of exactly %d bytes: %v", MaxMeta, err)
 	}
 	// every seed is accepted, every broken one refused
 	for i, e := range envelopeSeeds() {
-		if _, err := decodeEnvelope(mustMarshal(t, e)); err != nil {
+		if _, err := DecodeEnvelope(mustMarshal(t, e)); err != nil {
 			t.Errorf("seed %d (%T): %v", i, e.Body, err)
 		}
 	}
 	for i, b := range brokenEnvelopes(t) {
-		if _, err := decodeEnvelope(b); err == nil {
+		if _, err := DecodeEnvelope(b); err == nil {
 			t.Errorf("broken envelope %d was accepted", i)
 		}
 	}
 	for i, m := range nodeMetaSeeds() {
-		if _, err := decodeMeta(mustMarshal(t, m)); err != nil {
+		if _, err := DecodeMeta(mustMarshal(t, m)); err != nil {
 			t.Errorf("metadata seed %d: %v", i, err)
 		}
 	}

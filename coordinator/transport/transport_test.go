@@ -1,4 +1,4 @@
-package coordinator
+package transport
 
 import (
 	"bytes"
@@ -22,8 +22,16 @@ import (
 	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/testutil"
 )
+
+// runLabel is a run's gossip label, as coordinator.LabelFor makes it: the
+// limits are sized for the longest.
+func runLabel(run string) string { return "memsnap/" + run }
+
+// largestMessage is the largest message a member sends.
+const largestMessage = wire.MaxMessage
 
 var floodBare = flag.Bool("flood.bare", false,
 	"TestFloodTransport: flood memberlist's bare NetTransport, without limitTransport (the test then fails: that is the point)")
@@ -396,7 +404,7 @@ func forwarders() int {
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return strings.Count(string(buf[:n]), "coordinator.(*limitedTransport).forward(")
+			return strings.Count(string(buf[:n]), "transport.(*limitedTransport).forward(")
 		}
 		buf = make([]byte, 2*len(buf))
 	}
@@ -623,7 +631,7 @@ func (a *floodAttackers) finish() {
 // heap while their streams are open, and checks that a member with the key
 // still joins and sends a 1 MiB message.
 //
-// Without the wrapper (go test ./coordinator -run TestFloodTransport/16_declaring_20
+// Without the wrapper (go test ./coordinator/transport -run TestFloodTransport/16_declaring_20
 // -flood.bare, one case at a time: memberlist keeps a case's buffers until its
 // TCPTimeout) the same floods grew the live heap, on the 2-core test machine, by:
 //
@@ -652,7 +660,7 @@ func TestFloodTransport(t *testing.T) {
 func testFlood(t *testing.T, lim streamLimits, n int, declared uint32) {
 	key := make([]byte, 32)
 	rand.Read(key)
-	lab := LabelFor("flood")
+	lab := runLabel("flood")
 	v := startVictim(t, key, lab, lim)
 
 	// what the wrapper lets memberlist hold: messages within the limit, up to
@@ -786,7 +794,7 @@ func legitMemberGetsIn(t *testing.T, key []byte, lab string, v *floodVictim) {
 	if to == nil {
 		t.Fatal("joined, but the victim is not a member")
 	}
-	msg := make([]byte, maxMessage)
+	msg := make([]byte, largestMessage)
 	rand.Read(msg)
 	if err := legit.SendReliable(to, msg); err != nil {
 		t.Fatal(err)
@@ -847,7 +855,7 @@ func mlStreamLength(t *testing.T, msg []byte) int {
 func TestLimitFitsLargestMessages(t *testing.T) {
 	const members = 1024
 	// the longest name: a client of a run whose label is 255 bytes long
-	run := strings.Repeat("r", 255-len(LabelFor("")))
+	run := strings.Repeat("r", 255-len(runLabel("")))
 
 	var pp bytes.Buffer
 	pp.WriteByte(6) // pushPullMsg
@@ -863,7 +871,7 @@ func TestLimitFitsLargestMessages(t *testing.T) {
 	}
 	pushPull := mlStreamLength(t, pp.Bytes())
 
-	user := make([]byte, maxMessage)
+	user := make([]byte, largestMessage)
 	rand.Read(user)
 	var um bytes.Buffer
 	um.WriteByte(8) // userMsg

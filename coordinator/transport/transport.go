@@ -1,4 +1,4 @@
-package coordinator
+package transport
 
 import (
 	"errors"
@@ -53,14 +53,15 @@ type streamLimits struct {
 // defaultStreamLimits is what a rank agent uses.
 //
 // MessageBytes, 4 MiB: the largest streams memsnap's members send are a
-// push-pull of the whole membership and a user message of up to maxMessage
-// (1 MiB). As memberlist sends them (msgpack, LZW, encryption), a push-pull of
-// 1,024 members, each with 512 bytes of random metadata, a 271-byte name (the
-// longest a 255-byte label allows) and an IPv6 address, declares 0.77 MiB
-// (0.84 MiB of msgpack before LZW); a 1 MiB random user message declares
-// 1.37 MiB (LZW expands random bytes); both together 2.13 MiB, so 4 MiB leaves
-// nearly half for growth (TestLimitFitsLargestMessages computes these with
-// memberlist's own encoding). memberlist's own limit is 20 MiB.
+// push-pull of the whole membership and a user message of up to
+// wire.MaxMessage (1 MiB). As memberlist sends them (msgpack, LZW,
+// encryption), a push-pull of 1,024 members, each with 512 bytes of random
+// metadata, a 271-byte name (the longest a 255-byte label allows) and an IPv6
+// address, declares 0.77 MiB (0.84 MiB of msgpack before LZW); a 1 MiB random
+// user message declares 1.37 MiB (LZW expands random bytes); both together
+// 2.13 MiB, so 4 MiB leaves nearly half for growth
+// (TestLimitFitsLargestMessages computes these with memberlist's own
+// encoding). memberlist's own limit is 20 MiB.
 //
 // InflightBytes, 16 MiB: four of the largest messages at once. Real push-pulls
 // are rare (each member starts one every 30 s, less often in a large cluster)

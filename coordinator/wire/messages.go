@@ -1,4 +1,4 @@
-package coordinator
+package wire
 
 import (
 	"errors"
@@ -16,20 +16,20 @@ import (
 // Limits on what a message may carry: gossip payloads stay small, and a member
 // never allocates more than this for one message.
 const (
-	maxMessage = 1 << 20
-	maxMeta    = 512
-	maxString  = 4096
+	MaxMessage = 1 << 20
+	MaxMeta    = 512
+	MaxString  = 4096
 	// maxStepUs is the longest step time a time.Duration holds, in microseconds.
 	maxStepUs = int64(math.MaxInt64 / time.Microsecond)
-	// maxWindowID bounds window ids, so that the next id never wraps around
-	maxWindowID = uint64(1) << 53
+	// MaxWindowID bounds window ids, so that the next id never wraps around
+	MaxWindowID = uint64(1) << 53
 )
 
 var errMalformed = errors.New("coordinator: malformed message")
 
-// decodeMeta parses and checks a member's metadata.
-func decodeMeta(b []byte) (*pb.NodeMeta, error) {
-	if len(b) == 0 || len(b) > maxMeta {
+// DecodeMeta parses and checks a member's metadata.
+func DecodeMeta(b []byte) (*pb.NodeMeta, error) {
+	if len(b) == 0 || len(b) > MaxMeta {
 		return nil, fmt.Errorf("%w: metadata of %d bytes", errMalformed, len(b))
 	}
 	var m pb.NodeMeta
@@ -47,39 +47,39 @@ func decodeMeta(b []byte) (*pb.NodeMeta, error) {
 		return nil, fmt.Errorf("%w: rank %d outside world size %d", errMalformed, m.Rank, m.WorldSize)
 	case m.LocalRank < 0 || m.NodeRank < 0 || m.LocalRank >= sidecar.MaxRanks || m.NodeRank >= sidecar.MaxRanks:
 		return nil, fmt.Errorf("%w: local rank %d, node rank %d", errMalformed, m.LocalRank, m.NodeRank)
-	case m.LastWindow > maxWindowID || m.Term > maxWindowID:
+	case m.LastWindow > MaxWindowID || m.Term > MaxWindowID:
 		return nil, fmt.Errorf("%w: window id %d, term %d", errMalformed, m.LastWindow, m.Term)
 	}
 	// the wire allows shorter encodings than proto.Marshal writes (an int32 of -1
 	// in 5 bytes rather than 10): what is accepted must still fit once re-encoded
-	if n := proto.Size(&m); n > maxMeta {
+	if n := proto.Size(&m); n > MaxMeta {
 		return nil, fmt.Errorf("%w: metadata of %d bytes once encoded", errMalformed, n)
 	}
 	return &m, nil
 }
 
-// decodeEnvelope parses and checks one message.
-func decodeEnvelope(b []byte) (*pb.Envelope, error) {
-	if len(b) > maxMessage {
+// DecodeEnvelope parses and checks one message.
+func DecodeEnvelope(b []byte) (*pb.Envelope, error) {
+	if len(b) > MaxMessage {
 		return nil, fmt.Errorf("%w: %d bytes", errMalformed, len(b))
 	}
 	var e pb.Envelope
 	if err := proto.Unmarshal(b, &e); err != nil {
 		return nil, fmt.Errorf("%w: %v", errMalformed, err)
 	}
-	if err := checkEnvelope(&e); err != nil {
+	if err := CheckEnvelope(&e); err != nil {
 		return nil, err
 	}
 	// as for metadata: what is accepted fits once re-encoded, so it can be relayed
-	if n := proto.Size(&e); n > maxMessage {
+	if n := proto.Size(&e); n > MaxMessage {
 		return nil, fmt.Errorf("%w: %d bytes once encoded", errMalformed, n)
 	}
 	return &e, nil
 }
 
-// checkEnvelope checks one message: its header, then its body, one check per
+// CheckEnvelope checks one message: its header, then its body, one check per
 // message type.
-func checkEnvelope(e *pb.Envelope) error {
+func CheckEnvelope(e *pb.Envelope) error {
 	if err := checkHeader(e); err != nil {
 		return err
 	}
@@ -168,7 +168,7 @@ func checkHeader(e *pb.Envelope) error {
 		return bad("sender %q", e.Sender)
 	case e.SenderRank < -1 || e.SenderRank >= sidecar.MaxRanks:
 		return bad("sender rank %d", e.SenderRank)
-	case e.WindowId > maxWindowID || e.Term > maxWindowID:
+	case e.WindowId > MaxWindowID || e.Term > MaxWindowID:
 		return bad("window id %d, term %d", e.WindowId, e.Term)
 	case len(e.ReplyAddr) > 128:
 		return bad("reply address of %d bytes", len(e.ReplyAddr))
@@ -184,10 +184,10 @@ func checkEnum(what string, v int32, names map[int32]string) error {
 	return nil
 }
 
-// checkLong checks that no string is longer than maxString.
+// checkLong checks that no string is longer than MaxString.
 func checkLong(ss ...string) error {
 	for _, s := range ss {
-		if len(s) > maxString {
+		if len(s) > MaxString {
 			return bad("a field of %d bytes", len(s))
 		}
 	}
@@ -223,7 +223,7 @@ func checkPlan(id uint64, p *pb.Plan) error {
 
 func checkStatus(s *pb.Status) error {
 	switch {
-	case s.Window > maxWindowID || s.Seen > maxWindowID || s.Term > maxWindowID:
+	case s.Window > MaxWindowID || s.Seen > MaxWindowID || s.Term > MaxWindowID:
 		return bad("status naming window %d, seen %d, term %d", s.Window, s.Seen, s.Term)
 	case len(s.Spooled) > 64:
 		return bad("status naming %d spooled windows", len(s.Spooled))
@@ -240,7 +240,7 @@ func checkStatus(s *pb.Status) error {
 }
 
 func checkAck(a *pb.Ack) error {
-	if a.Term > maxWindowID {
+	if a.Term > MaxWindowID {
 		return bad("ack of term %d", a.Term)
 	}
 	if err := checkEnum("ack code", int32(a.Code), pb.AckCode_name); err != nil {
@@ -316,7 +316,7 @@ func checkWindowResult(w *pb.WindowResult) error {
 	if err := checkLong(w.Outputs...); err != nil {
 		return err
 	}
-	if w.Window > maxWindowID {
+	if w.Window > MaxWindowID {
 		return bad("a result of window %d", w.Window)
 	}
 	if err := checkEnum("result state", int32(w.State), pb.Outcome_name); err != nil {

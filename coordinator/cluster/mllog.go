@@ -1,43 +1,14 @@
-package coordinator
+package cluster
 
 import (
 	"bytes"
-	"fmt"
 	"log"
 	"log/slog"
 	"regexp"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/hashicorp/memberlist"
 )
-
-// netTransport makes memberlist's UDP/TCP transport as memberlist itself would
-// (retrying a port the system picks), behind limitTransport, which bounds what a
-// sender that has not proved it holds the key can make this member hold.
-func netTransport(ml *memberlist.Config, log *slog.Logger) (memberlist.NodeAwareTransport, error) {
-	nc := &memberlist.NetTransportConfig{BindAddrs: []string{ml.BindAddr}, BindPort: ml.BindPort, Logger: ml.Logger}
-	tries := 1
-	if ml.BindPort == 0 {
-		tries = 10 // a port the system picks for TCP may be taken for UDP
-	}
-	var nt *memberlist.NetTransport
-	var err error
-	for i := 0; i < tries; i++ {
-		if nt, err = memberlist.NewNetTransport(nc); err == nil {
-			break
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: starting gossip on %s:%d: %w", ml.BindAddr, ml.BindPort, err)
-	}
-	if ml.BindPort == 0 {
-		ml.BindPort = nt.GetAutoBindPort()
-		ml.AdvertisePort = ml.BindPort
-	}
-	return limitTransport(nt, defaultStreamLimits(), log), nil
-}
 
 // refusals counts the attempts memberlist refused, by why, and says so at most
 // once per refusalEvery per reason.
@@ -62,9 +33,9 @@ var refusalKinds = []struct {
 
 var fromAddr = regexp.MustCompile(`(?:from=|\s)(\[?[0-9a-fA-F.:]+\]?:\d+)`)
 
-// newMemberlistLogger bridges memberlist's log lines into slog at Debug, and turns
+// MemberlistLogger bridges memberlist's log lines into slog at Debug, and turns
 // the lines that say memberlist refused someone into a rate-limited Warn.
-func newMemberlistLogger(l *slog.Logger) *log.Logger {
+func MemberlistLogger(l *slog.Logger) *log.Logger {
 	w := &mlWriter{log: l.With("from", "memberlist"), ref: &refusals{count: map[string]int{}, said: map[string]time.Time{}}}
 	return log.New(w, "", 0)
 }
