@@ -237,7 +237,7 @@ func TestTriggerDeferredWhileTheLogRefusesPlans(t *testing.T) {
 			}
 		}}
 	opts := func(cfg *Config, a *rankagent.Config) {
-		cfg.FiguresInterval, cfg.Triggers = 200*time.Millisecond, Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour}
+		cfg.FiguresInterval, cfg.Triggers = 200*time.Millisecond, view.Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour}
 		wrapStores(cfg, func(st store.Store) store.Store { return refusePlans{st, refuse, tried} })
 	}
 	for r := 0; r < 3; r++ {
