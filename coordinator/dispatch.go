@@ -124,7 +124,9 @@ func (c *Coordinator) toLeader(env *pb.Envelope) {
 	leader := c.leaderName
 	c.mu.Unlock()
 	if l != nil {
-		l.deliver(env)
+		if !l.watchNow(env) {
+			l.deliver(env)
+		}
 		return
 	}
 	if env.GetRequest() != nil && env.Seq != 0 {

@@ -56,6 +56,8 @@ type leaderRun struct {
 	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
 	// triggering: a trigger window is in progress (trigger.go)
 	triggering bool
+	// ctx is the leader loop's, once its store is open (nil before and after)
+	ctx context.Context
 	// deferred are post-mortems and trigger windows whose plans the run's log
 	// could not take (a full or read-only store): served again when due
 	deferred []deferredReq
@@ -156,6 +158,21 @@ func (l *leaderRun) wake() {
 	}
 }
 
+// watchNow answers at once, on a goroutine of its own, a member asking how a
+// window ended (a client re-asking a new leader): the log answers it, and it
+// never waits behind a window this leader is planning. It reports false when
+// the leader cannot yet (its store is not open): the message is delivered.
+func (l *leaderRun) watchNow(env *pb.Envelope) bool {
+	r := env.GetRequest()
+	if r == nil || env.WindowId == 0 || r.Kind == pb.WindowKind_WINDOW_KIND_OOM || r.Kind == pb.WindowKind_WINDOW_KIND_CRASH {
+		return false
+	}
+	l.mu.Lock()
+	ctx := l.ctx
+	l.mu.Unlock()
+	return ctx != nil && l.c.spawn(func() { l.answerWatch(ctx, env) })
+}
+
 // deliver hands a message to the leader; it never blocks.
 func (l *leaderRun) deliver(env *pb.Envelope) {
 	select {
@@ -174,6 +191,14 @@ func (l *leaderRun) run(ctx context.Context) {
 	}
 	l.st, l.rl = st, runlog.New(st, l.c.cfg.Identity.RunName)
 	defer st.Close()
+	l.mu.Lock()
+	l.ctx = ctx // (watches are answered from here on: watchNow)
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.ctx = nil
+		l.mu.Unlock()
+	}()
 	tick := time.NewTicker(l.c.cfg.StatusTimeout)
 	defer tick.Stop()
 	for ctx.Err() == nil {
