@@ -259,7 +259,8 @@ func TestParsersRefuse(t *testing.T) {
 		f    func([]byte) error
 	}{
 		{"plan: unknown field", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":1,"x":1}`, planErr},
-		{"plan: version", `{"version":2,"window":1,"kind":"window","start":1,"stop":2,"world_size":1}`, planErr},
+		{"plan: version", `{"version":0,"window":1,"kind":"window","start":1,"stop":2,"world_size":1}`, planErr},
+		{"plan: newer, out of range", `{"version":2,"window":1,"kind":"window","start":3,"stop":2,"world_size":1,"x":1}`, planErr},
 		{"plan: empty window", `{"version":1,"window":1,"kind":"window","start":2,"stop":2,"world_size":1}`, planErr},
 		{"plan: kind", `{"version":1,"window":1,"kind":"lunch","start":1,"stop":2,"world_size":1}`, planErr},
 		{"plan: ranks", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":2,"ranks":[1,0]}`, planErr},
@@ -283,6 +284,31 @@ func TestParsersRefuse(t *testing.T) {
 	}
 	if p, err := ParsePlan([]byte(`{"version":1,"window":1,"kind":"trigger","world_size":2,"ranks":[0,1],"dump":true}`)); err != nil || !p.Dump {
 		t.Errorf("a trigger's plan of dumps: %+v, %v", p, err)
+	}
+}
+
+// TestNewerPlanIsRead: a plan of a newer version, with fields and a kind this
+// version does not know, is read for what it knows (its manifest first), not
+// refused as malformed; nor finished as failed by a leader of this version.
+func TestNewerPlanIsRead(t *testing.T) {
+	newer := `{"version":2,"window":3,"term":1,"kind":"sampled","start":5,"stop":9,"world_size":2,"ranks":[0,1],"manifest":"gpt/w3/merged.manifest.json","sampling":{"every":2}}`
+	p, err := ParsePlan([]byte(newer))
+	if err != nil || p.ID != 3 || p.Manifest != "gpt/w3/merged.manifest.json" || p.Kind != "sampled" || p.Start != 5 || p.Stop != 9 || len(p.Ranks) != 2 || p.Version != 2 {
+		t.Fatalf("a newer plan: %+v %v", p, err)
+	}
+	st, err := store.OpenDir(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l := New(st, "gpt")
+	st.Put(ctx, l.PlanKey(3), strings.NewReader(newer), store.PutOptions{})
+	un, err := l.Unfinished(ctx, 0)
+	if err != nil || len(un) != 1 || un[0].Manifest != p.Manifest {
+		t.Fatalf("unfinished: %v %v", un, err)
+	}
+	if latest, err := l.Latest(ctx, 4); err != nil || len(latest) != 1 || latest[0].ID != 3 {
+		t.Fatalf("latest: %v %v", latest, err)
 	}
 }
 
