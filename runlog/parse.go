@@ -92,6 +92,10 @@ func ParsePlan(b []byte) (*Plan, error) {
 	switch {
 	case p.Version < Version:
 		return nil, bad("plan version %d", p.Version)
+	case p.Void != "" && (p.ID == 0 || p.ID > MaxID || p.Term > MaxID):
+		return nil, bad("void plan of window %d, term %d", p.ID, p.Term)
+	case p.Void != "":
+		return &p, checkText(p.Void)
 	case p.ID == 0 || p.ID > MaxID || p.Term > MaxID:
 		return nil, bad("plan of window %d, term %d", p.ID, p.Term)
 	case p.WorldSize <= 0 || p.WorldSize > maxRanks:
@@ -160,7 +164,7 @@ func ParseOutcome(b []byte) (*Outcome, error) {
 		return nil, bad("outcome version %d", o.Version)
 	case o.ID == 0 || o.ID > MaxID || o.Term > MaxID:
 		return nil, bad("outcome of window %d, term %d", o.ID, o.Term)
-	case o.State != Published && o.State != Failed:
+	case o.State != Published && o.State != Failed && o.State != claimed:
 		return nil, bad("outcome state %q", o.State)
 	case o.State == Published && o.Manifest == "":
 		return nil, bad("a published outcome without a manifest")
