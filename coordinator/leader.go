@@ -334,7 +334,12 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 		}
 		// a request another leader served already (this one stalled with it, or
 		// the member asked again): it is a watch of that window
-		if id := l.served(ctx, req); id != 0 {
+		id, err := l.served(ctx, req)
+		if err != nil { // (never "not served": it may have been)
+			l.answer(req, pb.AckCode_ACK_ERROR, "the leader cannot read the run's log to tell whether the request was served: "+err.Error())
+			return
+		}
+		if id != 0 {
 			w := proto.Clone(req).(*pb.Envelope)
 			w.WindowId = id
 			l.log.Info("the request was served already; answering with its window", "from", req.Sender, "window", id)
@@ -376,14 +381,14 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 func requestID(req *pb.Envelope) string { return fmt.Sprintf("%s#%016x", req.Sender, req.Seq) }
 
 // served returns the window that already serves req, from the newest plans in
-// the run's log (0: none).
-func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) uint64 {
+// the run's log (0: none; an error where the log could not be read).
+func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) (uint64, error) {
 	if req.Seq == 0 {
-		return 0
+		return 0, nil
 	}
 	recent, err := l.rl.Latest(ctx, 16)
 	if err != nil {
-		return 0
+		return 0, err
 	}
 	id := requestID(req)
 	for _, p := range recent {
@@ -400,11 +405,11 @@ func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) uint64 {
 		if err == nil && res != nil && res.State == pb.Outcome_OUTCOME_FAILED && len(res.Ranks) == 0 {
 			// nothing of it was recorded: the request is planned again
 			l.log.Info("the request's window failed with no snapshot; planning the request again", "from", req.Sender, "window", p.ID, "why", res.Error)
-			return 0
+			return 0, nil
 		}
-		return p.ID
+		return p.ID, nil
 	}
-	return 0
+	return 0, nil
 }
 
 // answer acks a request (ok, or refused with code).
