@@ -1,22 +1,30 @@
 // Package runlog is a run's log in the object store: the one place where the fate
 // of every window is decided, because the store already gives the one primitive
-// that survives restarts, partitions and stalls, a conditional create (exactly one
-// writer of a name wins), as Delta Lake and Iceberg commit on S3.
+// that survives restarts, partitions and stalls, a conditional write (of writers
+// creating one name, or replacing one version, exactly one wins), as Delta Lake
+// and Iceberg commit on S3.
 //
 // The log of run R lives under R/memsnap/ in the store the ranks upload to:
 //
+//	head.json                         the current term and the window ids given out (replaced with If-Match)
 //	terms/term{T}.json                a leadership: who led from when (created once)
-//	plans/window{ID}.json             a window planned by a leader (created once)
+//	plans/window{ID}.json             a window planned by a leader, or a void id (created once)
 //	reports/window{ID}/rank{R}.json   what rank R stored for that window
-//	outcomes/window{ID}.json          how the window ended: published or failed (created once)
-//	schedule.json                     where the run's schedule stands (replaced by each leader)
+//	outcomes/window{ID}.json          how the window ended, or a claim on it (created once; a claim replaced with If-Match)
+//	schedule.json                     where the run's schedule stands (created once, then replaced with If-Match)
 //
-// Window ids and terms are therefore unique over the run's whole life, across
-// relaunches under the same run name and across partitions: a leader takes the
-// next id by creating its plan, and the next term by creating its term record. A
-// plan without an outcome is unfinished work that any leader, new or relaunched,
-// finishes from the reports and the ranks that still live. Nothing here does
-// anything but read and write small JSON objects; the coordinator decides.
+// The fence holds between writers, not only at each writer's check: a store
+// has no transaction over two objects, so every record a stale leader could
+// still write is one the newer term conditions before the head names it. Taking
+// a term voids the ids given out and never planned (a late plan is refused as
+// existing), claims the outcome slot of every unfinished window (a late outcome
+// finds the claim, of a newer term, and is refused), and stamps the schedule (a
+// late replacement finds it changed); a window id is given out by replacing the
+// head, which fails once a newer term replaced it. A schedule of a term older
+// than the head's can only have been created after that term took over, so
+// readers take none. Window ids and terms are unique over the run's whole life,
+// across relaunches and partitions; a plan without an outcome is unfinished work
+// that any leader finishes from the reports and the ranks that still live.
 package runlog
 
 import (
