@@ -420,10 +420,8 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 		// a request another leader served already (this one stalled with it, or
 		// the member asked again): it is a watch of that window
 		id, err := l.served(ctx, req)
-		if err != nil {
-			// not knowing whether it was served is no "not served": it could be
-			// planned twice; it is served again once the log reads
-			l.deferRequest(req, fmt.Errorf("reading the run's log for the request: %w", err))
+		if err != nil { // (never "not served": it may have been)
+			l.answer(req, pb.AckCode_ACK_ERROR, "the leader cannot read the run's log to tell whether the request was served: "+err.Error())
 			return
 		}
 		if id != 0 {
@@ -468,7 +466,7 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 func requestID(req *pb.Envelope) string { return fmt.Sprintf("%s#%016x", req.Sender, req.Seq) }
 
 // served returns the window that already serves req, from the newest plans in
-// the run's log (0: none); an error when the log cannot be read.
+// the run's log (0: none; an error where the log could not be read).
 func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) (uint64, error) {
 	if req.Seq == 0 {
 		return 0, nil

@@ -45,7 +45,7 @@ type trip struct {
 
 func (s *tripStore) Put(ctx context.Context, key string, r io.Reader, opts store.PutOptions) (store.ObjectInfo, error) {
 	info, err := s.Store.Put(ctx, key, r, opts)
-	if err != nil || strings.Contains(key, "/memsnap/reports/") || strings.Contains(key, "/memsnap/terms/") {
+	if err != nil || strings.Contains(key, "/memsnap/reports/") || strings.Contains(key, "/memsnap/terms/") || strings.HasSuffix(key, "/memsnap/head.json") {
 		return info, err
 	}
 	if s.writes.Add(1) != s.n {

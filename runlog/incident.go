@@ -40,7 +40,7 @@ func (l *Log) PutIncident(ctx context.Context, r Report) error {
 	if err := r.checkIncident(); err != nil {
 		return err
 	}
-	return l.put(ctx, l.IncidentKey(r.Rank, r.At), r, true)
+	return l.put(ctx, l.IncidentKey(r.Rank, r.At), r, store.PutOptions{Overwrite: true})
 }
 
 func (r *Report) checkIncident() error {
@@ -147,4 +147,19 @@ func (l *Log) AllIncidents(ctx context.Context, from, to time.Time) ([]*Report, 
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
 	return out, bad, nil
+}
+
+// UnfinishedIDs lists the windows with a plan and no outcome (or whose outcome
+// slot a newer term claimed), oldest first; it only reads (Unfinished may
+// finish a void or malformed plan).
+func (l *Log) UnfinishedIDs(ctx context.Context) ([]uint64, error) {
+	low := MaxID + 1
+	h, _, err := l.readHead(ctx)
+	switch {
+	case err == nil:
+		low = h.Low
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
+	}
+	return l.unfinishedIDs(ctx, low)
 }

@@ -13,7 +13,8 @@ const maxText = 4096
 
 // Every record read from the store is untrusted: anyone who can write the bucket
 // can write the log. The parsers refuse unknown fields, wrong versions and values
-// out of range, with the reason.
+// out of range, with the reason. A plan of a newer version is read for the fields
+// this version knows (its fields beyond them are left out), not refused.
 
 func decodeStrict(b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -65,15 +66,36 @@ func ParseTerm(b []byte) (*Term, error) {
 	return &t, checkText(t.Leader)
 }
 
-// ParsePlan parses and checks a plan.
+// decodeVersioned decodes b into v, strictly unless its version is newer than
+// this one's: a newer record may hold fields this version does not know.
+func decodeVersioned(b []byte, v any) error {
+	var head struct {
+		Version int `json:"version"`
+	}
+	if json.Unmarshal(b, &head) == nil && head.Version > Version {
+		if err := json.Unmarshal(b, v); err != nil {
+			return fmt.Errorf("%w: %v", ErrMalformed, err)
+		}
+		return nil
+	}
+	return decodeStrict(b, v)
+}
+
+// ParsePlan parses and checks a plan. A plan of a newer version is read for what
+// this version knows (its kind may be one this version does not know); one of
+// an older or no version is malformed.
 func ParsePlan(b []byte) (*Plan, error) {
 	var p Plan
-	if err := decodeStrict(b, &p); err != nil {
+	if err := decodeVersioned(b, &p); err != nil {
 		return nil, err
 	}
 	switch {
-	case p.Version != Version:
+	case p.Version < Version:
 		return nil, bad("plan version %d", p.Version)
+	case p.Void != "" && (p.ID == 0 || p.ID > MaxID || p.Term > MaxID):
+		return nil, bad("void plan of window %d, term %d", p.ID, p.Term)
+	case p.Void != "":
+		return &p, checkText(p.Void)
 	case p.ID == 0 || p.ID > MaxID || p.Term > MaxID:
 		return nil, bad("plan of window %d, term %d", p.ID, p.Term)
 	case p.WorldSize <= 0 || p.WorldSize > maxRanks:
@@ -89,7 +111,7 @@ func ParsePlan(b []byte) (*Plan, error) {
 	case p.FailedRank != nil && (*p.FailedRank < 0 || *p.FailedRank >= p.WorldSize):
 		return nil, bad("plan naming rank %d of %d", *p.FailedRank, p.WorldSize)
 	}
-	if err := checkKind(p.Kind); err != nil {
+	if err := checkKind(p.Kind); err != nil && p.Version == Version {
 		return nil, err
 	}
 	for i, r := range p.Ranks {
@@ -97,7 +119,7 @@ func ParsePlan(b []byte) (*Plan, error) {
 			return nil, bad("plan ranks are not increasing ranks of the world")
 		}
 	}
-	return &p, checkText(p.Run, p.Leader, p.Reason, p.Manifest, p.Cause, p.Request)
+	return &p, checkText(p.Run, p.Leader, p.Reason, p.Manifest, p.Cause, p.Request, p.Kind)
 }
 
 // ParseReport parses and checks a rank's report.
@@ -142,7 +164,7 @@ func ParseOutcome(b []byte) (*Outcome, error) {
 		return nil, bad("outcome version %d", o.Version)
 	case o.ID == 0 || o.ID > MaxID || o.Term > MaxID:
 		return nil, bad("outcome of window %d, term %d", o.ID, o.Term)
-	case o.State != Published && o.State != Failed:
+	case o.State != Published && o.State != Failed && o.State != claimed:
 		return nil, bad("outcome state %q", o.State)
 	case o.State == Published && o.Manifest == "":
 		return nil, bad("a published outcome without a manifest")

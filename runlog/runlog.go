@@ -1,22 +1,30 @@
 // Package runlog is a run's log in the object store: the one place where the fate
 // of every window is decided, because the store already gives the one primitive
-// that survives restarts, partitions and stalls, a conditional create (exactly one
-// writer of a name wins), as Delta Lake and Iceberg commit on S3.
+// that survives restarts, partitions and stalls, a conditional write (of writers
+// creating one name, or replacing one version, exactly one wins), as Delta Lake
+// and Iceberg commit on S3.
 //
 // The log of run R lives under R/memsnap/ in the store the ranks upload to:
 //
+//	head.json                         the current term and the window ids given out (replaced with If-Match)
 //	terms/term{T}.json                a leadership: who led from when (created once)
-//	plans/window{ID}.json             a window planned by a leader (created once)
+//	plans/window{ID}.json             a window planned by a leader, or a void id (created once)
 //	reports/window{ID}/rank{R}.json   what rank R stored for that window
-//	outcomes/window{ID}.json          how the window ended: published or failed (created once)
-//	schedule.json                     where the run's schedule stands (replaced by each leader)
+//	outcomes/window{ID}.json          how the window ended, or a claim on it (created once; a claim replaced with If-Match)
+//	schedule.json                     where the run's schedule stands (created once, then replaced with If-Match)
 //
-// Window ids and terms are therefore unique over the run's whole life, across
-// relaunches under the same run name and across partitions: a leader takes the
-// next id by creating its plan, and the next term by creating its term record. A
-// plan without an outcome is unfinished work that any leader, new or relaunched,
-// finishes from the reports and the ranks that still live. Nothing here does
-// anything but read and write small JSON objects; the coordinator decides.
+// The fence holds between writers, not only at each writer's check: a store
+// has no transaction over two objects, so every record a stale leader could
+// still write is one the newer term conditions before the head names it. Taking
+// a term voids the ids given out and never planned (a late plan is refused as
+// existing), claims the outcome slot of every unfinished window (a late outcome
+// finds the claim, of a newer term, and is refused), and stamps the schedule (a
+// late replacement finds it changed); a window id is given out by replacing the
+// head, which fails once a newer term replaced it. A schedule of a term older
+// than the head's can only have been created after that term took over, so
+// readers take none. Window ids and terms are unique over the run's whole life,
+// across relaunches and partitions; a plan without an outcome is unfinished work
+// that any leader finishes from the reports and the ranks that still live.
 package runlog
 
 import (
@@ -97,17 +105,18 @@ var (
 )
 
 // Fence returns an error wrapping ErrSuperseded when the log holds a term newer
-// than term. Every write of a plan, an outcome, a claim or a manifest calls it
-// first: a leader whose term was superseded stops at its next write.
+// than term. A merge asks it before its claim and its manifest, so that a
+// leader whose term was superseded stops at its next write; the log's own
+// records are fenced by the head and the claims, which hold between writers.
 func (l *Log) Fence(ctx context.Context, term uint64) error {
-	latest, err := l.LatestTerm(ctx)
+	h, _, err := l.readHead(ctx)
+	if errors.Is(err, store.ErrNotFound) {
+		h, err = &Head{}, nil
+	}
 	if err != nil {
 		return err
 	}
-	if latest > term {
-		return fmt.Errorf("%w: term %d, the run's log holds term %d", ErrSuperseded, term, latest)
-	}
-	return nil
+	return l.fenced(ctx, h, term)
 }
 
 // Root is the log's folder for run.
@@ -156,6 +165,9 @@ type Plan struct {
 	// Request names the request the window serves (the asking member and its
 	// request's id), so a leader that finds it served already does not plan it again
 	Request string `json:"request,omitempty"`
+	// Void, on a record under an id given out and never planned, says why: a
+	// newer term filled the id so that the plan, written late, is refused.
+	Void string `json:"void,omitempty"`
 }
 
 // Report is what one rank stored for one window.
@@ -269,20 +281,33 @@ func parseName(name, stem string) (uint64, bool) {
 	return n, true
 }
 
-// put stores v under key, once (overwrite false) or replacing it.
-func (l *Log) put(ctx context.Context, key string, v any, overwrite bool) error {
+// put stores v under key as opts say: once, replacing a version (IfMatch), or
+// (a rank's report) replacing it.
+func (l *Log) put(ctx context.Context, key string, v any, opts store.PutOptions) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
 	b = append(b, '\n')
-	_, err = l.st.Put(ctx, key, strings.NewReader(string(b)), store.PutOptions{Overwrite: overwrite, Size: int64(len(b)), ContentType: "application/json"})
+	opts.Size, opts.ContentType = int64(len(b)), "application/json"
+	_, err = l.st.Put(ctx, key, strings.NewReader(string(b)), opts)
 	return err
+}
+
+// readObject reads key whole (bounded) with its version, again where it was
+// replaced while being read.
+func (l *Log) readObject(ctx context.Context, key string) ([]byte, store.ObjectInfo, error) {
+	for try := 0; ; try++ {
+		b, info, err := store.ReadObject(ctx, l.st, key, maxRecord)
+		if !errors.Is(err, store.ErrChanged) || try == maxConflicts {
+			return b, info, err
+		}
+	}
 }
 
 // read reads and parses the record under key into v (bounded).
 func (l *Log) read(ctx context.Context, key string) ([]byte, error) {
-	b, _, err := store.ReadObject(ctx, l.st, key, maxRecord)
+	b, _, err := l.readObject(ctx, key)
 	if errors.Is(err, store.ErrTooLarge) {
 		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
@@ -293,37 +318,88 @@ func (l *Log) read(ctx context.Context, key string) ([]byte, error) {
 func (l *Log) ScheduleKey() string { return l.root + "schedule.json" }
 
 // ReadSchedule reads where the run's schedule stands (store.ErrNotFound before
-// any scheduled window).
+// any scheduled window, and where the schedule stored is a stale leader's: of a
+// term older than the head's, written after that term took over).
 func (l *Log) ReadSchedule(ctx context.Context) (*Schedule, error) {
 	b, err := l.read(ctx, l.ScheduleKey())
 	if err != nil {
 		return nil, err
 	}
+	sc, err := parseSchedule(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", err, l.ScheduleKey())
+	}
+	h, _, err := l.readHead(ctx)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	if err == nil && sc.Term < h.Term {
+		return nil, fmt.Errorf("%w: %s is of term %d, written after term %d took over", store.ErrNotFound, l.ScheduleKey(), sc.Term, h.Term)
+	}
+	return sc, nil
+}
+
+// parseSchedule parses and checks a schedule.
+func parseSchedule(b []byte) (*Schedule, error) {
 	var sc Schedule
-	if err := json.Unmarshal(b, &sc); err != nil || sc.Version != Version || sc.Next < -1 {
-		return nil, fmt.Errorf("%w: %s", ErrMalformed, l.ScheduleKey())
+	if err := json.Unmarshal(b, &sc); err != nil || sc.Version != Version || sc.Next < -1 || sc.Term > MaxID {
+		return nil, bad("schedule")
 	}
 	return &sc, nil
 }
 
 // PutSchedule records where the run's schedule stands, under the leader's term
-// (ErrSuperseded when a newer one is in the log).
+// (ErrSuperseded when a newer one is in the log): created once, or replacing
+// the version read (If-Match), never unconditionally.
 func (l *Log) PutSchedule(ctx context.Context, sc Schedule) error {
 	sc.Version = Version
 	if sc.At.IsZero() {
 		sc.At = time.Now().UTC()
 	}
-	if err := l.Fence(ctx, sc.Term); err != nil {
-		return err
+	for try := 0; try < maxConflicts; try++ {
+		h, _, err := l.head(ctx)
+		if err != nil {
+			return err
+		}
+		if err := l.fenced(ctx, h, sc.Term); err != nil {
+			return err
+		}
+		b, info, err := l.readObject(ctx, l.ScheduleKey())
+		if err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrTooLarge) {
+			return err
+		}
+		if err == nil {
+			if cur, perr := parseSchedule(b); perr == nil && cur.Term > sc.Term {
+				return fmt.Errorf("%w: the schedule is of term %d", ErrSuperseded, cur.Term)
+			}
+		}
+		err = l.put(ctx, l.ScheduleKey(), sc, store.PutOptions{IfMatch: info.ETag})
+		if !errors.Is(err, store.ErrExists) && !errors.Is(err, store.ErrChanged) {
+			return err
+		}
 	}
-	return l.put(ctx, l.ScheduleKey(), sc, true)
+	return ErrConflict
 }
 
 // Terms lists the terms in the log, ascending.
 func (l *Log) Terms(ctx context.Context) ([]uint64, error) { return l.ids(ctx, "terms/", "term") }
 
-// LatestTerm is the highest term in the log (0 when there is none).
+// LatestTerm is the highest term in the log (0 when there is none): in its
+// head or its term records.
 func (l *Log) LatestTerm(ctx context.Context) (uint64, error) {
+	h, _, err := l.readHead(ctx)
+	if errors.Is(err, store.ErrNotFound) {
+		h, err = &Head{}, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	latest, err := l.listedTerm(ctx)
+	return max(latest, h.Term), err
+}
+
+// listedTerm is the highest term record in the log (0 when there is none).
+func (l *Log) listedTerm(ctx context.Context) (uint64, error) {
 	ts, err := l.Terms(ctx)
 	if err != nil || len(ts) == 0 {
 		return 0, err
@@ -332,30 +408,63 @@ func (l *Log) LatestTerm(ctx context.Context) (uint64, error) {
 }
 
 // NewTerm creates the next term, newer than every term in the log and at least
-// atLeast, for t's leader; it returns the record created.
+// atLeast, for t's leader; it returns the record created. The term is taken
+// once the head names it, after the term has voided, claimed and stamped what
+// older terms left open (takeOver). A term whose head another writer replaced
+// with a newer one first is returned as it is: superseded, it writes nothing.
 func (l *Log) NewTerm(ctx context.Context, t Term, atLeast uint64) (Term, error) {
 	t.Version = Version
 	if t.Started.IsZero() {
 		t.Started = time.Now().UTC()
 	}
+	if err := l.createTerm(ctx, &t, atLeast); err != nil {
+		return Term{}, err
+	}
 	for try := 0; try < maxConflicts; try++ {
-		latest, err := l.LatestTerm(ctx)
+		h, etag, err := l.head(ctx)
 		if err != nil {
 			return Term{}, err
 		}
-		t.Term = max(latest+1, atLeast, 1)
-		if t.Term > MaxID {
-			return Term{}, fmt.Errorf("runlog: term %d is past the largest allowed", t.Term)
+		if h.Term >= t.Term {
+			return t, nil
 		}
-		err = l.put(ctx, l.TermKey(t.Term), t, false)
+		low, err := l.takeOver(ctx, h, t.Term)
+		if errors.Is(err, ErrSuperseded) {
+			return t, nil
+		}
+		if err != nil {
+			return Term{}, err
+		}
+		nh := Head{Term: t.Term, Leader: t.Leader, Window: h.Window, Low: low}
+		err = l.casHead(ctx, &nh, h, etag)
 		if err == nil {
 			return t, nil
 		}
-		if !errors.Is(err, store.ErrExists) {
+		if !errors.Is(err, store.ErrChanged) {
 			return Term{}, err
 		}
 	}
 	return Term{}, ErrConflict
+}
+
+// createTerm creates t's record under the next term, newer than the head's and
+// every record's and at least atLeast (once: of two writers, one takes it).
+func (l *Log) createTerm(ctx context.Context, t *Term, atLeast uint64) error {
+	for try := 0; try < maxConflicts; try++ {
+		latest, err := l.LatestTerm(ctx)
+		if err != nil {
+			return err
+		}
+		t.Term = max(latest+1, atLeast, 1)
+		if t.Term > MaxID {
+			return fmt.Errorf("runlog: term %d is past the largest allowed", t.Term)
+		}
+		err = l.put(ctx, l.TermKey(t.Term), t, store.PutOptions{})
+		if !errors.Is(err, store.ErrExists) {
+			return err
+		}
+	}
+	return ErrConflict
 }
 
 // ReadTerm reads one term record.
@@ -378,41 +487,26 @@ func (l *Log) OutcomeIDs(ctx context.Context) ([]uint64, error) {
 // CreatePlan stores p under the next window id: newer than every plan in the log
 // and at least atLeast. manifest, when not nil, names the window's manifest from
 // its id. It returns the plan as stored, or ErrSuperseded when the log holds a
-// term newer than p.Term.
+// term newer than p.Term. The id is given out by the head (allocate), then the
+// plan is created under it: a newer term that took over first voided the id,
+// and the plan is refused.
 func (l *Log) CreatePlan(ctx context.Context, p Plan, atLeast uint64, manifest func(id uint64) (string, error)) (Plan, error) {
 	p.Version = Version
 	if p.Created.IsZero() {
 		p.Created = time.Now().UTC()
 	}
 	for try := 0; try < maxConflicts; try++ {
-		ids, err := l.PlanIDs(ctx)
+		id, err := l.allocate(ctx, p.Term, atLeast)
 		if err != nil {
 			return Plan{}, err
 		}
-		// the newest plan that reads (a malformed object under plans/ is not one:
-		// a window id past it is not taken for its name's sake)
-		for skip := 0; len(ids) > 0 && skip < 8; skip++ {
-			if _, err := l.ReadPlan(ctx, ids[len(ids)-1]); !errors.Is(err, ErrMalformed) {
-				break
-			}
-			ids = ids[:len(ids)-1]
-		}
-		p.ID = max(atLeast, 1)
-		if len(ids) > 0 {
-			p.ID = max(p.ID, ids[len(ids)-1]+1)
-		}
-		if p.ID > MaxID {
-			return Plan{}, fmt.Errorf("runlog: window id %d is past the largest allowed", p.ID)
-		}
+		p.ID = id
 		if manifest != nil {
 			if p.Manifest, err = manifest(p.ID); err != nil {
 				return Plan{}, err
 			}
 		}
-		if err := l.Fence(ctx, p.Term); err != nil {
-			return Plan{}, err
-		}
-		err = l.put(ctx, l.PlanKey(p.ID), p, false)
+		err = l.put(ctx, l.PlanKey(p.ID), p, store.PutOptions{})
 		if err == nil {
 			return p, nil
 		}
@@ -437,6 +531,9 @@ func (l *Log) ReadPlan(ctx context.Context, id uint64) (*Plan, error) {
 	if p.ID != id {
 		return nil, fmt.Errorf("%w: %s names window %d", ErrMalformed, l.PlanKey(id), p.ID)
 	}
+	if p.Void != "" {
+		return nil, fmt.Errorf("%w: window %d: %w: %s", store.ErrNotFound, id, ErrVoid, p.Void)
+	}
 	return p, nil
 }
 
@@ -458,27 +555,31 @@ func (l *Log) Latest(ctx context.Context, n int) ([]*Plan, error) {
 	return out, nil
 }
 
-// Unfinished lists the plans without an outcome, oldest first. A plan that does
-// not read is finished as failed, under term.
+// Unfinished lists the plans without an outcome (or whose outcome slot a
+// newer term claimed), oldest first. A plan that does not read, and an id
+// voided and left without its outcome, is finished as failed, under term.
 func (l *Log) Unfinished(ctx context.Context, term uint64) ([]*Plan, error) {
-	plans, err := l.PlanIDs(ctx)
-	if err != nil {
+	low := MaxID + 1 // (a log with no head holds no claim)
+	h, _, err := l.readHead(ctx)
+	switch {
+	case err == nil:
+		low = h.Low
+	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
 	}
-	done, err := l.OutcomeIDs(ctx)
+	ids, err := l.unfinishedIDs(ctx, low)
 	if err != nil {
 		return nil, err
-	}
-	finished := make(map[uint64]bool, len(done))
-	for _, id := range done {
-		finished[id] = true
 	}
 	var out []*Plan
-	for _, id := range plans {
-		if finished[id] {
+	for _, id := range ids {
+		p, err := l.ReadPlan(ctx, id)
+		if errors.Is(err, ErrVoid) {
+			if err := l.failVoid(ctx, id, term, err.Error()); err != nil {
+				return nil, err
+			}
 			continue
 		}
-		p, err := l.ReadPlan(ctx, id)
 		if errors.Is(err, ErrMalformed) {
 			// a record no leader can act on: it is finished as failed, with the reason
 			o := Outcome{ID: id, Term: term, State: Failed, Error: err.Error()}
@@ -486,6 +587,9 @@ func (l *Log) Unfinished(ctx context.Context, term uint64) ([]*Plan, error) {
 				return nil, ferr
 			}
 			continue
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			continue // removed since the listing
 		}
 		if err != nil {
 			return nil, err
@@ -505,7 +609,7 @@ func (l *Log) PutReport(ctx context.Context, r Report) error {
 	if err := r.check(); err != nil {
 		return err
 	}
-	return l.put(ctx, l.ReportKey(r.Window, r.Rank), r, true)
+	return l.put(ctx, l.ReportKey(r.Window, r.Rank), r, store.PutOptions{Overwrite: true})
 }
 
 // Reports reads every rank's report for window id, by rank. A report that does not
@@ -566,8 +670,10 @@ func (l *Log) Report(ctx context.Context, id uint64, rank int) (*Report, error) 
 
 // Finish stores how window o.ID ended, once: when another leader finished it
 // first, Finish returns that outcome (and no error), which is the truth. The
-// outcome is an index of the window's commit (its manifest), written after it;
-// a leader whose term o.Term was superseded writes none (ErrSuperseded).
+// outcome is an index of the window's commit (its manifest), written after it.
+// A leader whose term o.Term was superseded writes none (ErrSuperseded): the
+// window's outcome slot is claimed by the newer term that took it over, or the
+// window was planned by a newer term.
 func (l *Log) Finish(ctx context.Context, o Outcome) (Outcome, error) {
 	o.Version = Version
 	if o.Finished.IsZero() {
@@ -584,35 +690,53 @@ func (l *Log) Finish(ctx context.Context, o Outcome) (Outcome, error) {
 		}
 		o.Missing = m
 	}
-	err := l.Fence(ctx, o.Term)
-	if err == nil {
-		err = l.put(ctx, l.OutcomeKey(o.ID), o, false)
-	}
-	if errors.Is(err, store.ErrExists) {
-		prev, rerr := l.ReadOutcome(ctx, o.ID)
-		if rerr != nil {
-			return Outcome{}, rerr
-		}
-		return *prev, nil
-	}
-	if err != nil {
+	if err := l.Fence(ctx, o.Term); err != nil {
 		return Outcome{}, err
 	}
-	return o, nil
+	p, err := l.ReadPlan(ctx, o.ID)
+	switch {
+	case err == nil && p.Term > o.Term:
+		return Outcome{}, fmt.Errorf("%w: window %d was planned under term %d", ErrSuperseded, o.ID, p.Term)
+	case err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, ErrMalformed):
+		return Outcome{}, err
+	}
+	return l.finishSlot(ctx, o)
 }
 
-// ReadOutcome reads how window id ended (store.ErrNotFound while it has not).
+// finishSlot stores o in its window's outcome slot: created where there is
+// none, or replacing a claim of o's term or an older one (If-Match).
+func (l *Log) finishSlot(ctx context.Context, o Outcome) (Outcome, error) {
+	for try := 0; try < maxConflicts; try++ {
+		cur, etag, err := l.readSlot(ctx, o.ID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return Outcome{}, err
+		}
+		if err == nil && cur.State != claimed {
+			return *cur, nil
+		}
+		if err == nil && cur.Term > o.Term {
+			return Outcome{}, fmt.Errorf("%w: window %d was taken over by term %d", ErrSuperseded, o.ID, cur.Term)
+		}
+		err = l.put(ctx, l.OutcomeKey(o.ID), o, store.PutOptions{IfMatch: etag})
+		if err == nil {
+			return o, nil
+		}
+		if !errors.Is(err, store.ErrExists) && !errors.Is(err, store.ErrChanged) {
+			return Outcome{}, err
+		}
+	}
+	return Outcome{}, ErrConflict
+}
+
+// ReadOutcome reads how window id ended (store.ErrNotFound while it has not,
+// its slot claimed by a leader that took it over included).
 func (l *Log) ReadOutcome(ctx context.Context, id uint64) (*Outcome, error) {
-	b, err := l.read(ctx, l.OutcomeKey(id))
+	o, _, err := l.readSlot(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	o, err := ParseOutcome(b)
-	if err != nil {
-		return nil, err
-	}
-	if o.ID != id {
-		return nil, fmt.Errorf("%w: %s names window %d", ErrMalformed, l.OutcomeKey(id), o.ID)
+	if o.State == claimed {
+		return nil, fmt.Errorf("%w: window %d is unfinished, taken over by term %d", store.ErrNotFound, id, o.Term)
 	}
 	return o, nil
 }

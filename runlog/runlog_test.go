@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strconv"
 	"strings"
@@ -259,7 +260,8 @@ func TestParsersRefuse(t *testing.T) {
 		f    func([]byte) error
 	}{
 		{"plan: unknown field", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":1,"x":1}`, planErr},
-		{"plan: version", `{"version":2,"window":1,"kind":"window","start":1,"stop":2,"world_size":1}`, planErr},
+		{"plan: version", `{"version":0,"window":1,"kind":"window","start":1,"stop":2,"world_size":1}`, planErr},
+		{"plan: newer, out of range", `{"version":2,"window":1,"kind":"window","start":3,"stop":2,"world_size":1,"x":1}`, planErr},
 		{"plan: empty window", `{"version":1,"window":1,"kind":"window","start":2,"stop":2,"world_size":1}`, planErr},
 		{"plan: kind", `{"version":1,"window":1,"kind":"lunch","start":1,"stop":2,"world_size":1}`, planErr},
 		{"plan: ranks", `{"version":1,"window":1,"kind":"window","start":1,"stop":2,"world_size":2,"ranks":[1,0]}`, planErr},
@@ -283,6 +285,31 @@ func TestParsersRefuse(t *testing.T) {
 	}
 	if p, err := ParsePlan([]byte(`{"version":1,"window":1,"kind":"trigger","world_size":2,"ranks":[0,1],"dump":true}`)); err != nil || !p.Dump {
 		t.Errorf("a trigger's plan of dumps: %+v, %v", p, err)
+	}
+}
+
+// TestNewerPlanIsRead: a plan of a newer version, with fields and a kind this
+// version does not know, is read for what it knows (its manifest first), not
+// refused as malformed; nor finished as failed by a leader of this version.
+func TestNewerPlanIsRead(t *testing.T) {
+	newer := `{"version":2,"window":3,"term":1,"kind":"sampled","start":5,"stop":9,"world_size":2,"ranks":[0,1],"manifest":"gpt/w3/merged.manifest.json","sampling":{"every":2}}`
+	p, err := ParsePlan([]byte(newer))
+	if err != nil || p.ID != 3 || p.Manifest != "gpt/w3/merged.manifest.json" || p.Kind != "sampled" || p.Start != 5 || p.Stop != 9 || len(p.Ranks) != 2 || p.Version != 2 {
+		t.Fatalf("a newer plan: %+v %v", p, err)
+	}
+	st, err := store.OpenDir(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l := New(st, "gpt")
+	st.Put(ctx, l.PlanKey(3), strings.NewReader(newer), store.PutOptions{})
+	un, err := l.Unfinished(ctx, 0)
+	if err != nil || len(un) != 1 || un[0].Manifest != p.Manifest {
+		t.Fatalf("unfinished: %v %v", un, err)
+	}
+	if latest, err := l.Latest(ctx, 4); err != nil || len(latest) != 1 || latest[0].ID != 3 {
+		t.Fatalf("latest: %v %v", latest, err)
 	}
 }
 
@@ -360,4 +387,185 @@ func TestMalformedTopPlanDoesNotTakeTheIDs(t *testing.T) {
 			t.Fatalf("plan %d: %+v %v", want, p, err)
 		}
 	}
+}
+
+// gated is a store whose Puts of keys containing a chosen text stop until
+// released: a writer paused (a stall, a GC pause, a partition) between its
+// checks and its write.
+type gated struct {
+	store.Store
+	mu    sync.Mutex
+	holds map[string]*hold
+}
+
+type hold struct{ reached, release chan struct{} }
+
+// hold makes the next Put of a key containing sub wait for release.
+func (g *gated) hold(sub string) *hold {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.holds == nil {
+		g.holds = map[string]*hold{}
+	}
+	h := &hold{reached: make(chan struct{}), release: make(chan struct{})}
+	g.holds[sub] = h
+	return h
+}
+
+func (g *gated) Put(ctx context.Context, key string, r io.Reader, opts store.PutOptions) (store.ObjectInfo, error) {
+	g.mu.Lock()
+	var h *hold
+	for sub, x := range g.holds {
+		if strings.Contains(key, sub) {
+			h = x
+			delete(g.holds, sub)
+			break
+		}
+	}
+	g.mu.Unlock()
+	if h != nil {
+		close(h.reached)
+		<-h.release
+	}
+	return g.Store.Put(ctx, key, r, opts)
+}
+
+// TestStaleWriterIsFenced: leader A (term 1) is paused between its checks and
+// its writes of a plan, an outcome and the schedule; leader B takes term 2 and
+// plans; then A's writes go on. Each is refused (ErrSuperseded) or ignored by
+// every reader: no stale plan is unfinished or latest, window 1 is not finished
+// by A, and the schedule is not A's.
+func TestStaleWriterIsFenced(t *testing.T) {
+	stores(t, func(t *testing.T, st store.Store) {
+		ctx := testutil.Context(t, time.Minute)
+		g := &gated{Store: st}
+		a, b := New(g, "gpt"), New(st, "gpt")
+		ta, err := a.NewTerm(ctx, Term{Leader: "gpt/rank0"}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := Plan{Term: ta.Term, Leader: "gpt/rank0", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 2, Ranks: []int{0, 1}}
+		p1, err := a.CreatePlan(ctx, plan, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.PutSchedule(ctx, Schedule{Next: 10, Term: ta.Term}); err != nil {
+			t.Fatal(err)
+		}
+		// A's three writes, each paused at its Put
+		holds := []*hold{g.hold("plans/"), g.hold("outcomes/"), g.hold("schedule.json")}
+		errs := make(chan error, 3)
+		go func() { _, err := a.CreatePlan(ctx, plan, 0, nil); errs <- err }()
+		go func() {
+			_, err := a.Finish(ctx, Outcome{ID: p1.ID, Term: ta.Term, Kind: KindWindow, State: Published, Manifest: "stale", Leader: "gpt/rank0"})
+			errs <- err
+		}()
+		go func() { errs <- a.PutSchedule(ctx, Schedule{Next: 20, Term: ta.Term}) }()
+		for _, h := range holds {
+			<-h.reached
+		}
+		// B takes term 2 and plans
+		tb, err := b.NewTerm(ctx, Term{Leader: "gpt/rank1", Rank: 1}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pb := plan
+		pb.Term, pb.Leader = tb.Term, "gpt/rank1"
+		p2, err := b.CreatePlan(ctx, pb, 10, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range holds {
+			close(h.release)
+		}
+		for range holds {
+			if err := <-errs; !errors.Is(err, ErrSuperseded) {
+				t.Errorf("a stale write: %v", err)
+			}
+		}
+		checkNoStale(t, ctx, New(st, "gpt"), tb.Term, p1.ID, p2.ID)
+		// B finishes window 1: its outcome is the truth
+		if o, err := b.Finish(ctx, Outcome{ID: p1.ID, Term: tb.Term, State: Failed, Error: "taken over"}); err != nil || o.Term != tb.Term {
+			t.Fatalf("the current leader's outcome: %+v %v", o, err)
+		}
+	})
+}
+
+// checkNoStale checks what every reader of l says after a stale leader's writes:
+// the unfinished windows are old (planned before term cur) and mine; no outcome
+// and no schedule of an older term is the truth.
+func checkNoStale(t *testing.T, ctx context.Context, l *Log, cur, old, mine uint64) {
+	t.Helper()
+	un, err := l.Unfinished(ctx, cur)
+	if err != nil || len(un) != 2 || un[0].ID != old || un[1].ID != mine {
+		var ids []uint64
+		for _, p := range un {
+			ids = append(ids, p.ID)
+		}
+		t.Errorf("unfinished windows %v (%v), want [%d %d]", ids, err, old, mine)
+	}
+	latest, err := l.Latest(ctx, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range latest {
+		if p.ID != old && p.ID != mine {
+			t.Errorf("a stale plan is latest: window %d of term %d", p.ID, p.Term)
+		}
+	}
+	if o, err := l.ReadOutcome(ctx, old); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("window %d finished by a stale leader: %+v %v", old, o, err)
+	}
+	sc, err := l.ReadSchedule(ctx)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if err == nil && (sc.Term < cur || sc.Next == 20) {
+		t.Errorf("the schedule is a stale leader's: %+v", sc)
+	}
+}
+
+// TestLogWithoutHead: a log written by the previous version (term and plan
+// records, no head) gets its head from what it lists: the next term and window
+// id follow the records, its unfinished windows stay unfinished, and its
+// schedule stands.
+func TestLogWithoutHead(t *testing.T) {
+	stores(t, func(t *testing.T, st store.Store) {
+		ctx := testutil.Context(t, time.Minute)
+		l := New(st, "gpt")
+		put := func(key, body string) {
+			if _, err := st.Put(ctx, key, strings.NewReader(body), store.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for tm := 1; tm <= 2; tm++ {
+			put(l.TermKey(uint64(tm)), fmt.Sprintf(`{"version":1,"term":%d,"leader":"gpt/rank0","rank":0}`, tm))
+		}
+		for id := 1; id <= 3; id++ {
+			put(l.PlanKey(uint64(id)), fmt.Sprintf(`{"version":1,"window":%d,"term":2,"kind":"window","start":1,"stop":2,"world_size":1,"ranks":[0]}`, id))
+		}
+		put(l.OutcomeKey(1), `{"version":1,"window":1,"term":2,"state":"failed","error":"x","ranks":[]}`)
+		put(l.ScheduleKey(), `{"version":1,"next":40,"term":1}`)
+		tm, err := l.NewTerm(ctx, Term{Leader: "gpt/rank1", Rank: 1}, 0)
+		if err != nil || tm.Term != 3 {
+			t.Fatalf("the next term: %+v %v", tm, err)
+		}
+		p, err := l.CreatePlan(ctx, Plan{Term: tm.Term, Leader: "gpt/rank1", Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1}, 0, nil)
+		if err != nil || p.ID != 4 {
+			t.Fatalf("the next window: %+v %v", p, err)
+		}
+		un, err := l.Unfinished(ctx, tm.Term)
+		if err != nil || len(un) != 3 || un[0].ID != 2 || un[2].ID != 4 {
+			t.Fatalf("unfinished: %v %v", un, err)
+		}
+		if sc, err := l.ReadSchedule(ctx); err != nil || sc.Next != 40 {
+			t.Fatalf("the schedule: %+v %v", sc, err)
+		}
+		if _, err := l.Finish(ctx, Outcome{ID: 2, Term: 2, State: Failed, Error: "stale"}); !errors.Is(err, ErrSuperseded) {
+			t.Fatalf("an outcome of term 2: %v", err)
+		}
+		if o, err := l.Finish(ctx, Outcome{ID: 2, Term: tm.Term, State: Failed, Error: "y"}); err != nil || o.Error != "y" {
+			t.Fatalf("the current term's outcome: %+v %v", o, err)
+		}
+	})
 }

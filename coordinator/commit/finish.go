@@ -64,22 +64,7 @@ type Result struct {
 // Unfinished lists the windows of the run that have a plan and no outcome,
 // oldest first, without writing anything.
 func Unfinished(ctx context.Context, st store.Store, run string) ([]uint64, error) {
-	rl := runlog.New(st, run)
-	plans, err := rl.PlanIDs(ctx)
-	if err != nil {
-		return nil, err
-	}
-	done, err := rl.OutcomeIDs(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []uint64
-	for _, id := range plans {
-		if _, ok := slices.BinarySearch(done, id); !ok {
-			out = append(out, id)
-		}
-	}
-	return out, nil
+	return runlog.New(st, run).UnfinishedIDs(ctx)
 }
 
 // Finish finishes the run's unfinished windows (or those of cfg.Windows) under a
@@ -124,11 +109,20 @@ func Finish(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 		ids = append(ids, id)
 	}
+	// the log's own list, now under this term: a void or malformed plan is
+	// finished as failed there
+	plans, err := rl.Unfinished(ctx, f.term)
+	if err != nil {
+		return nil, fmt.Errorf("commit: reading the run's log: %w", err)
+	}
 	var out []Result
-	for _, id := range ids {
-		r, err := f.window(ctx, id)
+	for _, p := range plans {
+		if !slices.Contains(ids, p.ID) {
+			continue
+		}
+		r, err := f.window(ctx, p)
 		if err != nil {
-			return out, fmt.Errorf("commit: window %d: %w", id, err)
+			return out, fmt.Errorf("commit: window %d: %w", p.ID, err)
 		}
 		out = append(out, r)
 	}
@@ -171,15 +165,8 @@ func (f *finisher) planPostmortem(ctx context.Context, incs []*runlog.Report) (u
 
 // window finishes one window from its plan, its commit if it has one, and the
 // ranks' reports.
-func (f *finisher) window(ctx context.Context, id uint64) (Result, error) {
-	p, err := f.rl.ReadPlan(ctx, id)
-	if err != nil {
-		if errors.Is(err, runlog.ErrMalformed) {
-			return f.outcome(ctx, Result{Window: id, State: runlog.Failed, Error: err.Error()})
-		}
-		return Result{}, err
-	}
-	res := Result{Window: id, Kind: p.Kind, Manifest: p.Manifest, Missing: map[int]string{}, Partial: map[int]string{}}
+func (f *finisher) window(ctx context.Context, p *runlog.Plan) (Result, error) {
+	res := Result{Window: p.ID, Kind: p.Kind, Manifest: p.Manifest, Missing: map[int]string{}, Partial: map[int]string{}}
 	if p.Manifest != "" {
 		m, err := publish.ReadManifest(ctx, f.cfg.Store, p.Manifest)
 		if err == nil {

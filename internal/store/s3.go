@@ -199,7 +199,24 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, er
 		obj.Close()
 		return nil, ObjectInfo{}, s.wrap(err, "getting "+k)
 	}
-	return obj, s.info(k, st), nil
+	return changedReader{obj, s, k}, s.info(k, st), nil
+}
+
+// changedReader tells a body whose object was replaced after Get described it
+// (S3 answers its read, conditioned on that version, with PreconditionFailed)
+// as ErrChanged.
+type changedReader struct {
+	*minio.Object
+	s *S3
+	k string
+}
+
+func (r changedReader) Read(p []byte) (int, error) {
+	n, err := r.Object.Read(p)
+	if err != nil && err != io.EOF && minio.ToErrorResponse(err).Code == "PreconditionFailed" {
+		err = fmt.Errorf("%w: %s in %s was replaced while being read", ErrChanged, r.k, r.s)
+	}
+	return n, err
 }
 
 func (s *S3) info(k string, st minio.ObjectInfo) ObjectInfo {
