@@ -32,15 +32,21 @@ func (l *Log) incidentsKey(rank int) string {
 // PutIncident records rank r.Rank's incident snapshot (r.Window is the window it
 // was recording, or 0; r.At when it was stored). Writing it again replaces it.
 func (l *Log) PutIncident(ctx context.Context, r Report) error {
+	r.prepare()
+	if err := r.checkIncident(); err != nil {
+		return err
+	}
+	return l.put(ctx, l.IncidentKey(r.Rank, r.At), r, store.PutOptions{Overwrite: true})
+}
+
+// prepare stamps a report to be written: its version, its time (now when it
+// has none), its texts cut to their bounds.
+func (r *Report) prepare() {
 	r.Version = Version
 	if r.At.IsZero() {
 		r.At = time.Now().UTC()
 	}
 	r.Partial, r.Error, r.Cause = Cut(r.Partial, MaxError), Cut(r.Error, MaxError), Cut(r.Cause, MaxError)
-	if err := r.checkIncident(); err != nil {
-		return err
-	}
-	return l.put(ctx, l.IncidentKey(r.Rank, r.At), r, store.PutOptions{Overwrite: true})
 }
 
 func (r *Report) checkIncident() error {
@@ -56,14 +62,25 @@ func (r *Report) checkIncident() error {
 // oldest first. A record that does not parse is left out and named in the list
 // returned beside; a store that fails to read one is an error.
 func (l *Log) Incidents(ctx context.Context, rank int, from, to time.Time) ([]*Report, []error, error) {
-	objs, err := l.st.List(ctx, l.incidentsKey(rank))
+	return l.incidents(ctx, l.incidentsKey(rank), from, to)
+}
+
+// AllIncidents lists every rank's incidents stored between from and to, oldest
+// first, as Incidents does.
+func (l *Log) AllIncidents(ctx context.Context, from, to time.Time) ([]*Report, []error, error) {
+	return l.incidents(ctx, l.root+"incidents/", from, to)
+}
+
+// incidents reads the incident records under prefix stored between from and to.
+func (l *Log) incidents(ctx context.Context, prefix string, from, to time.Time) ([]*Report, []error, error) {
+	objs, err := l.st.List(ctx, prefix)
 	if err != nil {
 		return nil, nil, err
 	}
 	var out []*Report
 	var bad []error
 	for _, o := range objs {
-		us, ok := incidentTime(strings.TrimPrefix(o.Key, l.incidentsKey(rank)))
+		rank, us, ok := l.incidentName(o.Key)
 		if !ok || us < from.UnixMicro() || us > to.UnixMicro() {
 			continue
 		}
@@ -80,6 +97,24 @@ func (l *Log) Incidents(ctx context.Context, rank int, from, to time.Time) ([]*R
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
 	return out, bad, nil
+}
+
+// incidentName reads incidents/rank{R}/at{microseconds}.json.
+func (l *Log) incidentName(key string) (rank int, us int64, ok bool) {
+	rest, ok := strings.CutPrefix(key, l.root+"incidents/")
+	if !ok {
+		return 0, 0, false
+	}
+	dir, name, ok := strings.Cut(rest, "/")
+	if !ok {
+		return 0, 0, false
+	}
+	r, ok := parseName(dir+".json", "rank")
+	if !ok || r >= maxRanks {
+		return 0, 0, false
+	}
+	t, ok := parseName(name, "at") // (microseconds, well within MaxID until the year 2255)
+	return int(r), int64(t), ok
 }
 
 func (l *Log) readIncident(ctx context.Context, key string, rank int) (*Report, error) {
@@ -100,54 +135,6 @@ func (l *Log) readIncident(ctx context.Context, key string, rank int) (*Report, 
 	return &r, nil
 }
 
-// incidentTime reads at{microseconds}.json.
-func incidentTime(name string) (int64, bool) {
-	s, ok := strings.CutPrefix(name, "at")
-	if !ok {
-		return 0, false
-	}
-	s, ok = strings.CutSuffix(s, ".json")
-	if !ok || s == "" || (len(s) > 1 && s[0] == '0') {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil && n > 0
-}
-
-// AllIncidents lists every rank's incidents stored between from and to, oldest
-// first (a record that does not parse is left out and named beside).
-func (l *Log) AllIncidents(ctx context.Context, from, to time.Time) ([]*Report, []error, error) {
-	objs, err := l.st.List(ctx, l.root+"incidents/")
-	if err != nil {
-		return nil, nil, err
-	}
-	var out []*Report
-	var bad []error
-	for _, o := range objs {
-		rest := strings.TrimPrefix(o.Key, l.root+"incidents/rank")
-		slash := strings.IndexByte(rest, '/')
-		if slash <= 0 || rest == o.Key {
-			continue
-		}
-		r, err := strconv.Atoi(rest[:slash])
-		us, ok := incidentTime(rest[slash+1:])
-		if err != nil || r < 0 || r >= maxRanks || strconv.Itoa(r) != rest[:slash] || !ok || us < from.UnixMicro() || us > to.UnixMicro() {
-			continue
-		}
-		rep, err := l.readIncident(ctx, o.Key, r)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-		case errors.Is(err, ErrMalformed):
-			bad = append(bad, err)
-		case err != nil:
-			return nil, nil, err
-		default:
-			out = append(out, rep)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
-	return out, bad, nil
-}
 
 // UnfinishedIDs lists the windows with a plan and no outcome (or whose outcome
 // slot a newer term claimed), oldest first; it only reads (Unfinished may

@@ -601,11 +601,7 @@ func (l *Log) Unfinished(ctx context.Context, term uint64) ([]*Plan, error) {
 
 // PutReport stores (or replaces) rank r's report for window r.Window.
 func (l *Log) PutReport(ctx context.Context, r Report) error {
-	r.Version = Version
-	if r.At.IsZero() {
-		r.At = time.Now().UTC()
-	}
-	r.Partial, r.Error, r.Cause = Cut(r.Partial, MaxError), Cut(r.Error, MaxError), Cut(r.Cause, MaxError)
+	r.prepare()
 	if err := r.check(); err != nil {
 		return err
 	}
