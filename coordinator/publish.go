@@ -74,6 +74,14 @@ func (l *leaderRun) publicationOf(ctx context.Context, w *win, inputs map[int]me
 		return window.Publication{At: now, Superseded: true}
 	case errors.Is(err, store.ErrExists) || errors.Is(err, merge.ErrOtherInputs) && w.m.Phase == window.Merging:
 		return l.held(ctx, w, err)
+	case errors.Is(err, merge.ErrOtherInputs):
+		// another leader completes the answer with settings of its own: its
+		// manifest says how it ends, and until it does, this leader tries again
+		// (never an outcome of its own that contradicts the other's manifest)
+		if m, rerr := publish.ReadManifest(ctx, l.st, w.manifest); rerr == nil && len(m.Pending) == 0 {
+			return window.Publication{At: now, Held: commitOf(m)}
+		}
+		return window.Publication{At: now, Err: err.Error(), Retryable: true}
 	case errors.As(err, &ie) && !retryable(err) && inputs[ie.Rank].Source == ie.Source:
 		l.log.Warn("a rank's snapshot cannot be merged; merging without it", "window", w.id(), "left_out", ie.Rank, "err", err)
 		if ch := w.pre[ie.Rank]; ch != nil {
