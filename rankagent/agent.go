@@ -330,6 +330,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { defer close(evDone); a.ev.run() }()
 	defer func() { a.ev.close(); <-evDone }()
 
+	unlock, err := a.sp.lock() // (before the socket: an agent listening owns its spool)
+	if err != nil {
+		a.shutdown()
+		return err
+	}
+	defer unlock()
 	if err := privateDir(filepath.Dir(a.cfg.Socket)); err != nil {
 		a.shutdown()
 		return fmt.Errorf("rankagent: socket folder: %w", err)

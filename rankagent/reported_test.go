@@ -2,7 +2,6 @@ package rankagent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -124,38 +123,72 @@ func TestStoredMeansReported(t *testing.T) {
 	}
 }
 
-// TestReportRefusedForGoodKeepsTheJob: a log that refuses a report for good (say
-// access denied under the log's folder) moves the job to failed/ with the
-// reason, and never reports the window's snapshot as not stored when it is.
-func TestReportRefusedForGoodKeepsTheJob(t *testing.T) {
+// TestReportDeniedIsRetried: a log that denies the report after the snapshot is
+// stored (credentials that expired, say) never moves the job to failed/ nor
+// tells the window the snapshot was not stored: the report is retried until the
+// log takes it.
+func TestReportDeniedIsRetried(t *testing.T) {
 	spoolDir, dir := spoolJobs(t), t.TempDir()
+	deny := &atomic.Bool{}
+	deny.Store(true)
 	cfg := DefaultConfig(testID(0))
 	cfg.Spool = spoolDir
 	cfg.OpenStore = func(context.Context) (store.Store, error) {
 		st, err := store.OpenDir(dir, true)
-		return deniedLog{st}, err
+		return deniedLog{st, deny}, err
 	}
 	h := startAgent(t, cfg)
+	testutil.Eventually(t, 20*time.Second, "the reports denied a few times", func() bool { return h.agent.Stats().Retries >= 4 })
+	sp := &spool{root: spoolDir}
+	if n, f := len(sp.pendingJobs()), len(sp.failedJobs()); n != 2 || f != 0 {
+		t.Fatalf("%d pending and %d failed jobs, want 2 and 0", n, f)
+	}
+	select {
+	case r := <-h.results:
+		t.Fatalf("a job ended while its report was denied: %+v", r)
+	default:
+	}
+	deny.Store(false)
 	for i := 0; i < 2; i++ {
-		r := waitUpload(t, h, 30*time.Second)
-		if r.Err == nil || !strings.Contains(r.Err.Error(), "its report is not in the run's log") {
+		if r := waitUpload(t, h, 30*time.Second); r.Err != nil {
 			t.Fatalf("upload %+v", r)
 		}
 	}
-	sp := &spool{root: spoolDir}
-	if n := len(sp.failedJobs()); n != 2 {
-		t.Fatalf("%d failed jobs, want 2", n)
-	}
-	if _, err := os.Stat(filepath.Join(dir, runlog.Root("run1"))); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("something was written into the log: %v", err)
+	st, _ := store.OpenDir(dir, false)
+	if reps, _, err := runlog.New(st, "run1").Reports(context.Background(), 4); err != nil || reps[0] == nil {
+		t.Fatalf("window 4's reports %v (%v)", reps, err)
 	}
 }
 
-type deniedLog struct{ store.Store }
+type deniedLog struct {
+	store.Store
+	deny *atomic.Bool
+}
 
 func (s deniedLog) Put(ctx context.Context, key string, r io.Reader, o store.PutOptions) (store.ObjectInfo, error) {
-	if strings.HasPrefix(key, runlog.Root("run1")) {
+	if s.deny.Load() && strings.HasPrefix(key, runlog.Root("run1")) {
 		return store.ObjectInfo{}, fmt.Errorf("%w: under the log's folder", store.ErrAccess)
 	}
 	return s.Store.Put(ctx, key, r, o)
+}
+
+// TestSpoolIsOneAgents: a second agent started on a spool in use is refused with
+// the reason, rather than uploading the first one's jobs as its own rank's.
+func TestSpoolIsOneAgents(t *testing.T) {
+	spoolDir := t.TempDir()
+	first := DefaultConfig(testID(0))
+	first.Spool = spoolDir
+	first.OpenStore = func(context.Context) (store.Store, error) { return store.OpenDir(t.TempDir(), true) }
+	startAgent(t, first)
+	second := DefaultConfig(testID(1))
+	second.Spool, second.Socket, second.OpenStore = spoolDir, shortSocket(t), first.OpenStore
+	second.Logger = testutil.Logger(t)
+	a, err := New(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.Run(testutil.Context(t, 20*time.Second))
+	if err == nil || !strings.Contains(err.Error(), "is in use by another agent") {
+		t.Fatalf("a second agent on the spool: %v", err)
+	}
 }

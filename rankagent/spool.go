@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/memsnap/memsnap/internal/retry"
@@ -84,6 +85,25 @@ func openSpool(root string) (*spool, error) {
 }
 
 func (s *spool) incoming() string { return filepath.Join(s.root, "incoming") }
+
+// lock takes the spool for this agent alone (an exclusive lock on its lock
+// file, which the system releases when the process ends): two agents on one
+// spool would upload each other's jobs as their own rank's.
+func (s *spool) lock() (unlock func(), err error) {
+	p := filepath.Join(s.root, "lock")
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("rankagent: spool: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("rankagent: the spool %s is in use by another agent (give each agent a spool of its own: --spool)", s.root)
+		}
+		return nil, fmt.Errorf("rankagent: locking the spool %s: %w", s.root, err)
+	}
+	return func() { f.Close() }, nil
+}
 
 // incomingFile resolves a name the hook sent, refusing anything but a regular file
 // directly inside incoming/.
@@ -330,8 +350,23 @@ var errSpoolCorrupt = errors.New("rankagent: the spooled snapshot changed on dis
 // permanent reports whether retrying an upload cannot help: the store refuses the
 // job for good, or the spooled files themselves are broken.
 func permanent(err error) bool {
+	var rep *reportError
+	if errors.As(err, &rep) {
+		return false // (the snapshot is stored: its report is written once the log takes it, however long)
+	}
 	return store.Permanent(err) || errors.Is(err, errSpoolCorrupt)
 }
+
+// reportError: a job's snapshot is stored and its report is not in the run's
+// log yet. It is always retried, whatever the store said (an access denied can
+// be credentials that expired and are renewed), and the window is never told
+// the snapshot was not stored.
+type reportError struct{ err error }
+
+func (e *reportError) Error() string {
+	return "the snapshot is stored, but its report is not in the run's log yet (retried): " + e.err.Error()
+}
+func (e *reportError) Unwrap() error { return e.err }
 
 func (u *uploader) kick() {
 	select {
@@ -480,7 +515,7 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 	}
 	// stored means reported: the job ends only once the run's log has its report
 	if err := u.report(ctx, st, j); err != nil {
-		return res, fmt.Errorf("the snapshot is stored, but its report is not in the run's log: %w", err)
+		return res, &reportError{err}
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		u.log.Warn("uploaded, but the spool job could not be removed", "dir", dir, "err", err)
@@ -580,12 +615,21 @@ func (u *uploader) reportFailure(j job, why error) {
 	}
 }
 
+// maxJobFile bounds a job.json read (one is a few hundred bytes; its window's
+// partial reason is at most a few KiB).
+const maxJobFile = 1 << 20
+
 // readJob reads a pending job's job.json; a spool that lost it or holds a
 // malformed one is corrupt.
 func readJob(dir string) (job, error) {
-	jb, err := os.ReadFile(filepath.Join(dir, "job.json"))
+	f, err := os.Open(filepath.Join(dir, "job.json"))
 	if err != nil {
 		return job{}, fmt.Errorf("%w: job.json: %w", errSpoolCorrupt, err)
+	}
+	defer f.Close()
+	jb, err := store.ReadLimited(f, "job.json", maxJobFile)
+	if err != nil {
+		return job{}, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
 	}
 	var j job
 	if err := json.Unmarshal(jb, &j); err != nil {
