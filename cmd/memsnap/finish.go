@@ -5,14 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/coordinator/commit"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 func init() {
@@ -30,6 +35,7 @@ func runFinish(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags(commands["finish"], stderr)
 	run := fs.String("run", "", "the run's name (default: every run in the store with unfinished windows)")
 	only := fs.String("window", "", "finish only these windows (comma-separated ids)")
+	force := fs.Bool("force", false, "finish windows still within their planned deadline too (only once the job's agents are gone: a live leader may be recording them)")
 	mergedName := fs.String("merged-name", coordinator.DefaultMergedName, "the merged outputs' name template, as the agents had it: a post-mortem of the "+
 		"snapshots ranks stored of their OOM or crash, which no leader took, is published under it")
 	var sf storeFlags
@@ -62,17 +68,22 @@ func runFinish(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return nil
 	}
 	host, _ := os.Hostname()
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var errs []error
 	for _, r := range runs {
-		res, err := commit.Finish(ctx, commit.Config{Store: st, Run: r, Windows: windows, Holder: "memsnap finish on " + host, MergedName: *mergedName})
+		res, err := commit.Finish(ctx, commit.Config{Store: st, Run: r, Windows: windows, Holder: "memsnap finish on " + host, MergedName: *mergedName,
+			Force: *force, Logger: log})
 		printFinished(stdout, r, res)
-		if err != nil {
-			return fmt.Errorf("run %s: %w", r, err)
-		}
-		if len(res) == 0 {
-			fmt.Fprintf(stdout, "run %s: no unfinished window\n", r)
+		switch {
+		case errors.Is(err, commit.ErrNoLog):
+			errs = append(errs, fmt.Errorf("run %s: no run's log in %s (is it the store the agents used, --store, and the run's name?)", r, rest[0]))
+		case err != nil:
+			errs = append(errs, fmt.Errorf("run %s: %w", r, err)) // (the other runs are finished all the same)
+		case len(res) == 0:
+			fmt.Fprintf(stdout, "run %s: nothing to finish\n", r)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // unfinishedRuns are the runs under st whose logs hold a window with no outcome.
@@ -82,16 +93,33 @@ func unfinishedRuns(ctx context.Context, st store.Store) ([]string, error) {
 		return nil, err
 	}
 	var out []string
-	for _, r := range loggedRuns(objs) {
+	for _, r := range runsWithLogs(objs) {
 		ids, err := commit.Unfinished(ctx, st, r)
 		if err != nil {
 			return nil, err
 		}
-		if len(ids) > 0 {
+		orphans, err := commit.Orphans(ctx, runlog.New(st, r), time.Now())
+		if err != nil {
+			return nil, err
+		}
+		if len(ids) > 0 || len(orphans) > 0 {
 			out = append(out, r)
 		}
 	}
 	return out, nil
+}
+
+// runsWithLogs are the runs whose logs hold a plan or an incident, sorted.
+func runsWithLogs(objs []store.ObjectInfo) []string {
+	runs := map[string]bool{}
+	for _, o := range objs {
+		for _, mark := range []string{"/memsnap/plans/window", "/memsnap/incidents/rank"} {
+			if i := strings.Index(o.Key, mark); i > 0 {
+				runs[o.Key[:i]] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(runs))
 }
 
 func windowIDs(s string) ([]uint64, error) {
@@ -112,6 +140,10 @@ func windowIDs(s string) ([]uint64, error) {
 // printFinished says how each window of run ended.
 func printFinished(w io.Writer, run string, res []commit.Result) {
 	for _, r := range res {
+		if r.Left {
+			fmt.Fprintf(w, "run %s: %s %d left unfinished: %s\n", run, kindLabel(r.Kind), r.Window, r.Error)
+			continue
+		}
 		fmt.Fprintf(w, "run %s: %s %d %s", run, kindLabel(r.Kind), r.Window, r.State)
 		if r.State == "published" {
 			fmt.Fprintf(w, " with %d ranks (%s): %s", len(r.Ranks), rankList(r.Ranks), r.Manifest)

@@ -194,15 +194,8 @@ func leaderKilledThenTeardown(t *testing.T, n int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		args := []string{"finish"}
-		if strings.Contains(string(out), "-run") {
-			args = append(args, "--run", pc.run)
-		}
-		if strings.Contains(string(out), "-store") {
-			args = append(args, "--store", finishDir)
-		} else {
-			args = append(args, finishDir)
-		}
+		// every agent is gone: --force finishes the window within its deadline too
+		args := []string{"finish", "--force", "--run", pc.run, finishDir}
 		code, sout, serr := runCLI(t, args...)
 		t.Logf("memsnap %s: %d\n%s\n%s", strings.Join(args, " "), code, sout, serr)
 		fst, err := store.OpenDir(finishDir, false)

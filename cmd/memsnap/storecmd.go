@@ -163,10 +163,7 @@ func hintFinish(w io.Writer, loc string, rows []windowRow) {
 	var runs []key
 	for _, r := range rows {
 		if r.state == "unfinished" && r.plan != nil {
-			k := key{r.plan.Run, loc}
-			if r.root != "" {
-				k.at = strings.TrimSuffix(loc, "/") + "/" + strings.TrimSuffix(r.root, "/")
-			}
+			k := key{r.plan.Run, agentsStore(loc, r.root)}
 			if undone[k] == nil {
 				runs = append(runs, k)
 			}
@@ -175,8 +172,33 @@ func hintFinish(w io.Writer, loc string, rows []windowRow) {
 	}
 	for _, k := range runs {
 		fmt.Fprintf(w, "memsnap ls: run %s has unfinished windows (%s): a live leader finishes them; with no agent of the run left, "+
-			"`memsnap finish %s --run %s` publishes them from the store\n", k.run, rankList(undone[k]), k.at, k.run)
+			"`memsnap finish %s --run %s` publishes them from the store\n", k.run, rankList(undone[k]), shellQuote(k.at), shellQuote(k.run))
 	}
+}
+
+// agentsStore is the store the agents of a run whose log lies under root used,
+// for ls given loc: an S3 listing's keys are the bucket's, a folder's its own.
+func agentsStore(loc, root string) string {
+	root = strings.TrimSuffix(root, "/")
+	if naming.IsS3(loc) {
+		u, err := naming.ParseS3(loc)
+		if err != nil {
+			return loc
+		}
+		return strings.TrimSuffix("s3://"+u.Bucket+"/"+root, "/")
+	}
+	if root == "" {
+		return loc
+	}
+	return filepath.Join(loc, root)
+}
+
+// shellQuote quotes s for a POSIX shell where it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:@%+=,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // windowRow is one line of `memsnap ls`: a window in a run's log (whatever its

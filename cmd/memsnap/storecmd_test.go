@@ -180,3 +180,24 @@ func TestKindLabels(t *testing.T) {
 		}
 	}
 }
+
+// TestFinishHint: the command ls names for unfinished windows is the agents'
+// store, whatever location ls was given, quoted for a shell where it needs it.
+func TestFinishHint(t *testing.T) {
+	for _, c := range []struct{ loc, root, want string }{
+		{"s3://bkt/runs/team", "runs/team/", "s3://bkt/runs/team"},
+		{"s3://bkt/runs", "runs/team/", "s3://bkt/runs/team"},
+		{"s3://bkt", "", "s3://bkt"},
+		{"par", "st/", "par/st"},
+		{"./st/", "", "./st/"},
+	} {
+		if got := agentsStore(c.loc, c.root); got != c.want {
+			t.Errorf("agentsStore(%q, %q) = %q, want %q", c.loc, c.root, got, c.want)
+		}
+	}
+	for in, want := range map[string]string{"sp ace/st": "'sp ace/st'", "run$1;x": "'run$1;x'", "it's": `'it'\''s'`, "s3://b/r-1": "s3://b/r-1"} {
+		if got := shellQuote(in); got != want {
+			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -41,6 +41,9 @@ type Config struct {
 	Windows []uint64
 	// Holder names who finishes, in the term it takes ("memsnap finish" when empty).
 	Holder string
+	// Force finishes windows whose planned deadline has not passed yet (a live
+	// leader may still be recording them): only when their agents are known gone.
+	Force bool
 	// MergedName is the template of a window's merged outputs' names (the
 	// agents' --merged-name), for a post-mortem planned here of the incidents no
 	// post-mortem took; empty plans none.
@@ -58,8 +61,18 @@ type Result struct {
 	Ranks    []int          // the ranks merged
 	Partial  map[int]string // merged ranks that recorded part of the window, and why
 	Missing  map[int]string // ranks not merged, and why
-	Error    string         // why it failed
+	Error    string         // why it failed, or why it was left as it is
+	// Left: the window was not finished (Error says why): it is still within
+	// its deadline, or it could not be read or merged
+	Left bool
 }
+
+// ErrNoLog: the store holds no log of the run (a wrong store, prefix or run name).
+var ErrNoLog = errors.New("commit: no run's log there")
+
+// ErrTakenOver: another leader or finisher took a newer term in the run's log
+// while this one finished it; what it left is for that one to finish.
+var ErrTakenOver = errors.New("commit: another leader or finisher took the run's log over")
 
 // Unfinished lists the windows of the run that have a plan and no outcome,
 // oldest first, without writing anything.
@@ -69,72 +82,140 @@ func Unfinished(ctx context.Context, st store.Store, run string) ([]uint64, erro
 
 // Finish finishes the run's unfinished windows (or those of cfg.Windows) under a
 // new term, and says how each ended. A window whose commit another writer made
-// first ends as that commit says.
+// first ends as that commit says. A window that cannot be finished is left
+// (Result.Left, with why) and the others are finished all the same; the error
+// returned names every window left for an error.
 func Finish(ctx context.Context, cfg Config) ([]Result, error) {
-	if cfg.Store == nil || cfg.Run == "" {
-		return nil, errors.New("commit: no store or no run")
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	holder := cfg.Holder
-	if holder == "" {
-		holder = "memsnap finish"
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
 	rl := runlog.New(cfg.Store, cfg.Run)
-	ids, err := Unfinished(ctx, cfg.Store, cfg.Run)
-	if err != nil {
-		return nil, fmt.Errorf("commit: reading the run's log: %w", err)
+	ids, orphans, err := cfg.work(ctx, rl)
+	if err != nil || (len(ids) == 0 && len(orphans) == 0) {
+		return nil, err
 	}
-	var orphans []*runlog.Report
-	if len(cfg.Windows) > 0 {
-		ids = slices.DeleteFunc(ids, func(id uint64) bool { return !slices.Contains(cfg.Windows, id) })
-	} else if cfg.MergedName != "" {
-		if orphans, err = Orphans(ctx, rl, time.Now()); err != nil {
-			return nil, fmt.Errorf("commit: reading the run's incidents: %w", err)
-		}
-	}
-	if len(ids) == 0 && len(orphans) == 0 {
-		return nil, nil
-	}
-	term, err := rl.NewTerm(ctx, runlog.Term{Leader: holder, Rank: -1}, 0)
+	term, err := rl.NewTerm(ctx, runlog.Term{Leader: cfg.Holder, Rank: -1}, 0)
 	if err != nil {
 		return nil, fmt.Errorf("commit: taking a term in the run's log: %w", err)
 	}
-	f := &finisher{cfg: cfg, rl: rl, term: term.Term, holder: holder, log: cfg.Logger.With("term", term.Term)}
+	f := &finisher{cfg: cfg, rl: rl, term: term.Term, log: cfg.Logger.With("term", term.Term)}
 	if len(orphans) > 0 {
-		id, err := f.planPostmortem(ctx, orphans)
-		if err != nil {
-			return nil, fmt.Errorf("commit: planning a post-mortem of the incidents in the run's log: %w", err)
+		// again under this term: another finisher may have taken them meanwhile
+		if orphans, err = Orphans(ctx, rl, time.Now()); err != nil {
+			return nil, fmt.Errorf("commit: reading the run's incidents: %w", err)
 		}
-		ids = append(ids, id)
+		if id, err := f.planPostmortem(ctx, orphans); err != nil {
+			return nil, f.taken(fmt.Errorf("commit: planning a post-mortem of the incidents in the run's log: %w", err))
+		} else if id != 0 {
+			ids = append(ids, id)
+		}
 	}
 	// the log's own list, now under this term: a void or malformed plan is
 	// finished as failed there
 	plans, err := rl.Unfinished(ctx, f.term)
 	if err != nil {
-		return nil, fmt.Errorf("commit: reading the run's log: %w", err)
+		return nil, f.taken(fmt.Errorf("commit: reading the run's log: %w", err))
 	}
 	var out []Result
+	var errs []error
 	for _, p := range plans {
 		if !slices.Contains(ids, p.ID) {
 			continue
 		}
+		if !cfg.Force && time.Now().Before(p.Deadline) {
+			out = append(out, Result{Window: p.ID, Kind: p.Kind, Manifest: p.Manifest, Left: true,
+				Error: fmt.Sprintf("within its planned deadline (%s): a live leader may still be recording it; once the job's agents are gone, --force finishes it now",
+					p.Deadline.UTC().Format(time.RFC3339))})
+			continue
+		}
 		r, err := f.window(ctx, p)
+		if errors.Is(err, runlog.ErrSuperseded) {
+			return out, f.taken(err)
+		}
 		if err != nil {
-			return out, fmt.Errorf("commit: window %d: %w", p.ID, err)
+			r = Result{Window: p.ID, Kind: p.Kind, Manifest: p.Manifest, Left: true, Error: err.Error()}
+			errs = append(errs, fmt.Errorf("window %d: %w", p.ID, err))
 		}
 		out = append(out, r)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
+}
+
+// check fills cfg's defaults and refuses what cannot be right.
+func (cfg *Config) check() error {
+	if cfg.Store == nil {
+		return errors.New("commit: no store")
+	}
+	if err := naming.CheckRunName(cfg.Run); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Holder == "" {
+		cfg.Holder = "memsnap finish"
+	}
+	if cfg.MergedName == "" {
+		return nil
+	}
+	t, err := naming.Parse(cfg.MergedName)
+	if err != nil {
+		return fmt.Errorf("commit: merged name: %w", err)
+	}
+	if !slices.Contains(t.Names(), "window") {
+		return fmt.Errorf("commit: merged name %q does not name {window}: every window of a run needs names of its own", cfg.MergedName)
+	}
+	for _, n := range t.Names() {
+		if n != "run_name" && n != "window" && n != "batch" && n != "world_size" {
+			return fmt.Errorf("commit: merged name %q names {%s} (it may name run_name, window, batch, world_size)", cfg.MergedName, n)
+		}
+	}
+	return nil
+}
+
+// work is what there is to finish: the unfinished windows (of cfg.Windows) and,
+// with a merged name to publish them under, the incidents no post-mortem took.
+func (cfg *Config) work(ctx context.Context, rl *runlog.Log) ([]uint64, []*runlog.Report, error) {
+	plans, err := rl.PlanIDs(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("commit: reading the run's log: %w", err)
+	}
+	incs, _, err := rl.AllIncidents(ctx, time.Time{}, time.Now())
+	if err != nil {
+		return nil, nil, fmt.Errorf("commit: reading the run's incidents: %w", err)
+	}
+	if len(plans) == 0 && len(incs) == 0 {
+		return nil, nil, fmt.Errorf("%w: %s holds no plan and no incident of run %q", ErrNoLog, runlog.Root(cfg.Run), cfg.Run)
+	}
+	ids, err := rl.UnfinishedIDs(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("commit: reading the run's log: %w", err)
+	}
+	var orphans []*runlog.Report
+	if len(cfg.Windows) > 0 {
+		ids = slices.DeleteFunc(ids, func(id uint64) bool { return !slices.Contains(cfg.Windows, id) })
+	} else if cfg.MergedName != "" && len(incs) > 0 {
+		if orphans, err = Orphans(ctx, rl, time.Now()); err != nil {
+			return nil, nil, fmt.Errorf("commit: reading the run's incidents: %w", err)
+		}
+	}
+	return ids, orphans, nil
+}
+
+// taken says, of an error that a newer term caused, that another leader or
+// finisher took the run's log over.
+func (f *finisher) taken(err error) error {
+	if errors.Is(err, runlog.ErrSuperseded) {
+		return fmt.Errorf("%w (a newer term than this finisher's %d): what is left is its to finish; run memsnap finish again once it is done: %w", ErrTakenOver, f.term, err)
+	}
+	return err
 }
 
 type finisher struct {
-	cfg    Config
-	rl     *runlog.Log
-	term   uint64
-	holder string
-	log    *slog.Logger
+	cfg  Config
+	rl   *runlog.Log
+	term uint64
+	log  *slog.Logger
 }
 
 func (f *finisher) fence(ctx context.Context) error { return f.rl.Fence(ctx, f.term) }
@@ -143,15 +224,26 @@ func (f *finisher) fence(ctx context.Context) error { return f.rl.Fence(ctx, f.t
 // took, for the world of the run's newest plan.
 func (f *finisher) planPostmortem(ctx context.Context, incs []*runlog.Report) (uint64, error) {
 	world := 0
-	for _, in := range incs {
-		world = max(world, in.Rank+1)
+	newest, err := f.rl.Latest(ctx, 1)
+	switch {
+	case err != nil:
+		return 0, err
+	case len(newest) == 1:
+		// the run's world as its newest plan has it: an incident of a rank
+		// outside it is no rank of this run's
+		world = newest[0].WorldSize
+		incs = slices.DeleteFunc(incs, func(in *runlog.Report) bool { return in.Rank >= world })
+	default:
+		for _, in := range incs {
+			world = max(world, in.Rank+1)
+		}
 	}
-	if newest, err := f.rl.Latest(ctx, 1); err == nil && len(newest) == 1 {
-		world = max(world, newest[0].WorldSize)
+	if len(incs) == 0 || world == 0 {
+		return 0, nil
 	}
 	p := PostmortemPlan(incs, world)
 	// (a plan names a leader's rank; the finisher is none, its name says so)
-	p.Run, p.Term, p.Leader, p.LeaderRank = f.cfg.Run, f.term, f.holder, 0
+	p.Run, p.Term, p.Leader, p.LeaderRank = f.cfg.Run, f.term, f.cfg.Holder, 0
 	pl, err := f.rl.CreatePlan(ctx, p, 0, func(id uint64) (string, error) {
 		keys, err := publish.OutputKeys(f.cfg.MergedName, naming.Vars{"run_name": f.cfg.Run, "window": int64(id), "batch": int64(0), "world_size": world})
 		return keys[publish.OutManifest], err
@@ -169,10 +261,15 @@ func (f *finisher) window(ctx context.Context, p *runlog.Plan) (Result, error) {
 	res := Result{Window: p.ID, Kind: p.Kind, Manifest: p.Manifest, Missing: map[int]string{}, Partial: map[int]string{}}
 	if p.Manifest != "" {
 		m, err := publish.ReadManifest(ctx, f.cfg.Store, p.Manifest)
-		if err == nil {
+		switch {
+		case err == nil && (m.Window == nil || m.Window.ID != p.ID):
+			return Result{}, fmt.Errorf("%s, the window's manifest name, holds another window's manifest", p.Manifest)
+		case err == nil:
+			// committed, and its outcome never written: an answer whose pickle
+			// and timeline were never written stays an answer (as a leader that
+			// gives its detail up leaves it)
 			return f.outcome(ctx, fromManifest(res, m))
-		}
-		if !errors.Is(err, store.ErrNotFound) {
+		case !errors.Is(err, store.ErrNotFound):
 			return Result{}, err
 		}
 	}
@@ -213,10 +310,17 @@ func (f *finisher) inputs(ctx context.Context, p *runlog.Plan, res *Result) ([]m
 		}
 		switch {
 		case rep == nil:
-			res.Missing[r] = "no snapshot of it in the run's log (its agent stopped before storing one)"
+			res.Missing[r] = "no report of it in the run's log"
 		case rep.Error != "" || rep.Key == "":
 			res.Missing[r] = "its snapshot was not stored: " + rep.Error
 		default:
+			if why, err := f.belongs(ctx, p, rep, r, post); err != nil {
+				return nil, err
+			} else if why != "" {
+				res.Missing[r] = why
+				f.log.Warn("a rank's report does not name its snapshot of the window; left out", "window", p.ID, "of_rank", r, "why", why)
+				continue
+			}
 			if why := partialOf(p, rep, post); why != "" {
 				res.Partial[r] = why
 			}
@@ -228,6 +332,40 @@ func (f *finisher) inputs(ctx context.Context, p *runlog.Plan, res *Result) ([]m
 		}
 	}
 	return ins, nil
+}
+
+// belongs says why the snapshot rep names is not rank r's of window p ("" when
+// it is): its size in the store is not the reported one, or its sidecar is
+// another rank's, run's or window's. The log is no one's to trust blindly.
+func (f *finisher) belongs(ctx context.Context, p *runlog.Plan, rep *runlog.Report, r int, post bool) (string, error) {
+	info, err := f.cfg.Store.Stat(ctx, rep.Key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return "its report names " + rep.Key + ", which the store lacks", nil
+	case err != nil:
+		return "", err
+	case info.Size != rep.Size:
+		return fmt.Sprintf("its snapshot %s is %d bytes in the store, its report says %d", rep.Key, info.Size, rep.Size), nil
+	case rep.MetaKey == "":
+		return "its report names no sidecar", nil
+	}
+	b, _, err := store.ReadObject(ctx, f.cfg.Store, rep.MetaKey, sidecar.MaxMetaBytes)
+	if err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrTooLarge) {
+		return "", err
+	}
+	if err != nil {
+		return "its sidecar cannot be read: " + err.Error(), nil
+	}
+	m, err := sidecar.ParseRankMeta(b)
+	switch {
+	case err != nil:
+		return "its sidecar is malformed: " + err.Error(), nil
+	case m.Rank != r || (m.RunName != "" && m.RunName != f.cfg.Run):
+		return fmt.Sprintf("its report names rank %d's snapshot of run %q", m.Rank, m.RunName), nil
+	case !post && !p.Dump && (m.Window == nil || m.Window.ID != p.ID):
+		return "its report names a snapshot of another window", nil
+	}
+	return "", nil
 }
 
 // incident is the snapshot rank r stored of its own OOM or crash around
@@ -275,6 +413,15 @@ func (f *finisher) merge(ctx context.Context, p *runlog.Plan, res Result, inputs
 		cfg.Reason = fmt.Sprintf("%s post-mortem: rank %d failed first (%s)", p.Kind, *p.FailedRank, p.Cause)
 	}
 	out, err := merge.Merge(ctx, cfg)
+	for ie := (*merge.InputError)(nil); errors.As(err, &ie) && ie.Rank >= 0 && len(cfg.Inputs) > 1 && ctx.Err() == nil; {
+		// a snapshot that cannot be merged (it does not decode, say): the
+		// window is published without it, its reason named
+		f.log.Warn("a rank's snapshot cannot be merged; merging without it", "window", p.ID, "of_rank", ie.Rank, "err", err)
+		res.Missing[ie.Rank] = "its snapshot cannot be merged: " + ie.Err.Error()
+		delete(res.Partial, ie.Rank)
+		cfg.Inputs = slices.DeleteFunc(cfg.Inputs, func(in merge.Input) bool { return in.Rank == ie.Rank })
+		out, err = merge.Merge(ctx, cfg)
+	}
 	if errors.Is(err, runlog.ErrSuperseded) {
 		return Result{}, err
 	}
@@ -325,7 +472,7 @@ func (f *finisher) outcome(ctx context.Context, res Result) (Result, error) {
 		missing[strconv.Itoa(r)] = why
 	}
 	o := runlog.Outcome{ID: res.Window, Term: f.term, Kind: res.Kind, State: res.State, Error: res.Error, Ranks: res.Ranks,
-		Missing: missing, Leader: f.holder}
+		Missing: missing, Leader: f.cfg.Holder}
 	if res.State == runlog.Published {
 		o.Manifest = res.Manifest
 	}

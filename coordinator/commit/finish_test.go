@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -61,7 +62,7 @@ func tornDownWith(t *testing.T, postmortem bool) (store.Store, *runlog.Log) {
 	now := time.Now().UTC()
 	w1 := run + "/torch_memory_traces/window1/merged.manifest.json"
 	p := runlog.Plan{Run: run, Term: term.Term, Leader: "r0", Kind: runlog.KindWindow, Reason: "request", Start: 10, Stop: 20, WorldSize: 3,
-		Ranks: []int{0, 1, 2}, Created: now, Deadline: now.Add(time.Minute)}
+		Ranks: []int{0, 1, 2}, Created: now.Add(-time.Minute), Deadline: now.Add(-time.Second)} // (its deadline passed)
 	if _, err := rl.CreatePlan(ctx, p, 0, func(uint64) (string, error) { return w1, nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func tornDownWith(t *testing.T, postmortem bool) (store.Store, *runlog.Log) {
 	}
 	failed := 0
 	pm := runlog.Plan{Run: run, Term: term.Term, Leader: "r0", Kind: runlog.KindCrash, Reason: "crash post-mortem", WorldSize: 3, Ranks: []int{0, 1, 2},
-		Created: now.Add(500 * time.Millisecond), Deadline: now.Add(15 * time.Second), FailedRank: &failed, Cause: "SIGKILL", Dump: true}
+		Created: now.Add(-5 * time.Second), Deadline: now.Add(15 * time.Second), FailedRank: &failed, Cause: "SIGKILL", Dump: true}
 	w2 := run + "/torch_memory_traces/window2/merged.manifest.json"
 	if _, err := rl.CreatePlan(ctx, pm, 0, func(uint64) (string, error) { return w2, nil }); err != nil {
 		t.Fatal(err)
@@ -105,15 +106,21 @@ func tornDownWith(t *testing.T, postmortem bool) (store.Store, *runlog.Log) {
 func TestFinishFromTheStoreAlone(t *testing.T) {
 	st, rl := tornDown(t)
 	ctx := context.Background()
+	// the post-mortem is within its deadline: left, as a live leader may finish it
 	res, err := Finish(ctx, Config{Store: st, Run: run, Logger: testutil.Logger(t)})
+	if err != nil || len(res) != 2 || res[0].Left || !res[1].Left || !strings.Contains(res[1].Error, "--force finishes it now") {
+		t.Fatalf("finished %+v (%v)", res, err)
+	}
+	res, err = Finish(ctx, Config{Store: st, Run: run, Force: true, Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
+	res = append([]Result{res0(t, rl, 1)}, res...)
 	if len(res) != 2 {
 		t.Fatalf("finished %+v", res)
 	}
 	for _, r := range res {
-		if r.State != runlog.Published || fmt.Sprint(r.Ranks) != "[1 2]" || !strings.Contains(r.Missing[0], "no snapshot of it in the run's log") {
+		if r.State != runlog.Published || fmt.Sprint(r.Ranks) != "[1 2]" || !strings.Contains(r.Missing[0], "no report of it in the run's log") {
 			t.Fatalf("window %d: %+v", r.Window, r)
 		}
 		o, err := rl.ReadOutcome(ctx, r.Window)
@@ -138,9 +145,24 @@ func TestFinishFromTheStoreAlone(t *testing.T) {
 		t.Fatal("the old leader's term is not fenced")
 	}
 	// and a second run finds nothing left
-	if again, err := Finish(ctx, Config{Store: st, Run: run}); err != nil || len(again) != 0 {
+	if again, err := Finish(ctx, Config{Store: st, Run: run, Force: true}); err != nil || len(again) != 0 {
 		t.Fatalf("second finish %+v (%v)", again, err)
 	}
+}
+
+// res0 is window id's result as the run's log says it ended.
+func res0(t *testing.T, rl *runlog.Log, id uint64) Result {
+	o, err := rl.ReadOutcome(context.Background(), id)
+	if err != nil {
+		t.Fatalf("window %d's outcome: %v", id, err)
+	}
+	r := Result{Window: id, Kind: o.Kind, State: o.State, Manifest: o.Manifest, Ranks: o.Ranks, Missing: map[int]string{}}
+	for k, why := range o.Missing {
+		if k == "0" {
+			r.Missing[0] = why
+		}
+	}
+	return r
 }
 
 // TestFinishWithNothingStored: a window no rank reported is failed with the
@@ -153,7 +175,7 @@ func TestFinishWithNothingStored(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res, err := Finish(ctx, Config{Store: st, Run: run, Windows: []uint64{1}})
+	res, err := Finish(ctx, Config{Store: st, Run: run, Windows: []uint64{1}, Force: true})
 	if err != nil || len(res) != 1 {
 		t.Fatalf("finished %+v (%v)", res, err)
 	}
@@ -194,5 +216,50 @@ func TestFinishTakesTheOrphanedPostmortem(t *testing.T) {
 	}
 	if orphans, err := Orphans(ctx, rl, time.Now()); err != nil || len(orphans) != 0 {
 		t.Fatalf("orphans left %+v (%v)", orphans, err)
+	}
+}
+
+// TestFinishTrustsNoReportBlindly: a report naming another rank's snapshot, or
+// a snapshot whose size in the store is not the reported one, leaves that rank
+// out with the reason; the window is published with the others all the same.
+func TestFinishTrustsNoReportBlindly(t *testing.T) {
+	st, rl := tornDownWith(t, false)
+	ctx := context.Background()
+	r1, err := rl.Report(ctx, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := *r1
+	forged.Rank = 0 // rank 0's report names rank 1's snapshot
+	if err := rl.PutReport(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := rl.Report(ctx, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Put(ctx, r2.Key, bytes.NewReader([]byte("cut short")), store.PutOptions{Overwrite: true}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Finish(ctx, Config{Store: st, Run: run, Windows: []uint64{1}})
+	if err != nil || len(res) != 1 {
+		t.Fatalf("finished %+v (%v)", res, err)
+	}
+	r := res[0]
+	if r.State != runlog.Published || fmt.Sprint(r.Ranks) != "[1]" || !strings.Contains(r.Missing[0], "names rank 1's snapshot") ||
+		!strings.Contains(r.Missing[2], "bytes in the store, its report says") {
+		t.Fatalf("window 1: %+v", r)
+	}
+}
+
+// TestFinishSaysWhenThereIsNoLog: a wrong store or run name is said, not
+// taken for a run with nothing to finish.
+func TestFinishSaysWhenThereIsNoLog(t *testing.T) {
+	st, _ := tornDown(t)
+	if _, err := Finish(context.Background(), Config{Store: st, Run: "nope"}); !errors.Is(err, ErrNoLog) {
+		t.Fatalf("a run with no log: %v", err)
+	}
+	if _, err := Finish(context.Background(), Config{Store: st, Run: run, MergedName: "{run_name}/pm"}); err == nil || !strings.Contains(err.Error(), "does not name {window}") {
+		t.Fatalf("a merged name without {window}: %v", err)
 	}
 }
