@@ -135,7 +135,6 @@ func (l *Log) readIncident(ctx context.Context, key string, rank int) (*Report, 
 	return &r, nil
 }
 
-
 // UnfinishedIDs lists the windows with a plan and no outcome (or whose outcome
 // slot a newer term claimed), oldest first; it only reads (Unfinished may
 // finish a void or malformed plan).
