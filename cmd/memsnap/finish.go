@@ -147,6 +147,9 @@ func printFinished(w io.Writer, run string, res []commit.Result) {
 		fmt.Fprintf(w, "run %s: %s %d %s", run, kindLabel(r.Kind), r.Window, r.State)
 		if r.State == "published" {
 			fmt.Fprintf(w, " with %d ranks (%s): %s", len(r.Ranks), rankList(r.Ranks), r.Manifest)
+			if r.Error != "" {
+				fmt.Fprintf(w, " (%s)", r.Error)
+			}
 		} else {
 			fmt.Fprintf(w, ": %s", r.Error)
 		}

@@ -456,6 +456,9 @@ func fromManifest(res Result, m *publish.Manifest) Result {
 		return res
 	}
 	res.State, res.Error, res.Ranks = runlog.Published, "", append([]int(nil), m.RanksMerged...)
+	if len(m.Pending) > 0 {
+		res.Error = "its answer only: its " + strings.Join(m.Pending, " and ") + " were never written"
+	}
 	for k, why := range m.MissingReasons {
 		if r, err := strconv.Atoi(k); err == nil {
 			res.Missing[r] = why
