@@ -65,7 +65,7 @@ func (l *leaderRun) exec(ctx context.Context, w *win, fx []window.Effect) {
 			if w.answer == nil {
 				w.answer = l.resultOfCommit(ctx, w)
 			}
-			if w.answer != nil && !w.quiet {
+			if w.answer != nil { // (the machine tells no answer of a window abandoned)
 				l.tellAnswer(w.id(), w.watchers, w.answer)
 			}
 		case window.TellEnd:
@@ -91,7 +91,7 @@ func (l *leaderRun) exec(ctx context.Context, w *win, fx []window.Effect) {
 // for later: its answer, with the rest pending and why, or that it is
 // unfinished and why (never that it failed).
 func (l *leaderRun) tellDeferred(w *win, why string) {
-	if w.quiet {
+	if w.m.Quiet() {
 		return
 	}
 	var res *pb.WindowResult

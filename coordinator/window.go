@@ -58,7 +58,6 @@ type win struct {
 	why    string           // deferred: why
 	passed []int            // replan: the ranks past the start
 	retry  time.Duration    // a Retry's wait, not yet waited
-	quiet  bool             // abandoned: its end is told to nobody
 }
 
 // ending is why a leader stopped running a window.
@@ -384,7 +383,6 @@ func (l *leaderRun) ended(ctx context.Context, w *win, p plan) *pb.WindowResult 
 	case w.end == replanned:
 		log.Warn("ranks were past the window's start; planning again with a longer lead", "ranks", w.passed)
 		l.cancelWindow(w, "re-planned: some ranks were past the start")
-		w.quiet = true
 		l.step(ctx, w, window.Abandon{At: time.Now(), Quiet: true,
 			Why: fmt.Sprintf("ranks %v were past the start; planned again as a later window", w.passed)})
 		l.drive(ctx, w)

@@ -392,6 +392,10 @@ func (w *Window) MissingReasons() map[int]string {
 	return out
 }
 
+// Quiet reports whether the window was abandoned quietly (planned again as a
+// later window): its end is told to nobody, unless its answer is out.
+func (w *Window) Quiet() bool { return w.quiet }
+
 // Mergeable lists the ranks whose stored snapshots the window merges, ascending.
 func (w *Window) Mergeable() []int {
 	var out []int
