@@ -64,6 +64,7 @@ type Coordinator struct {
 	log   *slog.Logger
 	rec   Recorder // nil for a client
 	name  string
+	agent string // this agent's own id, new at each start (NodeMeta.Agent)
 	inbox chan []byte
 	bc    *memberlist.TransmitLimitedQueue
 	out   *outbox   // replies and reports, sent by workers off the dispatcher
@@ -163,6 +164,9 @@ func New(cfg Config, rec Recorder) (*Coordinator, error) {
 		c.name = NodeName(cfg.Identity.RunName, cfg.Identity.Rank)
 		c.log = cfg.Logger.With("rank", cfg.Identity.Rank)
 	}
+	var a [8]byte
+	rand.Read(a[:])
+	c.agent = hex.EncodeToString(a[:])
 	c.bc = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return max(1, c.numMembers()) }, RetransmitMult: 3}
 	c.out = newOutbox(c)
 	c.rep = newReporter(c)
@@ -446,7 +450,7 @@ func (c *Coordinator) meta() *pb.NodeMeta {
 		h = h[:64]
 	}
 	m := &pb.NodeMeta{Version: 1, Run: id.RunName, Rank: c.rank(), LocalRank: int32(id.LocalRank), NodeRank: int32(id.NodeRank),
-		WorldSize: int32(id.WorldSize), Hostname: h}
+		WorldSize: int32(id.WorldSize), Hostname: h, Agent: c.agent}
 	if g, ok := c.rec.(interface{ DeviceUUID() string }); ok && c.rec != nil {
 		m.GpuUuid = g.DeviceUUID()
 		if len(m.GpuUuid) > 64 {
@@ -744,6 +748,22 @@ func (c *Coordinator) rankNodes() map[int]*memberlist.Node {
 		if m.meta.Rank >= 0 {
 			out[int(m.meta.Rank)] = m.node
 		}
+	}
+	return out
+}
+
+// rankAgents is each member rank's agent id (this member's own included).
+func (c *Coordinator) rankAgents() map[int]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[int]string{}
+	for _, m := range c.members {
+		if m.meta.Rank >= 0 && m.meta.Agent != "" {
+			out[int(m.meta.Rank)] = m.meta.Agent
+		}
+	}
+	if r := c.rank(); r >= 0 {
+		out[int(r)] = c.agent
 	}
 	return out
 }

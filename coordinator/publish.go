@@ -653,12 +653,16 @@ func (l *leaderRun) found(ctx context.Context, p *runlog.Plan, reports map[int]*
 		}
 	}
 	sts := statusesOf(c.status(ctx, live), p.ID)
+	agents := c.rankAgents()
 	now := time.Now()
 	fs := map[int]window.Found{}
 	for r := range asked {
 		f := window.Found{}
 		if rep := reports[r]; rep != nil {
 			f.Report = resultOfReport(rep)
+		}
+		if planned, now := p.Agents[strconv.Itoa(r)], agents[r]; planned != "" && now != "" && now != planned {
+			f.OtherAgent = true // (restarted since, or a later launch of the run)
 		}
 		if st, ok := sts[r]; ok {
 			f.Status = &st

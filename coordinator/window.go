@@ -130,6 +130,17 @@ func (l *leaderRun) timers() window.Timers {
 		Postmortem: c.PostmortemDeadline}
 }
 
+// agentsOf names the agents of ranks, for a plan (rank -> agent id).
+func agentsOf(agents map[int]string, ranks []int) map[string]string {
+	out := make(map[string]string, len(ranks))
+	for _, r := range ranks {
+		if a := agents[r]; a != "" {
+			out[strconv.Itoa(r)] = a
+		}
+	}
+	return out
+}
+
 // window records one window and tells the members that asked for it how it
 // ended. It returns how it ended, or nil when it has not (the request is served
 // again, or the window was left for later).
@@ -162,7 +173,8 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 		l.tellResult(0, p.watchers, why)
 		return why
 	}
-	rp := runlog.Plan{Kind: kindName(cfg.Kind), Reason: p.reason, Start: cfg.Start, Stop: cfg.Stop, Ranks: expected, Deadline: cfg.Deadline}
+	rp := runlog.Plan{Kind: kindName(cfg.Kind), Reason: p.reason, Start: cfg.Start, Stop: cfg.Stop, Ranks: expected, Deadline: cfg.Deadline,
+		Agents: agentsOf(l.c.rankAgents(), expected)}
 	if p.req != nil {
 		rp.Request = requestID(p.req)
 	}

@@ -119,6 +119,12 @@ func ParsePlan(b []byte) (*Plan, error) {
 			return nil, bad("plan ranks are not increasing ranks of the world")
 		}
 	}
+	for k, a := range p.Agents {
+		r, err := strconv.Atoi(k)
+		if err != nil || strconv.Itoa(r) != k || r < 0 || r >= p.WorldSize || len(a) > 32 {
+			return nil, bad("plan naming rank %q's agent", k)
+		}
+	}
 	return &p, checkText(p.Run, p.Leader, p.Reason, p.Manifest, p.Cause, p.Request, p.Kind)
 }
 

@@ -165,6 +165,11 @@ type Plan struct {
 	// Request names the request the window serves (the asking member and its
 	// request's id), so a leader that finds it served already does not plan it again
 	Request string `json:"request,omitempty"`
+	// Agents names, by rank, the agent each rank asked had when the window was
+	// planned (its own id, new at each start): a later leader never sends the
+	// window to another agent of that rank that never heard of it (a later
+	// launch of the run records other batches than the ones planned)
+	Agents map[string]string `json:"agents,omitempty"`
 	// Void, on a record under an id given out and never planned, says why: a
 	// newer term filled the id so that the plan, written late, is refused.
 	Void string `json:"void,omitempty"`

@@ -121,6 +121,8 @@ func leaderKilledThenTeardown(t *testing.T, n int) {
 	rl := runlog.New(st, pc.run)
 	if p, err := rl.ReadPlan(testutil.Context(t, 10*time.Second), 1); err != nil || p.LeaderRank != 0 || p.Kind != runlog.KindWindow || len(p.Ranks) != n {
 		t.Fatalf("not the scenario: window 1 is not a window of all %d ranks planned by rank 0: %+v %v", n, p, err)
+	} else if len(p.Agents) != n {
+		t.Fatalf("window 1's plan names the agents of %d ranks, not %d: %v", len(p.Agents), n, p.Agents)
 	}
 
 	// the leader's agent dies (SIGKILL to its process group: the agent and its
@@ -202,7 +204,10 @@ func leaderKilledThenTeardown(t *testing.T, n int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkPublishedWith(t, fst, pc.run, stored, 45*time.Second)
+		m := checkPublishedWith(t, fst, pc.run, stored, 45*time.Second)
+		if _, ok := m.PartialRanks[strconv.Itoa(survivors[0])]; !ok {
+			t.Errorf("window 1's manifest does not call rank %d partial: %v", survivors[0], m.PartialRanks)
+		}
 	})
 	t.Run("next launch", func(t *testing.T) {
 		relaunched := time.Now()
@@ -212,8 +217,15 @@ func leaderKilledThenTeardown(t *testing.T, n int) {
 		// (the relaunched trainers start before window 1's start, so the leader
 		// may send them the window again: what the surviving ranks stored must
 		// be what is published for them all the same)
-		checkPublishedWith(t, st, pc.run, stored, 45*time.Second)
+		m := checkPublishedWith(t, st, pc.run, stored, 45*time.Second)
 		t.Logf("window 1 published %v after the next launch", time.Since(relaunched).Round(100*time.Millisecond))
+		// and it holds nothing of the next launch: a rank that stored nothing of
+		// it (the leader's, killed) is missing, not recorded again by its new agent
+		for _, r := range m.RanksMerged {
+			if _, ok := stored[r]; !ok {
+				t.Errorf("window 1 merges rank %d, which stored nothing of it in the launch that planned it (missing: %v)", r, m.MissingReasons)
+			}
+		}
 	})
 }
 
@@ -322,7 +334,7 @@ func describeRun(t *testing.T, ctx context.Context, rl *runlog.Log) {
 // ended, and checks that it is published with a manifest that merges every rank
 // of stored (rank -> the key of what it stored of window 1) from that object. An
 // outcome other than published is final: it fails at once.
-func checkPublishedWith(t *testing.T, st store.Store, run string, stored map[int]string, timeout time.Duration) {
+func checkPublishedWith(t *testing.T, st store.Store, run string, stored map[int]string, timeout time.Duration) *publish.Manifest {
 	t.Helper()
 	ctx := testutil.Context(t, timeout+30*time.Second)
 	rl := runlog.New(st, run)
@@ -360,4 +372,5 @@ func checkPublishedWith(t *testing.T, st store.Store, run string, stored map[int
 			t.Errorf("window 1's manifest names rank %d's %s, which the store lacks: %v", r, src, err)
 		}
 	}
+	return m
 }

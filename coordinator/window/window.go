@@ -193,6 +193,11 @@ type Found struct {
 	Status *Status
 	// LastHeard is when it was last heard of, for one that is not a member now.
 	LastHeard time.Time
+	// OtherAgent: the rank's agent now is not the one the window was planned
+	// with (it was restarted since, or the run was launched again): one that
+	// never heard of the window is not sent it (its trainer's batches now may
+	// be another launch's)
+	OtherAgent bool
 }
 
 // Resume is a window an earlier leader left unfinished, as a leader taking it
@@ -245,6 +250,8 @@ func Recover(r Resume) *Window {
 			s.Phase, s.Batch, s.Step, s.Acked = Recording, st.Batch, st.Step, true
 		case st != nil && st.Window == w.ID:
 			s.Phase, s.Reason = Missing, "the window ended on the rank without a snapshot ("+StepName(st.Step)+")"
+		case st != nil && f.OtherAgent && neverHeard(w, st):
+			s.Phase, s.Reason = Missing, "its agent started after the window was planned (restarted, or a later launch of the run) and has no recording of it"
 		case st != nil && neverHeard(w, st) && r.At.Before(w.Deadline):
 			s.Batch = st.Batch
 			(&stepper{w: w}).sendAgain(rank, r.At)

@@ -319,3 +319,23 @@ func TestDumpsTakeWhatRanksHold(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoverNeverSendsToAnotherAgent: a leader taking over a window sends its
+// command again to a rank that never heard of it only while that rank's agent
+// is the one the window was planned with; another agent (restarted, or a later
+// launch of the run, whose trainer records other batches) is missing, with why.
+func TestRecoverNeverSendsToAnotherAgent(t *testing.T) {
+	cfg := Config{ID: 4, Term: 3, Kind: pb.WindowKind_WINDOW_KIND_WINDOW, Start: 20, Stop: 30, World: 2, Asked: map[int]int64{0: -1, 1: -1},
+		Planned: at0, Deadline: at0.Add(time.Minute), Timers: testTimers}
+	never := &Status{Window: 1, Seen: 1, Batch: 3, Step: pb.Step_STEP_UPLOADED}
+	w := Recover(Resume{Config: cfg, At: at0, Found: map[int]Found{
+		0: {Status: never},                   // the agent the window was planned with: sent again
+		1: {Status: never, OtherAgent: true}, // another agent of rank 1
+	}})
+	if r := w.Ranks[0]; r.Phase != Expected || !r.Resent {
+		t.Fatalf("rank 0 (the same agent): %+v", r)
+	}
+	if r := w.Ranks[1]; r.Phase != Missing || r.Resent || !strings.Contains(r.Reason, "started after the window was planned") {
+		t.Fatalf("rank 1 (another agent): %+v", r)
+	}
+}

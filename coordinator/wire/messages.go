@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -49,6 +50,8 @@ func DecodeMeta(b []byte) (*pb.NodeMeta, error) {
 		return nil, fmt.Errorf("%w: local rank %d, node rank %d", errMalformed, m.LocalRank, m.NodeRank)
 	case m.LastWindow > MaxWindowID || m.Term > MaxWindowID:
 		return nil, fmt.Errorf("%w: window id %d, term %d", errMalformed, m.LastWindow, m.Term)
+	case !ValidAgent(m.Agent):
+		return nil, fmt.Errorf("%w: agent id %q", errMalformed, m.Agent)
 	}
 	// the wire allows shorter encodings than proto.Marshal writes (an int32 of -1
 	// in 5 bytes rather than 10): what is accepted must still fit once re-encoded
@@ -56,6 +59,15 @@ func DecodeMeta(b []byte) (*pb.NodeMeta, error) {
 		return nil, fmt.Errorf("%w: metadata of %d bytes once encoded", errMalformed, n)
 	}
 	return &m, nil
+}
+
+// MaxAgent bounds an agent's id (a member of an earlier version has none).
+const MaxAgent = 32
+
+// ValidAgent reports whether id can be an agent's id: empty, or up to MaxAgent
+// lowercase hex digits.
+func ValidAgent(id string) bool {
+	return len(id) <= MaxAgent && strings.Trim(id, "0123456789abcdef") == ""
 }
 
 // DecodeEnvelope parses and checks one message.

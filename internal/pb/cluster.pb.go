@@ -312,7 +312,8 @@ type NodeMeta struct {
 	GpuUuid       string                 `protobuf:"bytes,7,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
 	LastWindow    uint64                 `protobuf:"varint,8,opt,name=last_window,json=lastWindow,proto3" json:"last_window,omitempty"` // the newest window id this member has seen
 	Hostname      string                 `protobuf:"bytes,9,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	Term          uint64                 `protobuf:"varint,12,opt,name=term,proto3" json:"term,omitempty"` // the newest leadership term this member has seen
+	Term          uint64                 `protobuf:"varint,12,opt,name=term,proto3" json:"term,omitempty"`  // the newest leadership term this member has seen
+	Agent         string                 `protobuf:"bytes,13,opt,name=agent,proto3" json:"agent,omitempty"` // this agent's own random id, new at each start: a window's plan names its ranks' agents
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -415,6 +416,13 @@ func (x *NodeMeta) GetTerm() uint64 {
 		return x.Term
 	}
 	return 0
+}
+
+func (x *NodeMeta) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
 }
 
 // Envelope is every message between members: who sent it, about which window, and
@@ -2157,7 +2165,7 @@ var File_internal_pb_cluster_proto protoreflect.FileDescriptor
 const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\n" +
 	"\x19internal/pb/cluster.proto\x12\n" +
-	"memsnap.v1\"\x9d\x02\n" +
+	"memsnap.v1\"\xb3\x02\n" +
 	"\bNodeMeta\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x10\n" +
 	"\x03run\x18\x02 \x01(\tR\x03run\x12\x12\n" +
@@ -2171,7 +2179,8 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\vlast_window\x18\b \x01(\x04R\n" +
 	"lastWindow\x12\x1a\n" +
 	"\bhostname\x18\t \x01(\tR\bhostname\x12\x12\n" +
-	"\x04term\x18\f \x01(\x04R\x04termJ\x04\b\n" +
+	"\x04term\x18\f \x01(\x04R\x04term\x12\x14\n" +
+	"\x05agent\x18\r \x01(\tR\x05agentJ\x04\b\n" +
 	"\x10\vJ\x04\b\v\x10\f\"\xcc\a\n" +
 	"\bEnvelope\x12\x1f\n" +
 	"\vsender_rank\x18\x01 \x01(\x05R\n" +
