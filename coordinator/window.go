@@ -571,20 +571,8 @@ func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
 	} else {
 		rp.Dump = true
 	}
-	pl, err := l.createPlan(ctx, rp)
-	if err != nil {
-		if isSuperseded(err) {
-			l.c.believeTerm(ctx, l.rl)
-			if d.req != nil {
-				l.pushFront(d.req) // (served again under this leader's next term)
-			}
-			return
-		}
-		if d.req != nil && ctx.Err() == nil {
-			l.deferRequest(d.req, err)
-			return
-		}
-		l.log.Error("cannot record the plan of the dumps in the run's log; none taken", "kind", kindName(d.kind), "failed_rank", d.failedRank, "err", err)
+	pl, ok := l.planDumps(ctx, d, rp)
+	if !ok {
 		return
 	}
 	if pm {
@@ -622,6 +610,27 @@ func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
 	if w.end == deferred {
 		l.keepWaiting(w)
 	}
+}
+
+// planDumps records the plan of dumps d in the run's log; a plan the log
+// cannot take now is served again later (a newer term: under this leader's next
+// term; a store that refuses it: once it takes it), never dropped.
+func (l *leaderRun) planDumps(ctx context.Context, d dumpPlan, rp runlog.Plan) (runlog.Plan, bool) {
+	pl, err := l.createPlan(ctx, rp)
+	switch {
+	case err == nil:
+		return pl, true
+	case isSuperseded(err):
+		l.c.believeTerm(ctx, l.rl)
+		if d.req != nil {
+			l.pushFront(d.req)
+		}
+	case d.req != nil && ctx.Err() == nil:
+		l.deferRequest(d.req, err)
+	default:
+		l.log.Error("cannot record the plan of the dumps in the run's log; none taken", "kind", kindName(d.kind), "failed_rank", d.failedRank, "err", err)
+	}
+	return runlog.Plan{}, false
 }
 
 // declined answers a request for a post-mortem that is not taken: post-mortems
