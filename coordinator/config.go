@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/bounded"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -301,19 +301,8 @@ func (c *Config) validate() error {
 	if len(c.Identity.RunName) > maxRunName {
 		return fmt.Errorf("coordinator: run name of %d bytes (at most %d: it goes into every member's gossip metadata)", len(c.Identity.RunName), maxRunName)
 	}
-	t, err := naming.Parse(c.MergedName)
-	if err != nil {
-		return fmt.Errorf("coordinator: merged name: %w", err)
-	}
-	if !slices.Contains(t.Names(), "window") {
-		return fmt.Errorf("coordinator: merged name %q does not name {window}: every window of a run needs names of its own", c.MergedName)
-	}
-	for _, n := range t.Names() {
-		switch n {
-		case "run_name", "window", "batch", "world_size":
-		default:
-			return fmt.Errorf("coordinator: merged name %q names {%s} (it may name run_name, window, batch, world_size)", c.MergedName, n)
-		}
+	if err := publish.CheckWindowName(c.MergedName); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/rankagent"
@@ -23,15 +24,6 @@ func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
 func stepOf(s rankagent.WindowState) pb.Step {
 	step, _ := pb.Parse[pb.Step](string(s))
 	return step
-}
-
-// terminal reports whether a rank's window state is an end.
-func terminal(s pb.Step) bool {
-	switch s {
-	case pb.Step_STEP_UPLOADED, pb.Step_STEP_MISSED, pb.Step_STEP_FAILED, pb.Step_STEP_CANCELLED:
-		return true
-	}
-	return false
 }
 
 // --- the rank's side --------------------------------------------------------------
@@ -224,7 +216,7 @@ func (c *Coordinator) onCancel(env *pb.Envelope, x *pb.Cancel) {
 	}
 	c.rec.Cancel(env.WindowId, x.Reason)
 	c.mu.Lock()
-	if c.last.w.ID == env.WindowId && !terminal(c.last.state) {
+	if c.last.w.ID == env.WindowId && !window.Terminal(c.last.state) {
 		c.last.state = pb.Step_STEP_CANCELLED
 	}
 	c.lastWindow = max(c.lastWindow, env.WindowId)
@@ -413,7 +405,7 @@ func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
 	} else {
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: stepOf(ev.State), Batch: ev.Batch, Reason: ev.Reason, Rank: c.rank()}}
 	}
-	reliable := ev.Upload != nil || terminal(stepOf(ev.State)) || ev.State == rankagent.WindowPartial || ev.State == rankagent.WindowStopping
+	reliable := ev.Upload != nil || window.Terminal(stepOf(ev.State)) || ev.State == rankagent.WindowPartial || ev.State == rankagent.WindowStopping
 	c.post(leader, "", env, reliable)
 }
 

@@ -158,17 +158,8 @@ func (cfg *Config) check() error {
 	if cfg.MergedName == "" {
 		return nil
 	}
-	t, err := naming.Parse(cfg.MergedName)
-	if err != nil {
-		return fmt.Errorf("commit: merged name: %w", err)
-	}
-	if !slices.Contains(t.Names(), "window") {
-		return fmt.Errorf("commit: merged name %q does not name {window}: every window of a run needs names of its own", cfg.MergedName)
-	}
-	for _, n := range t.Names() {
-		if n != "run_name" && n != "window" && n != "batch" && n != "world_size" {
-			return fmt.Errorf("commit: merged name %q names {%s} (it may name run_name, window, batch, world_size)", cfg.MergedName, n)
-		}
+	if err := publish.CheckWindowName(cfg.MergedName); err != nil {
+		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
 }

@@ -246,7 +246,7 @@ func Recover(r Resume) *Window {
 			}
 		case st != nil && st.Spooled:
 			s.Phase, s.Batch, s.Acked = Spooled, st.Batch, true
-		case st != nil && st.Window == w.ID && !terminal(st.Step) && r.At.Before(w.Deadline.Add(w.timers.Silence)):
+		case st != nil && st.Window == w.ID && !Terminal(st.Step) && r.At.Before(w.Deadline.Add(w.timers.Silence)):
 			s.Phase, s.Batch, s.Step, s.Acked = Recording, st.Batch, st.Step, true
 		case st != nil && st.Window == w.ID:
 			s.Phase, s.Reason = Missing, "the window ended on the rank without a snapshot ("+StepName(st.Step)+")"
@@ -271,8 +271,9 @@ func Recover(r Resume) *Window {
 	return w
 }
 
-// terminal reports whether a rank's step is an end of its window.
-func terminal(s pb.Step) bool {
+// Terminal reports whether a rank's step is an end of its window (the one
+// test of it, for the machine and the rank's side alike).
+func Terminal(s pb.Step) bool {
 	switch s {
 	case pb.Step_STEP_UPLOADED, pb.Step_STEP_MISSED, pb.Step_STEP_FAILED, pb.Step_STEP_CANCELLED:
 		return true

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/naming"
@@ -64,4 +65,26 @@ func contentType(kind string) string {
 		return "application/json"
 	}
 	return "application/octet-stream"
+}
+
+// CheckWindowName checks a cluster's merged outputs' name template: it names
+// {window} (every window of a run needs names of its own) and no variable but
+// run_name, window, batch and world_size.
+func CheckWindowName(template string) error {
+	t, err := naming.Parse(template)
+	if err != nil {
+		return fmt.Errorf("merged name: %w", err)
+	}
+	names := t.Names()
+	if !slices.Contains(names, "window") {
+		return fmt.Errorf("merged name %q does not name {window}: every window of a run needs names of its own", template)
+	}
+	for _, n := range names {
+		switch n {
+		case "run_name", "window", "batch", "world_size":
+		default:
+			return fmt.Errorf("merged name %q names {%s} (it may name run_name, window, batch, world_size)", template, n)
+		}
+	}
+	return nil
 }
