@@ -56,7 +56,7 @@ type leaderRun struct {
 	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
 	// triggering: a trigger window is in progress (trigger.go)
 	triggering bool
-	// ctx is the leader loop's, once its store is open (nil before and after)
+	// ctx is the leader loop's, once it took a term (nil before, and after it ends)
 	ctx context.Context
 	// deferred are post-mortems and trigger windows whose plans the run's log
 	// could not take (a full or read-only store): served again when due
@@ -191,9 +191,6 @@ func (l *leaderRun) run(ctx context.Context) {
 	}
 	l.st, l.rl = st, runlog.New(st, l.c.cfg.Identity.RunName)
 	defer st.Close()
-	l.mu.Lock()
-	l.ctx = ctx // (watches are answered from here on: watchNow)
-	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
 		l.ctx = nil
@@ -324,6 +321,9 @@ func (l *leaderRun) renewTerm(ctx context.Context) bool {
 		if err == nil {
 			prev := l.term
 			l.term, l.renew = t.Term, time.Now()
+			l.mu.Lock()
+			l.ctx = ctx // (watches are answered at once from here on: watchNow)
+			l.mu.Unlock()
 			l.c.believe(t.Term)
 			l.c.updateMeta() // the cluster learns the term from its leader's metadata
 			l.log.Info("leadership term taken", "term", t.Term, "previous", prev)

@@ -364,7 +364,13 @@ func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
 		}
 	case ev.Upload != nil && (ev.Upload.Reason == "oom" || ev.Upload.Reason == "crash"):
 		c.incidentSnapshot(resultOf(ev.Upload), "")
-		return
+		if ev.Upload.Window.ID == 0 || len(ev.Upload.Covers) != 2 {
+			return
+		}
+		// a crash in the middle of a window: what it recorded is also this
+		// rank's (partial) part of that window, told to its leader as its result
+		ev.Upload = windowPart(ev.Upload)
+		ev.Window = ev.Upload.Window
 	case ev.State == rankagent.WindowFailed && ev.Window.ID == 0:
 		c.incidentSnapshot(nil, ev.Reason)
 		return
@@ -512,6 +518,15 @@ func (c *Coordinator) incidentSnapshot(r *pb.RankResult, none string) {
 	if send != nil {
 		c.sendResult(leader, window, send)
 	}
+}
+
+// windowPart is a crash's snapshot as the rank's part of the window it was
+// recording: the batches it covers, partial, with why.
+func windowPart(u *rankagent.UploadResult) *rankagent.UploadResult {
+	w := *u
+	w.Window = rankagent.Window{ID: u.Window.ID, Start: u.Covers[0], Stop: u.Covers[1]}
+	w.Partial = u.WindowPartial
+	return &w
 }
 
 func resultOf(u *rankagent.UploadResult) *pb.RankResult {

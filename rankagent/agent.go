@@ -1050,8 +1050,12 @@ func (a *Agent) handle(m *Message) {
 			}
 			a.stopping.snapshot = true
 			if a.win != nil && a.win.w.ID == m.Window && m.Window != 0 {
+				// what it recorded of the window is the rank's part of it, as
+				// partial (and the crash post-mortem's part too): its result follows
 				samples = a.stopSamplingLocked()
-				a.missLocked(WindowFailed, "the trainer was stopped during the window ("+m.Cause+"); what it recorded goes to the crash post-mortem")
+				a.eventLocked(WindowPartial, "the trainer was stopped during the window ("+m.Cause+"): what it recorded is stored as partial")
+				a.stats.WindowsPartial++
+				a.win = nil
 			}
 		}
 		if a.taking[m.File] {

@@ -338,6 +338,11 @@ type UploadResult struct {
 	Partial     string // why the snapshot does not cover its whole window ("" when it does)
 	Cause       string // a crash: how the trainer was stopped
 	Err         error  // set when the job failed for good; the snapshot is in the spool's failed/
+	// Covers and WindowPartial are, for a crash in the middle of window
+	// Window.ID, the batches its recording covers and why it is partial (the
+	// rank's part of that window)
+	Covers        []int64
+	WindowPartial string
 }
 
 type uploadStats struct {
@@ -497,7 +502,8 @@ func (u *uploader) upload(ctx context.Context, id string) (UploadResult, error) 
 		return UploadResult{}, err
 	}
 	res := UploadResult{Key: j.Key, MetaKey: j.MetaKey, AnalysisKey: j.AnalysisKey, Size: j.Size, SHA256: j.SHA256, Events: j.Events,
-		Window: Window{ID: j.Window, Start: j.Start, Stop: j.Stop}, Reason: j.Reason, Partial: j.Partial, Cause: j.Cause}
+		Window: Window{ID: j.Window, Start: j.Start, Stop: j.Stop}, Reason: j.Reason, Partial: j.Partial, Cause: j.Cause,
+		Covers: j.Covers, WindowPartial: j.WindowPartial}
 	snap := filepath.Join(dir, "snapshot.pickle")
 	if sum, _, err := store.HashFile(snap); err != nil {
 		return res, fmt.Errorf("%w: %w", errSpoolCorrupt, err)
