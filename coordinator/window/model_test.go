@@ -463,7 +463,7 @@ func (m *model) takeOver() {
 // manifest or outcome if it has one, else from the reports in the log and the
 // ranks that answer.
 func (m *model) recover(ctx context.Context, l *mleader) {
-	c, err := m.commitIn(ctx, m.st)
+	c, err := m.commit(ctx)
 	if err != nil {
 		m.trace("leader %d cannot read the store to take the window over: %v", l.n, err)
 		l.left = "store away"
