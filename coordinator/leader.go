@@ -471,11 +471,11 @@ func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) (uint64, error
 	if req.Seq == 0 {
 		return 0, nil
 	}
-	recent, err := l.rl.Latest(ctx, 16)
+	id := requestID(req)
+	recent, err := l.requestPlans(ctx, id)
 	if err != nil {
 		return 0, err
 	}
-	id := requestID(req)
 	for _, p := range recent {
 		if p.Request != id {
 			continue
@@ -495,6 +495,26 @@ func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) (uint64, error
 		return p.ID, nil
 	}
 	return 0, nil
+}
+
+// requestPlans are the plans that may serve request id: the one the log notes
+// for it (whatever the windows planned since), else the newest plans (a log
+// of an earlier version notes none).
+func (l *leaderRun) requestPlans(ctx context.Context, id string) ([]*runlog.Plan, error) {
+	w, err := l.rl.RequestWindow(ctx, id)
+	if err != nil && !errors.Is(err, runlog.ErrMalformed) {
+		return nil, err
+	}
+	if w != 0 {
+		p, err := l.rl.ReadPlan(ctx, w)
+		if err == nil {
+			return []*runlog.Plan{p}, nil
+		}
+		if !errors.Is(err, runlog.ErrMalformed) && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, runlog.ErrVoid) {
+			return nil, err
+		}
+	}
+	return l.rl.Latest(ctx, 16)
 }
 
 // answer acks a request (ok, or refused with code).

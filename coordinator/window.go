@@ -201,6 +201,11 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 		return res
 	}
 	cfg.ID = pl.ID
+	if rp.Request != "" {
+		if err := l.rl.NoteRequest(ctx, rp.Request, pl.ID); err != nil {
+			l.log.Warn("cannot note in the run's log which window serves the request; a later leader looks among the newest plans", "window", pl.ID, "err", err)
+		}
+	}
 	w := newWin(window.New(cfg), p.reason, p.watchers, pl.Manifest)
 	l.log.Info("window planned", "window", w.id(), "start", cfg.Start, "stop", cfg.Stop, "ranks", len(expected), "world_size", cfg.World,
 		"reason", p.reason, "term", l.term, "deadline", cfg.Deadline.Format(time.RFC3339))
