@@ -38,15 +38,9 @@ func runFinish(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	force := fs.Bool("force", false, "finish windows still within their planned deadline too (only once the job's agents are gone: a live leader may be recording them)")
 	mergedName := fs.String("merged-name", coordinator.DefaultMergedName, "the merged outputs' name template, as the agents had it: a post-mortem of the "+
 		"snapshots ranks stored of their OOM or crash, which no leader took, is published under it")
-	var sf storeFlags
-	sf.register(fs)
-	rest, err := parse(fs, args)
+	sf, rest, err := parseStore(fs, args, oneArg)
 	if err != nil {
 		return err
-	}
-	if len(rest) != 1 {
-		fs.Usage()
-		return errUsage
 	}
 	windows, err := windowIDs(*only)
 	if err != nil {

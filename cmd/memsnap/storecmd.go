@@ -43,6 +43,26 @@ func (s *storeFlags) config(url string, create bool) store.Config {
 	}
 }
 
+// parseStore registers the store flags on fs and parses args. When want refuses
+// the number of positional arguments, it prints the usage and returns errUsage.
+func parseStore(fs *flag.FlagSet, args []string, want func(n int) bool) (*storeFlags, []string, error) {
+	var sf storeFlags
+	sf.register(fs)
+	rest, err := parse(fs, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !want(len(rest)) {
+		fs.Usage()
+		return nil, nil, errUsage
+	}
+	return &sf, rest, nil
+}
+
+// oneArg and someArgs are parseStore's usual wants.
+func oneArg(n int) bool   { return n == 1 }
+func someArgs(n int) bool { return n > 0 }
+
 func init() {
 	register(&command{
 		name:    "ls",
@@ -97,17 +117,11 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags(commands["ls"], stderr)
 	objects := fs.Bool("objects", false, "list every object (size, time, key) instead of the published merges")
 	asJSON := fs.Bool("json", false, "print one JSON object per published merge (its manifest, with its key)")
-	var sf storeFlags
-	sf.register(fs)
-	rest, err := parse(fs, args)
+	sf, rest, err := parseStore(fs, args, oneArg)
 	if err != nil {
 		return err
 	}
-	if len(rest) != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	st, prefix, err := openLocation(ctx, &sf, rest[0])
+	st, prefix, err := openLocation(ctx, sf, rest[0])
 	if err != nil {
 		return err
 	}
@@ -503,21 +517,15 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlags(commands["get"], stderr)
 	overwrite := fs.Bool("overwrite", false, "replace local files that hold other content")
 	quiet := fs.Bool("q", false, "no progress on stderr")
-	var sf storeFlags
-	sf.register(fs)
-	rest, err := parse(fs, args)
+	sf, rest, err := parseStore(fs, args, func(n int) bool { return n == 1 || n == 2 })
 	if err != nil {
 		return err
-	}
-	if len(rest) < 1 || len(rest) > 2 {
-		fs.Usage()
-		return errUsage
 	}
 	dest := "."
 	if len(rest) == 2 {
 		dest = rest[1]
 	}
-	st, key, isPrefix, err := getLocation(ctx, &sf, rest[0])
+	st, key, isPrefix, err := getLocation(ctx, sf, rest[0])
 	if err != nil {
 		return err
 	}
