@@ -141,18 +141,19 @@ func agentsOf(agents map[int]string, ranks []int) map[string]string {
 	return out
 }
 
+// addWorking adds n to the windows in progress.
+func (l *leaderRun) addWorking(n int) {
+	l.mu.Lock()
+	l.working += n
+	l.mu.Unlock()
+}
+
 // window records one window and tells the members that asked for it how it
 // ended. It returns how it ended, or nil when it has not (the request is served
 // again, or the window was left for later).
 func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
-	l.mu.Lock()
-	l.working++
-	l.mu.Unlock()
-	defer func() {
-		l.mu.Lock()
-		l.working--
-		l.mu.Unlock()
-	}()
+	l.addWorking(1)
+	defer l.addWorking(-1)
 	return l.record(ctx, p, false)
 }
 
@@ -541,14 +542,8 @@ type dumpPlan struct {
 // snapshot now, and collects, merges and publishes them.
 func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
 	c := l.c
-	l.mu.Lock()
-	l.working++
-	l.mu.Unlock()
-	defer func() {
-		l.mu.Lock()
-		l.working--
-		l.mu.Unlock()
-	}()
+	l.addWorking(1)
+	defer l.addWorking(-1)
 	world := c.cfg.Identity.WorldSize
 	nodes := c.rankNodes()
 	var ranks []int
