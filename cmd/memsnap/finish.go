@@ -17,6 +17,7 @@ import (
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/coordinator/commit"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -140,7 +141,7 @@ func printFinished(w io.Writer, run string, res []commit.Result) {
 		}
 		fmt.Fprintf(w, "run %s: %s %d %s", run, kindLabel(r.Kind), r.Window, r.State)
 		if r.State == "published" {
-			fmt.Fprintf(w, " with %d ranks (%s): %s", len(r.Ranks), rankList(r.Ranks), r.Manifest)
+			fmt.Fprintf(w, " with %d ranks (%s): %s", len(r.Ranks), analysis.RankRanges(r.Ranks), r.Manifest)
 			if r.Error != "" {
 				fmt.Fprintf(w, " (%s)", r.Error)
 			}

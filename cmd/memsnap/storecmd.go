@@ -19,6 +19,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/runlog"
@@ -186,7 +187,7 @@ func hintFinish(w io.Writer, loc string, rows []windowRow) {
 	}
 	for _, k := range runs {
 		fmt.Fprintf(w, "memsnap ls: run %s has unfinished windows (%s): a live leader finishes them; with no agent of the run left, "+
-			"`memsnap finish %s --run %s` publishes them from the store\n", k.run, rankList(undone[k]), shellQuote(k.at), shellQuote(k.run))
+			"`memsnap finish %s --run %s` publishes them from the store\n", k.run, analysis.RankRanges(undone[k]), shellQuote(k.at), shellQuote(k.run))
 	}
 }
 
@@ -392,7 +393,7 @@ func (r windowRow) line(st store.Store) string {
 		}
 		ranks = fmt.Sprintf("0/%d", m.WorldSize)
 		if len(m.MissingRanks) > 0 {
-			missing = rankList(m.MissingRanks)
+			missing = analysis.RankRanges(m.MissingRanks)
 		}
 		where = m.Error
 	} else if r.pub != nil && r.pub.Manifest != nil {
@@ -402,7 +403,7 @@ func (r windowRow) line(st store.Store) string {
 		}
 		ranks = fmt.Sprintf("%d/%d", len(m.RanksMerged), m.WorldSize)
 		if len(m.MissingRanks) > 0 {
-			missing = rankList(m.MissingRanks)
+			missing = analysis.RankRanges(m.MissingRanks)
 		}
 		if m.OutlierRank != nil {
 			outlier = strconv.Itoa(*m.OutlierRank)
@@ -419,7 +420,7 @@ func (r windowRow) line(st store.Store) string {
 		}
 		if len(ms) > 0 {
 			sort.Ints(ms)
-			missing = rankList(ms)
+			missing = analysis.RankRanges(ms)
 		}
 	}
 	if r.plan != nil && r.plan.FailedRank != nil && (r.kind == runlog.KindOOM || r.kind == runlog.KindCrash) && where == "" {
@@ -485,27 +486,6 @@ func (r windowRow) json() any {
 		}
 	}
 	return out
-}
-
-// rankList writes ranks compactly: 0-3,7.
-func rankList(r []int) string {
-	var b strings.Builder
-	for i := 0; i < len(r); {
-		j := i
-		for j+1 < len(r) && r[j+1] == r[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		if j > i {
-			fmt.Fprintf(&b, "%d-%d", r[i], r[j])
-		} else {
-			fmt.Fprintf(&b, "%d", r[i])
-		}
-		i = j + 1
-	}
-	return b.String()
 }
 
 // getItem is one object to download.
