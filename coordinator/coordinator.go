@@ -705,14 +705,17 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 	}
 }
 
-func (c *Coordinator) memberMeta(name string) *pb.NodeMeta {
+// memberNamed returns a copy of the member named name (zero when there is none).
+func (c *Coordinator) memberNamed(name string) member {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m := c.members[name]; m != nil {
-		return m.meta
+		return *m
 	}
-	return nil
+	return member{}
 }
+
+func (c *Coordinator) memberMeta(name string) *pb.NodeMeta { return c.memberNamed(name).meta }
 
 // absentRanks lists the ranks of the world that are not members now: those
 // this member saw as members before (gone, perhaps restarting), and those it
@@ -768,14 +771,7 @@ func (c *Coordinator) rankAgents() map[int]string {
 	return out
 }
 
-func (c *Coordinator) node(name string) *memberlist.Node {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if m := c.members[name]; m != nil {
-		return m.node
-	}
-	return nil
-}
+func (c *Coordinator) node(name string) *memberlist.Node { return c.memberNamed(name).node }
 
 // isRankMember reports whether env comes, by its own account, from a rank that is
 // a member: its name is its rank's.

@@ -262,6 +262,13 @@ func (l *leaderRun) queue(req *pb.Envelope) bool {
 	return true
 }
 
+// setTriggering says whether a trigger window is in progress.
+func (l *leaderRun) setTriggering(on bool) {
+	l.mu.Lock()
+	l.triggering = on
+	l.mu.Unlock()
+}
+
 // triggerPending reports whether a trigger's window is queued or in progress:
 // a rank that keeps crossing a trigger asks for no more meanwhile.
 func (l *leaderRun) triggerPending() bool {
@@ -444,14 +451,8 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 				l.c.mu.Unlock()
 				return
 			}
-			l.mu.Lock()
-			l.triggering = true
-			l.mu.Unlock()
-			defer func() {
-				l.mu.Lock()
-				l.triggering = false
-				l.mu.Unlock()
-			}()
+			l.setTriggering(true)
+			defer l.setTriggering(false)
 			if l.c.cfg.Triggers.Dump {
 				// the history that led here, every rank's, at once
 				l.dumps(ctx, dumpPlan{kind: kind, reason: nonEmpty(r.Reason, "trigger"), failedRank: -1, req: req})

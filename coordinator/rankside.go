@@ -63,12 +63,22 @@ func (c *Coordinator) refuseCommand(env *pb.Envelope, code pb.AckCode, why strin
 	c.reply(env, r, true)
 }
 
-func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
+// obeys says whether this rank takes a window's command (a plan, a dump): it
+// has a recorder, the command names a window, and commandAllowed lets it (else
+// it is refused).
+func (c *Coordinator) obeys(env *pb.Envelope) bool {
 	if c.rec == nil || env.WindowId == 0 {
-		return
+		return false
 	}
 	if code, why := c.commandAllowed(env); code != pb.AckCode_ACK_OK {
 		c.refuseCommand(env, code, why)
+		return false
+	}
+	return true
+}
+
+func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
+	if !c.obeys(env) {
 		return
 	}
 	if len(p.Ranks) > 0 && !slices.Contains(p.Ranks, int32(c.cfg.Identity.Rank)) {
@@ -226,11 +236,7 @@ func (c *Coordinator) onCancel(env *pb.Envelope, x *pb.Cancel) {
 // onDump answers a post-mortem: the snapshot this rank's trainer took when it hit
 // an OOM or was being stopped (when that is recent), else its snapshot now.
 func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
-	if c.rec == nil || env.WindowId == 0 {
-		return
-	}
-	if code, why := c.commandAllowed(env); code != pb.AckCode_ACK_OK {
-		c.refuseCommand(env, code, why)
+	if !c.obeys(env) {
 		return
 	}
 	ack := &pb.Ack{Ok: true}

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/wait"
 	"github.com/memsnap/memsnap/merge"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -141,18 +141,19 @@ func agentsOf(agents map[int]string, ranks []int) map[string]string {
 	return out
 }
 
+// addWorking adds n to the windows in progress.
+func (l *leaderRun) addWorking(n int) {
+	l.mu.Lock()
+	l.working += n
+	l.mu.Unlock()
+}
+
 // window records one window and tells the members that asked for it how it
 // ended. It returns how it ended, or nil when it has not (the request is served
 // again, or the window was left for later).
 func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
-	l.mu.Lock()
-	l.working++
-	l.mu.Unlock()
-	defer func() {
-		l.mu.Lock()
-		l.working--
-		l.mu.Unlock()
-	}()
+	l.addWorking(1)
+	defer l.addWorking(-1)
 	return l.record(ctx, p, false)
 }
 
@@ -323,7 +324,7 @@ func (l *leaderRun) awaitRanks(ctx context.Context, p plan) {
 		}
 	}
 	if len(left) > 0 {
-		l.tellRequest(p.watchers, fmt.Sprintf("ranks %s never joined this cluster: planning without them", rankRange(left)))
+		l.tellRequest(p.watchers, fmt.Sprintf("ranks %s never joined this cluster: planning without them", analysis.RankRanges(left)))
 	}
 	if len(until) == 0 {
 		return
@@ -335,7 +336,7 @@ func (l *leaderRun) awaitRanks(ctx context.Context, p plan) {
 		}
 	}
 	l.tellRequest(p.watchers, fmt.Sprintf("waiting for ranks %s to join (until %s UTC); the window is planned without those still absent then",
-		rankRange(sortedRanks(until)), last.UTC().Format(time.TimeOnly)))
+		analysis.RankRanges(sortedRanks(until)), last.UTC().Format(time.TimeOnly)))
 	wait.Until(ctx, time.Until(last), func() bool {
 		nodes := c.rankNodes()
 		now := time.Now()
@@ -368,24 +369,6 @@ func (l *leaderRun) tellRequest(watchers []*pb.Envelope, what string) {
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_UNSPECIFIED, Rank: -1, Batch: -1, Reason: what}}
 		l.reply(wt, env, false)
 	}
-}
-
-// rankRange writes ranks compactly: 0-3,7.
-func rankRange(ranks []int) string {
-	var parts []string
-	for i := 0; i < len(ranks); {
-		j := i
-		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
-			j++
-		}
-		if i == j {
-			parts = append(parts, strconv.Itoa(ranks[i]))
-		} else {
-			parts = append(parts, fmt.Sprintf("%d-%d", ranks[i], ranks[j]))
-		}
-		i = j + 1
-	}
-	return strings.Join(parts, ",")
 }
 
 // ended carries out how the leader stopped running w: planned again, left to a
@@ -546,14 +529,8 @@ type dumpPlan struct {
 // snapshot now, and collects, merges and publishes them.
 func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
 	c := l.c
-	l.mu.Lock()
-	l.working++
-	l.mu.Unlock()
-	defer func() {
-		l.mu.Lock()
-		l.working--
-		l.mu.Unlock()
-	}()
+	l.addWorking(1)
+	defer l.addWorking(-1)
 	world := c.cfg.Identity.WorldSize
 	nodes := c.rankNodes()
 	var ranks []int

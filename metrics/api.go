@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/memsnap/memsnap/internal/bounded"
+	"github.com/memsnap/memsnap/merge/analysis"
 )
 
 // The agent's window endpoint: the tools that watch a job (a script, an alert)
@@ -181,7 +182,7 @@ func (a *API) ask(w http.ResponseWriter, reason string) { a.askAs(w, reason, rea
 
 // askAs is ask with the cooldown kept under key.
 func (a *API) askAs(w http.ResponseWriter, reason, key string) {
-	reason = cutUTF8(reason, maxReason)
+	reason = analysis.CutUTF8(reason, maxReason)
 	a.mu.Lock()
 	if a.asked == nil {
 		a.asked = map[string]time.Time{}
@@ -223,18 +224,7 @@ func clean(s string) string {
 		}
 		return r
 	}, strings.ToValidUTF8(strings.TrimSpace(s), ""))
-	return cutUTF8(s, 128)
-}
-
-// cutUTF8 cuts s to at most n bytes on a character's boundary.
-func cutUTF8(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
+	return analysis.CutUTF8(s, 128)
 }
 
 func nonEmpty(s, def string) string {

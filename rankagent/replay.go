@@ -15,8 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -462,15 +462,7 @@ func (r *replay) stopping(cause string) {
 
 // clipCause makes s valid UTF-8 of at most MaxCause bytes, cut between characters.
 func clipCause(s string) string {
-	s = strings.ToValidUTF8(s, "?")
-	if len(s) <= MaxCause {
-		return s
-	}
-	i := MaxCause
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return s[:i]
+	return analysis.CutUTF8(strings.ToValidUTF8(s, "?"), MaxCause)
 }
 
 // dump writes the base snapshot with its events spread over the recorded batches,

@@ -176,13 +176,11 @@ func (l *Log) fenced(ctx context.Context, h *Head, term uint64) error {
 
 // ParseHead parses and checks the head.
 func ParseHead(b []byte) (*Head, error) {
-	var h Head
-	if err := decodeStrict(b, &h); err != nil {
+	h, err := decodeRecord(b, "head", func(h *Head) int { return h.Version })
+	if err != nil {
 		return nil, err
 	}
 	switch {
-	case h.Version != Version:
-		return nil, bad("head version %d", h.Version)
 	case h.Term > MaxID || h.Window > MaxID || h.Low > MaxID+1:
 		return nil, bad("head of term %d, window %d", h.Term, h.Window)
 	case len(h.Open) > maxOpen:
@@ -193,5 +191,5 @@ func ParseHead(b []byte) (*Head, error) {
 			return nil, bad("head with open window %d past window %d", id, h.Window)
 		}
 	}
-	return &h, checkText(h.Leader)
+	return h, checkText(h.Leader)
 }

@@ -28,6 +28,19 @@ func decodeStrict(b []byte, v any) error {
 	return nil
 }
 
+// decodeRecord decodes b strictly into a new T, of this version; what names the
+// record in the error.
+func decodeRecord[T any](b []byte, what string, version func(*T) int) (*T, error) {
+	var v T
+	if err := decodeStrict(b, &v); err != nil {
+		return nil, err
+	}
+	if n := version(&v); n != Version {
+		return nil, bad("%s version %d", what, n)
+	}
+	return &v, nil
+}
+
 func bad(what string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(what, a...))
 }
@@ -51,19 +64,17 @@ func checkKind(k string) error {
 
 // ParseTerm parses and checks a term record.
 func ParseTerm(b []byte) (*Term, error) {
-	var t Term
-	if err := decodeStrict(b, &t); err != nil {
+	t, err := decodeRecord(b, "term", func(t *Term) int { return t.Version })
+	if err != nil {
 		return nil, err
 	}
 	switch {
-	case t.Version != Version:
-		return nil, bad("term version %d", t.Version)
 	case t.Term == 0 || t.Term > MaxID:
 		return nil, bad("term %d", t.Term)
 	case t.Rank < -1 || t.Rank >= maxRanks:
 		return nil, bad("term leader rank %d", t.Rank)
 	}
-	return &t, checkText(t.Leader)
+	return t, checkText(t.Leader)
 }
 
 // decodeVersioned decodes b into v, strictly unless its version is newer than
@@ -130,14 +141,11 @@ func ParsePlan(b []byte) (*Plan, error) {
 
 // ParseReport parses and checks a rank's report.
 func ParseReport(b []byte) (*Report, error) {
-	var r Report
-	if err := decodeStrict(b, &r); err != nil {
+	r, err := decodeRecord(b, "report", func(r *Report) int { return r.Version })
+	if err != nil {
 		return nil, err
 	}
-	if r.Version != Version {
-		return nil, bad("report version %d", r.Version)
-	}
-	return &r, r.check()
+	return r, r.check()
 }
 
 func (r *Report) check() error {
@@ -161,13 +169,11 @@ func (r *Report) check() error {
 
 // ParseOutcome parses and checks how a window ended.
 func ParseOutcome(b []byte) (*Outcome, error) {
-	var o Outcome
-	if err := decodeStrict(b, &o); err != nil {
+	o, err := decodeRecord(b, "outcome", func(o *Outcome) int { return o.Version })
+	if err != nil {
 		return nil, err
 	}
 	switch {
-	case o.Version != Version:
-		return nil, bad("outcome version %d", o.Version)
 	case o.ID == 0 || o.ID > MaxID || o.Term > MaxID:
 		return nil, bad("outcome of window %d, term %d", o.ID, o.Term)
 	case o.State != Published && o.State != Failed && o.State != claimed:
@@ -195,5 +201,5 @@ func ParseOutcome(b []byte) (*Outcome, error) {
 			return nil, err
 		}
 	}
-	return &o, checkText(o.Manifest, o.Error, o.Leader)
+	return o, checkText(o.Manifest, o.Error, o.Leader)
 }

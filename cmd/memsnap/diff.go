@@ -37,21 +37,15 @@ func runDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	vs := fs.Int("vs", -1, "with one merged timeline: the rank compared against (default: the median rank)")
 	asJSON := fs.Bool("json", false, "print the diff as JSON")
 	top := fs.Int("top", 20, "sites shown in the table (0: all)")
-	var sf storeFlags
-	sf.register(fs)
-	files, err := parse(fs, args)
+	sf, files, err := parseStore(fs, args, func(n int) bool { return n == 1 || n == 2 && *vs < 0 })
 	if err != nil {
 		return err
-	}
-	if len(files) == 0 || len(files) > 2 || (len(files) == 2 && *vs >= 0) {
-		fs.Usage()
-		return errUsage
 	}
 	var fetch fetched
 	defer fetch.done()
 	labels := append([]string(nil), files...)
 	for i := range files {
-		if files[i], err = fetch.local(ctx, &sf, files[i]); err != nil {
+		if files[i], err = fetch.local(ctx, sf, files[i]); err != nil {
 			return err
 		}
 	}
@@ -127,19 +121,13 @@ func runAnalyze(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlags(commands["analyze"], stderr)
 	rank := fs.Int("rank", -1, "the rank (default: the sidecar's, else 0)")
 	out := fs.String("o", "-", "where the analysis goes ('-': standard output)")
-	var sf storeFlags
-	sf.register(fs)
-	files, err := parse(fs, args)
+	sf, files, err := parseStore(fs, args, oneArg)
 	if err != nil {
 		return err
 	}
-	if len(files) != 1 {
-		fs.Usage()
-		return errUsage
-	}
 	var fetch fetched
 	defer fetch.done()
-	if files[0], err = fetch.local(ctx, &sf, files[0]); err != nil {
+	if files[0], err = fetch.local(ctx, sf, files[0]); err != nil {
 		return err
 	}
 	gc := pauseGC()

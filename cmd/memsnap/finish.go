@@ -17,6 +17,7 @@ import (
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/coordinator/commit"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -38,15 +39,9 @@ func runFinish(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	force := fs.Bool("force", false, "finish windows still within their planned deadline too (only once the job's agents are gone: a live leader may be recording them)")
 	mergedName := fs.String("merged-name", coordinator.DefaultMergedName, "the merged outputs' name template, as the agents had it: a post-mortem of the "+
 		"snapshots ranks stored of their OOM or crash, which no leader took, is published under it")
-	var sf storeFlags
-	sf.register(fs)
-	rest, err := parse(fs, args)
+	sf, rest, err := parseStore(fs, args, oneArg)
 	if err != nil {
 		return err
-	}
-	if len(rest) != 1 {
-		fs.Usage()
-		return errUsage
 	}
 	windows, err := windowIDs(*only)
 	if err != nil {
@@ -146,7 +141,7 @@ func printFinished(w io.Writer, run string, res []commit.Result) {
 		}
 		fmt.Fprintf(w, "run %s: %s %d %s", run, kindLabel(r.Kind), r.Window, r.State)
 		if r.State == "published" {
-			fmt.Fprintf(w, " with %d ranks (%s): %s", len(r.Ranks), rankList(r.Ranks), r.Manifest)
+			fmt.Fprintf(w, " with %d ranks (%s): %s", len(r.Ranks), analysis.RankRanges(r.Ranks), r.Manifest)
 			if r.Error != "" {
 				fmt.Fprintf(w, " (%s)", r.Error)
 			}

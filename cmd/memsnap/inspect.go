@@ -33,15 +33,9 @@ type inspectLine struct {
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags(commands["inspect"], stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object per file")
-	var sf storeFlags
-	sf.register(fs)
-	files, err := parse(fs, args)
+	sf, files, err := parseStore(fs, args, someArgs)
 	if err != nil {
 		return err
-	}
-	if len(files) == 0 {
-		fs.Usage()
-		return errUsage
 	}
 	failed := 0
 	enc := json.NewEncoder(stdout)
@@ -53,7 +47,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if i > 0 {
 			gc.between()
 		}
-		local, err := fetch.local(ctx, &sf, f)
+		local, err := fetch.local(ctx, sf, f)
 		if err != nil {
 			fmt.Fprintf(stderr, "memsnap inspect: %v\n", err)
 			failed++

@@ -46,15 +46,9 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	var cut cutFlags
 	cut.register(fs)
-	var sf storeFlags
-	sf.register(fs)
-	inputs, err := parse(fs, args)
+	sf, inputs, err := parseStore(fs, args, func(n int) bool { return n > 0 || len(ranks) > 0 })
 	if err != nil {
 		return err
-	}
-	if len(inputs) == 0 && len(ranks) == 0 {
-		fs.Usage()
-		return errUsage
 	}
 	tmpl, err := rankTemplate(*layout, *tmplFlag)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/runlog"
@@ -42,6 +43,26 @@ func (s *storeFlags) config(url string, create bool) store.Config {
 		Credentials: store.Credentials{AccessKey: s.accessKey, SecretKey: s.secretKey},
 	}
 }
+
+// parseStore registers the store flags on fs and parses args. When want refuses
+// the number of positional arguments, it prints the usage and returns errUsage.
+func parseStore(fs *flag.FlagSet, args []string, want func(n int) bool) (*storeFlags, []string, error) {
+	var sf storeFlags
+	sf.register(fs)
+	rest, err := parse(fs, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !want(len(rest)) {
+		fs.Usage()
+		return nil, nil, errUsage
+	}
+	return &sf, rest, nil
+}
+
+// oneArg and someArgs are parseStore's usual wants.
+func oneArg(n int) bool   { return n == 1 }
+func someArgs(n int) bool { return n > 0 }
 
 func init() {
 	register(&command{
@@ -97,17 +118,11 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags(commands["ls"], stderr)
 	objects := fs.Bool("objects", false, "list every object (size, time, key) instead of the published merges")
 	asJSON := fs.Bool("json", false, "print one JSON object per published merge (its manifest, with its key)")
-	var sf storeFlags
-	sf.register(fs)
-	rest, err := parse(fs, args)
+	sf, rest, err := parseStore(fs, args, oneArg)
 	if err != nil {
 		return err
 	}
-	if len(rest) != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	st, prefix, err := openLocation(ctx, &sf, rest[0])
+	st, prefix, err := openLocation(ctx, sf, rest[0])
 	if err != nil {
 		return err
 	}
@@ -172,7 +187,7 @@ func hintFinish(w io.Writer, loc string, rows []windowRow) {
 	}
 	for _, k := range runs {
 		fmt.Fprintf(w, "memsnap ls: run %s has unfinished windows (%s): a live leader finishes them; with no agent of the run left, "+
-			"`memsnap finish %s --run %s` publishes them from the store\n", k.run, rankList(undone[k]), shellQuote(k.at), shellQuote(k.run))
+			"`memsnap finish %s --run %s` publishes them from the store\n", k.run, analysis.RankRanges(undone[k]), shellQuote(k.at), shellQuote(k.run))
 	}
 }
 
@@ -378,7 +393,7 @@ func (r windowRow) line(st store.Store) string {
 		}
 		ranks = fmt.Sprintf("0/%d", m.WorldSize)
 		if len(m.MissingRanks) > 0 {
-			missing = rankList(m.MissingRanks)
+			missing = analysis.RankRanges(m.MissingRanks)
 		}
 		where = m.Error
 	} else if r.pub != nil && r.pub.Manifest != nil {
@@ -388,7 +403,7 @@ func (r windowRow) line(st store.Store) string {
 		}
 		ranks = fmt.Sprintf("%d/%d", len(m.RanksMerged), m.WorldSize)
 		if len(m.MissingRanks) > 0 {
-			missing = rankList(m.MissingRanks)
+			missing = analysis.RankRanges(m.MissingRanks)
 		}
 		if m.OutlierRank != nil {
 			outlier = strconv.Itoa(*m.OutlierRank)
@@ -405,7 +420,7 @@ func (r windowRow) line(st store.Store) string {
 		}
 		if len(ms) > 0 {
 			sort.Ints(ms)
-			missing = rankList(ms)
+			missing = analysis.RankRanges(ms)
 		}
 	}
 	if r.plan != nil && r.plan.FailedRank != nil && (r.kind == runlog.KindOOM || r.kind == runlog.KindCrash) && where == "" {
@@ -473,27 +488,6 @@ func (r windowRow) json() any {
 	return out
 }
 
-// rankList writes ranks compactly: 0-3,7.
-func rankList(r []int) string {
-	var b strings.Builder
-	for i := 0; i < len(r); {
-		j := i
-		for j+1 < len(r) && r[j+1] == r[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		if j > i {
-			fmt.Fprintf(&b, "%d-%d", r[i], r[j])
-		} else {
-			fmt.Fprintf(&b, "%d", r[i])
-		}
-		i = j + 1
-	}
-	return b.String()
-}
-
 // getItem is one object to download.
 type getItem struct {
 	key, dest, sha string
@@ -503,21 +497,15 @@ func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlags(commands["get"], stderr)
 	overwrite := fs.Bool("overwrite", false, "replace local files that hold other content")
 	quiet := fs.Bool("q", false, "no progress on stderr")
-	var sf storeFlags
-	sf.register(fs)
-	rest, err := parse(fs, args)
+	sf, rest, err := parseStore(fs, args, func(n int) bool { return n == 1 || n == 2 })
 	if err != nil {
 		return err
-	}
-	if len(rest) < 1 || len(rest) > 2 {
-		fs.Usage()
-		return errUsage
 	}
 	dest := "."
 	if len(rest) == 2 {
 		dest = rest[1]
 	}
-	st, key, isPrefix, err := getLocation(ctx, &sf, rest[0])
+	st, key, isPrefix, err := getLocation(ctx, sf, rest[0])
 	if err != nil {
 		return err
 	}

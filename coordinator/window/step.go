@@ -803,13 +803,23 @@ func (s *stepper) conclude(at time.Time) {
 	s.do(CommitFailure{Why: w.failure, Missing: w.MissingReasons()})
 }
 
+// answered takes the store's answer to the write in flight. When a newer term is
+// in the run's log (superseded), the leader steps down and it returns true.
+func (s *stepper) answered(superseded bool) bool {
+	s.w.inFlight = false
+	if superseded {
+		s.w.down = true
+		s.do(StepDown{})
+	}
+	return superseded
+}
+
 func (s *stepper) publication(e Publication) {
 	w := s.w
-	w.inFlight = false
+	if s.answered(e.Superseded) {
+		return
+	}
 	switch {
-	case e.Superseded:
-		w.down = true
-		s.do(StepDown{})
 	case len(e.Unfit) > 0:
 		for _, rank := range sortedKeys(e.Unfit) {
 			if r := w.Ranks[rank]; r != nil && r.Phase == Uploaded {
@@ -840,11 +850,10 @@ func (s *stepper) publication(e Publication) {
 
 func (s *stepper) failureCommitted(e FailureCommitted) {
 	w := s.w
-	w.inFlight = false
+	if s.answered(e.Superseded) {
+		return
+	}
 	switch {
-	case e.Superseded:
-		w.down = true
-		s.do(StepDown{})
 	case e.Held != nil:
 		s.adopt(*e.Held)
 	case e.Err == "":

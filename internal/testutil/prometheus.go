@@ -35,13 +35,7 @@ func StartPrometheus(t testing.TB, targets []string) *Prometheus {
 // (host:port); either may be empty.
 func StartPrometheusWith(t testing.TB, targets []string, rules, alertmanager string) *Prometheus {
 	t.Helper()
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("prometheus is required under CI (Debian's prometheus package; .ci/run installs it)")
-		}
-		t.Skip("prometheus not found")
-	}
+	bin := lookTool(t, " (Debian's prometheus package; .ci/run installs it)", "prometheus")
 	dir := t.TempDir()
 	quoted := make([]string, len(targets))
 	for i, tg := range targets {
@@ -121,15 +115,7 @@ func (p *Prometheus) Query(query string, at time.Time) ([]Sample, error) {
 // skipped, except under CI=true, where it fails.
 func StartAlertmanager(t testing.TB, webhook, tokenFile string) string {
 	t.Helper()
-	bin, err := exec.LookPath("prometheus-alertmanager")
-	if err != nil {
-		if bin, err = exec.LookPath("alertmanager"); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatal("prometheus-alertmanager is required under CI (.ci/run installs it)")
-			}
-			t.Skip("prometheus-alertmanager not found")
-		}
-	}
+	bin := lookTool(t, " (.ci/run installs it)", "prometheus-alertmanager", "alertmanager")
 	dir := t.TempDir()
 	cfg := fmt.Sprintf(`route:
   receiver: memsnap

@@ -149,14 +149,24 @@ func Snapshot(t testing.TB, rel string) string {
 // CI=true, where it fails: the tests that compare with CPython must run in CI.
 func Python(t testing.TB) string {
 	t.Helper()
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is required under CI")
+	return lookTool(t, "", "python3")
+}
+
+// lookTool returns the path of the first of names found. Without any, the test
+// is skipped, except under CI=true, where it fails ("NAME is required under CI",
+// then ciNote).
+func lookTool(t testing.TB, ciNote string, names ...string) string {
+	t.Helper()
+	for _, name := range names {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
 		}
-		t.Skip("python3 not found")
 	}
-	return py
+	if os.Getenv("CI") == "true" {
+		t.Fatal(names[0] + " is required under CI" + ciNote)
+	}
+	t.Skip(names[0] + " not found")
+	return ""
 }
 
 // SyncBuffer is a buffer that processes and goroutines write while a test reads

@@ -482,7 +482,11 @@ func cutName(s string) string { return cutBytes(s, maxModuleName) }
 
 // cutBytes makes s valid UTF-8 of at most n bytes, cut at a character's start.
 func cutBytes(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
+	return CutUTF8(strings.ToValidUTF8(s, "\uFFFD"), n)
+}
+
+// CutUTF8 cuts s to at most n bytes on a character's boundary.
+func CutUTF8(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}

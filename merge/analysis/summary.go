@@ -188,3 +188,23 @@ func MedianRank(ranks []RankSummary, sp *Spread, exclude int) (int, bool) {
 	}
 	return best, found
 }
+
+// RankRanges writes sorted ranks compactly, as ranges: 0-3,7.
+func RankRanges(ranks []int) string {
+	var b strings.Builder
+	for i := 0; i < len(ranks); {
+		j := i
+		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(ranks[i]))
+		if j > i {
+			b.WriteString("-" + strconv.Itoa(ranks[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}

@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
@@ -577,7 +576,7 @@ func partialRanks(partial map[int]string, merged []int, findings []string) (map[
 	var ranks []string
 	for _, r := range merged {
 		if why, ok := partial[r]; ok {
-			out[strconv.Itoa(r)] = cut(why, maxPartialReason)
+			out[strconv.Itoa(r)] = analysis.CutUTF8(why, maxPartialReason)
 			ranks = append(ranks, strconv.Itoa(r))
 		}
 	}
@@ -588,7 +587,7 @@ func partialRanks(partial map[int]string, merged []int, findings []string) (map[
 	if len(ranks) == 1 {
 		line = fmt.Sprintf("rank %s recorded part of the window: %s", ranks[0], out[ranks[0]])
 	}
-	findings = append([]string{cut(line, analysis.MaxFindingBytes)}, findings...)
+	findings = append([]string{analysis.CutUTF8(line, analysis.MaxFindingBytes)}, findings...)
 	if len(findings) > analysis.MaxManifestFindings {
 		findings = findings[:analysis.MaxManifestFindings]
 	}
@@ -628,16 +627,4 @@ func cutReasonN(s string, n int) string {
 		s = strings.ToValidUTF8(s[:n], "")
 	}
 	return s
-}
-
-// cut shortens s to at most n bytes on a rune boundary.
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	i := n
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return s[:i]
 }

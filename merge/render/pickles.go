@@ -218,28 +218,8 @@ func (pp *PickleParts) Outputs(plain, base, partName string) []publish.Output {
 			suffix := renderPartName(partName, p.first, p.next-1)
 			o.Kind, o.Key = publish.OutPickle+suffix, base+suffix+publish.OutSuffix[publish.OutPickle]
 		}
-		o.Part = &analysis.PicklePart{Name: o.Key, FirstRank: p.first, LastRank: p.next - 1, Ranks: intsString(p.ranks), Bytes: p.size, OverCap: p.overCap}
+		o.Part = &analysis.PicklePart{Name: o.Key, FirstRank: p.first, LastRank: p.next - 1, Ranks: analysis.RankRanges(p.ranks), Bytes: p.size, OverCap: p.overCap}
 		out = append(out, o)
 	}
 	return out
-}
-
-// intsString writes sorted ranks as ranges, "0-7,63".
-func intsString(rs []int) string {
-	var b strings.Builder
-	for i := 0; i < len(rs); {
-		j := i
-		for j+1 < len(rs) && rs[j+1] == rs[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(rs[i]))
-		if j > i {
-			b.WriteString("-" + strconv.Itoa(rs[j]))
-		}
-		i = j + 1
-	}
-	return b.String()
 }

@@ -242,6 +242,29 @@ func (e *encoder) extras(st *dictState, x []Item, depth int) {
 	}
 }
 
+// intField, strField and framesField write a known field's item when on says the
+// value has it.
+func (e *encoder) intField(st *dictState, on bool, k int, v int64) {
+	if on {
+		e.key(st, k)
+		e.int(v)
+	}
+}
+
+func (e *encoder) strField(st *dictState, on bool, k int, v string) {
+	if on {
+		e.key(st, k)
+		e.str(v)
+	}
+}
+
+func (e *encoder) framesField(st *dictState, on bool, fs []*Frame) {
+	if on {
+		e.key(st, fFrames)
+		e.frameList(fs)
+	}
+}
+
 // remember memoises the object just written (generic containers may be shared or
 // even contain themselves; writing each once keeps the output linear).
 func (e *encoder) remember(key any) {
@@ -349,18 +372,9 @@ func (e *encoder) frameItems(f *Frame) {
 	if n > 0 {
 		e.op(opMARK)
 	}
-	if f.Has&FrameName != 0 {
-		e.key(&st, fName)
-		e.str(f.Name)
-	}
-	if f.Has&FrameFilename != 0 {
-		e.key(&st, fFilename)
-		e.str(f.Filename)
-	}
-	if f.Has&FrameLine != 0 {
-		e.key(&st, fLine)
-		e.int(f.Line)
-	}
+	e.strField(&st, f.Has&FrameName != 0, fName, f.Name)
+	e.strField(&st, f.Has&FrameFilename != 0, fFilename, f.Filename)
+	e.intField(&st, f.Has&FrameLine != 0, fLine, f.Line)
 	e.extras(&st, f.Extra, 2)
 	e.closeDict(st)
 }
@@ -368,68 +382,26 @@ func (e *encoder) frameItems(f *Frame) {
 func (e *encoder) entry(t *TraceEntry) {
 	st := e.openDict(bits.OnesCount16(t.Has) + len(t.Extra))
 	h := t.Has
-	if h&EntryAction != 0 {
-		e.key(&st, fAction)
-		e.str(t.Action)
-	}
-	if h&EntryAddr != 0 {
-		e.key(&st, fAddr)
-		e.int(t.Addr)
-	}
-	if h&EntryDeviceFree != 0 {
-		e.key(&st, fDeviceFree)
-		e.int(t.DeviceFree)
-	}
-	if h&EntrySize != 0 {
-		e.key(&st, fSize)
-		e.int(t.Size)
-	}
-	if h&EntryStream != 0 {
-		e.key(&st, fStream)
-		e.int(t.Stream)
-	}
-	if h&EntryTimeUS != 0 {
-		e.key(&st, fTimeUS)
-		e.int(t.TimeUS + e.shift)
-	}
-	if h&EntryCompileContext != 0 {
-		e.key(&st, fCompileContext)
-		e.str(t.CompileContext)
-	}
-	if h&EntryUserMetadata != 0 {
-		e.key(&st, fUserMetadata)
-		e.str(t.UserMetadata)
-	}
-	if h&EntryFrames != 0 {
-		e.key(&st, fFrames)
-		e.frameList(t.Frames)
-	}
+	e.strField(&st, h&EntryAction != 0, fAction, t.Action)
+	e.intField(&st, h&EntryAddr != 0, fAddr, t.Addr)
+	e.intField(&st, h&EntryDeviceFree != 0, fDeviceFree, t.DeviceFree)
+	e.intField(&st, h&EntrySize != 0, fSize, t.Size)
+	e.intField(&st, h&EntryStream != 0, fStream, t.Stream)
+	e.intField(&st, h&EntryTimeUS != 0, fTimeUS, t.TimeUS+e.shift)
+	e.strField(&st, h&EntryCompileContext != 0, fCompileContext, t.CompileContext)
+	e.strField(&st, h&EntryUserMetadata != 0, fUserMetadata, t.UserMetadata)
+	e.framesField(&st, h&EntryFrames != 0, t.Frames)
 	e.extras(&st, t.Extra, e.nest+2)
 	e.closeDict(st)
 }
 
 func (e *encoder) block(b *Block) {
 	st := e.openDict(bits.OnesCount8(b.Has) + len(b.Extra))
-	if b.Has&BlockAddress != 0 {
-		e.key(&st, fAddress)
-		e.int(b.Address)
-	}
-	if b.Has&BlockSize != 0 {
-		e.key(&st, fSize)
-		e.int(b.Size)
-	}
-	if b.Has&BlockRequestedSize != 0 {
-		e.key(&st, fRequestedSize)
-		e.int(b.RequestedSize)
-	}
-	if b.Has&BlockState != 0 {
-		e.key(&st, fState)
-		e.str(b.State)
-	}
-	if b.Has&BlockFrames != 0 {
-		e.key(&st, fFrames)
-		e.frameList(b.Frames)
-	}
+	e.intField(&st, b.Has&BlockAddress != 0, fAddress, b.Address)
+	e.intField(&st, b.Has&BlockSize != 0, fSize, b.Size)
+	e.intField(&st, b.Has&BlockRequestedSize != 0, fRequestedSize, b.RequestedSize)
+	e.strField(&st, b.Has&BlockState != 0, fState, b.State)
+	e.framesField(&st, b.Has&BlockFrames != 0, b.Frames)
 	e.extras(&st, b.Extra, e.nest+2)
 	e.closeDict(st)
 }
@@ -447,15 +419,9 @@ func (e *encoder) segment(g *Segment) {
 		{SegRequestedSize, fRequestedSize, g.RequestedSize}, {SegStream, fStream, g.Stream},
 	}
 	for _, f := range ints {
-		if h&f.bit != 0 {
-			e.key(&st, f.k)
-			e.int(f.v)
-		}
+		e.intField(&st, h&f.bit != 0, f.k, f.v)
 	}
-	if h&SegSegmentType != 0 {
-		e.key(&st, fSegmentType)
-		e.str(g.SegmentType)
-	}
+	e.strField(&st, h&SegSegmentType != 0, fSegmentType, g.SegmentType)
 	if h&SegSegmentPoolID != 0 {
 		e.key(&st, fSegmentPoolID)
 		e.value(g.SegmentPoolID, e.nest+2)
@@ -464,10 +430,7 @@ func (e *encoder) segment(g *Segment) {
 		e.key(&st, fIsExpandable)
 		e.bool(g.IsExpandable)
 	}
-	if h&SegFrames != 0 {
-		e.key(&st, fFrames)
-		e.frameList(g.Frames)
-	}
+	e.framesField(&st, h&SegFrames != 0, g.Frames)
 	if h&SegBlocks != 0 {
 		e.key(&st, fBlocks)
 		e.list(len(g.Blocks), func(i int) { e.block(g.Blocks[i]) })
