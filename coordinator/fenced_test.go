@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/client"
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
@@ -366,13 +367,13 @@ func TestWaitAllNotToldFailed(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, "rank 1 to lead", func() bool { return tc.ranks[1].Coord.IsLeader() })
 	// more times than a member asks a leader that cannot tell before it gives up
 	// on a window it has no answer of
-	testutil.Eventually(t, 2*time.Minute, "the new leader to say more than unknownTries times that it cannot tell", func() bool {
+	testutil.Eventually(t, 2*time.Minute, "the new leader to say more than client.UnknownTries times that it cannot tell", func() bool {
 		select {
 		case r := <-done:
 			t.Fatalf("the member stopped waiting while the store refused writes: %+v %v", r.res, r.err)
 		default:
 		}
-		return unsure.Load() > unknownTries
+		return unsure.Load() > client.UnknownTries
 	})
 	readOnly.Store(false)
 	r := <-done
