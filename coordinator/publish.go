@@ -451,39 +451,12 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank in
 	return b, "", nil
 }
 
-// coverageOf says why a rank's sidecar does not cover exactly the window's
-// batches ("" when it does).
+// coverageOf says why a rank's sidecar is not its recording of the window,
+// covering exactly the window's batches or, partial, a run of them ("" when it
+// is).
 func (l *leaderRun) coverageOf(m *sidecar.RankMeta, rank int, w *win) string {
-	start, stop := w.m.Start, w.m.Stop
-	if m.Window == nil || m.Window.ID != w.id() {
-		return "its metadata names another window"
-	}
-	if m.Rank != rank || (m.RunName != "" && m.RunName != l.c.cfg.Identity.RunName) {
-		return fmt.Sprintf("its metadata is rank %d's of run %q", m.Rank, m.RunName)
-	}
-	if res := w.m.Ranks[rank].Result; res != nil && res.Partial != "" {
-		return partialCoverage(m, start, stop)
-	}
-	if len(m.Batches) != int(stop-start) {
-		return fmt.Sprintf("it recorded %d batches, the window has %d", len(m.Batches), stop-start)
-	}
-	for i, bm := range m.Batches {
-		if bm.Batch != start+int64(i) {
-			return fmt.Sprintf("it recorded batch %d where batch %d belongs", bm.Batch, start+int64(i))
-		}
-	}
-	return ""
-}
-
-// partialCoverage says why a partial recording's batch marks are not a run of
-// the window's batches ("" when they are: it is merged as partial).
-func partialCoverage(m *sidecar.RankMeta, start, stop int64) string {
-	for i, bm := range m.Batches {
-		if bm.Batch < start || bm.Batch >= stop || (i > 0 && bm.Batch != m.Batches[i-1].Batch+1) {
-			return fmt.Sprintf("its partial recording has batch %d, outside a run of the window's [%d, %d)", bm.Batch, start, stop)
-		}
-	}
-	return ""
+	res := w.m.Ranks[rank].Result
+	return m.Fits(rank, l.c.cfg.Identity.RunName, w.id(), w.m.Start, w.m.Stop, res != nil && res.Partial != "", false)
 }
 
 // outputURLs lists a merge's outputs (the HTML report first, then by name),

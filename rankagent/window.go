@@ -236,15 +236,11 @@ func coverage(w Window, marks []BatchMark) string {
 	if w.Stop <= w.Start {
 		return "the window's batches are unknown"
 	}
-	want := w.Stop - w.Start
-	ok := int64(len(marks)) == want
+	batches := make([]int64, len(marks))
 	for i, m := range marks {
-		if !ok || m.Batch != w.Start+int64(i) {
-			ok = false
-			break
-		}
+		batches[i] = m.Batch
 	}
-	if ok {
+	if exact, _ := sidecar.Covers(w.Start, w.Stop, batches); exact {
 		return ""
 	}
 	if len(marks) == 0 {

@@ -305,15 +305,16 @@ func (f *finisher) inputs(ctx context.Context, p *runlog.Plan, res *Result) ([]m
 		case rep.Error != "" || rep.Key == "":
 			res.Missing[r] = "its snapshot was not stored: " + rep.Error
 		default:
-			if why, err := f.belongs(ctx, p, rep, r, post); err != nil {
+			partial := partialOf(p, rep, post)
+			if why, err := f.belongs(ctx, p, rep, r, post, partial != ""); err != nil {
 				return nil, err
 			} else if why != "" {
 				res.Missing[r] = why
 				f.log.Warn("a rank's report does not name its snapshot of the window; left out", "window", p.ID, "of_rank", r, "why", why)
 				continue
 			}
-			if why := partialOf(p, rep, post); why != "" {
-				res.Partial[r] = why
+			if partial != "" {
+				res.Partial[r] = partial
 			}
 			in := merge.StoreInput(f.cfg.Store, rep.Key, rep.MetaKey, r)
 			if rep.AnalysisKey != "" {
@@ -328,7 +329,7 @@ func (f *finisher) inputs(ctx context.Context, p *runlog.Plan, res *Result) ([]m
 // belongs says why the snapshot rep names is not rank r's of window p ("" when
 // it is): its size in the store is not the reported one, or its sidecar is
 // another rank's, run's or window's. The log is no one's to trust blindly.
-func (f *finisher) belongs(ctx context.Context, p *runlog.Plan, rep *runlog.Report, r int, post bool) (string, error) {
+func (f *finisher) belongs(ctx context.Context, p *runlog.Plan, rep *runlog.Report, r int, post, partial bool) (string, error) {
 	info, err := f.cfg.Store.Stat(ctx, rep.Key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -348,15 +349,10 @@ func (f *finisher) belongs(ctx context.Context, p *runlog.Plan, rep *runlog.Repo
 		return "its sidecar cannot be read: " + err.Error(), nil
 	}
 	m, err := sidecar.ParseRankMeta(b)
-	switch {
-	case err != nil:
+	if err != nil {
 		return "its sidecar is malformed: " + err.Error(), nil
-	case m.Rank != r || (m.RunName != "" && m.RunName != f.cfg.Run):
-		return fmt.Sprintf("its report names rank %d's snapshot of run %q", m.Rank, m.RunName), nil
-	case !post && !p.Dump && (m.Window == nil || m.Window.ID != p.ID):
-		return "its report names a snapshot of another window", nil
 	}
-	return "", nil
+	return m.Fits(r, f.cfg.Run, p.ID, p.Start, p.Stop, partial, post || p.Dump), nil
 }
 
 // incident is the snapshot rank r stored of its own OOM or crash around

@@ -246,7 +246,7 @@ func TestFinishTrustsNoReportBlindly(t *testing.T) {
 		t.Fatalf("finished %+v (%v)", res, err)
 	}
 	r := res[0]
-	if r.State != runlog.Published || fmt.Sprint(r.Ranks) != "[1]" || !strings.Contains(r.Missing[0], "names rank 1's snapshot") ||
+	if r.State != runlog.Published || fmt.Sprint(r.Ranks) != "[1]" || !strings.Contains(r.Missing[0], "its metadata is rank 1's") ||
 		!strings.Contains(r.Missing[2], "bytes in the store, its report says") {
 		t.Fatalf("window 1: %+v", r)
 	}
