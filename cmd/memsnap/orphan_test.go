@@ -61,13 +61,16 @@ func TestLeaderKilledThenTeardown(t *testing.T) {
 	for _, n := range []int{3, 8} {
 		t.Run(fmt.Sprintf("%d ranks", n), func(t *testing.T) { leaderKilledThenTeardown(t, n) })
 	}
+	// with the allocator history kept all along: what each rank dumps holds more
+	// than the window, and is its part of the window all the same
+	t.Run("3 ranks --record-always", func(t *testing.T) { leaderKilledThenTeardown(t, 3, "--record-always") })
 }
 
-func leaderKilledThenTeardown(t *testing.T, n int) {
+func leaderKilledThenTeardown(t *testing.T, n int, agentArgs ...string) {
 	began := time.Now()
 	defer func() { t.Logf("%d ranks: %v", n, time.Since(began).Round(100*time.Millisecond)) }()
 	dir := t.TempDir()
-	pc := startProcs(t, n, procOpts{storeArgs: []string{"--store", dir}})
+	pc := startProcs(t, n, procOpts{storeArgs: []string{"--store", dir}, agentArgs: agentArgs})
 	waitHolding(t, pc)
 	t.Logf("every trainer holds before batch 5 after %v", time.Since(began).Round(100*time.Millisecond))
 
