@@ -43,13 +43,7 @@ func TestTriggers(t *testing.T) {
 		{"record-always", view.Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour, Dump: true}, "growing 16.0 MiB a batch (128.0 MiB or more over 10 batches)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(),
-				replay: func(rank int, rc *rankagent.ReplayConfig) {
-					rc.HoldAt, rc.Pace, rc.DeviceTotal, rc.MemoryEvery = nil, 50*time.Millisecond, device, 10*time.Millisecond
-					if rank == leaking {
-						rc.LeakPerBatch = leak
-					}
-				}}
+			tc := leakingCluster(t, leaking, leak, device)
 			opts := func(cfg *Config, a *rankagent.Config) {
 				cfg.FiguresInterval, cfg.Triggers = 200*time.Millisecond, c.trig
 				a.RecordAlways = c.trig.Dump
@@ -206,6 +200,18 @@ func TestStaleTriggerIsDropped(t *testing.T) {
 	}
 }
 
+// leakingCluster is a cluster whose replay trainers run free on a device of
+// device bytes, rank leaking leak bytes a batch.
+func leakingCluster(t *testing.T, leaking int, leak, device int64) *testCluster {
+	return &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(),
+		replay: func(rank int, rc *rankagent.ReplayConfig) {
+			rc.HoldAt, rc.Pace, rc.DeviceTotal, rc.MemoryEvery = nil, 50*time.Millisecond, device, 10*time.Millisecond
+			if rank == leaking {
+				rc.LeakPerBatch = leak
+			}
+		}}
+}
+
 // refusePlans is a store that refuses to take plans into the run's log while
 // refuse is set (a read-only or full store, for the log's plans).
 type refusePlans struct {
@@ -229,13 +235,7 @@ func TestTriggerDeferredWhileTheLogRefusesPlans(t *testing.T) {
 	const leaking, leak, device = 2, int64(16 << 20), int64(2 << 30)
 	refuse, tried := &atomic.Bool{}, &atomic.Int32{}
 	refuse.Store(true)
-	tc := &testCluster{t: t, run: fmt.Sprintf("run%d", time.Now().UnixNano()%1e6), key: newKey(t), dir: t.TempDir(),
-		replay: func(rank int, rc *rankagent.ReplayConfig) {
-			rc.HoldAt, rc.Pace, rc.DeviceTotal, rc.MemoryEvery = nil, 50*time.Millisecond, device, 10*time.Millisecond
-			if rank == leaking {
-				rc.LeakPerBatch = leak
-			}
-		}}
+	tc := leakingCluster(t, leaking, leak, device)
 	opts := func(cfg *Config, a *rankagent.Config) {
 		cfg.FiguresInterval, cfg.Triggers = 200*time.Millisecond, view.Triggers{GrowthBytes: 128 << 20, GrowthBatches: 10, Cooldown: time.Hour}
 		wrapStores(cfg, func(st store.Store) store.Store { return refusePlans{st, refuse, tried} })
