@@ -405,7 +405,7 @@ func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
 	}
 	leader := c.leaderName
 	c.mu.Unlock()
-	if res != nil {
+	if res != nil && !c.reportsUploads() {
 		c.rep.put(ev.Window.ID, res)
 	}
 	if leader == "" {
@@ -524,6 +524,14 @@ func (c *Coordinator) incidentSnapshot(r *pb.RankResult, none string) {
 	if send != nil {
 		c.sendResult(leader, window, send)
 	}
+}
+
+// reportsUploads says whether the rank's agent writes the report of each upload
+// into the run's log itself (rankagent's does, before its job ends): the
+// coordinator then writes it no second time.
+func (c *Coordinator) reportsUploads() bool {
+	a, ok := c.rec.(interface{ ReportsUploads() bool })
+	return ok && a.ReportsUploads()
 }
 
 // windowPart is a crash's snapshot as the rank's part of the window it was

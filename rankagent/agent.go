@@ -309,6 +309,10 @@ func New(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
+// ReportsUploads is true: each upload's report is in the run's log before the
+// upload is told (stored means reported).
+func (a *Agent) ReportsUploads() bool { return true }
+
 // Socket returns the trainer socket's path.
 func (a *Agent) Socket() string { return a.cfg.Socket }
 
