@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"os"
 	"sort"
@@ -20,6 +19,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/memsnap/memsnap/coordinator/cluster"
+	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/transport"
 	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
@@ -146,7 +146,7 @@ type clockState struct {
 // New checks the configuration and prepares a member; Run starts it. rec is the
 // rank's agent; nil for a client.
 func New(cfg Config, rec Recorder) (*Coordinator, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if !cfg.Client && rec == nil {
@@ -599,20 +599,12 @@ func (c *Coordinator) goneAt(name string, now time.Time) time.Time {
 func (g goneMember) lastHeard(ml *memberlist.Config, now time.Time) time.Time {
 	t := g.at
 	if ml != nil {
-		t = t.Add(-suspicionTimeout(ml.SuspicionMult, g.members, ml.ProbeInterval))
+		t = t.Add(-config.SuspicionTimeout(ml.SuspicionMult, g.members, ml.ProbeInterval))
 	}
 	if t.After(now) {
 		return now
 	}
 	return t
-}
-
-// suspicionTimeout is memberlist's shortest suspicion timeout for a cluster of n
-// (its suspicionTimeout: the multiplier times log10 of the size, at least 1,
-// probe intervals).
-func suspicionTimeout(mult, n int, interval time.Duration) time.Duration {
-	scale := math.Max(1, math.Log10(math.Max(1, float64(n))))
-	return time.Duration(mult) * time.Duration(scale*1000) * interval / 1000
 }
 
 // termBumped wakes the leader loop (a leader with an older term renews it). Only

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -95,7 +96,7 @@ func TestParseKey(t *testing.T) {
 // TestMetaFits: the largest metadata a member can have fits memberlist's 512 bytes
 // and reads back.
 func TestMetaFits(t *testing.T) {
-	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", maxRunName), Rank: sidecar.MaxRanks - 1, LocalRank: sidecar.MaxRanks - 1, NodeRank: sidecar.MaxRanks - 1,
+	m := &pb.NodeMeta{Version: 1, Run: strings.Repeat("r", config.MaxRunName), Rank: sidecar.MaxRanks - 1, LocalRank: sidecar.MaxRanks - 1, NodeRank: sidecar.MaxRanks - 1,
 		WorldSize: sidecar.MaxRanks, GpuUuid: strings.Repeat("g", 64), LastWindow: wire.MaxWindowID, Hostname: strings.Repeat("h", 64), Term: wire.MaxWindowID}
 	b, err := proto.Marshal(m)
 	if err != nil || len(b) > wire.MaxMeta {
