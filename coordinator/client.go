@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator/client"
+	"github.com/memsnap/memsnap/coordinator/leader"
 	"github.com/memsnap/memsnap/internal/pb"
 )
 
@@ -14,7 +15,7 @@ import (
 type Update = client.Update
 
 // StepName is a step as people read it ("recording", "planned").
-func StepName(s pb.Step) string { return stepName(s) }
+func StepName(s pb.Step) string { return pb.Name(s) }
 
 var (
 	// ErrNoLeader: no rank is alive to lead.
@@ -68,7 +69,7 @@ func (s clientSide) Stopped(err error) bool { return errors.Is(err, ErrStopped) 
 
 // status asks the ranks for their status and waits up to StatusTimeout (asking
 // again the ranks that have not answered, once).
-func (c *Coordinator) status(ctx context.Context, ranks []int) map[int]status {
+func (c *Coordinator) status(ctx context.Context, ranks []int) map[int]leader.Status {
 	nodes := c.rankNodes()
 	ch, seq := c.expect(len(ranks)+16, c.fromRanks())
 	defer c.forget(seq)
@@ -91,7 +92,7 @@ func (c *Coordinator) status(ctx context.Context, ranks []int) map[int]status {
 	for _, r := range ranks {
 		ask(r)
 	}
-	out := map[int]status{}
+	out := map[int]leader.Status{}
 	deadline := time.NewTimer(c.cfg.StatusTimeout)
 	defer deadline.Stop()
 	retry := time.NewTimer(c.cfg.StatusTimeout / 3)
@@ -118,7 +119,7 @@ func (c *Coordinator) status(ctx context.Context, ranks []int) map[int]status {
 				continue
 			}
 			now := time.Now()
-			out[r] = status{st: s, rtt: now.Sub(sent[r]), when: now}
+			out[r] = leader.Status{St: s, RTT: now.Sub(sent[r]), When: now}
 		}
 	}
 	return out
@@ -134,7 +135,7 @@ func (c *Coordinator) Batches(ctx context.Context) (map[int]int64, bool) {
 	}
 	out := map[int]int64{}
 	for r, s := range c.status(ctx, ranks) {
-		out[r] = s.st.Batch
+		out[r] = s.St.Batch
 	}
 	return out, len(out) > 0
 }

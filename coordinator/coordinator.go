@@ -20,10 +20,11 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator/cluster"
 	"github.com/memsnap/memsnap/coordinator/config"
+	"github.com/memsnap/memsnap/coordinator/leader"
+	"github.com/memsnap/memsnap/coordinator/rankside"
 	"github.com/memsnap/memsnap/coordinator/transport"
 	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/rankagent"
 )
 
 // ErrStopped is returned by calls on a coordinator that has shut down, and by a
@@ -31,15 +32,7 @@ import (
 var ErrStopped = errors.New("coordinator: stopped")
 
 // Recorder is what the coordinator needs of the rank's agent (rankagent.Agent).
-type Recorder interface {
-	Arm(w rankagent.Window) error
-	Cancel(id uint64, reason string) error
-	Progress() (batch int64, step time.Duration)
-	Current() (rankagent.Window, rankagent.WindowState, bool)
-	SetClockOffset(offset, rtt time.Duration)
-	// Dump asks the trainer for a snapshot now, under window id (a post-mortem).
-	Dump(id uint64) error
-}
+type Recorder = rankside.Recorder
 
 // member is one member of the cluster as this member sees it.
 type member struct {
@@ -67,8 +60,8 @@ type Coordinator struct {
 	agent string // this agent's own id, new at each start (NodeMeta.Agent)
 	inbox chan []byte
 	bc    *memberlist.TransmitLimitedQueue
-	out   *outbox   // replies and reports, sent by workers off the dispatcher
-	rep   *reporter // rank reports written into the run's log
+	out   *outbox        // replies and reports, sent by workers off the dispatcher
+	rs    *rankside.Rank // the rank side (a client's takes no command)
 
 	metaMu sync.Mutex // held while gossiping new metadata
 	lifeMu sync.Mutex // held by Leave and by Shutdown's call into memberlist
@@ -83,64 +76,42 @@ type Coordinator struct {
 	// mu guards what follows. Lock order: memberlist calls memberChanged (which
 	// takes mu) while it holds its node lock, so nothing may call into
 	// memberlist while holding mu.
-	mu          sync.Mutex
-	state       life
-	ml          *memberlist.Memberlist
-	addr        string // the gossip address, host:port
-	members     map[string]*member
-	nranks      int                   // members that are ranks (meta.Rank >= 0), kept with members
-	addrs       map[string]int        // members' addresses (host:port), kept with members
-	lowest      string                // the rank member of the lowest (rank, name), kept with members
-	lowestOld   bool                  // lowest left or changed: electLocked looks again
-	seenAddrs   map[string]string     // every rank member ever seen: name -> address, to rejoin after a split
-	gone        map[string]goneMember // members memberlist took away, until they are back
-	leaderName  string
-	lead        *leaderRun // this member's leader loop, while it leads
-	lastWindow  uint64     // the newest window id seen
-	term        uint64     // the newest leadership term the run's log holds, as far as this member knows (belief.go)
-	claimed     uint64     // the newest term another member claims, looked up in the log
-	claims      chan struct{}
-	inLog       uint64          // the newest window id this rank looked up and found in the run's log
-	looking     map[uint64]bool // windows being looked up (checkNewest)
-	metaSent    metaKey         // what the gossiped metadata last said
-	offset      clockState
-	waiting     map[uint64]*waiter // replies a request waits for, by its random seq
-	last        lastWindow         // the rank's latest window, for status answers
-	pm          lastWindow         // the rank's latest post-mortem
-	inc         *incident          // this rank's trainer's latest OOM or crash
-	views       map[int]rankView   // every rank's last memory figures, as received (view.go)
-	lastTrigger time.Time          // when the last trigger window was asked for (trigger.go)
-	dropped     int
-	refused     refusals
-	changed     chan struct{}      // membership changed
-	termBump    chan struct{}      // a newer term was seen
-	leaderSig   chan struct{}      // the leader changed (for the clock loop)
-	joined      bool               // joined the cluster (or had no one to join)
-	stopRun     context.CancelFunc // ends Run's context, for Shutdown
-	began       time.Time          // when Run started: agents of one job join within JoinGrace of each other
-	down        chan struct{}      // closed once the first Shutdown is done
-	wg          sync.WaitGroup
+	mu         sync.Mutex
+	state      life
+	ml         *memberlist.Memberlist
+	addr       string // the gossip address, host:port
+	members    map[string]*member
+	nranks     int                   // members that are ranks (meta.Rank >= 0), kept with members
+	addrs      map[string]int        // members' addresses (host:port), kept with members
+	lowest     string                // the rank member of the lowest (rank, name), kept with members
+	lowestOld  bool                  // lowest left or changed: electLocked looks again
+	seenAddrs  map[string]string     // every rank member ever seen: name -> address, to rejoin after a split
+	gone       map[string]goneMember // members memberlist took away, until they are back
+	leaderName string
+	lead       *leader.Leader // this member's leader loop, while it leads
+	lastWindow uint64         // the newest window id seen
+	term       uint64         // the newest leadership term the run's log holds, as far as this member knows (belief.go)
+	claimed    uint64         // the newest term another member claims, looked up in the log
+	claims     chan struct{}
+	metaSent   metaKey            // what the gossiped metadata last said
+	waiting    map[uint64]*waiter // replies a request waits for, by its random seq
+	views      map[int]rankView   // every rank's last memory figures, as received (view.go)
+	dropped    int
+	refused    refusals
+	changed    chan struct{}      // membership changed
+	termBump   chan struct{}      // a newer term was seen
+	leaderSig  chan struct{}      // the leader changed (for the clock loop)
+	joined     bool               // joined the cluster (or had no one to join)
+	stopRun    context.CancelFunc // ends Run's context, for Shutdown
+	began      time.Time          // when Run started: agents of one job join within JoinGrace of each other
+	down       chan struct{}      // closed once the first Shutdown is done
+	wg         sync.WaitGroup
 }
 
 // metaKey is what the metadata says that others read; it is gossiped only when it changes.
 type metaKey struct {
 	window, term uint64
 	gpu          string
-}
-
-// lastWindow is what a rank knows of its latest window.
-type lastWindow struct {
-	w      rankagent.Window
-	state  pb.Step
-	result *pb.RankResult
-	leader string
-	term   uint64 // the term of the leader that planned it
-}
-
-type clockState struct {
-	offset, rtt time.Duration
-	ok          bool
-	at          time.Time
 }
 
 // New checks the configuration and prepares a member; Run starts it. rec is the
@@ -169,12 +140,12 @@ func New(cfg Config, rec Recorder) (*Coordinator, error) {
 	c.agent = hex.EncodeToString(a[:])
 	c.bc = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return max(1, c.numMembers()) }, RetransmitMult: 3}
 	c.out = newOutbox(c)
-	c.rep = newReporter(c)
+	c.rs = rankside.New(&c.cfg, rec, clusterSide{c}, c.log)
 	return c, nil
 }
 
 // NodeName is a rank's member name: its run and rank.
-func NodeName(run string, rank int) string { return run + "/rank" + strconv.Itoa(rank) }
+func NodeName(run string, rank int) string { return config.NodeName(run, rank) }
 
 func (c *Coordinator) rank() int32 {
 	if c.cfg.Client {
@@ -220,9 +191,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.out.start(ctx)
 	if !c.cfg.Client {
 		c.spawn(func() { c.verifyTerms(ctx) })
-		c.spawn(func() { c.clockLoop(ctx) })
-		c.spawn(func() { c.rep.run(ctx) })
-		c.spawn(func() { c.incidentLoop(ctx) })
+		c.spawn(func() { c.rs.ClockLoop(ctx, c.leaderSig) })
+		c.spawn(func() { c.rs.RunReporter(ctx) })
+		c.spawn(func() { c.rs.IncidentLoop(ctx) })
 		c.spawn(func() { c.figuresLoop(ctx) })
 	}
 	if err := c.join(ctx); err != nil && ctx.Err() == nil {
@@ -346,7 +317,7 @@ func (c *Coordinator) Shutdown() error {
 		stopRun() // Run's goroutines end with its context
 	}
 	if lead != nil {
-		lead.stop()
+		lead.Stop()
 	}
 	var err error
 	if m != nil {
@@ -399,7 +370,7 @@ func (c *Coordinator) Busy() bool {
 	l := c.lead
 	n := len(c.inbox)
 	c.mu.Unlock()
-	return n > 0 || (l != nil && l.busy())
+	return n > 0 || (l != nil && l.Busy())
 }
 
 // Unfinished says what this member leaves undone were it stopped now, for the
@@ -410,10 +381,10 @@ func (c *Coordinator) Unfinished() string {
 	l, w := c.lead, c.lastWindow
 	c.mu.Unlock()
 	var out []string
-	if l != nil && l.busy() {
+	if l != nil && l.Busy() {
 		out = append(out, fmt.Sprintf("this agent led, and its work on window %d (or a request it held) was not finished: the next leader, or this agent started again, finishes it from the run's log", w))
 	}
-	if !c.Settled() {
+	if !c.rs.Settled() {
 		out = append(out, "reports to the leader not all sent (what was stored is in the run's log)")
 	}
 	return strings.Join(out, "; ")
@@ -436,9 +407,7 @@ func (c *Coordinator) Term() uint64 {
 // ClockOffset returns this host's clock minus the leader's and the round trip it
 // was measured over, once measured.
 func (c *Coordinator) ClockOffset() (offset, rtt time.Duration, ok bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.offset.offset, c.offset.rtt, c.offset.ok
+	return c.rs.ClockOffset()
 }
 
 // --- membership ---------------------------------------------------------------
@@ -644,7 +613,7 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 		prev := c.leaderName
 		c.leaderName = c.electLocked()
 		now := c.leaderName
-		var stop *leaderRun
+		var stop *leader.Leader
 		start := false
 		if now != prev {
 			if c.lead != nil && now != c.name {
@@ -660,7 +629,7 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 			case c.leaderSig <- struct{}{}:
 			default:
 			}
-			c.reaskPostmortem()
+			c.rs.ReaskPostmortem()
 			if m := c.memberMeta(now); m != nil {
 				c.log.Info("leader", "leader_rank", m.Rank, "me", now == c.name)
 			} else {
@@ -668,17 +637,17 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 			}
 		}
 		if stop != nil {
-			stop.stop()
+			stop.Stop()
 		}
 		if start {
-			l := newLeader(c)
+			l := leader.New(memberSide{c}, &c.cfg, c.log)
 			c.mu.Lock()
 			if c.state == lifeStopped || c.leaderName != c.name {
 				c.mu.Unlock()
 			} else {
 				// started under mu, so Shutdown never finds a leader half started
 				c.lead = l
-				l.start(ctx)
+				l.Start(ctx, &c.wg)
 				c.mu.Unlock()
 			}
 		}
@@ -691,7 +660,7 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 			l := c.lead
 			c.mu.Unlock()
 			if l != nil {
-				l.wake()
+				l.Wake()
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 
@@ -67,7 +68,7 @@ func isReply(env *pb.Envelope) bool {
 }
 
 func (c *Coordinator) handle(env *pb.Envelope) {
-	if env.Seq != 0 && env.GetAck() != nil && c.incidentAck(env) {
+	if env.Seq != 0 && env.GetAck() != nil && c.rs.IncidentAck(env) {
 		return
 	}
 	// a reply somebody waits for, from someone allowed to answer
@@ -89,13 +90,13 @@ func (c *Coordinator) handle(env *pb.Envelope) {
 	}
 	switch b := env.Body.(type) {
 	case *pb.Envelope_StatusRequest:
-		c.answerStatus(env)
+		c.rs.AnswerStatus(env)
 	case *pb.Envelope_Plan:
-		c.onPlan(env, b.Plan)
+		c.rs.OnPlan(env, b.Plan)
 	case *pb.Envelope_Cancel:
-		c.onCancel(env, b.Cancel)
+		c.rs.OnCancel(env, b.Cancel)
 	case *pb.Envelope_Dump:
-		c.onDump(env, b.Dump)
+		c.rs.OnDump(env, b.Dump)
 	case *pb.Envelope_ClockProbe:
 		r := c.envelope(0)
 		r.Body = &pb.Envelope_ClockReply{ClockReply: &pb.ClockReply{T0Us: b.ClockProbe.T0Us, TUs: c.cfg.Now().UnixMicro()}}
@@ -124,8 +125,8 @@ func (c *Coordinator) toLeader(env *pb.Envelope) {
 	leader := c.leaderName
 	c.mu.Unlock()
 	if l != nil {
-		if !l.watchNow(env) {
-			l.deliver(env)
+		if !l.WatchNow(env) {
+			l.Deliver(env)
 		}
 		return
 	}
@@ -174,11 +175,11 @@ func (c *Coordinator) commandAllowed(env *pb.Envelope) (pb.AckCode, string) {
 	c.mu.Unlock()
 	switch {
 	case env.Term < term:
-		return pb.AckCode_ACK_STALE_TERM, "a command of term " + itoa(env.Term) + "; this member has seen term " + itoa(term)
+		return pb.AckCode_ACK_STALE_TERM, "a command of term " + strconv.FormatUint(env.Term, 10) + "; this member has seen term " + strconv.FormatUint(term, 10)
 	case env.Sender != leader || !c.isRankMember(env):
 		return pb.AckCode_ACK_NOT_LEADER, "only the leader may command; this member sees " + leader + " as leader"
 	case env.WindowId > seen+maxIDJump:
-		return pb.AckCode_ACK_BAD_REQUEST, "window id " + itoa(env.WindowId) + " is far past the newest seen (" + itoa(seen) + ")"
+		return pb.AckCode_ACK_BAD_REQUEST, "window id " + strconv.FormatUint(env.WindowId, 10) + " is far past the newest seen (" + strconv.FormatUint(seen, 10) + ")"
 	}
 	c.claimTerm(env.Term)
 	return pb.AckCode_ACK_OK, ""

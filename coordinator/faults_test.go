@@ -21,31 +21,6 @@ import (
 	"github.com/memsnap/memsnap/runlog"
 )
 
-func TestPlanWindow(t *testing.T) {
-	ms := time.Millisecond
-	cases := []struct {
-		ranks       []RankStatus
-		length, min int64
-		margin      time.Duration
-		start       int64
-	}{
-		// batch 10, 100 ms steps, 50 ms delay + 100 ms margin: batch 12 starts at least 100 ms after the report, too soon; 13 at 200 ms
-		{[]RankStatus{{Batch: 10, Step: 100 * ms, Delay: 50 * ms}}, 3, 0, 100 * ms, 13},
-		// the slowest-to-reach rank decides
-		{[]RankStatus{{Batch: 10, Step: 100 * ms, Delay: 10 * ms}, {Batch: 9, Step: 10 * ms, Delay: 500 * ms}}, 2, 0, 0, 60},
-		// unknown step time: a fixed lead
-		{[]RankStatus{{Batch: -1}}, 3, 0, time.Second, 2},
-		// the schedule's start when it is far enough ahead
-		{[]RankStatus{{Batch: 0, Step: 100 * ms}}, 3, 50, 100 * ms, 50},
-	}
-	for i, c := range cases {
-		start, stop := PlanWindow(c.ranks, c.length, c.min, c.margin)
-		if start != c.start || stop != start+c.length {
-			t.Errorf("case %d: [%d, %d), want start %d", i, start, stop, c.start)
-		}
-	}
-}
-
 // TestRankDiesMidWindow: a non-leader agent stops in the middle of a window; the
 // other ranks' window completes at the deadline with that rank listed missing.
 func TestRankDiesMidWindow(t *testing.T) {
@@ -675,29 +650,4 @@ func TestNoSilentWaits(t *testing.T) {
 			t.Fatalf("the member was held for a rank gone longer than JoinGrace: %q", said)
 		}
 	})
-}
-
-// TestSteppedDownLeaderTellsNoFailure: a leader that stops leading while it asks
-// the ranks for their batches (its context ends, and with it every answer it
-// waited for) tells the member that asked nothing: the ranks did not fail to
-// answer, the leader went; the member asks the new one. (Told "no rank answered
-// the leader", the member's window failed while the cluster was well.)
-func TestSteppedDownLeaderTellsNoFailure(t *testing.T) {
-	tc := startCluster(t, 3)
-	tc.holding()
-	c := tc.ranks[0].Coord
-	var l *leaderRun
-	testutil.Eventually(t, time.Minute, "rank 0 leading with a term", func() bool {
-		c.mu.Lock()
-		l = c.lead
-		c.mu.Unlock()
-		return l != nil && l.term > 0 && l.st != nil
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel() // stepped down
-	watcher := c.envelope(0)
-	watcher.Seq = 42
-	if res := l.record(ctx, plan{length: 2, reason: "request", watchers: []*pb.Envelope{watcher}}, false); res != nil {
-		t.Fatalf("a leader that stepped down told %+v", res)
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator/client"
+	"github.com/memsnap/memsnap/coordinator/commit"
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
@@ -65,7 +66,7 @@ func checkLog(t *testing.T, st store.Store, run string) map[uint64]window.Phase 
 		}
 		var c *window.Commit
 		if m, err := publish.ReadManifest(ctx, st, p.Manifest); err == nil {
-			c = commitOf(m)
+			c = commit.Of(m)
 		} else if !errors.Is(err, store.ErrNotFound) {
 			t.Fatal(err)
 		}
@@ -382,77 +383,6 @@ func TestWaitAllNotToldFailed(t *testing.T) {
 	}
 	st, _ := store.OpenDir(tc.dir, false)
 	checkLog(t, st, tc.run)
-}
-
-// TestStaleLeaderPlansNothing: a leader whose term was superseded while it was
-// cut off cannot plan a window in the run's log, on MinIO as on a folder.
-func TestStaleLeaderPlansNothing(t *testing.T) {
-	for _, kind := range []string{"folder", "minio"} {
-		t.Run(kind, func(t *testing.T) {
-			var st store.Store
-			if kind == "minio" {
-				m := testutil.RequireMinIO(t)
-				var err error
-				st, err = store.Open(testutil.Context(t, time.Minute), store.Config{URL: "s3://" + testutil.BucketName(t) + "/jobs", Endpoint: m.Endpoint,
-					Credentials: store.Credentials{AccessKey: m.AccessKey, SecretKey: m.SecretKey}, CreateBucket: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { st.Close() })
-			} else {
-				st, _ = store.OpenDir(t.TempDir(), true)
-			}
-			ctx := testutil.Context(t, time.Minute)
-			rl := runlog.New(st, "job")
-			old, _ := rl.NewTerm(ctx, runlog.Term{Leader: "job/rank0"}, 0)
-			if _, err := rl.NewTerm(ctx, runlog.Term{Leader: "job/rank1", Rank: 1}, 0); err != nil {
-				t.Fatal(err)
-			}
-			l := &leaderRun{c: &Coordinator{cfg: Config{Identity: rankagent.Identity{RunName: "job", WorldSize: 1}, AckTimeout: time.Second,
-				MergedName: DefaultMergedName}, name: "job/rank0"}, rl: rl, st: st, term: old.Term, log: testutil.Logger(t)}
-			if _, err := l.createPlan(ctx, runlog.Plan{Kind: runlog.KindWindow, Start: 1, Stop: 2, Ranks: []int{0}}); !errors.Is(err, runlog.ErrSuperseded) {
-				t.Fatalf("a stale leader's plan: %v", err)
-			}
-			if ids, _ := rl.PlanIDs(ctx); len(ids) != 0 {
-				t.Fatalf("plans in the log: %v", ids)
-			}
-			// and its failure of a window is not committed either
-			w := newWin(window.New(window.Config{ID: 1, World: 1, Asked: map[int]int64{0: 1}}), "", nil, "job/w1/merged.manifest.json")
-			if _, err := publish.CommitFailed(ctx, st, w.manifest, publish.FailedWindow{Error: "x", WorldSize: 1}, l.fence); !errors.Is(err, runlog.ErrSuperseded) {
-				t.Fatalf("a stale leader's failure: %v", err)
-			}
-			if _, err := st.Stat(ctx, w.manifest); !errors.Is(err, store.ErrNotFound) {
-				t.Fatalf("a stale leader committed: %v", err)
-			}
-		})
-	}
-}
-
-// TestTakeoverNeverComparesClocks: a leader finding another leader's window
-// unfinished, none of its ranks reachable (the other side of a partition), gives
-// it the window's planned duration from when it found it, on its own clock: a
-// planner whose clock is two hours behind (its deadline long past, read on this
-// host's clock) does not make its live window look abandoned.
-func TestTakeoverNeverComparesClocks(t *testing.T) {
-	c := &Coordinator{cfg: DefaultLocalConfig(rankagent.Identity{RunName: "skew", Rank: 0, WorldSize: 4}), members: map[string]*member{}}
-	l := &leaderRun{c: c, term: 5, seen: map[uint64]time.Time{}, log: testutil.Logger(t)}
-	behind := time.Now().Add(-2 * time.Hour) // the planner's clock
-	p := &runlog.Plan{ID: 9, Term: 4, Leader: "skew/rank2", Ranks: []int{2, 3}, WorldSize: 4, Created: behind, Deadline: behind.Add(time.Minute)}
-	found := l.firstSeen(p)
-	deadline := found.Add(p.Deadline.Sub(p.Created))
-	if time.Until(deadline) < 50*time.Second {
-		t.Fatalf("the window's deadline on this clock: %v from now", time.Until(deadline))
-	}
-	if l.mayRecover(p, deadline) {
-		t.Fatal("a live window across a partition is taken over because another host's clock is behind")
-	}
-	if again := l.firstSeen(p); !again.Equal(found) {
-		t.Fatalf("found again at %v, first at %v", again, found)
-	}
-	// past its duration on this clock (plus the collection time-out), it is taken over
-	if !l.mayRecover(p, time.Now().Add(-c.cfg.CollectTimeout-time.Second)) {
-		t.Fatal("a window past its deadline on this clock is not taken over")
-	}
 }
 
 // TestCommandNeverSentIsSentAgain: a leader that dies after it recorded a

@@ -282,9 +282,10 @@ func TestForgedMessagesChangeNothing(t *testing.T) {
 	stateOf := func(r int) state {
 		rk := tc.ranks[r]
 		agentLast := rk.Agent.LastWindow()
+		pm := rk.Coord.rs.LastPostmortem()
 		rk.Coord.mu.Lock()
 		defer rk.Coord.mu.Unlock()
-		return state{term: rk.Coord.term, seen: rk.Coord.lastWindow, agentLast: agentLast, postmortem: rk.Coord.pm.w.ID}
+		return state{term: rk.Coord.term, seen: rk.Coord.lastWindow, agentLast: agentLast, postmortem: pm}
 	}
 	before := []state{stateOf(0), stateOf(1)}
 	unchanged := func(when string) {

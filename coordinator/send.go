@@ -2,8 +2,6 @@ package coordinator
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"strconv"
@@ -13,6 +11,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 )
 
@@ -23,24 +22,13 @@ type waiter struct {
 	from func(*pb.Envelope) bool // nil: any member
 }
 
-// newSeq is a random request id (never 0).
-func newSeq() uint64 {
-	var b [8]byte
-	for {
-		rand.Read(b[:])
-		if s := binary.LittleEndian.Uint64(b[:]); s != 0 {
-			return s
-		}
-	}
-}
-
 // expect registers a wait for replies to a new request; from says who may answer.
 func (c *Coordinator) expect(buf int, from func(*pb.Envelope) bool) (chan *pb.Envelope, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	seq := newSeq()
+	seq := wire.NewSeq()
 	for c.waiting[seq] != nil {
-		seq = newSeq()
+		seq = wire.NewSeq()
 	}
 	ch := make(chan *pb.Envelope, buf)
 	c.waiting[seq] = &waiter{ch: ch, from: from}

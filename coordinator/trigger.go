@@ -1,12 +1,10 @@
 package coordinator
 
 import (
-	"context"
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/runlog"
 )
 
 // TriggerRank is view.TriggerRank: the leader's queue and the publication read a
@@ -26,41 +24,6 @@ func (c *Coordinator) stillCrossing(rank int) string {
 	return c.cfg.Triggers.Crossed(rank, rv.f)
 }
 
-// loadLastTrigger takes the cooldown up where an earlier leader left it: the
-// newest trigger window in the run's log is the last trigger. Every plan within
-// the cooldown is read, however many windows were asked meanwhile.
-func (l *leaderRun) loadLastTrigger(ctx context.Context) {
-	if !l.c.cfg.Triggers.Enabled() {
-		return
-	}
-	ids, err := l.rl.PlanIDs(ctx)
-	if err != nil {
-		l.log.Warn("cannot read the run's log for the last trigger window; its cooldown starts now", "err", err)
-		l.c.mu.Lock()
-		l.c.lastTrigger = time.Now() // (unknown: the cautious side, no second trigger window at once)
-		l.c.mu.Unlock()
-		return
-	}
-	since := time.Now().Add(-max(l.c.cfg.Triggers.Cooldown, time.Second))
-	for i := len(ids) - 1; i >= 0; i-- {
-		p, err := l.rl.ReadPlan(ctx, ids[i])
-		if err != nil {
-			continue
-		}
-		if p.Kind == runlog.KindTrigger {
-			l.c.mu.Lock()
-			if p.Created.After(l.c.lastTrigger) {
-				l.c.lastTrigger = p.Created
-			}
-			l.c.mu.Unlock()
-			return
-		}
-		if p.Created.Before(since) {
-			return
-		}
-	}
-}
-
 // checkTriggers runs on the leader when a rank's figures arrive: a crossing
 // plans a trigger window (through the leader's queue, as a request of its own)
 // unless one was planned less than Cooldown ago.
@@ -75,19 +38,8 @@ func (c *Coordinator) checkTriggers(rank int, f *pb.Figures) {
 	}
 	c.mu.Lock()
 	l := c.lead
-	if l == nil || (!c.lastTrigger.IsZero() && time.Since(c.lastTrigger) < max(t.Cooldown, time.Second)) {
-		c.mu.Unlock()
-		return
-	}
 	c.mu.Unlock()
-	if l.triggerPending() {
-		return // (one at a time, whatever the cooldown)
+	if l != nil {
+		l.Crossed(why)
 	}
-	c.mu.Lock()
-	c.lastTrigger = time.Now()
-	c.mu.Unlock()
-	c.log.Warn("a rank crossed a trigger: planning a window of every rank", "why", why, "cooldown", t.Cooldown)
-	env := c.envelope(0)
-	env.Body = &pb.Envelope_Request{Request: &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_TRIGGER, Reason: view.TriggerPrefix + why}}
-	l.deliver(env)
 }

@@ -133,37 +133,6 @@ func base(t *testing.T, rank int) int64 {
 	return s.ComputeFigures().Devices[0].PeakAllocatedBytes
 }
 
-// TestOneTriggerAtATime: while a trigger's window is queued or in progress, a
-// rank that keeps crossing asks for no other, whatever the cooldown (a short
-// one filled the leader's queue with trigger windows a request waited behind).
-func TestOneTriggerAtATime(t *testing.T) {
-	c := &Coordinator{cfg: Config{Triggers: view.Triggers{GrowthBytes: 1, GrowthBatches: 1}}, log: slog.New(slog.DiscardHandler)}
-	l := newLeader(c)
-	c.lead = l
-	f := &pb.Figures{Batch: 10, Allocated: 1 << 30, Growth: 1 << 20}
-	c.checkTriggers(1, f)
-	if len(l.msgs) != 1 {
-		t.Fatalf("%d requests after a crossing", len(l.msgs))
-	}
-	l.queue(<-l.msgs) // queued, as the leader's loop does
-	c.lastTrigger = time.Time{}
-	c.checkTriggers(1, f)
-	if len(l.msgs) != 0 {
-		t.Fatal("a second trigger window asked for while one is queued")
-	}
-	l.requests = nil
-	l.triggering = true // (in progress)
-	c.checkTriggers(1, f)
-	if len(l.msgs) != 0 {
-		t.Fatal("a second trigger window asked for while one is in progress")
-	}
-	l.triggering = false
-	c.checkTriggers(1, f)
-	if len(l.msgs) != 1 {
-		t.Fatal("no trigger window once the last one ended")
-	}
-}
-
 // readSummary reads a published merged.summary.json.
 func readSummary(t *testing.T, path string) *analysis.Summary {
 	t.Helper()
@@ -251,9 +220,8 @@ func TestTriggerDeferredWhileTheLogRefusesPlans(t *testing.T) {
 		if l == nil {
 			return false
 		}
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return len(l.deferred) == 1 && l.deferred[0].req.GetRequest().GetKind() == pb.WindowKind_WINDOW_KIND_TRIGGER
+		d := l.Deferred()
+		return len(d) == 1 && d[0] == pb.WindowKind_WINDOW_KIND_TRIGGER
 	}
 	testutil.Eventually(t, time.Minute, "the trigger window deferred, its plan refused", func() bool { return tried.Load() > 0 && deferred() })
 	refuse.Store(false)

@@ -210,6 +210,19 @@ type Outcome struct {
 	Finished time.Time         `json:"finished"`
 }
 
+// MissingOf is the missing ranks and why, as an Outcome keeps them (keyed by
+// the rank's decimal number).
+func MissingOf(m map[int]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for r, why := range m {
+		out[strconv.Itoa(r)] = why
+	}
+	return out
+}
+
 // Schedule is where a run's schedule stands, so that a leader that starts
 // later (restarted, or a relaunched job) neither repeats a once-only window nor
 // loses its place on the grid.

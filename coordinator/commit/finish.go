@@ -457,12 +457,8 @@ func fromManifest(res Result, m *publish.Manifest) Result {
 // outcome writes how the window ended into the run's log; the outcome another
 // writer wrote first is the truth.
 func (f *finisher) outcome(ctx context.Context, res Result) (Result, error) {
-	missing := map[string]string{}
-	for r, why := range res.Missing {
-		missing[strconv.Itoa(r)] = why
-	}
 	o := runlog.Outcome{ID: res.Window, Term: f.term, Kind: res.Kind, State: res.State, Error: res.Error, Ranks: res.Ranks,
-		Missing: missing, Leader: f.cfg.Holder}
+		Missing: runlog.MissingOf(res.Missing), Leader: f.cfg.Holder}
 	if res.State == runlog.Published {
 		o.Manifest = res.Manifest
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -314,3 +315,11 @@ func SuspicionTimeout(mult, n int, interval time.Duration) time.Duration {
 	scale := math.Max(1, math.Log10(math.Max(1, float64(n))))
 	return time.Duration(mult) * time.Duration(scale*1000) * interval / 1000
 }
+
+// IncidentHold is how long a rank keeps its incident (an OOM or crash) for a
+// post-mortem to take, and how long the leader waits before an incident no
+// post-mortem took is an orphan of its own.
+func (c *Config) IncidentHold() time.Duration { return c.PostmortemDeadline + 5*time.Second }
+
+// NodeName is a rank's member name: its run and rank.
+func NodeName(run string, rank int) string { return run + "/rank" + strconv.Itoa(rank) }

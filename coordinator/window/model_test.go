@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/commit"
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
@@ -544,7 +545,7 @@ func (m *model) commitIn(ctx context.Context, st store.Store) (*window.Commit, e
 	if err != nil {
 		return nil, err
 	}
-	return &window.Commit{Failed: mf.Failed(), Pending: len(mf.Pending) > 0, Error: mf.Error}, nil
+	return commit.Of(mf), nil
 }
 
 // exec carries out a leader's effects, as the coordinator's leader does.
@@ -640,7 +641,7 @@ func (m *model) commitFailure(ctx context.Context, l *mleader, w *window.Window,
 	case err != nil:
 		ev.Err, ev.Retryable = err.Error(), !store.Permanent(err)
 	case held.Attempt != attempt || !held.Failed():
-		ev.Held = &window.Commit{Failed: held.Failed(), Pending: len(held.Pending) > 0, Error: held.Error}
+		ev.Held = commit.Of(held)
 	}
 	m.exec(ctx, l, w.Step(ev))
 }
@@ -678,7 +679,7 @@ func (m *model) publish(ctx context.Context, l *mleader, ranks []int, fence func
 	cur, _, err := publish.ReadManifestVersion(ctx, m.st, m.st.manifest)
 	switch {
 	case err == nil:
-		m.exec(ctx, l, w.Step(window.Publication{At: m.now, Held: &window.Commit{Failed: cur.Failed(), Pending: len(cur.Pending) > 0, Error: cur.Error}}))
+		m.exec(ctx, l, w.Step(window.Publication{At: m.now, Held: commit.Of(cur)}))
 		return
 	case !errors.Is(err, store.ErrNotFound):
 		m.exec(ctx, l, w.Step(publicationErr(err)))

@@ -1,4 +1,4 @@
-package coordinator
+package leader
 
 import (
 	"context"
@@ -11,7 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/commit"
+	"github.com/memsnap/memsnap/coordinator/config"
+	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/coordinator/window"
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
@@ -45,28 +49,23 @@ func isSuperseded(err error) bool { return errors.Is(err, runlog.ErrSuperseded) 
 
 // fence is what every commit of this leader asks first: no newer term may be in
 // the run's log.
-func (l *leaderRun) fence(ctx context.Context) error { return l.rl.Fence(ctx, l.term) }
+func (l *Leader) fence(ctx context.Context) error { return l.rl.Fence(ctx, l.term) }
 
 // attempt names this leadership's publication.
-func (l *leaderRun) attempt() string { return "t" + strconv.FormatUint(l.term, 10) }
-
-// commitOf is a manifest as the machine reads it.
-func commitOf(m *publish.Manifest) *window.Commit {
-	return &window.Commit{Failed: m.Failed(), Pending: len(m.Pending) > 0, Error: m.Error}
-}
+func (l *Leader) attempt() string { return "t" + strconv.FormatUint(l.term, 10) }
 
 // held reads the commit another leader made under w's manifest, for a
 // publication refused because of it.
-func (l *leaderRun) held(ctx context.Context, w *win, cause error) window.Publication {
+func (l *Leader) held(ctx context.Context, w *win, cause error) window.Publication {
 	m, err := publish.ReadManifest(ctx, l.st, w.manifest)
 	if err != nil {
 		return window.Publication{At: time.Now(), Err: fmt.Sprintf("%v (and its manifest cannot be read: %v)", cause, err), Retryable: true}
 	}
-	return window.Publication{At: time.Now(), Held: commitOf(m)}
+	return window.Publication{At: time.Now(), Held: commit.Of(m)}
 }
 
 // publicationOf is what a merge's error means for the window.
-func (l *leaderRun) publicationOf(ctx context.Context, w *win, inputs map[int]merge.Input, err error) window.Publication {
+func (l *Leader) publicationOf(ctx context.Context, w *win, inputs map[int]merge.Input, err error) window.Publication {
 	now := time.Now()
 	var ie *merge.InputError
 	switch {
@@ -79,7 +78,7 @@ func (l *leaderRun) publicationOf(ctx context.Context, w *win, inputs map[int]me
 		// manifest says how it ends, and until it does, this leader tries again
 		// (never an outcome of its own that contradicts the other's manifest)
 		if m, rerr := publish.ReadManifest(ctx, l.st, w.manifest); rerr == nil && len(m.Pending) == 0 {
-			return window.Publication{At: now, Held: commitOf(m)}
+			return window.Publication{At: now, Held: commit.Of(m)}
 		}
 		return window.Publication{At: now, Err: err.Error(), Retryable: true}
 	case errors.As(err, &ie) && !retryable(err) && inputs[ie.Rank].Source == ie.Source:
@@ -94,10 +93,10 @@ func (l *leaderRun) publicationOf(ctx context.Context, w *win, inputs map[int]me
 
 // publish merges the stored snapshots of the given ranks and commits the window:
 // the answer first (the machine hears AnswerCommitted), then the rest.
-func (l *leaderRun) publish(ctx context.Context, w *win, ranks []int) {
+func (l *Leader) publish(ctx context.Context, w *win, ranks []int) {
 	if m, err := publish.ReadManifest(ctx, l.st, w.manifest); err == nil {
 		// committed already (an earlier try of this leader's, or another leader)
-		l.step(ctx, w, window.Publication{At: time.Now(), Held: commitOf(m)})
+		l.step(ctx, w, window.Publication{At: time.Now(), Held: commit.Of(m)})
 		return
 	} else if !errors.Is(err, store.ErrNotFound) {
 		l.step(ctx, w, window.Publication{At: time.Now(), Err: err.Error(), Retryable: retryable(err)})
@@ -117,14 +116,14 @@ func (l *leaderRun) publish(ctx context.Context, w *win, ranks []int) {
 
 // complete writes the merged pickles and the timeline of the answer the store
 // holds, from the snapshots it names, whoever answered.
-func (l *leaderRun) complete(ctx context.Context, w *win) {
+func (l *Leader) complete(ctx context.Context, w *win) {
 	m, err := publish.ReadManifest(ctx, l.st, w.manifest)
 	switch {
 	case err != nil:
 		l.step(ctx, w, window.Publication{At: time.Now(), Err: err.Error(), Retryable: retryable(err) || errors.Is(err, store.ErrNotFound)})
 		return
 	case len(m.Pending) == 0:
-		l.step(ctx, w, window.Publication{At: time.Now(), Held: commitOf(m)})
+		l.step(ctx, w, window.Publication{At: time.Now(), Held: commit.Of(m)})
 		return
 	}
 	l.log.Info("the window's answer is published with outputs pending; completing it", "window", w.id(), "manifest", w.manifest, "answered_by", m.Attempt)
@@ -137,7 +136,7 @@ func (l *leaderRun) complete(ctx context.Context, w *win) {
 
 // merge runs the merge of inputs under this leader's fence and steps what came
 // of it.
-func (l *leaderRun) merge(ctx context.Context, w *win, inputs map[int]merge.Input) {
+func (l *Leader) merge(ctx context.Context, w *win, inputs map[int]merge.Input) {
 	cfg := l.mergeConfig(w, inputs)
 	cfg.OnAnswer = func(a merge.Answer) {
 		ans := resultFromManifest(a.Manifest, a.M, l.st)
@@ -167,11 +166,11 @@ func (l *leaderRun) merge(ctx context.Context, w *win, inputs map[int]merge.Inpu
 
 // commitFailure commits the window as failed: its manifest, created once and
 // fenced by this leader's term.
-func (l *leaderRun) commitFailure(ctx context.Context, w *win, e window.CommitFailure) {
+func (l *Leader) commitFailure(ctx context.Context, w *win, e window.CommitFailure) {
 	ev := window.FailureCommitted{At: time.Now()}
 	if w.manifest == "" {
 		// a plan of an earlier version names no manifest: its outcome is its commit
-		_, err := l.rl.Finish(ctx, runlog.Outcome{ID: w.id(), Term: l.term, Kind: kindName(w.m.Kind), State: runlog.Failed, Error: e.Why, Leader: l.c.name, Missing: missingStrings(e.Missing)})
+		_, err := l.rl.Finish(ctx, runlog.Outcome{ID: w.id(), Term: l.term, Kind: kindName(w.m.Kind), State: runlog.Failed, Error: e.Why, Leader: l.m.Name(), Missing: runlog.MissingOf(e.Missing)})
 		if err != nil {
 			ev.Superseded, ev.Err, ev.Retryable = isSuperseded(err), err.Error(), retryable(err)
 		}
@@ -187,32 +186,24 @@ func (l *leaderRun) commitFailure(ctx context.Context, w *win, e window.CommitFa
 	case err != nil:
 		ev.Err, ev.Retryable = err.Error(), retryable(err)
 	case !held.Failed() || held.Attempt != l.attempt():
-		ev.Held = commitOf(held) // another leader committed first: that is how it ended
+		ev.Held = commit.Of(held) // another leader committed first: that is how it ended
 	default:
 		l.log.Error("window failed", "window", w.id(), "why", e.Why, "missing", len(e.Missing))
 	}
 	l.step(ctx, w, ev)
 }
 
-func missingStrings(m map[int]string) map[string]string {
-	out := make(map[string]string, len(m))
-	for r, why := range m {
-		out[strconv.Itoa(r)] = why
-	}
-	return out
-}
-
 // writeOutcome writes how the window ended into the run's log, as its commit
 // says (the log is an index of the commits), retrying a failing store for up to
 // 30 s (PublishTimeout when shorter); a later sweep writes one this could not.
-func (l *leaderRun) writeOutcome(ctx context.Context, w *win, e window.WriteOutcome) {
-	o := runlog.Outcome{ID: w.id(), Term: l.term, Kind: kindName(w.m.Kind), State: runlog.Published, Error: e.Why, Leader: l.c.name,
-		Manifest: w.manifest, Missing: missingStrings(w.m.MissingReasons())}
+func (l *Leader) writeOutcome(ctx context.Context, w *win, e window.WriteOutcome) {
+	o := runlog.Outcome{ID: w.id(), Term: l.term, Kind: kindName(w.m.Kind), State: runlog.Published, Error: e.Why, Leader: l.m.Name(),
+		Manifest: w.manifest, Missing: runlog.MissingOf(w.m.MissingReasons())}
 	if e.Phase == window.Failed {
 		o.State, o.Manifest = runlog.Failed, w.manifest
 	}
 	o.Ranks = w.m.Mergeable()
-	give := time.Now().Add(min(l.c.cfg.PublishTimeout, 30*time.Second))
+	give := time.Now().Add(min(l.cfg.PublishTimeout, 30*time.Second))
 	wait := retry.Backoff{Min: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		got, err := l.rl.Finish(ctx, o)
@@ -233,7 +224,7 @@ func (l *leaderRun) writeOutcome(ctx context.Context, w *win, e window.WriteOutc
 }
 
 // tellEnd tells every member waiting for w how it ended, from its commit.
-func (l *leaderRun) tellEnd(ctx context.Context, w *win) {
+func (l *Leader) tellEnd(ctx context.Context, w *win) {
 	if w.res == nil || w.m.Phase != window.Published {
 		w.res = l.resultOfCommit(ctx, w)
 	}
@@ -243,7 +234,7 @@ func (l *leaderRun) tellEnd(ctx context.Context, w *win) {
 
 // resultOfCommit is w's result as its commit says (the machine's word where the
 // commit cannot be read).
-func (l *leaderRun) resultOfCommit(ctx context.Context, w *win) *pb.WindowResult {
+func (l *Leader) resultOfCommit(ctx context.Context, w *win) *pb.WindowResult {
 	m, err := publish.ReadManifest(ctx, l.st, w.manifest)
 	if err == nil {
 		res := l.resultOfManifest(w.manifest, m)
@@ -274,7 +265,7 @@ func (l *leaderRun) resultOfCommit(ctx context.Context, w *win) *pb.WindowResult
 
 // resultOfManifest is a committed window's result: published (or answered), or
 // failed with its reason.
-func (l *leaderRun) resultOfManifest(key string, m *publish.Manifest) *pb.WindowResult {
+func (l *Leader) resultOfManifest(key string, m *publish.Manifest) *pb.WindowResult {
 	if !m.Failed() {
 		return resultFromManifest(key, m, l.st)
 	}
@@ -296,7 +287,7 @@ func (l *leaderRun) resultOfManifest(key string, m *publish.Manifest) *pb.Window
 // not a missing rank. The sidecars are read coverageReaders at a time (at 1,024
 // ranks, one after another, a store's latency alone would hold the answer for a
 // second), and the merge takes the bytes read rather than reading them again.
-func (l *leaderRun) inputs(ctx context.Context, w *win, ranks []int) (map[int]merge.Input, map[int]string, error) {
+func (l *Leader) inputs(ctx context.Context, w *win, ranks []int) (map[int]merge.Input, map[int]string, error) {
 	inputs := map[int]merge.Input{}
 	unfit := map[int]string{}
 	var check []int
@@ -362,25 +353,25 @@ const coverageReaders = 32
 
 // mergeConfig is the merge of w's inputs, published under this leader's attempt
 // and fenced by its term.
-func (l *leaderRun) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config {
+func (l *Leader) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config {
 	var ins []merge.Input
 	for _, in := range inputs {
 		ins = append(ins, in)
 	}
 	sort.Slice(ins, func(i, j int) bool { return ins[i].Rank < ins[j].Rank })
-	run := l.c.cfg.Identity.RunName
+	run := l.cfg.Identity.RunName
 	id, start, stop := w.id(), w.m.Start, w.m.Stop
-	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.c.cfg.MergedName, Vars: l.vars(id, stop), WorldSize: w.m.World, Progressive: true,
+	cfg := merge.Config{Inputs: ins, Out: l.st, OutputBase: l.cfg.MergedName, Vars: l.vars(id, stop), WorldSize: w.m.World, Progressive: true,
 		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, id, start, stop-1),
 		Window: &sidecar.WindowInfo{ID: id, Start: start, Stop: stop}, MissingReasons: w.m.MissingReasons(), Logger: l.log.With("window", id),
 		Reason: w.reason, Kind: kindName(w.m.Kind), FromAnalyses: true, Supersede: true, Attempt: l.attempt(), Fence: l.fence, Partial: partialOf(w, inputs)}
-	if rank, why, ok := TriggerRank(w.reason); ok && w.m.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER {
+	if rank, why, ok := view.TriggerRank(w.reason); ok && w.m.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER {
 		cfg.Focus = &analysis.Focus{Rank: rank, Why: "crossed a trigger: " + why}
 		if w.m.Dump {
 			cfg.Title = fmt.Sprintf("%s, trigger (window %d): every rank's history up to rank %d crossing", run, id, rank)
 		}
 	}
-	if w.m.World > l.c.cfg.FullDetailRanks {
+	if w.m.World > l.cfg.FullDetailRanks {
 		cfg.Detail = merge.DetailDiff // the pickles hold the ranks the diff compares; the rest is in the summary and report
 	}
 	if w.m.Postmortem() {
@@ -420,7 +411,7 @@ func partialOf(w *win, inputs map[int]merge.Input) map[int]string {
 
 // input is rank r's stored snapshot as a merge input, with the rank's own
 // analysis of it where it stored one (so the leader need not decode it).
-func (l *leaderRun) input(res *pb.RankResult, r int) merge.Input {
+func (l *Leader) input(res *pb.RankResult, r int) merge.Input {
 	in := merge.StoreInput(l.st, res.Key, res.MetaKey, r)
 	if res.AnalysisKey != "" {
 		in = in.WithAnalysis(merge.StoreAnalysis(l.st, res.AnalysisKey))
@@ -430,7 +421,7 @@ func (l *leaderRun) input(res *pb.RankResult, r int) merge.Input {
 
 // checkCoverage reads a rank's sidecar and says why its batch marks are not
 // exactly the window's batches ("" when they are, with the sidecar's bytes).
-func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank int, w *win) ([]byte, string, error) {
+func (l *Leader) checkCoverage(ctx context.Context, r *pb.RankResult, rank int, w *win) ([]byte, string, error) {
 	if r.MetaKey == "" {
 		return nil, "its snapshot has no metadata", nil
 	}
@@ -454,9 +445,9 @@ func (l *leaderRun) checkCoverage(ctx context.Context, r *pb.RankResult, rank in
 // coverageOf says why a rank's sidecar is not its recording of the window,
 // covering exactly the window's batches or, partial, a run of them ("" when it
 // is).
-func (l *leaderRun) coverageOf(m *sidecar.RankMeta, rank int, w *win) string {
+func (l *Leader) coverageOf(m *sidecar.RankMeta, rank int, w *win) string {
 	res := w.m.Ranks[rank].Result
-	return m.Fits(rank, l.c.cfg.Identity.RunName, w.id(), w.m.Start, w.m.Stop, res != nil && res.Partial != "", false)
+	return m.Fits(rank, l.cfg.Identity.RunName, w.id(), w.m.Start, w.m.Stop, res != nil && res.Partial != "", false)
 }
 
 // outputURLs lists a merge's outputs (the HTML report first, then by name),
@@ -514,8 +505,8 @@ func resultFromManifest(key string, m *publish.Manifest, st store.Store) *pb.Win
 // reports in the log and the live ranks' status, waiting for ranks that still
 // record it (until its deadline, counted on this leader's clock from when it
 // found the window).
-func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
-	c := l.c
+func (l *Leader) recoverPlan(ctx context.Context, p *runlog.Plan) {
+	c := l.m
 	log := l.log.With("window", p.ID)
 	found := l.firstSeen(p)
 	asked := map[int]int64{}
@@ -540,7 +531,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 			// committed, and its outcome never written (or its answer's detail is to come)
 			log.Info("taking over a committed window", "manifest", p.Manifest, "failed", m.Failed(), "pending", m.Pending, "planned_by", p.Leader, "term", p.Term)
 			w := mk(window.Recover(window.Resume{Config: cfg, At: time.Now()}))
-			l.step(ctx, w, window.Publication{At: time.Now(), Held: commitOf(m)})
+			l.step(ctx, w, window.Publication{At: time.Now(), Held: commit.Of(m)})
 			l.drive(ctx, w)
 			l.finishRecovery(w)
 			return
@@ -569,15 +560,15 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	}
 	fs := l.found(ctx, p, reports, asked)
 	now := time.Now()
-	w := mk(window.Recover(window.Resume{Config: cfg, Found: fs, At: now, RejoinGrace: c.cfg.RejoinGrace}))
+	w := mk(window.Recover(window.Resume{Config: cfg, Found: fs, At: now, RejoinGrace: l.cfg.RejoinGrace}))
 	pending := len(w.m.Outstanding()) > 0
 	log.Info("finishing a window an earlier leader left unfinished", "kind", p.Kind, "start", p.Start, "stop", p.Stop, "reports", len(reports),
 		"waiting", pending, "planned_by", p.Leader, "term", p.Term)
-	ch, seq := c.expect(4*len(asked)+16, c.fromRanks())
+	ch, seq := c.ExpectRanks(4*len(asked) + 16)
 	if !w.m.Dumps() {
 		// the command, for a rank that never heard of the window (its leader
 		// died before the command reached it): it is sent again
-		w.cmd = c.envelope(w.id())
+		w.cmd = c.Envelope(w.id())
 		w.cmd.Seq, w.cmd.Term = seq, l.term
 		ranks := make([]int32, 0, len(asked))
 		for _, r := range slices.Sorted(maps.Keys(asked)) {
@@ -586,7 +577,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 		w.cmd.Body = &pb.Envelope_Plan{Plan: &pb.Plan{Start: p.Start, Stop: p.Stop, Reason: nonEmpty(p.Reason, "recovered"), WorldSize: int32(p.WorldSize), Ranks: ranks}}
 	}
 	l.collect(ctx, w, ch, nil)
-	c.forget(seq)
+	c.Forget(seq)
 	l.drive(ctx, w)
 	l.finishRecovery(w)
 	if pending && !w.m.Dumps() && w.end != steppedDown {
@@ -596,7 +587,7 @@ func (l *leaderRun) recoverPlan(ctx context.Context, p *runlog.Plan) {
 
 // incidentReports adds to reports, for the ranks asked of post-mortem p with no
 // report of it, the incident each stored around p's time (addIncidents).
-func (l *leaderRun) incidentReports(ctx context.Context, p *runlog.Plan, reports map[int]*runlog.Report, asked map[int]int64) bool {
+func (l *Leader) incidentReports(ctx context.Context, p *runlog.Plan, reports map[int]*runlog.Report, asked map[int]int64) bool {
 	reps := map[int]*pb.RankResult{}
 	var ranks []int
 	for r := range asked {
@@ -608,7 +599,7 @@ func (l *leaderRun) incidentReports(ctx context.Context, p *runlog.Plan, reports
 		return false
 	}
 	for r, res := range reps {
-		rep := reportOf(p.ID, r, res)
+		rep := wire.ReportOf(p.ID, r, res)
 		reports[r] = &rep
 	}
 	return true
@@ -617,22 +608,22 @@ func (l *leaderRun) incidentReports(ctx context.Context, p *runlog.Plan, reports
 // found is what a leader taking window p over finds of each rank asked: its
 // report in the run's log, and its answer to a poll (or when it was last heard
 // of, for one that is not a member now).
-func (l *leaderRun) found(ctx context.Context, p *runlog.Plan, reports map[int]*runlog.Report, asked map[int]int64) map[int]window.Found {
-	c := l.c
+func (l *Leader) found(ctx context.Context, p *runlog.Plan, reports map[int]*runlog.Report, asked map[int]int64) map[int]window.Found {
+	c := l.m
 	var live []int
-	for r := range c.rankNodes() {
+	for r := range c.RankNodes() {
 		if r < p.WorldSize {
 			live = append(live, r)
 		}
 	}
-	sts := statusesOf(c.status(ctx, live), p.ID)
-	agents := c.rankAgents()
+	sts := statusesOf(c.Status(ctx, live), p.ID)
+	agents := c.RankAgents()
 	now := time.Now()
 	fs := map[int]window.Found{}
 	for r := range asked {
 		f := window.Found{}
 		if rep := reports[r]; rep != nil {
-			f.Report = resultOfReport(rep)
+			f.Report = wire.ResultOfReport(rep)
 		}
 		if planned, now := p.Agents[strconv.Itoa(r)], agents[r]; planned != "" && now != "" && now != planned {
 			f.OtherAgent = true // (restarted since, or a later launch of the run)
@@ -640,7 +631,7 @@ func (l *leaderRun) found(ctx context.Context, p *runlog.Plan, reports map[int]*
 		if st, ok := sts[r]; ok {
 			f.Status = &st
 		} else {
-			f.LastHeard = c.lastHeard(NodeName(c.cfg.Identity.RunName, r), now)
+			f.LastHeard = c.LastHeard(config.NodeName(l.cfg.Identity.RunName, r), now)
 		}
 		fs[r] = f
 	}
@@ -649,7 +640,7 @@ func (l *leaderRun) found(ctx context.Context, p *runlog.Plan, reports map[int]*
 
 // finishRecovery hands over what a taken-over window leaves: its members
 // waiting keep waiting for a later try when it did not end here.
-func (l *leaderRun) finishRecovery(w *win) {
+func (l *Leader) finishRecovery(w *win) {
 	if w.end == ended {
 		l.mu.Lock()
 		delete(l.seen, w.id())
@@ -662,10 +653,10 @@ func (l *leaderRun) finishRecovery(w *win) {
 // firstSeen is when this leader first found window p unfinished, on its own
 // clock: a window taken over is given its planned duration from then, never
 // judged by comparing another host's clock with this one's.
-func (l *leaderRun) firstSeen(p *runlog.Plan) time.Time {
+func (l *Leader) firstSeen(p *runlog.Plan) time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if p.Term == l.term && p.Leader == l.c.name {
+	if p.Term == l.term && p.Leader == l.m.Name() {
 		// its own window, planned under this term: planned on this clock
 		return p.Created
 	}
@@ -684,14 +675,14 @@ func (l *leaderRun) firstSeen(p *runlog.Plan) time.Time {
 // deadline (on this leader's clock) has passed. A window of another leader none
 // of whose ranks is a member here is being recorded on the other side of a
 // partition: it is left to its leader until its deadline.
-func (l *leaderRun) mayRecover(p *runlog.Plan, deadline time.Time) bool {
-	if p.Term == l.term || time.Now().After(deadline.Add(l.c.cfg.CollectTimeout)) {
+func (l *Leader) mayRecover(p *runlog.Plan, deadline time.Time) bool {
+	if p.Term == l.term || time.Now().After(deadline.Add(l.cfg.CollectTimeout)) {
 		return true
 	}
-	if l.c.node(p.Leader) != nil {
+	if l.m.Node(p.Leader) != nil {
 		return true
 	}
-	nodes := l.c.rankNodes()
+	nodes := l.m.RankNodes()
 	for _, r := range p.Ranks {
 		if nodes[r] != nil {
 			return true

@@ -1,4 +1,4 @@
-package coordinator
+package leader
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/coordinator/commit"
+	"github.com/memsnap/memsnap/coordinator/config"
+	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/retry"
@@ -23,7 +25,7 @@ import (
 	"github.com/memsnap/memsnap/runlog"
 )
 
-// leaderRun is the leader's work, started when this member becomes leader and
+// Leader is the leader's work, started when this member becomes leader and
 // stopped (and waited for) when it stops being one.
 //
 // A leadership has a term, taken in the run's log (runlog) when it starts: terms
@@ -31,8 +33,9 @@ import (
 // an older one, so a leader that wakes from a stall, or a partition's leader after
 // the cut heals, never acts on stale state: it takes a new term first, and with it
 // finishes whatever the log says is unfinished.
-type leaderRun struct {
-	c      *Coordinator
+type Leader struct {
+	m      Member
+	cfg    *config.Config
 	log    *slog.Logger
 	msgs   chan *pb.Envelope
 	wakeCh chan struct{}
@@ -56,6 +59,8 @@ type leaderRun struct {
 	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
 	// triggering: a trigger window is in progress (trigger.go)
 	triggering bool
+	// lastTrigger is when the last trigger window was taken (trigger.go)
+	lastTrigger time.Time
 	// ctx is the leader loop's, once it took a term (nil before, and after it ends)
 	ctx context.Context
 	// deferred are post-mortems and trigger windows whose plans the run's log
@@ -73,7 +78,7 @@ type deferredReq struct {
 // deferRequest serves req again later, with backoff: a post-mortem or a trigger
 // window whose plan the run's log cannot take now is taken once it can, never
 // dropped. One post-mortem waits at a time (the ranks of one incident all ask).
-func (l *leaderRun) deferRequest(req *pb.Envelope, why error) {
+func (l *Leader) deferRequest(req *pb.Envelope, why error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	kind := req.GetRequest().GetKind()
@@ -96,7 +101,7 @@ func (l *leaderRun) deferRequest(req *pb.Envelope, why error) {
 }
 
 // undefer queues the deferred requests that are due, first.
-func (l *leaderRun) undefer() {
+func (l *Leader) undefer() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
@@ -117,52 +122,55 @@ func (l *leaderRun) undefer() {
 // failing in the same incident) start none of their own.
 const postmortemQuiet = 30 * time.Second
 
-func (l *leaderRun) busy() bool {
+// Busy reports whether the leader has a window in progress, queued or waited for.
+func (l *Leader) Busy() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.working > 0 || len(l.requests) > 0 || len(l.msgs) > 0 || len(l.pending) > 0
 }
 
-func newLeader(c *Coordinator) *leaderRun {
-	l := &leaderRun{c: c, log: c.log.With("role", "leader"), msgs: make(chan *pb.Envelope, 1<<14), wakeCh: make(chan struct{}, 1),
+// New prepares the leader's work for the member m, under the member's
+// configuration cfg (read only); Start runs it.
+func New(m Member, cfg *config.Config, log *slog.Logger) *Leader {
+	l := &Leader{m: m, cfg: cfg, log: log.With("role", "leader"), msgs: make(chan *pb.Envelope, 1<<14), wakeCh: make(chan struct{}, 1),
 		done: make(chan struct{}), next: -1, pending: map[uint64][]*pb.Envelope{}, seen: map[uint64]time.Time{}}
-	if c.cfg.Schedule.Enabled {
-		l.next = c.cfg.Schedule.Skip
+	if cfg.Schedule.Enabled {
+		l.next = cfg.Schedule.Skip
 	}
 	return l
 }
 
-// start runs the leader loop; the caller holds c.mu (so Shutdown never finds it
-// half started).
-func (l *leaderRun) start(ctx context.Context) {
+// Start runs the leader loop on a goroutine counted in wg; the member calls it
+// under its own lock (so its Shutdown never finds the leader half started).
+func (l *Leader) Start(ctx context.Context, wg *sync.WaitGroup) {
 	ctx, l.cancel = context.WithCancel(ctx)
-	l.c.wg.Add(1)
+	wg.Add(1)
 	go func() {
-		defer l.c.wg.Done()
+		defer wg.Done()
 		defer close(l.done)
 		l.run(ctx)
 	}()
 }
 
-// stop ends the leader's work and waits for it.
-func (l *leaderRun) stop() {
+// Stop ends the leader's work and waits for it.
+func (l *Leader) Stop() {
 	l.cancel()
 	<-l.done
 }
 
-// wake makes the loop look again (a newer term was seen).
-func (l *leaderRun) wake() {
+// Wake makes the loop look again (a newer term was seen).
+func (l *Leader) Wake() {
 	select {
 	case l.wakeCh <- struct{}{}:
 	default:
 	}
 }
 
-// watchNow answers at once, on a goroutine of its own, a member asking how a
+// WatchNow answers at once, on a goroutine of its own, a member asking how a
 // window ended (a client re-asking a new leader): the log answers it, and it
 // never waits behind a window this leader is planning. It reports false when
 // the leader cannot yet (its store is not open): the message is delivered.
-func (l *leaderRun) watchNow(env *pb.Envelope) bool {
+func (l *Leader) WatchNow(env *pb.Envelope) bool {
 	r := env.GetRequest()
 	if r == nil || env.WindowId == 0 || r.Kind == pb.WindowKind_WINDOW_KIND_OOM || r.Kind == pb.WindowKind_WINDOW_KIND_CRASH {
 		return false
@@ -170,11 +178,11 @@ func (l *leaderRun) watchNow(env *pb.Envelope) bool {
 	l.mu.Lock()
 	ctx := l.ctx
 	l.mu.Unlock()
-	return ctx != nil && l.c.spawn(func() { l.answerWatch(ctx, env) })
+	return ctx != nil && l.m.Spawn(func() { l.answerWatch(ctx, env) })
 }
 
-// deliver hands a message to the leader; it never blocks.
-func (l *leaderRun) deliver(env *pb.Envelope) {
+// Deliver hands a message to the leader; it never blocks.
+func (l *Leader) Deliver(env *pb.Envelope) {
 	select {
 	case l.msgs <- env:
 	default:
@@ -182,24 +190,24 @@ func (l *leaderRun) deliver(env *pb.Envelope) {
 	}
 }
 
-func (l *leaderRun) run(ctx context.Context) {
+func (l *Leader) run(ctx context.Context) {
 	l.log.Info("leading")
 	defer l.log.Info("no longer leading")
 	st, err := l.openStore(ctx)
 	if err != nil {
 		return
 	}
-	l.st, l.rl = st, runlog.New(st, l.c.cfg.Identity.RunName)
+	l.st, l.rl = st, runlog.New(st, l.cfg.Identity.RunName)
 	defer st.Close()
 	defer func() {
 		l.mu.Lock()
 		l.ctx = nil
 		l.mu.Unlock()
 	}()
-	tick := time.NewTicker(l.c.cfg.StatusTimeout)
+	tick := time.NewTicker(l.cfg.StatusTimeout)
 	defer tick.Stop()
 	for ctx.Err() == nil {
-		if l.term == 0 || l.term < l.c.Term() {
+		if l.term == 0 || l.term < l.m.Term() {
 			if !l.renewTerm(ctx) {
 				return
 			}
@@ -228,7 +236,7 @@ func (l *leaderRun) run(ctx context.Context) {
 	}
 }
 
-func (l *leaderRun) pop() *pb.Envelope {
+func (l *Leader) pop() *pb.Envelope {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.requests) == 0 {
@@ -240,7 +248,7 @@ func (l *leaderRun) pop() *pb.Envelope {
 }
 
 // pushFront queues req to be served next.
-func (l *leaderRun) pushFront(req *pb.Envelope) {
+func (l *Leader) pushFront(req *pb.Envelope) {
 	l.mu.Lock()
 	l.requests = append([]*pb.Envelope{req}, l.requests...)
 	l.mu.Unlock()
@@ -248,7 +256,7 @@ func (l *leaderRun) pushFront(req *pb.Envelope) {
 
 // queue queues req, unless the same request (a member asking again) is queued
 // already; it reports whether it queued it.
-func (l *leaderRun) queue(req *pb.Envelope) bool {
+func (l *Leader) queue(req *pb.Envelope) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if req.Seq != 0 && watching(l.requests, req) {
@@ -263,17 +271,16 @@ func (l *leaderRun) queue(req *pb.Envelope) bool {
 }
 
 // setTriggering says whether a trigger window is in progress.
-func (l *leaderRun) setTriggering(on bool) {
+func (l *Leader) setTriggering(on bool) {
 	l.mu.Lock()
 	l.triggering = on
 	l.mu.Unlock()
 }
 
-// triggerPending reports whether a trigger's window is queued or in progress:
-// a rank that keeps crossing a trigger asks for no more meanwhile.
-func (l *leaderRun) triggerPending() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// triggerPendingLocked reports whether a trigger's window is queued or in
+// progress (l.mu held): a rank that keeps crossing a trigger asks for no more
+// meanwhile.
+func (l *Leader) triggerPendingLocked() bool {
 	if l.triggering {
 		return true
 	}
@@ -290,13 +297,25 @@ func (l *leaderRun) triggerPending() bool {
 	return false
 }
 
+// Deferred are the kinds of the windows waiting for the run's log to take
+// their plans (deferRequest), the first due first.
+func (l *Leader) Deferred() []pb.WindowKind {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []pb.WindowKind
+	for _, d := range l.deferred {
+		out = append(out, d.req.GetRequest().GetKind())
+	}
+	return out
+}
+
 // maxQueued bounds the requests a leader holds.
 const maxQueued = 4096
 
-func (l *leaderRun) openStore(ctx context.Context) (store.Store, error) {
+func (l *Leader) openStore(ctx context.Context) (store.Store, error) {
 	wait := retry.Backoff{Min: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
-		st, err := l.c.cfg.OpenStore(ctx)
+		st, err := l.cfg.OpenStore(ctx)
 		if err == nil {
 			return st, nil
 		}
@@ -314,7 +333,7 @@ func (l *leaderRun) openStore(ctx context.Context) (store.Store, error) {
 // renewTerm takes a new term in the run's log, newer than every term seen, and
 // finishes what the log says is unfinished. It retries a store that is away; it
 // returns false once ctx ends.
-func (l *leaderRun) renewTerm(ctx context.Context) bool {
+func (l *Leader) renewTerm(ctx context.Context) bool {
 	if d := time.Until(l.renew.Add(time.Second)); d > 0 { // two members that both think they lead must not race terms up
 		select {
 		case <-ctx.Done():
@@ -324,15 +343,15 @@ func (l *leaderRun) renewTerm(ctx context.Context) bool {
 	}
 	wait := retry.Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
 	for {
-		t, err := l.rl.NewTerm(ctx, runlog.Term{Leader: l.c.name, Rank: int(l.c.rank())}, l.c.Term()+1)
+		t, err := l.rl.NewTerm(ctx, runlog.Term{Leader: l.m.Name(), Rank: int(l.m.Rank())}, l.m.Term()+1)
 		if err == nil {
 			prev := l.term
 			l.term, l.renew = t.Term, time.Now()
 			l.mu.Lock()
 			l.ctx = ctx // (watches are answered at once from here on: watchNow)
 			l.mu.Unlock()
-			l.c.believe(t.Term)
-			l.c.updateMeta() // the cluster learns the term from its leader's metadata
+			l.m.Believe(t.Term)
+			l.m.UpdateMeta() // the cluster learns the term from its leader's metadata
 			l.log.Info("leadership term taken", "term", t.Term, "previous", prev)
 			l.loadSchedule(ctx)
 			l.loadLastTrigger(ctx)
@@ -353,7 +372,7 @@ func (l *leaderRun) renewTerm(ctx context.Context) bool {
 // refuseWhileDown answers the requests that arrive while the leader cannot reach
 // the store: a window cannot be planned without it, and a member that asked must
 // hear so now rather than wait.
-func (l *leaderRun) refuseWhileDown(ctx context.Context, cause error) {
+func (l *Leader) refuseWhileDown(ctx context.Context, cause error) {
 	var reqs []*pb.Envelope
 	l.mu.Lock()
 	reqs, l.requests = l.requests, nil
@@ -379,21 +398,21 @@ func (l *leaderRun) refuseWhileDown(ctx context.Context, cause error) {
 		if req.WindowId != 0 {
 			res.State = pb.Outcome_OUTCOME_UNKNOWN
 		}
-		env := l.c.envelope(req.WindowId)
+		env := l.m.Envelope(req.WindowId)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
 		l.reply(req, env, true)
 	}
 }
 
 // idle handles a message that arrives while no window is in progress.
-func (l *leaderRun) idle(ctx context.Context, env *pb.Envelope) {
+func (l *Leader) idle(ctx context.Context, env *pb.Envelope) {
 	r := env.GetRequest()
 	switch {
 	case r == nil:
 	case env.WindowId != 0 && r.Kind != pb.WindowKind_WINDOW_KIND_OOM && r.Kind != pb.WindowKind_WINDOW_KIND_CRASH:
 		// how a window ended: answered at once from the log, never queued behind
 		// new windows
-		if !l.c.spawn(func() { l.answerWatch(ctx, env) }) {
+		if !l.m.Spawn(func() { l.answerWatch(ctx, env) }) {
 			l.queue(env)
 		}
 	default:
@@ -401,22 +420,22 @@ func (l *leaderRun) idle(ctx context.Context, env *pb.Envelope) {
 	}
 }
 
-func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
+func (l *Leader) serveRequest(ctx context.Context, req *pb.Envelope) {
 	r := req.GetRequest()
 	switch {
 	case req.WindowId != 0: // how did window N end?
 		l.answerWatch(ctx, req)
 	case r.Kind == pb.WindowKind_WINDOW_KIND_OOM || r.Kind == pb.WindowKind_WINDOW_KIND_CRASH:
 		l.postmortem(ctx, req)
-	case !l.c.isRankMember(req) && req.SenderRank >= 0:
+	case !l.m.IsRankMember(req) && req.SenderRank >= 0:
 		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, "a request naming a rank from a member that is not that rank")
 	default:
 		length := r.Batches
 		if length == 0 {
-			length = l.c.cfg.WindowBatches
+			length = l.cfg.WindowBatches
 		}
-		if length < 0 || length > MaxWindowBatches {
-			l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("a window of %d batches (1 to %d)", length, MaxWindowBatches))
+		if length < 0 || length > config.MaxWindowBatches {
+			l.answer(req, pb.AckCode_ACK_BAD_REQUEST, fmt.Sprintf("a window of %d batches (1 to %d)", length, config.MaxWindowBatches))
 			return
 		}
 		if r.ExpiresUs > 0 && time.Now().After(time.UnixMicro(r.ExpiresUs)) {
@@ -440,20 +459,20 @@ func (l *leaderRun) serveRequest(ctx context.Context, req *pb.Envelope) {
 		}
 		l.answer(req, pb.AckCode_ACK_OK, "")
 		kind := pb.WindowKind_WINDOW_KIND_WINDOW
-		if r.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER && req.Sender == l.c.name {
+		if r.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER && req.Sender == l.m.Name() {
 			kind = r.Kind // (only this leader's own triggers plan one)
-			if rank, _, ok := TriggerRank(r.Reason); ok && l.c.stillCrossing(rank) == "" {
+			if rank, _, ok := view.TriggerRank(r.Reason); ok && l.m.StillCrossing(rank) == "" {
 				// it waited behind another window, and its rank no longer crosses
 				// (it left, or ran out of memory meanwhile): no window for nothing
 				l.log.Info("a trigger's rank no longer crosses it; no window", "rank", rank, "trigger", r.Reason)
-				l.c.mu.Lock()
-				l.c.lastTrigger = time.Time{} // (the cooldown is not spent on it)
-				l.c.mu.Unlock()
+				l.mu.Lock()
+				l.lastTrigger = time.Time{} // (the cooldown is not spent on it)
+				l.mu.Unlock()
 				return
 			}
 			l.setTriggering(true)
 			defer l.setTriggering(false)
-			if l.c.cfg.Triggers.Dump {
+			if l.cfg.Triggers.Dump {
 				// the history that led here, every rank's, at once
 				l.dumps(ctx, dumpPlan{kind: kind, reason: nonEmpty(r.Reason, "trigger"), failedRank: -1, req: req})
 				return
@@ -468,7 +487,7 @@ func requestID(req *pb.Envelope) string { return fmt.Sprintf("%s#%016x", req.Sen
 
 // served returns the window that already serves req, from the newest plans in
 // the run's log (0: none; an error where the log could not be read).
-func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) (uint64, error) {
+func (l *Leader) served(ctx context.Context, req *pb.Envelope) (uint64, error) {
 	if req.Seq == 0 {
 		return 0, nil
 	}
@@ -501,7 +520,7 @@ func (l *leaderRun) served(ctx context.Context, req *pb.Envelope) (uint64, error
 // requestPlans are the plans that may serve request id: the one the log notes
 // for it (whatever the windows planned since), else the newest plans (a log
 // of an earlier version notes none).
-func (l *leaderRun) requestPlans(ctx context.Context, id string) ([]*runlog.Plan, error) {
+func (l *Leader) requestPlans(ctx context.Context, id string) ([]*runlog.Plan, error) {
 	w, err := l.rl.RequestWindow(ctx, id)
 	if err != nil && !errors.Is(err, runlog.ErrMalformed) {
 		return nil, err
@@ -519,14 +538,14 @@ func (l *leaderRun) requestPlans(ctx context.Context, id string) ([]*runlog.Plan
 }
 
 // answer acks a request (ok, or refused with code).
-func (l *leaderRun) answer(req *pb.Envelope, code pb.AckCode, why string) {
+func (l *Leader) answer(req *pb.Envelope, code pb.AckCode, why string) {
 	if req.Seq == 0 {
 		if code != pb.AckCode_ACK_OK {
 			l.log.Warn("refused a request", "from", req.Sender, "why", why)
 		}
 		return
 	}
-	env := l.c.envelope(req.WindowId)
+	env := l.m.Envelope(req.WindowId)
 	env.Body = &pb.Envelope_Ack{Ack: &pb.Ack{Ok: code == pb.AckCode_ACK_OK, Code: code, Message: why, Term: l.term}}
 	l.reply(req, env, code != pb.AckCode_ACK_OK)
 }
@@ -534,7 +553,7 @@ func (l *leaderRun) answer(req *pb.Envelope, code pb.AckCode, why string) {
 // answerWatch tells a member that asks about a window not in progress how it
 // ended, from its commit in the store; a window the log holds unfinished is
 // finished by this leader, which answers then.
-func (l *leaderRun) answerWatch(ctx context.Context, req *pb.Envelope) {
+func (l *Leader) answerWatch(ctx context.Context, req *pb.Envelope) {
 	id := req.WindowId
 	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_UNKNOWN, Window: id, Store: l.st.String()}
 	p, err := l.rl.ReadPlan(ctx, id)
@@ -555,7 +574,7 @@ func (l *leaderRun) answerWatch(ctx context.Context, req *pb.Envelope) {
 			if got != nil { // answered: the rest is to come
 				l.tellAnswer(id, []*pb.Envelope{req}, got)
 			}
-			l.wake()
+			l.Wake()
 			return
 		default:
 			res = got
@@ -565,21 +584,21 @@ func (l *leaderRun) answerWatch(ctx context.Context, req *pb.Envelope) {
 	default:
 		res.Error = "the run's log cannot be read: " + err.Error()
 	}
-	env := l.c.envelope(id)
+	env := l.m.Envelope(id)
 	env.Body = &pb.Envelope_WindowResult{WindowResult: res}
 	l.reply(req, env, true)
 }
 
 // windowEnd is how window p stands as its commit and outcome say: done when it
 // ended (res says how), or not yet (res is its answer when it has one).
-func (l *leaderRun) windowEnd(ctx context.Context, p *runlog.Plan) (res *pb.WindowResult, done bool, err error) {
+func (l *Leader) windowEnd(ctx context.Context, p *runlog.Plan) (res *pb.WindowResult, done bool, err error) {
 	var c *window.Commit
 	var m *publish.Manifest
 	if p.Manifest != "" {
 		m, err = publish.ReadManifest(ctx, l.st, p.Manifest)
 		switch {
 		case err == nil:
-			c = commitOf(m)
+			c = commit.Of(m)
 		case errors.Is(err, store.ErrNotFound):
 		default:
 			return nil, false, err
@@ -613,7 +632,7 @@ func (l *leaderRun) windowEnd(ctx context.Context, p *runlog.Plan) (res *pb.Wind
 
 // resultOfOutcome is a window's result as its outcome alone says (a log of an
 // earlier version, or a plan no leader could read).
-func (l *leaderRun) resultOfOutcome(ctx context.Context, o *runlog.Outcome) *pb.WindowResult {
+func (l *Leader) resultOfOutcome(ctx context.Context, o *runlog.Outcome) *pb.WindowResult {
 	res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Window: o.ID, Error: o.Error, Store: l.st.String(), Missing: map[int32]string{}, Kind: kindOf(o.Kind)}
 	if o.State == runlog.Published {
 		res.State = pb.Outcome_OUTCOME_PUBLISHED
@@ -637,15 +656,15 @@ func (l *leaderRun) resultOfOutcome(ctx context.Context, o *runlog.Outcome) *pb.
 
 // scheduleDue starts the scheduled window when every rank's trainer runs; it
 // reports whether it did.
-func (l *leaderRun) scheduleDue(ctx context.Context) bool {
+func (l *Leader) scheduleDue(ctx context.Context) bool {
 	l.mu.Lock()
 	next := l.next
 	l.mu.Unlock()
 	if next < 0 {
 		return false
 	}
-	ranks := l.c.rankNodes()
-	world := l.c.cfg.Identity.WorldSize
+	ranks := l.m.RankNodes()
+	world := l.cfg.Identity.WorldSize
 	if len(ranks) < world {
 		return false // wait for every rank to join
 	}
@@ -653,21 +672,21 @@ func (l *leaderRun) scheduleDue(ctx context.Context) bool {
 	for r := range ranks {
 		rl = append(rl, r)
 	}
-	sts := l.c.status(ctx, rl)
+	sts := l.m.Status(ctx, rl)
 	if len(sts) < world {
 		return false
 	}
 	for _, s := range sts {
-		if !s.st.Trainer {
+		if !s.St.Trainer {
 			return false
 		}
 	}
-	res := l.window(ctx, plan{length: l.c.cfg.WindowBatches, minStart: next, reason: "schedule"})
+	res := l.window(ctx, plan{length: l.cfg.WindowBatches, minStart: next, reason: "schedule"})
 	if res == nil {
 		return true // left for later, or served again once the leader renewed its term
 	}
 	l.mu.Lock()
-	if sch := l.c.cfg.Schedule; sch.Every > 0 {
+	if sch := l.cfg.Schedule; sch.Every > 0 {
 		// the next start on the grid Skip + k*Every after this window
 		after := max(res.Stop, next+1)
 		k := (after - sch.Skip + sch.Every - 1) / sch.Every
@@ -687,8 +706,8 @@ func (l *leaderRun) scheduleDue(ctx context.Context) bool {
 // loadSchedule takes where the run's schedule stands from the run's log: a
 // leader restarted, or a job relaunched, neither repeats a once-only window nor
 // loses its place on the grid.
-func (l *leaderRun) loadSchedule(ctx context.Context) {
-	if !l.c.cfg.Schedule.Enabled {
+func (l *Leader) loadSchedule(ctx context.Context) {
+	if !l.cfg.Schedule.Enabled {
 		return
 	}
 	sc, err := l.rl.ReadSchedule(ctx)
@@ -705,7 +724,7 @@ func (l *leaderRun) loadSchedule(ctx context.Context) {
 	}
 }
 
-func (l *leaderRun) sweepDue() bool {
+func (l *Leader) sweepDue() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return time.Now().After(l.sweepAt)
@@ -714,9 +733,9 @@ func (l *leaderRun) sweepDue() bool {
 // sweep finishes every window the run's log holds unfinished (oldest first): one
 // an earlier leader planned and did not finish (it died, stalled, or the whole job
 // was relaunched), or one whose publication the store interrupted.
-func (l *leaderRun) sweep(ctx context.Context) {
+func (l *Leader) sweep(ctx context.Context) {
 	l.mu.Lock()
-	l.sweepAt = time.Now().Add(l.c.cfg.SweepInterval)
+	l.sweepAt = time.Now().Add(l.cfg.SweepInterval)
 	l.mu.Unlock()
 	plans, err := l.rl.Unfinished(ctx, l.term)
 	if err != nil {
@@ -726,17 +745,17 @@ func (l *leaderRun) sweep(ctx context.Context) {
 		return
 	}
 	for _, p := range plans {
-		if ctx.Err() != nil || l.term < l.c.Term() {
+		if ctx.Err() != nil || l.term < l.m.Term() {
 			return
 		}
-		if p.Kind == runlog.KindWindow && l.c.cfg.Schedule.Every == 0 {
+		if p.Kind == runlog.KindWindow && l.cfg.Schedule.Every == 0 {
 			l.mu.Lock()
 			l.next = -1 // the once-window happened under an earlier leader
 			l.mu.Unlock()
 		}
 		l.recoverPlan(ctx, p)
 	}
-	if l.c.cfg.OnOOM && ctx.Err() == nil {
+	if l.cfg.OnOOM && ctx.Err() == nil {
 		l.orphanPostmortem(ctx)
 	}
 	// members waiting for windows that are not unfinished any more get the outcome
@@ -761,8 +780,8 @@ func (l *leaderRun) sweep(ctx context.Context) {
 // that no post-mortem covers (their ranks stored the snapshot of their OOM or
 // crash when no leader was there: the job went down with its leader), once
 // they are older than a live post-mortem would wait for.
-func (l *leaderRun) orphanPostmortem(ctx context.Context) {
-	incs, err := commit.Orphans(ctx, l.rl, time.Now().Add(-l.c.incidentHold()))
+func (l *Leader) orphanPostmortem(ctx context.Context) {
+	incs, err := commit.Orphans(ctx, l.rl, time.Now().Add(-l.cfg.IncidentHold()))
 	if err != nil {
 		l.log.Warn("cannot read the run's log for incidents no post-mortem took; trying again later", "err", err)
 		return
@@ -770,7 +789,7 @@ func (l *leaderRun) orphanPostmortem(ctx context.Context) {
 	if len(incs) == 0 {
 		return
 	}
-	rp := commit.PostmortemPlan(incs, l.c.cfg.Identity.WorldSize)
+	rp := commit.PostmortemPlan(incs, l.cfg.Identity.WorldSize)
 	pl, err := l.createPlan(ctx, rp)
 	if err != nil {
 		l.log.Warn("cannot record the plan of a post-mortem of the incidents in the run's log; trying again later", "incidents", len(incs), "err", err)
@@ -782,7 +801,7 @@ func (l *leaderRun) orphanPostmortem(ctx context.Context) {
 }
 
 // tellResult gives every member waiting for window id its result.
-func (l *leaderRun) tellResult(id uint64, watchers []*pb.Envelope, res *pb.WindowResult) {
+func (l *Leader) tellResult(id uint64, watchers []*pb.Envelope, res *pb.WindowResult) {
 	l.mu.Lock()
 	watchers = append(watchers, l.pending[id]...)
 	delete(l.pending, id)
@@ -797,7 +816,7 @@ func (l *leaderRun) tellResult(id uint64, watchers []*pb.Envelope, res *pb.Windo
 		res.Window = id
 	}
 	for _, w := range watchers {
-		env := l.c.envelope(id)
+		env := l.m.Envelope(id)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
 		l.reply(w, env, true)
 	}
@@ -806,12 +825,12 @@ func (l *leaderRun) tellResult(id uint64, watchers []*pb.Envelope, res *pb.Windo
 // tellAnswer tells the members waiting for window id that its answer is
 // published (res.Pending: the pickles are still being written); they stay
 // waiting for its result.
-func (l *leaderRun) tellAnswer(id uint64, watchers []*pb.Envelope, res *pb.WindowResult) {
+func (l *Leader) tellAnswer(id uint64, watchers []*pb.Envelope, res *pb.WindowResult) {
 	l.mu.Lock()
 	watchers = append(slices.Clip(watchers), l.pending[id]...)
 	l.mu.Unlock()
 	for _, w := range watchers {
-		env := l.c.envelope(id)
+		env := l.m.Envelope(id)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}
 		l.reply(w, env, false)
 	}
@@ -821,7 +840,7 @@ func (l *leaderRun) tellAnswer(id uint64, watchers []*pb.Envelope, res *pb.Windo
 // message of what this leader tells it about req (Envelope.Order: each message
 // travels on a stream of its own, and the member puts them back in order). The
 // last, a request's result, forgets the count.
-func (l *leaderRun) reply(req, env *pb.Envelope, last bool) {
+func (l *Leader) reply(req, env *pb.Envelope, last bool) {
 	if req.Seq != 0 {
 		key := req.Sender + "\x00" + strconv.FormatUint(req.Seq, 10)
 		l.mu.Lock()
@@ -835,20 +854,20 @@ func (l *leaderRun) reply(req, env *pb.Envelope, last bool) {
 		}
 		l.mu.Unlock()
 	}
-	l.c.reply(req, env, true)
+	l.m.Reply(req, env, true)
 }
 
 // manifestKey renders the name of window id's manifest.
-func (l *leaderRun) manifestKey(id uint64, stop int64) (string, error) {
-	keys, err := publish.OutputKeys(l.c.cfg.MergedName, l.vars(id, stop))
+func (l *Leader) manifestKey(id uint64, stop int64) (string, error) {
+	keys, err := publish.OutputKeys(l.cfg.MergedName, l.vars(id, stop))
 	if err != nil {
 		return "", err
 	}
 	return keys[publish.OutManifest], nil
 }
 
-func (l *leaderRun) vars(id uint64, stop int64) naming.Vars {
-	return naming.Vars{"run_name": l.c.cfg.Identity.RunName, "window": int64(id), "batch": stop, "world_size": l.c.cfg.Identity.WorldSize}
+func (l *Leader) vars(id uint64, stop int64) naming.Vars {
+	return naming.Vars{"run_name": l.cfg.Identity.RunName, "window": int64(id), "batch": stop, "world_size": l.cfg.Identity.WorldSize}
 }
 
 func nonEmpty(s, dflt string) string {

@@ -1,23 +1,21 @@
-package coordinator
+package rankside
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/coordinator/window"
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
 )
-
-func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
 
 // stepOf is a rank's window state as it travels (the agent's states are the
 // steps' names).
@@ -28,7 +26,7 @@ func stepOf(s rankagent.WindowState) pb.Step {
 
 // --- the rank's side --------------------------------------------------------------
 
-func (c *Coordinator) answerStatus(req *pb.Envelope) {
+func (c *Rank) AnswerStatus(req *pb.Envelope) {
 	st := &pb.Status{Batch: -1, TimeUs: c.cfg.Now().UnixMicro()}
 	if c.rec != nil {
 		b, step := c.rec.Progress()
@@ -42,42 +40,42 @@ func (c *Coordinator) answerStatus(req *pb.Envelope) {
 	}
 	c.mu.Lock()
 	l := c.last
-	st.Seen, st.Term = c.lastWindow, c.term
 	c.mu.Unlock()
+	st.Seen, st.Term = c.cl.Seen(), c.cl.Term()
 	if l.w.ID != 0 {
 		st.Window, st.Start, st.Stop, st.State, st.Result = l.w.ID, l.w.Start, l.w.Stop, l.state, l.result
 	}
-	r := c.envelope(st.Window)
+	r := c.cl.Envelope(st.Window)
 	r.Body = &pb.Envelope_Status{Status: st}
-	c.reply(req, r, true)
+	c.cl.Reply(req, r, true)
 }
 
 // refuseCommand answers a command this member will not obey.
-func (c *Coordinator) refuseCommand(env *pb.Envelope, code pb.AckCode, why string) {
-	c.refuse(env, why)
+func (c *Rank) refuseCommand(env *pb.Envelope, code pb.AckCode, why string) {
+	c.cl.Refuse(env, why)
 	if env.Seq == 0 {
 		return
 	}
-	r := c.envelope(env.WindowId)
-	r.Body = &pb.Envelope_Ack{Ack: &pb.Ack{Code: code, Message: why, Term: c.Term()}}
-	c.reply(env, r, true)
+	r := c.cl.Envelope(env.WindowId)
+	r.Body = &pb.Envelope_Ack{Ack: &pb.Ack{Code: code, Message: why, Term: c.cl.Term()}}
+	c.cl.Reply(env, r, true)
 }
 
 // obeys says whether this rank takes a window's command (a plan, a dump): it
 // has a recorder, the command names a window, and commandAllowed lets it (else
 // it is refused).
-func (c *Coordinator) obeys(env *pb.Envelope) bool {
+func (c *Rank) obeys(env *pb.Envelope) bool {
 	if c.rec == nil || env.WindowId == 0 {
 		return false
 	}
-	if code, why := c.commandAllowed(env); code != pb.AckCode_ACK_OK {
+	if code, why := c.cl.CommandAllowed(env); code != pb.AckCode_ACK_OK {
 		c.refuseCommand(env, code, why)
 		return false
 	}
 	return true
 }
 
-func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
+func (c *Rank) OnPlan(env *pb.Envelope, p *pb.Plan) {
 	if !c.obeys(env) {
 		return
 	}
@@ -125,9 +123,8 @@ func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
 		// the window id is not gossiped from here: a metadata update by every rank
 		// for every window costs the cluster O(n^2) messages; a new leader learns
 		// the newest id from the run's log and the ranks' status answers
-		bump := w.ID > c.lastWindow
-		c.lastWindow = max(c.lastWindow, w.ID)
 		c.mu.Unlock()
+		bump := c.cl.SawWindow(w.ID)
 		if bump {
 			c.log.Info("window planned", "window", w.ID, "start", w.Start, "stop", w.Stop, "batch", batch, "reason", p.Reason, "term", env.Term)
 		}
@@ -144,9 +141,9 @@ func (c *Coordinator) onPlan(env *pb.Envelope, p *pb.Plan) {
 		ack.Ok, ack.Message = false, err.Error()
 		c.log.Warn("window refused", "window", w.ID, "code", ack.Code, "err", err)
 	}
-	r := c.envelope(w.ID)
+	r := c.cl.Envelope(w.ID)
 	r.Body = &pb.Envelope_Ack{Ack: ack}
-	c.reply(env, r, true)
+	c.cl.Reply(env, r, true)
 }
 
 // forgetter is what of the agent undoes a forged plan (rankagent.Agent).
@@ -160,7 +157,7 @@ type forgetter interface {
 // member forged under the leader's name (with a far id) would otherwise make
 // this rank refuse every real window after it. It reports whether a lookup was
 // started: the lookup answers the plan.
-func (c *Coordinator) checkNewest(env *pb.Envelope, w rankagent.Window) bool {
+func (c *Rank) checkNewest(env *pb.Envelope, w rankagent.Window) bool {
 	f, ok := c.rec.(forgetter)
 	if !ok || c.cfg.OpenStore == nil {
 		return false
@@ -179,7 +176,7 @@ func (c *Coordinator) checkNewest(env *pb.Envelope, w rankagent.Window) bool {
 	}
 	c.looking[newest] = true
 	c.mu.Unlock()
-	return c.spawn(func() {
+	return c.cl.Spawn(func() {
 		defer func() {
 			c.mu.Lock()
 			delete(c.looking, newest)
@@ -212,16 +209,16 @@ func (c *Coordinator) checkNewest(env *pb.Envelope, w rankagent.Window) bool {
 			c.inLog = max(c.inLog, newest) // not looked up again: the plan is refused as before
 			c.mu.Unlock()
 		}
-		c.handleLocal(env) // the plan again, now against what the log holds
+		c.cl.HandleLocal(env) // the plan again, now against what the log holds
 	})
 }
 
-func (c *Coordinator) onCancel(env *pb.Envelope, x *pb.Cancel) {
+func (c *Rank) OnCancel(env *pb.Envelope, x *pb.Cancel) {
 	if c.rec == nil {
 		return
 	}
-	if code, why := c.commandAllowed(env); code != pb.AckCode_ACK_OK {
-		c.refuse(env, "cancel: "+why)
+	if code, why := c.cl.CommandAllowed(env); code != pb.AckCode_ACK_OK {
+		c.cl.Refuse(env, "cancel: "+why)
 		return
 	}
 	c.rec.Cancel(env.WindowId, x.Reason)
@@ -229,13 +226,13 @@ func (c *Coordinator) onCancel(env *pb.Envelope, x *pb.Cancel) {
 	if c.last.w.ID == env.WindowId && !window.Terminal(c.last.state) {
 		c.last.state = pb.Step_STEP_CANCELLED
 	}
-	c.lastWindow = max(c.lastWindow, env.WindowId)
 	c.mu.Unlock()
+	c.cl.SawWindow(env.WindowId)
 }
 
-// onDump answers a post-mortem: the snapshot this rank's trainer took when it hit
+// OnDump answers a post-mortem: the snapshot this rank's trainer took when it hit
 // an OOM or was being stopped (when that is recent), else its snapshot now.
-func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
+func (c *Rank) OnDump(env *pb.Envelope, d *pb.Dump) {
 	if !c.obeys(env) {
 		return
 	}
@@ -248,11 +245,10 @@ func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
 	// the snapshot the trainer took when it failed or was stopped is this rank's
 	// part of the post-mortem (also when the dump comes again: the leader asks
 	// once more when the rank's own report of its failure reaches it)
-	mine := inc != nil && inc.fresh(c.incidentHold()) && (inc.handedTo == 0 || inc.handedTo == w.ID) && !(inc.sent && inc.handedTo == w.ID) &&
+	mine := inc != nil && inc.fresh(c.cfg.IncidentHold()) && (inc.handedTo == 0 || inc.handedTo == w.ID) && !(inc.sent && inc.handedTo == w.ID) &&
 		d.Kind != pb.WindowKind_WINDOW_KIND_TRIGGER // (a trigger's dump is of the history now)
 	if !dup {
 		c.pm = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender}
-		c.lastWindow = max(c.lastWindow, w.ID)
 	}
 	if mine {
 		inc.handedTo, inc.leader = w.ID, env.Sender
@@ -269,14 +265,15 @@ func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
 		}
 	}
 	c.mu.Unlock()
+	c.cl.SawWindow(w.ID)
 	if !dup && !mine {
 		if err := c.rec.Dump(w.ID); err != nil {
 			ack.Ok, ack.Code, ack.Message = false, pb.AckCode_ACK_ERROR, err.Error()
 		}
 	}
-	r := c.envelope(w.ID)
+	r := c.cl.Envelope(w.ID)
 	r.Body = &pb.Envelope_Ack{Ack: ack}
-	c.reply(env, r, true)
+	c.cl.Reply(env, r, true)
 	if have != nil {
 		c.sendResult(env.Sender, w.ID, have)
 	}
@@ -284,10 +281,10 @@ func (c *Coordinator) onDump(env *pb.Envelope, d *pb.Dump) {
 
 // sendResult gives a post-mortem's leader this rank's snapshot, and writes it
 // into the run's log.
-func (c *Coordinator) sendResult(leader string, window uint64, r *pb.RankResult) {
-	env := c.envelope(window)
+func (c *Rank) sendResult(leader string, window uint64, r *pb.RankResult) {
+	env := c.cl.Envelope(window)
 	env.Body = &pb.Envelope_Result{Result: r}
-	c.post(leader, "", env, true)
+	c.cl.Post(leader, env, true)
 	c.rep.put(window, r)
 }
 
@@ -314,9 +311,9 @@ type incident struct {
 // leaving, or that had not started leading yet).
 const incidentRetry = 2 * time.Second
 
-// incidentLoop asks again, while this rank's incident is neither taken nor
+// IncidentLoop asks again, while this rank's incident is neither taken nor
 // declined.
-func (c *Coordinator) incidentLoop(ctx context.Context) {
+func (c *Rank) IncidentLoop(ctx context.Context) {
 	t := time.NewTicker(incidentRetry / 2)
 	defer t.Stop()
 	for {
@@ -327,7 +324,7 @@ func (c *Coordinator) incidentLoop(ctx context.Context) {
 		}
 		c.mu.Lock()
 		inc := c.inc
-		again := inc != nil && inc.fresh(c.incidentHold()) && inc.handedTo == 0 && !inc.sent && time.Since(inc.askedAt) >= incidentRetry
+		again := inc != nil && inc.fresh(c.cfg.IncidentHold()) && inc.handedTo == 0 && !inc.sent && time.Since(inc.askedAt) >= incidentRetry
 		if again {
 			inc.asked = "" // whoever leads now
 		}
@@ -341,24 +338,21 @@ func (c *Coordinator) incidentLoop(ctx context.Context) {
 
 func (i *incident) fresh(hold time.Duration) bool { return time.Since(i.at) < hold }
 
-// incidentHold is how long a rank keeps its incident for a post-mortem to take.
-func (c *Coordinator) incidentHold() time.Duration { return c.cfg.PostmortemDeadline + 5*time.Second }
-
 // Settled reports whether this rank has nothing left to hand on: no snapshot of an
 // OOM or a crash that a post-mortem has not taken yet (within the hold time), and
 // no report waiting to be written. An agent whose trainer exited waits for it
 // before it stops.
-func (c *Coordinator) Settled() bool {
+func (c *Rank) Settled() bool {
 	c.mu.Lock()
 	inc := c.inc
-	pending := inc != nil && inc.fresh(c.incidentHold()) && !inc.sent
+	pending := inc != nil && inc.fresh(c.cfg.IncidentHold()) && !inc.sent
 	c.mu.Unlock()
-	return !pending && c.rep.idle() && c.out.idle()
+	return !pending && c.rep.idle() && c.cl.OutIdle()
 }
 
 // Observe takes the agent's window events (rankagent.Config.OnWindow) and tells the
 // leader: every step as progress, and the stored snapshot as the rank's result.
-func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
+func (c *Rank) Observe(ev rankagent.WindowEvent) {
 	switch {
 	case ev.State == rankagent.WindowOOM:
 		c.incidentStart(pb.WindowKind_WINDOW_KIND_OOM, "out of memory", ev)
@@ -403,34 +397,34 @@ func (c *Coordinator) Observe(ev rankagent.WindowEvent) {
 			target.result = res
 		}
 	}
-	leader := c.leaderName
 	c.mu.Unlock()
+	leader := c.cl.LeaderName()
 	if res != nil && !c.reportsUploads() {
 		c.rep.put(ev.Window.ID, res)
 	}
 	if leader == "" {
 		return
 	}
-	env := c.envelope(ev.Window.ID)
+	env := c.cl.Envelope(ev.Window.ID)
 	if res != nil {
 		env.Body = &pb.Envelope_Result{Result: res}
 	} else {
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: stepOf(ev.State), Batch: ev.Batch, Reason: ev.Reason, Rank: c.rank()}}
 	}
 	reliable := ev.Upload != nil || window.Terminal(stepOf(ev.State)) || ev.State == rankagent.WindowPartial || ev.State == rankagent.WindowStopping
-	c.post(leader, "", env, reliable)
+	c.cl.Post(leader, env, reliable)
 }
 
 // incidentStart records that the trainer hit an OOM or is being stopped, and asks
 // the leader for a post-mortem of every rank.
-func (c *Coordinator) incidentStart(kind pb.WindowKind, cause string, ev rankagent.WindowEvent) {
+func (c *Rank) incidentStart(kind pb.WindowKind, cause string, ev rankagent.WindowEvent) {
 	at := ev.Time
 	if at.IsZero() {
 		at = time.Now()
 	}
 	c.mu.Lock()
 	inc := c.inc
-	if inc == nil || !inc.fresh(c.incidentHold()) || inc.sent {
+	if inc == nil || !inc.fresh(c.cfg.IncidentHold()) || inc.sent {
 		inc = &incident{kind: kind, cause: cause, at: at}
 		c.inc = inc
 	} else if kind == pb.WindowKind_WINDOW_KIND_CRASH && inc.kind == pb.WindowKind_WINDOW_KIND_OOM {
@@ -448,29 +442,29 @@ func (c *Coordinator) incidentStart(kind pb.WindowKind, cause string, ev rankage
 }
 
 // askPostmortem sends the incident to the leader (again, to a new leader).
-func (c *Coordinator) askPostmortem(inc *incident, at time.Time) {
+func (c *Rank) askPostmortem(inc *incident, at time.Time) {
+	leader := c.cl.LeaderName()
 	c.mu.Lock()
-	leader := c.leaderName
 	if leader == "" || inc.handedTo != 0 || inc.sent || inc.asked == leader {
 		c.mu.Unlock()
 		return
 	}
 	inc.asked, inc.askedAt = leader, time.Now()
-	inc.seq = newSeq()
+	inc.seq = wire.NewSeq()
 	req := &pb.SnapshotRequest{Kind: inc.kind, FailedRank: c.rank(), Cause: inc.cause, AtUs: at.UnixMicro(), Reason: inc.cause}
 	seq := inc.seq
 	c.mu.Unlock()
-	env := c.envelope(0)
+	env := c.cl.Envelope(0)
 	env.Seq = seq
 	env.Body = &pb.Envelope_Request{Request: req}
-	c.post(leader, "", env, true)
+	c.cl.Post(leader, env, true)
 }
 
-// incidentAck takes the leader's answer to this rank's request for a
+// IncidentAck takes the leader's answer to this rank's request for a
 // post-mortem: a refusal (post-mortems are off, or the failure is part of one
 // taken already) means no post-mortem will take this rank's snapshot, so the rank
 // has nothing left to hand on. It reports whether env was that answer.
-func (c *Coordinator) incidentAck(env *pb.Envelope) bool {
+func (c *Rank) IncidentAck(env *pb.Envelope) bool {
 	a := env.GetAck()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -487,10 +481,10 @@ func (c *Coordinator) incidentAck(env *pb.Envelope) bool {
 
 // incidentSnapshot records the incident's snapshot once stored (r), or why there
 // is none, and hands it to the post-mortem that asked for it.
-func (c *Coordinator) incidentSnapshot(r *pb.RankResult, none string) {
+func (c *Rank) incidentSnapshot(r *pb.RankResult, none string) {
 	c.mu.Lock()
 	inc := c.inc
-	if inc == nil || !inc.fresh(c.incidentHold()) {
+	if inc == nil || !inc.fresh(c.cfg.IncidentHold()) {
 		kind := pb.WindowKind_WINDOW_KIND_CRASH
 		cause := ""
 		if r != nil {
@@ -529,7 +523,7 @@ func (c *Coordinator) incidentSnapshot(r *pb.RankResult, none string) {
 // reportsUploads says whether the rank's agent writes the report of each upload
 // into the run's log itself (rankagent's does, before its job ends): the
 // coordinator then writes it no second time.
-func (c *Coordinator) reportsUploads() bool {
+func (c *Rank) reportsUploads() bool {
 	a, ok := c.rec.(interface{ ReportsUploads() bool })
 	return ok && a.ReportsUploads()
 }
@@ -552,18 +546,12 @@ func resultOf(u *rankagent.UploadResult) *pb.RankResult {
 	return r
 }
 
-// reportOf is a rank's result as the run's log keeps it.
-func reportOf(window uint64, rank int, r *pb.RankResult) runlog.Report {
-	return runlog.Report{Window: window, Rank: rank, Key: r.Key, MetaKey: r.MetaKey, AnalysisKey: r.AnalysisKey, Size: r.Size, SHA256: r.Sha256,
-		Events: r.Events, Start: r.Start, Stop: r.Stop, Reason: r.Reason, Partial: r.Partial, Error: r.Error, Cause: r.Cause}
-}
-
 // --- clocks -------------------------------------------------------------------
 
 // clockLoop measures this host's clock against the leader's: right after joining,
 // whenever the leader changes, and every ClockInterval; a few probes, keeping the
 // one with the shortest round trip.
-func (c *Coordinator) clockLoop(ctx context.Context) {
+func (c *Rank) ClockLoop(ctx context.Context, leaderChanged <-chan struct{}) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -571,10 +559,10 @@ func (c *Coordinator) clockLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-c.leaderSig:
+		case <-leaderChanged:
 		}
 		c.measureClock(ctx)
-		c.updateMeta() // gossiped only when it changed: the trainer's GPU, say
+		c.cl.UpdateMeta() // gossiped only when it changed: the trainer's GPU, say
 		if !t.Stop() {
 			select {
 			case <-t.C:
@@ -585,14 +573,12 @@ func (c *Coordinator) clockLoop(ctx context.Context) {
 	}
 }
 
-func (c *Coordinator) measureClock(ctx context.Context) {
-	c.mu.Lock()
-	leader := c.leaderName
-	c.mu.Unlock()
+func (c *Rank) measureClock(ctx context.Context) {
+	leader := c.cl.LeaderName()
 	if leader == "" {
 		return
 	}
-	if leader == c.name {
+	if leader == c.cl.Name() {
 		c.setOffset(0, 0)
 		return
 	}
@@ -601,9 +587,9 @@ func (c *Coordinator) measureClock(ctx context.Context) {
 	for i := 0; i < 5; i++ {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		t0 := c.cfg.Now()
-		probe := c.envelope(0)
+		probe := c.cl.Envelope(0)
 		probe.Body = &pb.Envelope_ClockProbe{ClockProbe: &pb.ClockProbe{T0Us: t0.UnixMicro()}}
-		r, err := c.request(pctx, leader, probe, false)
+		r, err := c.cl.Request(pctx, leader, probe, false)
 		t1 := c.cfg.Now()
 		cancel()
 		if err != nil || r.GetClockReply() == nil || r.GetClockReply().T0Us != t0.UnixMicro() {
@@ -622,7 +608,7 @@ func (c *Coordinator) measureClock(ctx context.Context) {
 	}
 }
 
-func (c *Coordinator) setOffset(off, rtt time.Duration) {
+func (c *Rank) setOffset(off, rtt time.Duration) {
 	c.mu.Lock()
 	c.offset = clockState{offset: off, rtt: rtt, ok: true, at: time.Now()}
 	c.mu.Unlock()
@@ -631,11 +617,11 @@ func (c *Coordinator) setOffset(off, rtt time.Duration) {
 	}
 }
 
-// reaskPostmortem asks a new leader for the post-mortem the old one never took.
-func (c *Coordinator) reaskPostmortem() {
+// ReaskPostmortem asks a new leader for the post-mortem the old one never took.
+func (c *Rank) ReaskPostmortem() {
 	c.mu.Lock()
 	inc := c.inc
-	live := inc != nil && inc.fresh(c.incidentHold()) && inc.handedTo == 0 && !inc.sent
+	live := inc != nil && inc.fresh(c.cfg.IncidentHold()) && inc.handedTo == 0 && !inc.sent
 	off := c.offset.offset
 	c.mu.Unlock()
 	if live {

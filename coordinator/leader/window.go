@@ -1,4 +1,4 @@
-package coordinator
+package leader
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/retry"
@@ -117,15 +118,9 @@ func (w *win) first() (int, failure, bool) {
 	return best, f, ok
 }
 
-type status struct {
-	st   *pb.Status
-	rtt  time.Duration
-	when time.Time // when the answer arrived
-}
-
 // timers are the bounds the leader's windows run under.
-func (l *leaderRun) timers() window.Timers {
-	c := l.c.cfg
+func (l *Leader) timers() window.Timers {
+	c := l.cfg
 	return window.Timers{Ack: c.AckTimeout, Silence: c.CollectTimeout, Poll: c.StatusTimeout, Spool: c.PublishTimeout, Publish: c.PublishTimeout,
 		Postmortem: c.PostmortemDeadline}
 }
@@ -142,7 +137,7 @@ func agentsOf(agents map[int]string, ranks []int) map[string]string {
 }
 
 // addWorking adds n to the windows in progress.
-func (l *leaderRun) addWorking(n int) {
+func (l *Leader) addWorking(n int) {
 	l.mu.Lock()
 	l.working += n
 	l.mu.Unlock()
@@ -151,7 +146,7 @@ func (l *leaderRun) addWorking(n int) {
 // window records one window and tells the members that asked for it how it
 // ended. It returns how it ended, or nil when it has not (the request is served
 // again, or the window was left for later).
-func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
+func (l *Leader) window(ctx context.Context, p plan) *pb.WindowResult {
 	l.addWorking(1)
 	defer l.addWorking(-1)
 	return l.record(ctx, p, false)
@@ -160,8 +155,8 @@ func (l *leaderRun) window(ctx context.Context, p plan) *pb.WindowResult {
 // record plans a window, collects it, merges and publishes it. A rank past the
 // start makes the leader plan once more with a longer lead; the second time the
 // window goes on without it.
-func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowResult {
-	c := l.c
+func (l *Leader) record(ctx context.Context, p plan, again bool) *pb.WindowResult {
+	c := l.m
 	cfg, expected, why := l.choose(ctx, p, again)
 	if why != nil && ctx.Err() != nil {
 		// this member stopped leading while it asked the ranks (their answers
@@ -175,7 +170,7 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 		return why
 	}
 	rp := runlog.Plan{Kind: kindName(cfg.Kind), Reason: p.reason, Start: cfg.Start, Stop: cfg.Stop, Ranks: expected, Deadline: cfg.Deadline,
-		Agents: agentsOf(l.c.rankAgents(), expected)}
+		Agents: agentsOf(l.m.RankAgents(), expected)}
 	if p.req != nil {
 		rp.Request = requestID(p.req)
 	}
@@ -183,7 +178,7 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 	if err != nil {
 		if isSuperseded(err) {
 			// a newer term: this leader takes one and serves the request again
-			l.c.believeTerm(ctx, l.rl)
+			l.m.BelieveTerm(ctx, l.rl)
 			if p.req != nil {
 				l.pushFront(p.req)
 			}
@@ -216,15 +211,15 @@ func (l *leaderRun) record(ctx context.Context, p plan, again bool) *pb.WindowRe
 	for i, r := range expected {
 		ranks32[i] = int32(r)
 	}
-	ch, seq := c.expect(4*len(expected)+64, c.fromRanks())
-	defer c.forget(seq)
-	w.cmd = c.envelope(w.id())
+	ch, seq := c.ExpectRanks(4*len(expected) + 64)
+	defer c.Forget(seq)
+	w.cmd = c.Envelope(w.id())
 	w.cmd.Seq, w.cmd.Term = seq, l.term
 	w.cmd.Body = &pb.Envelope_Plan{Plan: &pb.Plan{Start: cfg.Start, Stop: cfg.Stop, Reason: p.reason, WorldSize: int32(cfg.World), Ranks: ranks32}}
 	// the acks are collected while the plan still goes out: at 1,024 ranks the
 	// first ranks have acked long before the last is sent to
 	sent := l.sendAsync(w.cmd, expected)
-	c.gossip(w.cmd)
+	c.Gossip(w.cmd)
 	l.collect(ctx, w, ch, sent)
 	l.drive(ctx, w)
 	return l.ended(ctx, w, p)
@@ -242,11 +237,11 @@ const (
 // start every one of them is still before when the plan reaches it. It returns
 // the window's configuration (its id to come), the ranks asked, or, when no
 // window can be planned, the result that says why.
-func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Config, []int, *pb.WindowResult) {
-	c := l.c
-	world := c.cfg.Identity.WorldSize
+func (l *Leader) choose(ctx context.Context, p plan, again bool) (window.Config, []int, *pb.WindowResult) {
+	c := l.m
+	world := l.cfg.Identity.WorldSize
 	l.awaitRanks(ctx, p)
-	nodes := c.rankNodes()
+	nodes := c.RankNodes()
 	ranks := make([]int, 0, len(nodes))
 	for r := range nodes {
 		if r < world {
@@ -254,12 +249,12 @@ func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Conf
 		}
 	}
 	sort.Ints(ranks)
-	rs, leftOut, why := l.plausible(ranks, l.c.status(ctx, ranks))
+	rs, leftOut, why := l.plausible(ranks, l.m.Status(ctx, ranks))
 	// no rank answered, not even this one: a stall (a loaded machine, a
 	// dispatcher behind), not ranks gone; asked again before the request fails
 	for try := 1; why == noRankAnswered && try < statusTries && ctx.Err() == nil; try++ {
 		l.log.Warn("no rank answered the leader's status request; asking again", "try", try+1, "of", statusTries)
-		rs, leftOut, why = l.plausible(ranks, l.c.status(ctx, ranks))
+		rs, leftOut, why = l.plausible(ranks, l.m.Status(ctx, ranks))
 	}
 	if why != "" {
 		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Error: why, Store: l.st.String(), Missing: map[int32]string{}}
@@ -268,7 +263,7 @@ func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Conf
 		}
 		return window.Config{}, nil, res
 	}
-	margin := c.cfg.LeadMargin
+	margin := l.cfg.LeadMargin
 	if again {
 		margin *= 3
 	}
@@ -294,9 +289,9 @@ func (l *leaderRun) choose(ctx context.Context, p plan, again bool) (window.Conf
 // JoinGrace after this member started; for a scheduled window, JoinGrace from
 // now). A request made later is not held for a rank that never joined: waiting
 // cannot help it.
-func (l *leaderRun) awaitRanks(ctx context.Context, p plan) {
-	c := l.c
-	gone, never := c.absentRanks()
+func (l *Leader) awaitRanks(ctx context.Context, p plan) {
+	c := l.m
+	gone, never := c.AbsentRanks()
 	if len(gone)+len(never) == 0 {
 		return
 	}
@@ -305,15 +300,13 @@ func (l *leaderRun) awaitRanks(ctx context.Context, p plan) {
 	for _, r := range gone {
 		// JoinGrace from when it went, not from now: a request served again (a
 		// newer term took it back) does not wait for the same rank twice
-		if t := c.goneAt(NodeName(c.cfg.Identity.RunName, r), now).Add(c.cfg.JoinGrace); t.After(now) {
+		if t := c.GoneAt(config.NodeName(l.cfg.Identity.RunName, r), now).Add(l.cfg.JoinGrace); t.After(now) {
 			until[r] = t
 		}
 	}
-	c.mu.Lock()
-	young := c.began.Add(c.cfg.JoinGrace)
-	c.mu.Unlock()
+	young := c.Began().Add(l.cfg.JoinGrace)
 	if p.req == nil {
-		young = now.Add(c.cfg.JoinGrace)
+		young = now.Add(l.cfg.JoinGrace)
 	}
 	var left []int
 	for _, r := range never {
@@ -338,7 +331,7 @@ func (l *leaderRun) awaitRanks(ctx context.Context, p plan) {
 	l.tellRequest(p.watchers, fmt.Sprintf("waiting for ranks %s to join (until %s UTC); the window is planned without those still absent then",
 		analysis.RankRanges(sortedRanks(until)), last.UTC().Format(time.TimeOnly)))
 	wait.Until(ctx, time.Until(last), func() bool {
-		nodes := c.rankNodes()
+		nodes := c.RankNodes()
 		now := time.Now()
 		for r, t := range until {
 			if nodes[r] == nil && now.Before(t) {
@@ -360,12 +353,12 @@ func sortedRanks(m map[int]time.Time) []int {
 
 // tellRequest tells the members waiting for a request what the leader does with
 // it before it has a window.
-func (l *leaderRun) tellRequest(watchers []*pb.Envelope, what string) {
+func (l *Leader) tellRequest(watchers []*pb.Envelope, what string) {
 	for _, wt := range watchers {
 		if wt.Seq == 0 {
 			continue
 		}
-		env := l.c.envelope(0)
+		env := l.m.Envelope(0)
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_UNSPECIFIED, Rank: -1, Batch: -1, Reason: what}}
 		l.reply(wt, env, false)
 	}
@@ -373,7 +366,7 @@ func (l *leaderRun) tellRequest(watchers []*pb.Envelope, what string) {
 
 // ended carries out how the leader stopped running w: planned again, left to a
 // newer term or for later, or ended (its members told).
-func (l *leaderRun) ended(ctx context.Context, w *win, p plan) *pb.WindowResult {
+func (l *Leader) ended(ctx context.Context, w *win, p plan) *pb.WindowResult {
 	log := l.log.With("window", w.id())
 	switch {
 	case ctx.Err() != nil:
@@ -404,14 +397,14 @@ func (l *leaderRun) ended(ctx context.Context, w *win, p plan) *pb.WindowResult 
 
 // keepWaiting hands the members waiting for w to the sweep that finishes it
 // later (a later leader's watchers re-ask it).
-func (l *leaderRun) keepWaiting(w *win) {
+func (l *Leader) keepWaiting(w *win) {
 	l.mu.Lock()
 	for _, wt := range w.watchers {
 		if !watching(l.pending[w.id()], wt) {
 			l.pending[w.id()] = append(l.pending[w.id()], wt)
 		}
 	}
-	l.sweepAt = time.Now().Add(l.c.cfg.SweepInterval)
+	l.sweepAt = time.Now().Add(l.cfg.SweepInterval)
 	l.mu.Unlock()
 	w.watchers = nil
 }
@@ -420,17 +413,17 @@ func (l *leaderRun) keepWaiting(w *win) {
 // out (and saying why) a rank that did not answer and one whose batch is far
 // from a majority's. With no majority that agrees, it says why no window can be
 // planned.
-func (l *leaderRun) plausible(ranks []int, sts map[int]status) ([]RankStatus, map[int]string, string) {
+func (l *Leader) plausible(ranks []int, sts map[int]Status) ([]RankStatus, map[int]string, string) {
 	batches := map[int]int64{}
 	leftOut := map[int]string{}
 	for _, r := range ranks {
 		if s, ok := sts[r]; ok {
-			batches[r] = s.st.Batch
+			batches[r] = s.St.Batch
 		} else {
 			leftOut[r] = "did not answer the leader"
 		}
 	}
-	keep, far, ok, why := Plausible(batches, l.c.cfg.MaxBatchSpread)
+	keep, far, ok, why := Plausible(batches, l.cfg.MaxBatchSpread)
 	if !ok {
 		return nil, leftOut, why
 	}
@@ -445,7 +438,7 @@ func (l *leaderRun) plausible(ranks []int, sts map[int]status) ([]RankStatus, ma
 	rs := make([]RankStatus, 0, len(keep))
 	for _, r := range keep {
 		s := sts[r]
-		rs = append(rs, RankStatus{Rank: r, Batch: s.st.Batch, Step: time.Duration(s.st.StepUs) * time.Microsecond, Delay: now.Sub(s.when) + s.rtt})
+		rs = append(rs, RankStatus{Rank: r, Batch: s.St.Batch, Step: time.Duration(s.St.StepUs) * time.Microsecond, Delay: now.Sub(s.When) + s.RTT})
 	}
 	return rs, leftOut, ""
 }
@@ -453,9 +446,8 @@ func (l *leaderRun) plausible(ranks []int, sts map[int]status) ([]RankStatus, ma
 // windowDeadline is when the leader gives up on a window: time for the slowest
 // rank to reach the stop at its measured step time (three times over), plus the
 // collection time-out for its snapshot, and never past MaxWindowWait.
-func (l *leaderRun) windowDeadline(rs []RankStatus, start, stop int64) time.Time {
-	c := l.c
-	limit := c.cfg.MaxWindowWait
+func (l *Leader) windowDeadline(rs []RankStatus, start, stop int64) time.Time {
+	limit := l.cfg.MaxWindowWait
 	need := time.Duration(0)
 	for _, r := range rs {
 		if r.Step <= 0 {
@@ -467,24 +459,22 @@ func (l *leaderRun) windowDeadline(rs []RankStatus, start, stop int64) time.Time
 		}
 		need = max(need, time.Duration(n)*r.Step)
 	}
-	d := 3*need + c.cfg.CollectTimeout + c.cfg.AckTimeout
+	d := 3*need + l.cfg.CollectTimeout + l.cfg.AckTimeout
 	return time.Now().Add(min(d, limit))
 }
 
 // createPlan records a window's plan in the run's log, which gives it its id
 // (the log alone decides ids: one a member announces is never taken on trust);
 // a store that is away is retried for up to AckTimeout.
-func (l *leaderRun) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan, error) {
-	c := l.c
-	p.Term, p.Leader, p.LeaderRank, p.WorldSize, p.Run = l.term, c.name, int(c.rank()), c.cfg.Identity.WorldSize, c.cfg.Identity.RunName
-	deadline := time.Now().Add(c.cfg.AckTimeout)
+func (l *Leader) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan, error) {
+	c := l.m
+	p.Term, p.Leader, p.LeaderRank, p.WorldSize, p.Run = l.term, c.Name(), int(c.Rank()), l.cfg.Identity.WorldSize, l.cfg.Identity.RunName
+	deadline := time.Now().Add(l.cfg.AckTimeout)
 	wait := retry.Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		out, err := l.rl.CreatePlan(ctx, p, 0, func(id uint64) (string, error) { return l.manifestKey(id, p.Stop) })
 		if err == nil {
-			c.mu.Lock()
-			c.lastWindow = max(c.lastWindow, out.ID)
-			c.mu.Unlock()
+			c.SawWindow(out.ID)
 			return out, nil
 		}
 		if ctx.Err() != nil || !retryable(err) || time.Now().After(deadline) {
@@ -503,7 +493,7 @@ func (l *leaderRun) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan,
 // meanwhile (every rank of a job torn down reports) join it. It runs on its own,
 // or inside the collection of a window the failure interrupted, which goes on
 // afterwards.
-func (l *leaderRun) postmortem(ctx context.Context, req *pb.Envelope) {
+func (l *Leader) postmortem(ctx context.Context, req *pb.Envelope) {
 	r := req.GetRequest()
 	if l.declined(ctx, req) {
 		return
@@ -527,12 +517,12 @@ type dumpPlan struct {
 
 // dumps plans a window of dumps, asks every member rank for its trainer's
 // snapshot now, and collects, merges and publishes them.
-func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
-	c := l.c
+func (l *Leader) dumps(ctx context.Context, d dumpPlan) {
+	c := l.m
 	l.addWorking(1)
 	defer l.addWorking(-1)
-	world := c.cfg.Identity.WorldSize
-	nodes := c.rankNodes()
+	world := l.cfg.Identity.WorldSize
+	nodes := c.RankNodes()
 	var ranks []int
 	asked := map[int]int64{}
 	now := time.Now()
@@ -545,7 +535,7 @@ func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
 			ranks = append(ranks, rk)
 		}
 	}
-	deadline := now.Add(c.cfg.PostmortemDeadline)
+	deadline := now.Add(l.cfg.PostmortemDeadline)
 	rp := runlog.Plan{Kind: kindName(d.kind), Reason: d.reason, Ranks: ranks, Deadline: deadline, Cause: d.cause}
 	if pm {
 		fr := d.failedRank
@@ -579,9 +569,9 @@ func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
 		msg = "asking every rank for its allocator history now"
 	}
 	l.log.Warn(msg, "window", w.id(), "kind", kindName(d.kind), "failed_rank", d.failedRank, "reason", d.reason, "ranks", len(ranks))
-	ch, seq := c.expect(4*len(ranks)+64, c.fromRanks())
-	defer c.forget(seq)
-	w.cmd = c.envelope(w.id())
+	ch, seq := c.ExpectRanks(4*len(ranks) + 64)
+	defer c.Forget(seq)
+	w.cmd = c.Envelope(w.id())
 	w.cmd.Seq, w.cmd.Term = seq, l.term
 	w.cmd.Body = &pb.Envelope_Dump{Dump: &pb.Dump{Reason: d.reason, FailedRank: int32(d.failedRank), Kind: d.kind}}
 	sent := l.sendAsync(w.cmd, ranks)
@@ -597,13 +587,13 @@ func (l *leaderRun) dumps(ctx context.Context, d dumpPlan) {
 // planDumps records the plan of dumps d in the run's log; a plan the log
 // cannot take now is served again later (a newer term: under this leader's next
 // term; a store that refuses it: once it takes it), never dropped.
-func (l *leaderRun) planDumps(ctx context.Context, d dumpPlan, rp runlog.Plan) (runlog.Plan, bool) {
+func (l *Leader) planDumps(ctx context.Context, d dumpPlan, rp runlog.Plan) (runlog.Plan, bool) {
 	pl, err := l.createPlan(ctx, rp)
 	switch {
 	case err == nil:
 		return pl, true
 	case isSuperseded(err):
-		l.c.believeTerm(ctx, l.rl)
+		l.m.BelieveTerm(ctx, l.rl)
 		if d.req != nil {
 			l.pushFront(d.req)
 		}
@@ -618,10 +608,10 @@ func (l *leaderRun) planDumps(ctx context.Context, d dumpPlan, rp runlog.Plan) (
 // declined answers a request for a post-mortem that is not taken: post-mortems
 // are off, or the failure is part of one taken moments ago (by this leader, or
 // another: the leader of a job torn down rank by rank is stopped too).
-func (l *leaderRun) declined(ctx context.Context, req *pb.Envelope) bool {
+func (l *Leader) declined(ctx context.Context, req *pb.Envelope) bool {
 	r := req.GetRequest()
 	failedRank := int(r.FailedRank)
-	if r.Kind == pb.WindowKind_WINDOW_KIND_OOM && !l.c.cfg.OnOOM {
+	if r.Kind == pb.WindowKind_WINDOW_KIND_OOM && !l.cfg.OnOOM {
 		l.log.Info("a rank hit an OOM; post-mortems are off", "failed_rank", failedRank)
 		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, "post-mortems are off (--no-postmortem)")
 		return true
@@ -683,9 +673,9 @@ func unreachableOf(fs []sendFailure) map[int]string {
 // send sends cmd to each rank directly (over TCP, planSenders at a time), this
 // member's own rank included, and returns the ranks it could not reach. It
 // touches no window: the leader's loop may collect the acks meanwhile.
-func (l *leaderRun) send(cmd *pb.Envelope, ranks []int) []sendFailure {
-	c := l.c
-	nodes := c.rankNodes()
+func (l *Leader) send(cmd *pb.Envelope, ranks []int) []sendFailure {
+	c := l.m
+	nodes := c.RankNodes()
 	b, err := proto.Marshal(cmd) // once: at 1,024 ranks a plan names them all
 	if err != nil {
 		l.log.Error("a window's command cannot be encoded", "window", cmd.WindowId, "err", err)
@@ -700,8 +690,8 @@ func (l *leaderRun) send(cmd *pb.Envelope, ranks []int) []sendFailure {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, planSenders)
 	for _, r := range ranks {
-		if int32(r) == c.rank() {
-			c.handleLocal(cmd)
+		if int32(r) == c.Rank() {
+			c.HandleLocal(cmd)
 			continue
 		}
 		n := nodes[r]
@@ -713,10 +703,10 @@ func (l *leaderRun) send(cmd *pb.Envelope, ranks []int) []sendFailure {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if now := c.node(n.Name); now != nil {
+			if now := c.Node(n.Name); now != nil {
 				n = now // it may have come back at another address since the snapshot
 			}
-			err := c.sendBytes(n, b, true)
+			err := c.SendBytes(n, b, true)
 			if err != nil {
 				mu.Lock()
 				failed = append(failed, sendFailure{r, err})
@@ -730,17 +720,17 @@ func (l *leaderRun) send(cmd *pb.Envelope, ranks []int) []sendFailure {
 
 // sendAsync sends cmd to the ranks as send does, without waiting: the failures
 // arrive on the channel returned, which collect takes.
-func (l *leaderRun) sendAsync(cmd *pb.Envelope, ranks []int) <-chan []sendFailure {
+func (l *Leader) sendAsync(cmd *pb.Envelope, ranks []int) <-chan []sendFailure {
 	ch := make(chan []sendFailure, 1)
-	if !l.c.spawn(func() { ch <- l.send(cmd, ranks) }) {
+	if !l.m.Spawn(func() { ch <- l.send(cmd, ranks) }) {
 		ch <- nil
 	}
 	return ch
 }
 
 // cancelWindow withdraws w from every rank.
-func (l *leaderRun) cancelWindow(w *win, reason string) {
-	env := l.c.envelope(w.id())
+func (l *Leader) cancelWindow(w *win, reason string) {
+	env := l.m.Envelope(w.id())
 	env.Term = l.term
 	env.Body = &pb.Envelope_Cancel{Cancel: &pb.Cancel{Reason: reason}}
 	ranks := make([]int, 0, w.m.World)
@@ -748,7 +738,7 @@ func (l *leaderRun) cancelWindow(w *win, reason string) {
 		ranks = append(ranks, r)
 	}
 	l.send(env, ranks)
-	l.c.gossip(env)
+	l.m.Gossip(env)
 }
 
 // onRequestDuring answers a request that arrives while w records: a watch of w,
@@ -756,7 +746,7 @@ func (l *leaderRun) cancelWindow(w *win, reason string) {
 // window is answered from the run's log at once; a rank's OOM or crash during a
 // window asks for a post-mortem now (it reports true), and during a post-mortem
 // joins it as another failure of the same incident; anything else waits its turn.
-func (l *leaderRun) onRequestDuring(ctx context.Context, w *win, env *pb.Envelope) bool {
+func (l *Leader) onRequestDuring(ctx context.Context, w *win, env *pb.Envelope) bool {
 	r := env.GetRequest()
 	incident := r.Kind == pb.WindowKind_WINDOW_KIND_CRASH || r.Kind == pb.WindowKind_WINDOW_KIND_OOM
 	switch {
@@ -771,13 +761,13 @@ func (l *leaderRun) onRequestDuring(ctx context.Context, w *win, env *pb.Envelop
 		return false
 	case env.WindowId != 0 && !incident:
 		// how another window ended: the log says, at once
-		if !l.c.spawn(func() { l.answerWatch(ctx, env) }) {
+		if !l.m.Spawn(func() { l.answerWatch(ctx, env) }) {
 			l.queue(env)
 		}
 		return false
 	case incident && w.m.Postmortem():
 		rk := int(r.FailedRank)
-		if rk >= 0 && rk < w.m.World && l.c.isRankMember(env) {
+		if rk >= 0 && rk < w.m.World && l.m.IsRankMember(env) {
 			if _, ok := w.failed[rk]; !ok {
 				w.failed[rk] = failure{cause: r.Cause, at: failureTime(r.AtUs)}
 			}
@@ -802,11 +792,11 @@ func (l *leaderRun) onRequestDuring(ctx context.Context, w *win, env *pb.Envelop
 // tellQueued tells a member whose request waits for window w to end why it
 // hears nothing yet (a window being finished by a new leader may wait for its
 // deadline).
-func (l *leaderRun) tellQueued(w *win, req *pb.Envelope) {
+func (l *Leader) tellQueued(w *win, req *pb.Envelope) {
 	if req.Seq == 0 {
 		return
 	}
-	r := l.c.envelope(0) // not about the request's window, which it has not yet
+	r := l.m.Envelope(0) // not about the request's window, which it has not yet
 	r.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_UNSPECIFIED, Rank: -1, Batch: -1,
 		Reason: fmt.Sprintf("waiting: window %d is in progress (the leader gives up on it at %s); this request is planned after it",
 			w.id(), w.m.Deadline.Format(time.TimeOnly))}}
@@ -815,7 +805,7 @@ func (l *leaderRun) tellQueued(w *win, req *pb.Envelope) {
 
 // tell logs a step of the window and passes it on to the members watching it
 // (rank steps as datagrams: a lost one is shown by the next).
-func (l *leaderRun) tell(w *win, rank int, state pb.Step, batch int64, reason string) {
+func (l *Leader) tell(w *win, rank int, state pb.Step, batch int64, reason string) {
 	l.log.Debug("window progress", "window", w.id(), "of_rank", rank, "state", window.StepName(state), "batch", batch, "reason", reason)
 	watchers := l.watchersOf(w)
 	if len(watchers) == 0 {
@@ -830,13 +820,13 @@ func (l *leaderRun) tell(w *win, rank int, state pb.Step, batch int64, reason st
 	}
 	l.flushSteps(w) // the ranks' steps come before the window's
 	for _, wt := range watchers {
-		env := l.c.envelope(w.id())
+		env := l.m.Envelope(w.id())
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: state, Batch: batch, Reason: reason, Rank: int32(rank)}}
 		l.reply(wt, env, false)
 	}
 }
 
-func (l *leaderRun) watchersOf(w *win) []*pb.Envelope {
+func (l *Leader) watchersOf(w *win) []*pb.Envelope {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append(append([]*pb.Envelope(nil), w.watchers...), l.pending[w.id()]...)
@@ -844,7 +834,7 @@ func (l *leaderRun) watchersOf(w *win) []*pb.Envelope {
 
 // flushSteps tells the watchers of w the ranks' steps gathered since the last
 // time, over TCP (one message holds many ranks' steps).
-func (l *leaderRun) flushSteps(w *win) {
+func (l *Leader) flushSteps(w *win) {
 	if len(w.steps) == 0 {
 		return
 	}
@@ -853,7 +843,7 @@ func (l *leaderRun) flushSteps(w *win) {
 	watchers := l.watchersOf(w)
 	for _, part := range stepMessages(steps) {
 		for _, wt := range watchers {
-			env := l.c.envelope(w.id())
+			env := l.m.Envelope(w.id())
 			env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{Rank: -1, Batch: -1, Steps: part}}
 			l.reply(wt, env, false)
 		}
@@ -861,9 +851,9 @@ func (l *leaderRun) flushSteps(w *win) {
 }
 
 // tellPlanned says the window is planned, with the time the leader gives up on it.
-func (l *leaderRun) tellPlanned(w *win, what string) {
+func (l *Leader) tellPlanned(w *win, what string) {
 	for _, wt := range w.watchers {
-		env := l.c.envelope(w.id())
+		env := l.m.Envelope(w.id())
 		env.Body = &pb.Envelope_Progress{Progress: &pb.Progress{State: pb.Step_STEP_PLANNED, Batch: -1, Reason: what, Rank: -1, DeadlineUs: w.m.Deadline.UnixMicro()}}
 		l.reply(wt, env, false)
 	}

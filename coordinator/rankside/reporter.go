@@ -1,10 +1,11 @@
-package coordinator
+package rankside
 
 import (
 	"context"
 	"sync"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/retry"
 	"github.com/memsnap/memsnap/internal/store"
@@ -17,7 +18,7 @@ import (
 // alone. It runs on its own goroutine with a bounded queue, retries a store that
 // is away with jittered backoff, and never blocks the caller.
 type reporter struct {
-	c    *Coordinator
+	c    *Rank
 	mu   sync.Mutex
 	q    []runlog.Report
 	busy bool
@@ -30,14 +31,14 @@ const (
 	reportTries    = 12
 )
 
-func newReporter(c *Coordinator) *reporter { return &reporter{c: c, wake: make(chan struct{}, 1)} }
+func newReporter(c *Rank) *reporter { return &reporter{c: c, wake: make(chan struct{}, 1)} }
 
 // put queues rank's result for window.
 func (r *reporter) put(window uint64, res *pb.RankResult) {
 	if window == 0 || (res.Key == "" && res.Error == "") || r.c.cfg.OpenStore == nil {
 		return
 	}
-	rep := reportOf(window, r.c.cfg.Identity.Rank, res)
+	rep := wire.ReportOf(window, r.c.cfg.Identity.Rank, res)
 	r.mu.Lock()
 	if len(r.q) < maxReportQueue {
 		r.q = append(r.q, rep)

@@ -1,4 +1,4 @@
-package coordinator
+package leader
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/coordinator/window"
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge"
-	"github.com/memsnap/memsnap/runlog"
 )
 
 // The leader runs a window by handing what happens to its state machine
@@ -20,13 +20,13 @@ import (
 // file is that loop. The machine decides; nothing here decides a window's fate.
 
 // step hands ev to w's state machine and carries out the effects.
-func (l *leaderRun) step(ctx context.Context, w *win, ev window.Event) {
+func (l *Leader) step(ctx context.Context, w *win, ev window.Event) {
 	l.exec(ctx, w, w.m.Step(ev))
 }
 
 // exec carries out effects in order. Effects that answer at once (a poll, a
 // read of the log, a send that failed) step their answer before the next.
-func (l *leaderRun) exec(ctx context.Context, w *win, fx []window.Effect) {
+func (l *Leader) exec(ctx context.Context, w *win, fx []window.Effect) {
 	for _, f := range fx {
 		if ctx.Err() != nil {
 			return
@@ -39,7 +39,7 @@ func (l *leaderRun) exec(ctx context.Context, w *win, fx []window.Effect) {
 				l.step(ctx, w, window.SendFailed{At: time.Now(), Unreachable: unreachableOf(fs)})
 			}
 		case window.Poll:
-			l.step(ctx, w, window.Polled{At: time.Now(), Status: statusesOf(l.c.status(ctx, e.Ranks), w.id())})
+			l.step(ctx, w, window.Polled{At: time.Now(), Status: statusesOf(l.m.Status(ctx, e.Ranks), w.id())})
 		case window.ReadLog:
 			reps, ok := l.readReports(ctx, w.id(), e.Ranks)
 			if ok && w.m.Postmortem() {
@@ -48,7 +48,7 @@ func (l *leaderRun) exec(ctx context.Context, w *win, fx []window.Effect) {
 			l.step(ctx, w, window.LogRead{At: time.Now(), Ranks: e.Ranks, Reports: reps, OK: ok})
 		case window.CheckTerm:
 			if latest, err := l.rl.LatestTerm(ctx); err == nil && latest > l.term {
-				l.c.believe(latest)
+				l.m.Believe(latest)
 				l.step(ctx, w, window.Superseded{Term: latest})
 			}
 		case window.Replan:
@@ -79,7 +79,7 @@ func (l *leaderRun) exec(ctx context.Context, w *win, fx []window.Effect) {
 		case window.StepDown:
 			w.end = steppedDown
 			l.log.Warn("a newer leadership term is in the run's log; this leader writes nothing more for the window", "window", w.id(), "term", l.term, "newer", e.Term)
-			l.c.believeTerm(ctx, l.rl)
+			l.m.BelieveTerm(ctx, l.rl)
 		}
 	}
 	if w.m.Final && w.end == goingOn {
@@ -90,7 +90,7 @@ func (l *leaderRun) exec(ctx context.Context, w *win, fx []window.Effect) {
 // tellDeferred tells the members waiting for w what is true of a window left
 // for later: its answer, with the rest pending and why, or that it is
 // unfinished and why (never that it failed).
-func (l *leaderRun) tellDeferred(w *win, why string) {
+func (l *Leader) tellDeferred(w *win, why string) {
 	if w.m.Quiet() {
 		return
 	}
@@ -112,7 +112,7 @@ func (l *leaderRun) tellDeferred(w *win, why string) {
 // drive carries the window on once its collection is over: it waits out the
 // retries the machine asks for, until the window ends, is left for later, or
 // the leader steps down.
-func (l *leaderRun) drive(ctx context.Context, w *win) {
+func (l *Leader) drive(ctx context.Context, w *win) {
 	for w.end == goingOn && ctx.Err() == nil && w.retry > 0 {
 		d := w.retry
 		w.retry = 0
@@ -126,11 +126,11 @@ func (l *leaderRun) drive(ctx context.Context, w *win) {
 }
 
 // statusesOf is the ranks' status answers as the machine reads them.
-func statusesOf(sts map[int]status, id uint64) map[int]window.Status {
+func statusesOf(sts map[int]Status, id uint64) map[int]window.Status {
 	out := make(map[int]window.Status, len(sts))
 	for r, s := range sts {
-		out[r] = window.Status{Window: s.st.Window, Step: s.st.State, Batch: s.st.Batch, Result: s.st.Result,
-			Spooled: slices.Contains(s.st.Spooled, id), Term: s.st.Term, Seen: s.st.Seen}
+		out[r] = window.Status{Window: s.St.Window, Step: s.St.State, Batch: s.St.Batch, Result: s.St.Result,
+			Spooled: slices.Contains(s.St.Spooled, id), Term: s.St.Term, Seen: s.St.Seen}
 	}
 	return out
 }
@@ -139,9 +139,9 @@ func statusesOf(sts map[int]status, id uint64) map[int]window.Status {
 // going out, the ranks' acks, steps and results, requests that arrive meanwhile,
 // and the leader's clock. It returns once the window is merged, or the machine
 // stopped collecting.
-func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope, sent <-chan []sendFailure) {
-	c := l.c
-	tick := time.NewTicker(min(c.cfg.StatusTimeout, 500*time.Millisecond))
+func (l *Leader) collect(ctx context.Context, w *win, acks chan *pb.Envelope, sent <-chan []sendFailure) {
+	c := l.m
+	tick := time.NewTicker(min(l.cfg.StatusTimeout, 500*time.Millisecond))
 	defer tick.Stop()
 	flush := time.NewTicker(stepsEvery)
 	defer flush.Stop()
@@ -164,8 +164,8 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 		var nodes map[int]bool
 		return func(r int) bool {
 			if nodes == nil {
-				nodes = map[int]bool{int(c.rank()): true}
-				for rk := range c.rankNodes() {
+				nodes = map[int]bool{int(c.Rank()): true}
+				for rk := range c.RankNodes() {
 					nodes[rk] = true
 				}
 			}
@@ -207,7 +207,7 @@ func (l *leaderRun) collect(ctx context.Context, w *win, acks chan *pb.Envelope,
 }
 
 // onMessage takes a message that reaches the leader while w is collected.
-func (l *leaderRun) onMessage(ctx context.Context, w *win, env *pb.Envelope) {
+func (l *Leader) onMessage(ctx context.Context, w *win, env *pb.Envelope) {
 	if env.GetRequest() != nil {
 		if l.onRequestDuring(ctx, w, env) {
 			// a post-mortem now, while the window goes on: every rank's state at
@@ -232,7 +232,7 @@ func (l *leaderRun) onMessage(ctx context.Context, w *win, env *pb.Envelope) {
 }
 
 // stepMessage hands a rank's message about w to the machine.
-func (l *leaderRun) stepMessage(ctx context.Context, w *win, env *pb.Envelope) {
+func (l *Leader) stepMessage(ctx context.Context, w *win, env *pb.Envelope) {
 	r, now := int(env.SenderRank), time.Now()
 	switch b := env.Body.(type) {
 	case *pb.Envelope_Ack:
@@ -247,7 +247,7 @@ func (l *leaderRun) stepMessage(ctx context.Context, w *win, env *pb.Envelope) {
 }
 
 // unstash hands w what arrived for it while a post-mortem interrupted it.
-func (l *leaderRun) unstash(ctx context.Context, w *win) {
+func (l *Leader) unstash(ctx context.Context, w *win) {
 	var keep []*pb.Envelope
 	for _, env := range l.stash {
 		if env.WindowId == w.id() {
@@ -270,7 +270,7 @@ const preloaders = 16
 // snapshot is stored, preloaders at a time, while the other ranks still record
 // and upload: at 1,024 ranks the answer then waits for none of it (merge.Preload).
 // What cannot be read now is read again when the window is merged.
-func (l *leaderRun) preload(ctx context.Context, w *win, r int) {
+func (l *Leader) preload(ctx context.Context, w *win, r int) {
 	s := w.m.Ranks[r]
 	if s == nil || w.pre[r] != nil || s.Phase != window.Uploaded || s.Result.MetaKey == "" || w.m.Dumps() ||
 		s.Result.Partial != "" || s.Result.Start != w.m.Start || s.Result.Stop != w.m.Stop { // the merge leaves these out
@@ -281,7 +281,7 @@ func (l *leaderRun) preload(ctx context.Context, w *win, r int) {
 	}
 	ch, in, sem := make(chan merge.Input, 1), l.input(s.Result, r), w.preSem
 	w.pre[r] = ch
-	if !l.c.spawn(func() {
+	if !l.m.Spawn(func() {
 		select {
 		case sem <- struct{}{}:
 			defer func() { <-sem }()
@@ -297,7 +297,7 @@ func (l *leaderRun) preload(ctx context.Context, w *win, r int) {
 // readReports reads the given ranks' reports of window id from the run's log:
 // a few one by one, more in one listing. ok is false when the log could not be
 // read.
-func (l *leaderRun) readReports(ctx context.Context, id uint64, ranks []int) (map[int]*pb.RankResult, bool) {
+func (l *Leader) readReports(ctx context.Context, id uint64, ranks []int) (map[int]*pb.RankResult, bool) {
 	out := map[int]*pb.RankResult{}
 	if l.rl == nil || len(ranks) == 0 {
 		return out, true
@@ -308,7 +308,7 @@ func (l *leaderRun) readReports(ctx context.Context, id uint64, ranks []int) (ma
 			rep, err := l.rl.Report(ctx, id, r)
 			switch {
 			case err == nil:
-				out[r] = resultOfReport(rep)
+				out[r] = wire.ResultOfReport(rep)
 			case !errors.Is(err, store.ErrNotFound):
 				l.log.Warn("cannot read a rank's report from the run's log", "window", id, "of_rank", r, "err", err)
 				ok = false
@@ -323,7 +323,7 @@ func (l *leaderRun) readReports(ctx context.Context, id uint64, ranks []int) (ma
 	}
 	for _, r := range ranks {
 		if rep := reps[r]; rep != nil {
-			out[r] = resultOfReport(rep)
+			out[r] = wire.ResultOfReport(rep)
 		}
 	}
 	return out, true
@@ -334,11 +334,11 @@ func (l *leaderRun) readReports(ctx context.Context, id uint64, ranks []int) (ma
 // around then (the run's log keeps it as the rank's incident): a rank that died,
 // or whose hand-over never reached a leader, is part of the post-mortem all the
 // same. It reports false when the log could not be read.
-func (l *leaderRun) addIncidents(ctx context.Context, reps map[int]*pb.RankResult, ranks []int, planned, deadline time.Time) bool {
+func (l *Leader) addIncidents(ctx context.Context, reps map[int]*pb.RankResult, ranks []int, planned, deadline time.Time) bool {
 	if l.rl == nil {
 		return true
 	}
-	hold := l.c.incidentHold()
+	hold := l.cfg.IncidentHold()
 	for _, r := range ranks {
 		if reps[r] != nil {
 			continue
@@ -352,13 +352,8 @@ func (l *leaderRun) addIncidents(ctx context.Context, reps map[int]*pb.RankResul
 			l.log.Warn("a rank's incident in the run's log is malformed; ignored", "err", e)
 		}
 		if n := len(incs); n > 0 {
-			reps[r] = resultOfReport(incs[n-1])
+			reps[r] = wire.ResultOfReport(incs[n-1])
 		}
 	}
 	return true
-}
-
-func resultOfReport(r *runlog.Report) *pb.RankResult {
-	return &pb.RankResult{Key: r.Key, MetaKey: r.MetaKey, AnalysisKey: r.AnalysisKey, Size: r.Size, Sha256: r.SHA256, Events: r.Events,
-		Start: r.Start, Stop: r.Stop, Reason: r.Reason, Partial: r.Partial, Error: r.Error, Cause: r.Cause}
 }

@@ -1,4 +1,4 @@
-package coordinator
+package leader
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ func TestOtherCompleterDecides(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l := &leaderRun{st: st}
+	l := &Leader{st: st}
 	m := window.New(window.Config{ID: 3, World: 2, Asked: map[int]int64{0: -1, 1: -1}})
 	m.Phase = window.Answered
 	w := newWin(m, "request", nil, key)

@@ -1,4 +1,4 @@
-package coordinator
+package leader
 
 import (
 	"context"
@@ -39,7 +39,7 @@ func TestServedRequestFoundAfterManyWindows(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		plan(fmt.Sprintf("run/client-2#%016x", i))
 	}
-	l := &leaderRun{rl: rl}
+	l := &Leader{rl: rl}
 	ps, err := l.requestPlans(ctx, "run/client-1#00000000000000aa")
 	if err != nil || len(ps) != 1 || ps[0].ID != first {
 		t.Fatalf("the plans that may serve the first request: %v (%v)", ps, err)

@@ -1,0 +1,29 @@
+// Package leader is the work of the member that leads: it takes a term in the
+// run's log, plans windows (asked for, scheduled, triggered, post-mortems),
+// sends them to the ranks, drives each window's state machine
+// (coordinator/window) with what the ranks answer, merges and publishes the
+// ranks' snapshots from the store, and finishes from the log whatever an
+// earlier leader or launch left unfinished.
+//
+// It asks the member it runs in for the cluster (Member: nodes, messages,
+// terms believed); it holds none of the member's locks and the member holds
+// none of its own while calling it.
+//
+// Goroutines and what each owns:
+//   - The loop (Start's goroutine, run) owns the term, the store and the run's
+//     log, and every window in progress: a window's state is its machine
+//     (win.m), stepped and its effects carried out on this goroutine alone; a
+//     win's other fields are what carrying out those effects needs (the
+//     command sent, the steps not yet told, preloaded inputs), never a second
+//     copy of the window's phase.
+//   - Under l.mu, shared with the member's goroutines that call in (Deliver,
+//     WatchNow, Crossed, Busy, Deferred): the queue of requests and deferred
+//     requests, the schedule's next start, the trigger's cooldown and whether a
+//     trigger window is queued or running, the post-mortem quiet time, the
+//     members waiting on a window finished from the log (pending), when another
+//     leader's unfinished windows were first seen, and the messages stashed for
+//     a window a post-mortem interrupted.
+//   - WatchNow's goroutines (one per member re-asking how a window ended)
+//     only read the run's log and reply.
+//   - send's workers only send a command's bytes and report who was not reached.
+package leader
