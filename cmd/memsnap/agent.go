@@ -128,11 +128,8 @@ func (f *agentFlags) parse(c *command, args []string, stderr io.Writer) ([]strin
 			break
 		}
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (put the trainer's command after --)", fs.Arg(0))
