@@ -71,16 +71,12 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
 	}
-	plain := keys
-	if keys, err = attemptKeys(ctx, &cfg, keys); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	b, done, err := startMerge(ctx, &cfg, true)
+	b, done, err := startMerge(ctx, &cfg, keys, true)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
+	keys = b.keys
 	world, err := b.world()
 	if err != nil {
 		return nil, err
@@ -90,10 +86,8 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 		if answered, err = b.publishAnswer(ctx, keys, sum); err != nil {
 			return nil, err
 		}
-		if plain[publish.OutInputs] != keys[publish.OutInputs] {
-			publish.RemoveSuperseded(ctx, cfg.publishing(), plain, keys)
-		}
-		cfg.Logger.Info("answer published", "manifest", keys[publish.OutManifest], "ranks", len(sum.Ranks), "elapsed", time.Since(start).Round(time.Millisecond))
+		b.removeSuperseded(ctx)
+		cfg.Logger.Info("answer published", "manifest", keys[publish.OutManifest], "ranks", len(sum.Ranks), "elapsed", time.Since(b.start).Round(time.Millisecond))
 	} else {
 		if err := sameInputs(b.refs, answered.Inputs); err != nil {
 			return nil, fmt.Errorf("%w: %s (%v)", ErrOtherInputs, keys[publish.OutManifest], err)
@@ -108,8 +102,7 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 	if err != nil {
 		return nil, err
 	}
-	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
-		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))
+	b.logDone(sum)
 	dir := path.Dir(keys[publish.OutManifest])
 	res := &Result{Summary: sum, Manifest: final, Outputs: map[string]string{publish.OutInputs: path.Join(dir, final.Claim.Name), publish.OutManifest: keys[publish.OutManifest]},
 		Decoded: b.decoded, FromAnalyses: b.fromAnalyses}
