@@ -237,18 +237,30 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	var answered *publish.Manifest // a progressive merge's answer, published already
 	if cfg.Progressive {
-		return mergeProgressive(ctx, cfg, keys)
+		answered, err = readAnswer(ctx, &cfg, keys)
+	} else {
+		err = checkUnpublished(ctx, &cfg, keys)
 	}
-	if err := checkUnpublished(ctx, &cfg, keys); err != nil {
+	if err != nil {
 		return nil, err
 	}
-	b, done, err := startMerge(ctx, &cfg, keys, false)
+	b, done, err := startMerge(ctx, &cfg, keys, cfg.Progressive)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	keys = b.keys
+	if cfg.Progressive {
+		return b.mergeProgressive(ctx, answered)
+	}
+	return b.mergePlain(ctx)
+}
+
+// mergePlain writes the detail pass and the outputs, and publishes them with their
+// manifest.
+func (b *builder) mergePlain(ctx context.Context) (*Result, error) {
+	keys := b.keys
 	if err := b.detailPass(ctx); err != nil {
 		return nil, err
 	}
@@ -256,7 +268,7 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	man, err := publish.Publish(ctx, cfg.publishing(), keys, b.tmp, b.refs, sum, outs)
+	man, err := publish.Publish(ctx, b.cfg.publishing(), keys, b.tmp, b.refs, sum, outs)
 	if err != nil {
 		return nil, err
 	}
