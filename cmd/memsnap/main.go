@@ -157,10 +157,7 @@ func newFlags(c *command, stderr io.Writer) *flag.FlagSet {
 func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
 		name, usage := flag.UnquoteUsage(f)
-		line := "  --" + f.Name
-		if len(f.Name) == 1 {
-			line = "  -" + f.Name // as one-letter flags are written (-q, -v)
-		}
+		line := "  " + flagName(f.Name)
 		if name != "" {
 			line += " " + name
 		}

@@ -54,7 +54,8 @@ func unknownCommand(w io.Writer, name string) {
 	fmt.Fprintln(w, "Run 'memsnap -h' for the commands.")
 }
 
-// flagName writes a flag as the help lists it: --name, or -x for one letter.
+// flagName writes a flag as the help lists it: --name, or -x for one letter (as
+// one-letter flags are written: -q, -v).
 func flagName(name string) string {
 	if len(name) == 1 {
 		return "-" + name
