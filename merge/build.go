@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
@@ -45,6 +46,10 @@ type builder struct {
 	// deferred: no rank's detail is written in the first pass (a progressive
 	// merge writes every detail after its answer)
 	deferred bool
+	// keys are the names the merge publishes under; plain the window's own, which
+	// keys differ from when another attempt claimed them (attemptKeys)
+	keys, plain map[string]string
+	start       time.Time // when the merge began, after its names were settled
 }
 
 // rankEntry is what the merge keeps of a rank once its pass is done: what the

@@ -237,22 +237,30 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	var answered *publish.Manifest // a progressive merge's answer, published already
 	if cfg.Progressive {
-		return mergeProgressive(ctx, cfg, keys)
+		answered, err = readAnswer(ctx, &cfg, keys)
+	} else {
+		err = checkUnpublished(ctx, &cfg, keys)
 	}
-	if err := checkUnpublished(ctx, &cfg, keys); err != nil {
+	if err != nil {
 		return nil, err
 	}
-	plain := keys
-	if keys, err = attemptKeys(ctx, &cfg, keys); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	b, done, err := startMerge(ctx, &cfg, false)
+	b, done, err := startMerge(ctx, &cfg, keys, cfg.Progressive)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
+	if cfg.Progressive {
+		return b.mergeProgressive(ctx, answered)
+	}
+	return b.mergePlain(ctx)
+}
+
+// mergePlain writes the detail pass and the outputs, and publishes them with their
+// manifest.
+func (b *builder) mergePlain(ctx context.Context) (*Result, error) {
+	keys := b.keys
 	if err := b.detailPass(ctx); err != nil {
 		return nil, err
 	}
@@ -260,15 +268,12 @@ func Merge(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	man, err := publish.Publish(ctx, cfg.publishing(), keys, b.tmp, b.refs, sum, outs)
+	man, err := publish.Publish(ctx, b.cfg.publishing(), keys, b.tmp, b.refs, sum, outs)
 	if err != nil {
 		return nil, err
 	}
-	if plain[publish.OutInputs] != keys[publish.OutInputs] {
-		publish.RemoveSuperseded(ctx, cfg.publishing(), plain, keys)
-	}
-	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
-		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))
+	b.removeSuperseded(ctx)
+	b.logDone(sum)
 	res := &Result{Summary: sum, Manifest: man, Outputs: map[string]string{publish.OutInputs: keys[publish.OutInputs], publish.OutManifest: keys[publish.OutManifest]},
 		Decoded: b.decoded, FromAnalyses: b.fromAnalyses}
 	for _, o := range outs {
@@ -324,10 +329,15 @@ func attemptKeys(ctx context.Context, cfg *Config, keys map[string]string) (map[
 	return out, nil
 }
 
-// startMerge makes the folder the outputs are written in and the builder that
-// writes them, and runs the first pass (deferred: writing no rank's detail);
-// done removes both.
-func startMerge(ctx context.Context, cfg *Config, deferred bool) (b *builder, done func(), err error) {
+// startMerge settles the names the merge publishes under (attemptKeys), makes the
+// folder the outputs are written in and the builder that writes them, and runs the
+// first pass (deferred: writing no rank's detail); done removes both.
+func startMerge(ctx context.Context, cfg *Config, keys map[string]string, deferred bool) (b *builder, done func(), err error) {
+	attempt, err := attemptKeys(ctx, cfg, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	start := time.Now()
 	tmp, err := cfg.tempDir()
 	if err != nil {
 		return nil, nil, err
@@ -337,12 +347,26 @@ func startMerge(ctx context.Context, cfg *Config, deferred bool) (b *builder, do
 		return nil, nil, err
 	}
 	done = func() { b.close(); os.RemoveAll(tmp) }
-	b.deferred = deferred
+	b.deferred, b.plain, b.keys, b.start = deferred, keys, attempt, start
 	if err := b.firstPass(ctx); err != nil {
 		done()
 		return nil, nil, err
 	}
 	return b, done, nil
+}
+
+// removeSuperseded removes what another attempt left under the window's own names
+// once this one published under its own.
+func (b *builder) removeSuperseded(ctx context.Context) {
+	if b.plain[publish.OutInputs] != b.keys[publish.OutInputs] {
+		publish.RemoveSuperseded(ctx, b.cfg.publishing(), b.plain, b.keys)
+	}
+}
+
+// logDone logs the merge's end.
+func (b *builder) logDone(sum *analysis.Summary) {
+	b.cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
+		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(b.start).Round(time.Millisecond))
 }
 
 // tempDir makes the folder the outputs are written in: inside a folder store, so

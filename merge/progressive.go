@@ -34,6 +34,31 @@ type Answer struct {
 // other snapshots than its own inputs, so it cannot write the answer's pickles.
 var ErrOtherInputs = errors.New("merge: the published answer was merged from other snapshots")
 
+// readAnswer reads the window's answer when a progressive merge published it with
+// outputs pending; the merge then writes that answer's outputs, from its ranks
+// (cfg's Ranks and Window become the answer's). No answer is nil; a finished or
+// failed window, or an answer this merge cannot complete, is an error.
+func readAnswer(ctx context.Context, cfg *Config, keys map[string]string) (*publish.Manifest, error) {
+	m, err := publish.ReadManifest(ctx, cfg.Out, keys[publish.OutManifest])
+	switch {
+	case err == nil && m.Failed():
+		return nil, fmt.Errorf("merge: %s in %s commits the window as failed (%s): %w", keys[publish.OutManifest], cfg.Out, m.Error, store.ErrExists)
+	case err == nil && len(m.Pending) == 0:
+		return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already: %w", keys[publish.OutManifest], cfg.Out, store.ErrExists)
+	case err == nil && !strings.HasSuffix(m.Claim.Name, publish.OutSuffix[publish.OutInputs]):
+		return nil, fmt.Errorf("%w: %s waits for outputs but names no claim (%q) to name them after", ErrOtherInputs, keys[publish.OutManifest], m.Claim.Name)
+	case err == nil:
+		cfg.Ranks = rankSetOf(m.RanksMerged) // the answer's ranks, and no others
+		if cfg.Window == nil {
+			cfg.Window = m.Window
+		}
+		return m, nil
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
+	}
+	return nil, nil
+}
+
 // mergeProgressive publishes a merge in two steps, each with its manifest as its
 // commit point:
 //
@@ -52,35 +77,8 @@ var ErrOtherInputs = errors.New("merge: the published answer was merged from oth
 // names, and the same final manifest: two of them at once (a leader woken from a
 // stall and its successor) cannot mix sets or leave anything behind. The
 // answer's outputs are never written again.
-func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (*Result, error) {
-	var answered *publish.Manifest
-	m, err := publish.ReadManifest(ctx, cfg.Out, keys[publish.OutManifest])
-	switch {
-	case err == nil && m.Failed():
-		return nil, fmt.Errorf("merge: %s in %s commits the window as failed (%s): %w", keys[publish.OutManifest], cfg.Out, m.Error, store.ErrExists)
-	case err == nil && len(m.Pending) == 0:
-		return nil, fmt.Errorf("merge: %s exists in %s: this merge was published already: %w", keys[publish.OutManifest], cfg.Out, store.ErrExists)
-	case err == nil && !strings.HasSuffix(m.Claim.Name, publish.OutSuffix[publish.OutInputs]):
-		return nil, fmt.Errorf("%w: %s waits for outputs but names no claim (%q) to name them after", ErrOtherInputs, keys[publish.OutManifest], m.Claim.Name)
-	case err == nil:
-		answered = m
-		cfg.Ranks = rankSetOf(m.RanksMerged) // the answer's ranks, and no others
-		if cfg.Window == nil {
-			cfg.Window = m.Window
-		}
-	case !errors.Is(err, store.ErrNotFound):
-		return nil, err
-	}
-	plain := keys
-	if keys, err = attemptKeys(ctx, &cfg, keys); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	b, done, err := startMerge(ctx, &cfg, true)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
+func (b *builder) mergeProgressive(ctx context.Context, answered *publish.Manifest) (*Result, error) {
+	cfg, keys := b.cfg, b.keys
 	world, err := b.world()
 	if err != nil {
 		return nil, err
@@ -90,10 +88,8 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 		if answered, err = b.publishAnswer(ctx, keys, sum); err != nil {
 			return nil, err
 		}
-		if plain[publish.OutInputs] != keys[publish.OutInputs] {
-			publish.RemoveSuperseded(ctx, cfg.publishing(), plain, keys)
-		}
-		cfg.Logger.Info("answer published", "manifest", keys[publish.OutManifest], "ranks", len(sum.Ranks), "elapsed", time.Since(start).Round(time.Millisecond))
+		b.removeSuperseded(ctx)
+		cfg.Logger.Info("answer published", "manifest", keys[publish.OutManifest], "ranks", len(sum.Ranks), "elapsed", time.Since(b.start).Round(time.Millisecond))
 	} else {
 		if err := sameInputs(b.refs, answered.Inputs); err != nil {
 			return nil, fmt.Errorf("%w: %s (%v)", ErrOtherInputs, keys[publish.OutManifest], err)
@@ -108,8 +104,7 @@ func mergeProgressive(ctx context.Context, cfg Config, keys map[string]string) (
 	if err != nil {
 		return nil, err
 	}
-	cfg.Logger.Info("merge done", "ranks", len(sum.Ranks), "missing", len(sum.MissingRanks), "decoded", len(b.decoded),
-		"from_analyses", len(b.fromAnalyses), "elapsed", time.Since(start).Round(time.Millisecond))
+	b.logDone(sum)
 	dir := path.Dir(keys[publish.OutManifest])
 	res := &Result{Summary: sum, Manifest: final, Outputs: map[string]string{publish.OutInputs: path.Join(dir, final.Claim.Name), publish.OutManifest: keys[publish.OutManifest]},
 		Decoded: b.decoded, FromAnalyses: b.fromAnalyses}

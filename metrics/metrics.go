@@ -50,8 +50,11 @@ type collector struct {
 
 type metricDef struct {
 	name, help string
-	extra      []string // labels besides run, rank and node
+	labels     []string // nil: run, rank and node
 }
+
+// rankLabels are most metrics' labels: the rank a figure is of.
+var rankLabels = []string{"run", "rank", "node"}
 
 var defs = []metricDef{
 	{"memsnap_allocated_bytes", "Bytes in the trainer's live tensors at the end of its last reported batch (torch allocated_bytes.all.current).", nil},
@@ -69,7 +72,7 @@ var defs = []metricDef{
 	{"memsnap_growth_bytes_per_batch", "Allocated bytes added per batch over the last reports (at a batch's end): a leak makes it positive.", nil},
 	{"memsnap_batch", "The batch at whose end the trainer last reported its memory.", nil},
 	{"memsnap_memory_report_timestamp_seconds", "When the agent received the trainer's last memory report (Unix time).", nil},
-	{"memsnap_windows_total", "Windows this agent took part in, by what became of its rank's part.", []string{"outcome"}},
+	{"memsnap_windows_total", "Windows this agent took part in, by what became of its rank's part.", []string{"run", "rank", "node", "outcome"}},
 	{"memsnap_uploads_total", "Snapshots this agent uploaded to the store.", nil},
 	{"memsnap_upload_failures_total", "Snapshots the store refused for good (kept in the spool's failed/ folder).", nil},
 	{"memsnap_upload_retries_total", "Failed upload attempts that were retried.", nil},
@@ -78,13 +81,10 @@ var defs = []metricDef{
 	{"memsnap_members", "Cluster members this agent sees, itself included.", nil},
 	{"memsnap_leader_term", "The leadership term this agent believes (the run's log holds it).", nil},
 	{"memsnap_leader", "1 when this agent leads the cluster, else 0.", nil},
-}
-
-// clusterDefs are the leader's metrics of every rank: labelled by the rank they
-// are of (and its node), not the leader's.
-var clusterDefs = []metricDef{
+	// the leader's metrics of every rank: labelled by the rank they are of (and
+	// its node), not the leader's
 	{"memsnap_cluster_headroom_min_bytes", "The job's least headroom, labelled with the rank that has it (served by the leader).", nil},
-	{"memsnap_cluster_ranks_reporting", "Ranks whose memory figures the leader holds (served by the leader).", nil},
+	{"memsnap_cluster_ranks_reporting", "Ranks whose memory figures the leader holds (served by the leader).", []string{"run"}},
 	{"memsnap_cluster_rank_headroom_bytes", "Each rank's headroom as the leader last heard it.", nil},
 	{"memsnap_cluster_rank_allocated_bytes", "Each rank's allocated bytes as the leader last heard them.", nil},
 	{"memsnap_cluster_rank_growth_bytes_per_batch", "Each rank's growth per batch as the leader last heard it.", nil},
@@ -93,10 +93,10 @@ var clusterDefs = []metricDef{
 
 func newCollector(src Source) *collector {
 	c := &collector{src: src, labels: []string{src.Run, strconv.Itoa(src.Rank), src.Node}, descs: map[string]*prometheus.Desc{}}
-	for _, d := range append(append([]metricDef{}, defs...), clusterDefs...) {
-		labels := append([]string{"run", "rank", "node"}, d.extra...)
-		if d.name == "memsnap_cluster_ranks_reporting" {
-			labels = []string{"run"}
+	for _, d := range defs {
+		labels := d.labels
+		if labels == nil {
+			labels = rankLabels
 		}
 		c.descs[d.name] = prometheus.NewDesc(d.name, d.help, labels, nil)
 	}

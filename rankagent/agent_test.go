@@ -559,6 +559,8 @@ func TestIdentityFromEnv(t *testing.T) {
 		{"run name with a slash", env("RANK", "0", "WORLD_SIZE", "2", "TORCHELASTIC_RUN_ID", "../other"), Identity{}, true, true},
 		{"run name with a space", env("RANK", "0", "WORLD_SIZE", "2", "MEMSNAP_RUN_NAME", "my run"), Identity{}, true, true},
 		{"no run id", env("RANK", "1", "WORLD_SIZE", "2"), Identity{Rank: 1, WorldSize: 2, LocalWorldSize: 1, Launcher: "torchrun"}, true, false},
+		{"torchrun's NODE_RANK", env("RANK", "1", "WORLD_SIZE", "2", "NODE_RANK", "1"), Identity{Rank: 1, NodeRank: 1, WorldSize: 2, LocalWorldSize: 1, Launcher: "torchrun"}, true, false},
+		{"a bad SLURM_NODEID", env("SLURM_PROCID", "0", "SLURM_NTASKS", "2", "SLURM_NODEID", "-1"), Identity{}, true, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -33,64 +33,38 @@ func IdentityFromEnv(getenv func(string) string) (Identity, bool, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	num := func(name string, dflt int) (int, error) {
-		v := strings.TrimSpace(getenv(name))
-		if v == "" {
-			return dflt, nil
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("rankagent: %s=%q is not a non-negative integer", name, v)
-		}
-		return n, nil
-	}
 	var id Identity
-	var err error
-	set := func(dst *int, name string, dflt int) {
-		if err == nil {
-			*dst, err = num(name, dflt)
-		}
-	}
+	r := envReader{getenv: getenv}
 	switch {
 	case getenv("RANK") != "" && getenv("WORLD_SIZE") != "":
 		id.Launcher = "torchrun"
-		set(&id.Rank, "RANK", 0)
-		set(&id.LocalRank, "LOCAL_RANK", 0)
-		set(&id.WorldSize, "WORLD_SIZE", 1)
-		set(&id.LocalWorldSize, "LOCAL_WORLD_SIZE", 1)
-		set(&id.NodeRank, "GROUP_RANK", 0)
-		if getenv("GROUP_RANK") == "" {
-			set(&id.NodeRank, "NODE_RANK", 0)
+		node := "GROUP_RANK"
+		if getenv(node) == "" {
+			node = "NODE_RANK"
 		}
+		r.ranks(&id, "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", node)
 		id.RunName = getenv("TORCHELASTIC_RUN_ID")
 	case getenv("SLURM_PROCID") != "":
 		id.Launcher = "slurm"
-		set(&id.Rank, "SLURM_PROCID", 0)
-		set(&id.LocalRank, "SLURM_LOCALID", 0)
-		set(&id.WorldSize, "SLURM_NTASKS", 1)
-		set(&id.NodeRank, "SLURM_NODEID", 0)
+		r.ranks(&id, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "", "SLURM_NODEID")
 		id.LocalWorldSize = slurmTasksPerNode(getenv("SLURM_NTASKS_PER_NODE"), getenv("SLURM_TASKS_PER_NODE"))
 		id.RunName = getenv("SLURM_JOB_ID")
 	case getenv("OMPI_COMM_WORLD_RANK") != "":
 		id.Launcher = "mpi"
-		set(&id.Rank, "OMPI_COMM_WORLD_RANK", 0)
-		set(&id.LocalRank, "OMPI_COMM_WORLD_LOCAL_RANK", 0)
-		set(&id.WorldSize, "OMPI_COMM_WORLD_SIZE", 1)
-		set(&id.LocalWorldSize, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
-		set(&id.NodeRank, "OMPI_COMM_WORLD_NODE_RANK", 0)
+		r.ranks(&id, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK")
 		id.RunName = mpiJobID(getenv)
 	case getenv("JOB_COMPLETION_INDEX") != "":
 		// a Kubernetes indexed Job: one pod per rank, the pod's index its rank;
 		// without WORLD_SIZE, ResolveIdentity reads the Job's completions
 		id.Launcher = "kubernetes"
-		set(&id.Rank, "JOB_COMPLETION_INDEX", 0)
-		set(&id.WorldSize, "WORLD_SIZE", 0)
+		r.int(&id.Rank, "JOB_COMPLETION_INDEX", 0)
+		r.int(&id.WorldSize, "WORLD_SIZE", 0)
 		id.NodeRank, id.LocalRank, id.LocalWorldSize = id.Rank, 0, 1
 	default:
 		return id, false, nil
 	}
-	if err != nil {
-		return id, true, err
+	if r.err != nil {
+		return id, true, r.err
 	}
 	if v := firstEnv(getenv, "MEMSNAP_RUN_NAME", "COMPOSER_RUN_NAME", "RUN_NAME"); v != "" {
 		id.RunName = v
@@ -103,6 +77,45 @@ func IdentityFromEnv(getenv func(string) string) (Identity, bool, error) {
 		chk.WorldSize = chk.Rank + 1 // the Job's, read later
 	}
 	return id, true, chk.Check()
+}
+
+// envReader reads a launcher's numbers from the environment; the first error
+// stays in err, and what follows it is not read.
+type envReader struct {
+	getenv func(string) string
+	err    error
+}
+
+// int sets *dst to the variable name's value, dflt when it is unset or blank.
+func (r *envReader) int(dst *int, name string, dflt int) {
+	if r.err != nil {
+		return
+	}
+	v := strings.TrimSpace(r.getenv(name))
+	if v == "" {
+		*dst = dflt
+		return
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		r.err = fmt.Errorf("rankagent: %s=%q is not a non-negative integer", name, v)
+		return
+	}
+	*dst = n
+}
+
+// ranks reads id's rank, local rank, world size, local world size and node rank,
+// in that order, from the variables named; "" leaves a field as it is.
+func (r *envReader) ranks(id *Identity, rank, localRank, world, localWorld, node string) {
+	for _, f := range []struct {
+		dst  *int
+		name string
+		dflt int
+	}{{&id.Rank, rank, 0}, {&id.LocalRank, localRank, 0}, {&id.WorldSize, world, 1}, {&id.LocalWorldSize, localWorld, 1}, {&id.NodeRank, node, 0}} {
+		if f.name != "" {
+			r.int(f.dst, f.name, f.dflt)
+		}
+	}
 }
 
 // readJobCompletions reads a Kubernetes Job's size (tests stand in for the API).

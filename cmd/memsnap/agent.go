@@ -20,6 +20,7 @@ import (
 	"github.com/memsnap/memsnap/internal/gpu"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/syncio"
 	"github.com/memsnap/memsnap/metrics"
 	"github.com/memsnap/memsnap/naming"
 	"github.com/memsnap/memsnap/rankagent"
@@ -48,7 +49,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	// the logger and the trainer's output share stderr (and stdout): serialise writes
-	stderr, stdout = &syncWriter{w: stderr}, &syncWriter{w: stdout}
+	stderr, stdout = &syncio.Writer{W: stderr}, &syncio.Writer{W: stdout}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 
 	cfg, err := f.agentConfig(ctx, log)
@@ -128,11 +129,8 @@ func (f *agentFlags) parse(c *command, args []string, stderr io.Writer) ([]strin
 			break
 		}
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (put the trainer's command after --)", fs.Arg(0))
@@ -277,18 +275,6 @@ func runAgentWith(ctx context.Context, a *rankagent.Agent, member *coordinator.R
 		return exitError{c}
 	}
 	return nil
-}
-
-// syncWriter serialises writes from several goroutines.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -34,27 +34,26 @@ func init() {
 
 func runFinish(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags(commands["finish"], stderr)
-	run := fs.String("run", "", "the run's name (default: every run in the store with unfinished windows)")
+	var cfg commit.Config // every run's, but for its Run
+	fs.StringVar(&cfg.Run, "run", "", "the run's name (default: every run in the store with unfinished windows)")
 	only := fs.String("window", "", "finish only these windows (comma-separated ids)")
-	force := fs.Bool("force", false, "finish windows still within their planned deadline too (only once the job's agents are gone: a live leader may be recording them)")
-	mergedName := fs.String("merged-name", coordinator.DefaultMergedName, "the merged outputs' name template, as the agents had it: a post-mortem of the "+
+	fs.BoolVar(&cfg.Force, "force", false, "finish windows still within their planned deadline too (only once the job's agents are gone: a live leader may be recording them)")
+	fs.StringVar(&cfg.MergedName, "merged-name", coordinator.DefaultMergedName, "the merged outputs' name template, as the agents had it: a post-mortem of the "+
 		"snapshots ranks stored of their OOM or crash, which no leader took, is published under it")
 	sf, rest, err := parseStore(fs, args, oneArg)
 	if err != nil {
 		return err
 	}
-	windows, err := windowIDs(*only)
-	if err != nil {
+	if cfg.Windows, err = windowIDs(*only); err != nil {
 		return fmt.Errorf("--window: %w", err)
 	}
-	st, err := store.Open(ctx, sf.config(rest[0], false))
-	if err != nil {
+	if cfg.Store, err = store.Open(ctx, sf.config(rest[0], false)); err != nil {
 		return err
 	}
-	defer st.Close()
-	runs := []string{*run}
-	if *run == "" {
-		if runs, err = unfinishedRuns(ctx, st); err != nil {
+	defer cfg.Store.Close()
+	runs := []string{cfg.Run}
+	if cfg.Run == "" {
+		if runs, err = unfinishedRuns(ctx, cfg.Store); err != nil {
 			return err
 		}
 	}
@@ -63,11 +62,12 @@ func runFinish(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return nil
 	}
 	host, _ := os.Hostname()
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.Holder = "memsnap finish on " + host
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var errs []error
 	for _, r := range runs {
-		res, err := commit.Finish(ctx, commit.Config{Store: st, Run: r, Windows: windows, Holder: "memsnap finish on " + host, MergedName: *mergedName,
-			Force: *force, Logger: log})
+		cfg.Run = r
+		res, err := commit.Finish(ctx, cfg)
 		printFinished(stdout, r, res)
 		switch {
 		case errors.Is(err, commit.ErrNoLog):

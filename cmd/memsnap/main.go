@@ -78,8 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	c, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "memsnap: unknown command %q\n\n", args[0])
-		mainUsage(stderr)
+		unknownCommand(stderr, args[0])
 		return 2
 	}
 	return runCommand(ctx, c, args[1:], stdout, stderr)
@@ -158,10 +157,7 @@ func newFlags(c *command, stderr io.Writer) *flag.FlagSet {
 func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
 		name, usage := flag.UnquoteUsage(f)
-		line := "  --" + f.Name
-		if len(f.Name) == 1 {
-			line = "  -" + f.Name // as one-letter flags are written (-q, -v)
-		}
+		line := "  " + flagName(f.Name)
 		if name != "" {
 			line += " " + name
 		}
@@ -180,11 +176,8 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, errUsage
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {

@@ -69,3 +69,64 @@ func TestHelp(t *testing.T) {
 		t.Errorf("snapshot's usage line: %q", strings.SplitN(errOut, "\n", 2)[0])
 	}
 }
+
+// TestUsageErrors: a misspelt flag or command gets a short message (what was
+// wrong, the nearest name, where the help is) and exit status 2, not the help.
+func TestUsageErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want []string // stderr's lines, all of them
+	}{
+		{[]string{"agent", "--stor", "x"}, []string{"memsnap agent: flag provided but not defined: --stor", "did you mean --store?", "Run 'memsnap agent -h' for its flags."}},
+		{[]string{"ls", "--objets", "x"}, []string{"memsnap ls: flag provided but not defined: --objets", "did you mean --objects?", "Run 'memsnap ls -h' for its flags."}},
+		{[]string{"ls", "x", "-jsn"}, []string{"memsnap ls: flag provided but not defined: --jsn", "did you mean --json?", "Run 'memsnap ls -h' for its flags."}},
+		{[]string{"ls", "--stor", "x"}, []string{"memsnap ls: flag provided but not defined: --stor", "Run 'memsnap ls -h' for its flags."}}, // no flag is near
+		{[]string{"merge", "x", "--rank"}, []string{"memsnap merge: flag needs an argument: -rank", "Run 'memsnap merge -h' for its flags."}},
+		{[]string{"mrege", "x"}, []string{`memsnap: unknown command "mrege"`, `did you mean "merge"?`, "Run 'memsnap -h' for the commands."}},
+		{[]string{"verison"}, []string{`memsnap: unknown command "verison"`, `did you mean "version"?`, "Run 'memsnap -h' for the commands."}},
+		{[]string{"zzzzzz"}, []string{`memsnap: unknown command "zzzzzz"`, "Run 'memsnap -h' for the commands."}},
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			code, out, errOut := runCLI(t, c.args...)
+			if want := strings.Join(c.want, "\n") + "\n"; code != 2 || out != "" || errOut != want {
+				t.Fatalf("code %d out %q stderr:\n%s\nwant 2, no output, stderr:\n%s", code, out, errOut, want)
+			}
+		})
+	}
+}
+
+// TestHelpFlag: -h still prints the whole help, through either flag parser.
+func TestHelpFlag(t *testing.T) {
+	for _, c := range []struct{ cmd, flag string }{{"ls", "--objects\n"}, {"agent", "--store string\n"}, {"merge", "--out string\n"}} {
+		code, out, errOut := runCLI(t, c.cmd, "-h")
+		for _, want := range []string{"Usage: memsnap " + c.cmd, "\nFlags:\n", "\n  " + c.flag, "\nExit status: "} {
+			if code != 0 || out != "" || !strings.Contains(errOut, want) {
+				t.Errorf("%s -h: code %d, stderr lacks %q:\n%s", c.cmd, code, want, errOut)
+			}
+		}
+		if strings.Contains(errOut, "did you mean") || strings.Contains(errOut, "for its flags") {
+			t.Errorf("%s -h reads as an error:\n%s", c.cmd, errOut)
+		}
+	}
+	code, out, _ := runCLI(t, "-h")
+	if code != 0 || !strings.Contains(out, "Commands:\n") || !strings.Contains(out, "\n  merge ") {
+		t.Errorf("-h: %d %q", code, out)
+	}
+}
+
+func TestNearest(t *testing.T) {
+	names := []string{"store", "spool", "rank", "run-name", "json", "join"}
+	for _, c := range []struct{ in, want string }{
+		{"stor", "store"}, {"sotre", "store"}, {"rnak", "rank"}, {"runname", "run-name"},
+		{"jsno", "json"}, {"xyz", ""}, {"stores-and-more", ""},
+	} {
+		got, ok := nearest(c.in, names)
+		if got != c.want && (ok || c.want != "") {
+			t.Errorf("nearest(%q) = %q, %v; want %q", c.in, got, ok, c.want)
+		}
+		if c.want == "" && ok {
+			t.Errorf("nearest(%q) = %q; want none", c.in, got)
+		}
+	}
+}

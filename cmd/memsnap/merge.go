@@ -30,19 +30,20 @@ func init() {
 }
 
 func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var cfg merge.Config // the flags that are its fields bind straight into it
 	fs := newFlags(commands["merge"], stderr)
 	out := fs.String("out", "memsnap-merged", "where the merged outputs go: a folder or s3://bucket/prefix")
 	layout := fs.String("layout", "composer", "how ranks are named: composer (rank{rank}.{batch}.memory_snapshot.pickle), torchtitan ({rank:06d}_step_{batch}.pickle) or megatron (..._{rank}.pickle)")
 	tmplFlag := fs.String("name-template", "", "a name template that recovers {rank} from an input's file name (overrides --layout)")
 	var ranks, vars multiFlag
 	fs.Var(&ranks, "rank", "RANK=PATH: take PATH as that rank's snapshot whatever its name (repeatable)")
-	align := fs.String("align", "", "time alignment: wall (each host's clock, the default), start (each rank's first event at zero) or offsets")
+	fs.StringVar(&cfg.Align, "align", "", "time alignment: wall (each host's clock, the default), start (each rank's first event at zero) or offsets")
 	offsets := fs.String("offsets", "", "a JSON file of per-rank clock offsets in microseconds, {\"1\": -35, ...}; implies --align offsets")
-	world := fs.Int("world-size", 0, "ranks expected (default: from the ranks' metadata, or the highest rank plus one); absent ones are reported missing")
-	base := fs.String("output-name", publish.DefaultOutputBase, "name template of the outputs, before their suffixes, e.g. '{run_name}/window{window}/merged'")
+	fs.IntVar(&cfg.WorldSize, "world-size", 0, "ranks expected (default: from the ranks' metadata, or the highest rank plus one); absent ones are reported missing")
+	fs.StringVar(&cfg.OutputBase, "output-name", publish.DefaultOutputBase, "name template of the outputs, before their suffixes, e.g. '{run_name}/window{window}/merged'")
 	fs.Var(&vars, "var", "a value for --output-name, key=value (repeatable)")
-	overwrite := fs.Bool("overwrite", false, "replace outputs that exist")
-	title := fs.String("title", "", "a title for the HTML report")
+	fs.BoolVar(&cfg.Overwrite, "overwrite", false, "replace outputs that exist")
+	fs.StringVar(&cfg.Title, "title", "", "a title for the HTML report")
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	var cut cutFlags
 	cut.register(fs)
@@ -54,13 +55,11 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	v, err := outputVars(vars)
-	if err != nil {
+	if cfg.Vars, err = outputVars(vars); err != nil {
 		return err
 	}
-	var offs map[int]int64
 	if *offsets != "" {
-		if offs, err = readOffsets(*offsets); err != nil {
+		if cfg.Offsets, err = readOffsets(*offsets); err != nil {
 			return err
 		}
 	}
@@ -68,22 +67,16 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *quiet {
 		level = slog.LevelWarn
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	res := &merge.Resolver{Template: tmpl, OpenStore: func(ctx context.Context, u string) (store.Store, error) {
 		return store.Open(ctx, sf.config(u, false))
 	}}
-	ins, err := res.Resolve(ctx, inputs, ranks)
-	if err != nil {
+	if cfg.Inputs, err = res.Resolve(ctx, inputs, ranks); err != nil {
 		return err
 	}
 	defer mergeGC()()
-	outStore, err := store.Open(ctx, sf.config(*out, true))
-	if err != nil {
+	if cfg.Out, err = store.Open(ctx, sf.config(*out, true)); err != nil {
 		return err
-	}
-	cfg := merge.Config{
-		Inputs: ins, Out: outStore, OutputBase: *base, Vars: v, Overwrite: *overwrite,
-		Align: *align, Offsets: offs, WorldSize: *world, Title: *title, Logger: logger,
 	}
 	if err := cut.apply(&cfg); err != nil {
 		return err
@@ -92,7 +85,7 @@ func runMerge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	printMergeResult(stdout, outStore.String(), r)
+	printMergeResult(stdout, cfg.Out.String(), r)
 	return nil
 }
 

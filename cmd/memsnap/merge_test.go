@@ -29,6 +29,18 @@ func TestMergeCommand(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "overwrite") {
 		t.Fatalf("second merge: %d %s", code, stderr)
 	}
+	// the flags that bind into merge.Config reach it
+	code, _, stderr = runCLI(t, "merge", "-q", "--out", out, "--output-name", "{run_name}/m", "--var", "run_name=gpt", "--align", "start",
+		"--title", "the title", "--overwrite", ddp)
+	if code != 0 {
+		t.Fatalf("merge with --output-name: %d %s", code, stderr)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "gpt", "m.summary.json")); err != nil || !strings.Contains(string(b), `"align": "start"`) {
+		t.Fatalf("gpt/m.summary.json: %v\n%s", err, b)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "gpt", "m.html")); err != nil || !strings.Contains(string(b), "the title") {
+		t.Fatalf("gpt/m.html lacks the title: %v", err)
+	}
 	// inspect reads the merged timeline back
 	code, stdout, _ = runCLI(t, "inspect", "--json", filepath.Join(out, "merged.memsnap.pb"))
 	if code != 0 || !strings.Contains(stdout, `"device":3`) {

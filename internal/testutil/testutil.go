@@ -3,7 +3,6 @@
 package testutil
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -22,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/internal/syncio"
 	"github.com/memsnap/memsnap/internal/wait"
 )
 
@@ -170,24 +170,8 @@ func lookTool(t testing.TB, ciNote string, names ...string) string {
 }
 
 // SyncBuffer is a buffer that processes and goroutines write while a test reads
-// it.
-type SyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *SyncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// String is what was written so far.
-func (s *SyncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// it (String): the zero syncio.Writer.
+type SyncBuffer = syncio.Writer
 
 // Eventually polls cond until it is true or the deadline passes (wait.Until).
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
