@@ -186,6 +186,41 @@ func TestChainOrder(t *testing.T) {
 	})
 }
 
+// TestWebIdentity: a token file and a role (what EKS's IRSA sets) are exchanged
+// at STS, here a fake on loopback named by AWS_ENDPOINT_URL_STS, for temporary
+// credentials with their session token.
+func TestWebIdentity(t *testing.T) {
+	isolateAWS(t)
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("eyJ.web.identity"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.FormValue("Action") != "AssumeRoleWithWebIdentity" || r.FormValue("WebIdentityToken") != "eyJ.web.identity" ||
+			r.FormValue("RoleArn") != "arn:aws:iam::123456789012:role/memsnap" || r.FormValue("RoleSessionName") != "rank0" {
+			t.Errorf("STS asked %v", r.Form)
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		w.Write([]byte(`<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleWithWebIdentityResult><Credentials>` +
+			`<AccessKeyId>WEBKEY</AccessKeyId><SecretAccessKey>websecret</SecretAccessKey><SessionToken>web-token</SessionToken>` +
+			`<Expiration>` + time.Now().Add(time.Hour).UTC().Format(time.RFC3339) + `</Expiration></Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>`))
+	}))
+	defer sts.Close()
+	t.Setenv("AWS_WEB_IDENTITY_TOKEN_FILE", token)
+	t.Setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/memsnap")
+	t.Setenv("AWS_ROLE_SESSION_NAME", "rank0")
+	t.Setenv("AWS_ENDPOINT_URL_STS", sts.URL)
+	v, err := newChain("", "us-east-1", http.DefaultTransport).RetrieveWithCredContext(nil)
+	if err != nil || v.AccessKeyID != "WEBKEY" || v.SessionToken != "web-token" {
+		t.Fatalf("got %q (token %q), %v; want the role's", v.AccessKeyID, v.SessionToken, err)
+	}
+	t.Setenv("AWS_ENDPOINT_URL_STS", "") // and AWS_ENDPOINT_URL not set: the region's STS
+	if name := (&chain{region: "eu-west-1"}).webIdentitySource().name; !strings.Contains(name, "at https://sts.eu-west-1.amazonaws.com") {
+		t.Errorf("with no STS endpoint set, %s; want the region's", name)
+	}
+}
+
 // fakeIMDS answers as EC2's instance metadata service does for a role "r".
 func fakeIMDS(t *testing.T) http.Handler {
 	mux := http.NewServeMux()
