@@ -29,7 +29,8 @@ const DefaultCheckTimeout = 5 * time.Second
 //   - ErrBadConfig: a CA bundle that cannot be read, credentials with a part
 //     missing. No request was made. Permanent.
 //   - ErrNoCredentials: none given, and the credential chain found none (or
-//     its first configured source failed). Permanent.
+//     its first configured source failed). Permanent, unless that source is a
+//     server (STS, a container's endpoint): then it is ErrUnreachable too.
 //   - ErrAccess: the server refused the credentials (InvalidAccessKeyId,
 //     SignatureDoesNotMatch, AccessDenied, InvalidToken, ExpiredToken, any other
 //     403), or the folder cannot be read, created or written. Permanent.

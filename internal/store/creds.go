@@ -15,8 +15,23 @@ import (
 
 // ErrNoCredentials: no source of the credential chain gave S3 credentials, or
 // the first one configured failed. Its message names every source looked in
-// and why each gave none.
+// and why each gave none. Where that source is a server (web identity's STS, a
+// container's endpoint), the error is ErrUnreachable too: a retry may reach it.
 var ErrNoCredentials = errors.New("store: no S3 credentials found")
+
+// noCredentials is the chain's ErrNoCredentials.
+type noCredentials struct {
+	looked      []string // every source, and why it gave none
+	unreachable bool     // the source that ended the search is a server
+}
+
+func (e *noCredentials) Error() string {
+	return ErrNoCredentials.Error() + " (looked in: " + strings.Join(e.looked, "; ") + ")"
+}
+
+func (e *noCredentials) Is(target error) bool {
+	return target == ErrNoCredentials || e.unreachable && target == ErrUnreachable
+}
 
 const (
 	// credentialTimeout bounds one request for credentials (STS, a container's
@@ -37,6 +52,7 @@ type source struct {
 	// configured source that fails ends the search: another source would be
 	// another identity.
 	optional bool
+	remote   bool // it asks a server of the job's own, whose failure may pass
 }
 
 // chain is the credentials.Provider of a store given no credentials: it asks
@@ -63,10 +79,10 @@ func newChain(profile, region string, tr http.RoundTripper) *chain {
 
 func (c *chain) RetrieveWithCredContext(cc *credentials.CredContext) (credentials.Value, error) {
 	c.curr = nil
-	var looked []string
+	e := &noCredentials{}
 	for _, s := range c.sources() {
 		if s.provider == nil {
-			looked = append(looked, s.name+": "+s.skip)
+			e.looked = append(e.looked, s.name+": "+s.skip)
 			continue
 		}
 		v, err := s.provider.RetrieveWithCredContext(cc)
@@ -77,12 +93,13 @@ func (c *chain) RetrieveWithCredContext(cc *credentials.CredContext) (credential
 			c.curr = s.provider
 			return v, nil
 		}
-		looked = append(looked, s.name+": "+err.Error())
+		e.looked = append(e.looked, s.name+": "+err.Error())
 		if !s.optional {
+			e.unreachable = s.remote
 			break
 		}
 	}
-	return credentials.Value{}, fmt.Errorf("%w (looked in: %s)", ErrNoCredentials, strings.Join(looked, "; "))
+	return credentials.Value{}, e
 }
 
 func (c *chain) Retrieve() (credentials.Value, error) { return c.RetrieveWithCredContext(nil) }
@@ -193,7 +210,7 @@ func (c *chain) webIdentitySource() source {
 		sts = awsEndpoint("sts", c.region)
 	}
 	s.name += " at " + redactEndpoint(sts)
-	s.provider = &credentials.IAM{Client: c.client, Endpoint: sts}
+	s.provider, s.remote = &credentials.IAM{Client: c.client, Endpoint: sts}, true
 	return s
 }
 
@@ -203,7 +220,7 @@ func (c *chain) containerSource() source {
 		s.skip = "not set"
 		return s
 	}
-	s.provider = &credentials.IAM{Client: c.client}
+	s.provider, s.remote = &credentials.IAM{Client: c.client}, true
 	return s
 }
 

@@ -173,6 +173,19 @@ func TestChainOrder(t *testing.T) {
 			t.Fatalf("want ErrNoCredentials ending at the profile, got %v", err)
 		}
 	})
+	t.Run("container-endpoint-down", func(t *testing.T) {
+		isolateAWS(t)
+		down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+		}))
+		defer down.Close()
+		t.Setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", down.URL+"/creds")
+		_, err := Check(testutil.Context(t, time.Minute), Config{URL: "s3://some-bucket", Endpoint: "http://127.0.0.1:1"})
+		if !errors.Is(err, ErrNoCredentials) || !errors.Is(err, ErrUnreachable) || Permanent(err) ||
+			!strings.Contains(err.Error(), "container credentials") || !strings.Contains(err.Error(), "503") {
+			t.Fatalf("want a transient ErrNoCredentials naming the container endpoint's answer, got %v", err)
+		}
+	})
 	t.Run("instance-metadata", func(t *testing.T) {
 		isolateAWS(t)
 		imds := httptest.NewServer(fakeIMDS(t))

@@ -62,7 +62,7 @@ var (
 // returns for a name its file system cannot hold), the object is too large
 // (ErrTooLarge), the credentials were refused (ErrAccess: the same request signed
 // with the same credentials is refused again) or none were found
-// (ErrNoCredentials), or the store URL, endpoint or settings are malformed
+// (ErrNoCredentials, unless a server of the chain failed), or the store URL, endpoint or settings are malformed
 // (ErrBadURL, ErrBadConfig).
 //
 // Everything else is worth retrying, including errors this package does not know
