@@ -160,19 +160,17 @@ func (c *chain) fileSource() source {
 		}
 	}
 	s := source{name: fmt.Sprintf("shared credentials file %s and config file %s (profile %q)", files[0], files[1], profile), optional: !named}
+	found := named // a named profile whose files are missing fails rather than passes
 	for _, f := range files {
-		if f == "" {
-			continue
-		}
-		if _, err := os.Stat(f); err == nil {
-			s.provider = &sharedFile{credentials.FileAWSCredentials{Profile: profile}}
-			return s
+		if _, err := os.Stat(f); f != "" && err == nil {
+			found = true
 		}
 	}
-	s.skip = "no such file"
-	if named {
-		s.skip = "no such file, yet the profile is named"
+	if !found {
+		s.skip = "no such file"
+		return s
 	}
+	s.provider = &sharedFile{credentials.FileAWSCredentials{Profile: profile}}
 	return s
 }
 

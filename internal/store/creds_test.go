@@ -2,6 +2,7 @@ package store
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -162,17 +163,22 @@ func TestChainOrder(t *testing.T) {
 			t.Fatalf("got %q, %v; want the file's", v.AccessKeyID, err)
 		}
 	})
-	t.Run("named-profile-missing", func(t *testing.T) {
-		isolateAWS(t)
-		file(t)
-		t.Setenv("AWS_PROFILE", "nosuch")
-		t.Setenv("AWS_EC2_METADATA_DISABLED", "")
-		t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:1") // must not be asked
-		_, err := retrieve(t)
-		if !errors.Is(err, ErrNoCredentials) || !strings.Contains(err.Error(), `profile "nosuch"`) || strings.Contains(err.Error(), "instance metadata") {
-			t.Fatalf("want ErrNoCredentials ending at the profile, got %v", err)
-		}
-	})
+	for _, withFile := range []bool{true, false} {
+		t.Run(fmt.Sprintf("named-profile-missing-file-%v", withFile), func(t *testing.T) {
+			isolateAWS(t)
+			if withFile {
+				file(t)
+			}
+			t.Setenv("AWS_PROFILE", "nosuch")
+			t.Setenv("AWS_EC2_METADATA_DISABLED", "")
+			t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:1") // must not be asked
+			_, err := retrieve(t)
+			if !errors.Is(err, ErrNoCredentials) || !strings.Contains(err.Error(), `profile "nosuch"`) || strings.Contains(err.Error(), "instance metadata") {
+				t.Fatalf("want ErrNoCredentials ending at the profile, got %v", err)
+			}
+			t.Log(err)
+		})
+	}
 	t.Run("container-endpoint-down", func(t *testing.T) {
 		isolateAWS(t)
 		down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
