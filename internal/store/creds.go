@@ -52,7 +52,7 @@ type source struct {
 	// configured source that fails ends the search: another source would be
 	// another identity.
 	optional bool
-	remote   bool // it asks a server of the job's own, whose failure may pass
+	remote   bool // it asks a server (STS, a container's endpoint), whose failure may pass
 }
 
 // chain is the credentials.Provider of a store given no credentials: it asks
@@ -74,7 +74,7 @@ var _ credentials.Provider = (*chain)(nil)
 func newChain(profile, region string, tr http.RoundTripper) *chain {
 	return &chain{profile: profile, region: region,
 		client: &http.Client{Transport: tr, Timeout: credentialTimeout},
-		imds:   &http.Client{Transport: &http.Transport{}, Timeout: imdsTimeout}} // no proxy
+		imds:   &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: imdsTimeout}} // no proxy, no idle connection left
 }
 
 func (c *chain) RetrieveWithCredContext(cc *credentials.CredContext) (credentials.Value, error) {
