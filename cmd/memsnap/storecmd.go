@@ -27,19 +27,21 @@ import (
 
 // storeFlags are the flags every command that talks to a store shares.
 type storeFlags struct {
-	endpoint, accessKey, secretKey, region string
+	endpoint, accessKey, secretKey, region, profile, caBundle string
 }
 
 func (s *storeFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&s.endpoint, "endpoint", "", "S3 endpoint, http(s)://host:port (default $S3_ENDPOINT_URL)")
-	fs.StringVar(&s.accessKey, "access-key", "", "S3 access key (default $AWS_ACCESS_KEY_ID)")
-	fs.StringVar(&s.secretKey, "secret-key", "", "S3 secret key (default $AWS_SECRET_ACCESS_KEY)")
+	fs.StringVar(&s.endpoint, "endpoint", "", "S3 endpoint, http(s)://host:port (default $S3_ENDPOINT_URL, $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, or AWS S3 in the region)")
+	fs.StringVar(&s.accessKey, "access-key", "", "S3 access key (default: the AWS credential chain, $AWS_ACCESS_KEY_ID first; docs/stores.md)")
+	fs.StringVar(&s.secretKey, "secret-key", "", "S3 secret key (default: the AWS credential chain, $AWS_SECRET_ACCESS_KEY first)")
 	fs.StringVar(&s.region, "region", "", "S3 region (default $AWS_REGION)")
+	fs.StringVar(&s.profile, "profile", "", "profile of the AWS shared credentials file (default $AWS_PROFILE)")
+	fs.StringVar(&s.caBundle, "ca-bundle", "", "PEM file of the certificate authorities an S3 endpoint's certificate is checked against (default $AWS_CA_BUNDLE)")
 }
 
 func (s *storeFlags) config(url string, create bool) store.Config {
 	return store.Config{
-		URL: url, Endpoint: s.endpoint, Region: s.region, CreateBucket: create,
+		URL: url, Endpoint: s.endpoint, Region: s.region, Profile: s.profile, CABundle: s.caBundle, CreateBucket: create,
 		Credentials: store.Credentials{AccessKey: s.accessKey, SecretKey: s.secretKey},
 	}
 }

@@ -26,6 +26,11 @@ const DefaultCheckTimeout = 5 * time.Second
 //   - ErrBadURL: an unsupported scheme, s3:// with no bucket, a bucket name S3
 //     refuses, credentials in the store URL, a missing or malformed endpoint. No
 //     request was made. Permanent.
+//   - ErrBadConfig: a CA bundle that cannot be read, credentials with a part
+//     missing. No request was made. Permanent.
+//   - ErrNoCredentials: none given, and the credential chain found none (or
+//     its first configured source failed). Permanent, unless that source is a
+//     server (STS, a container's endpoint): then it is ErrUnreachable too.
 //   - ErrAccess: the server refused the credentials (InvalidAccessKeyId,
 //     SignatureDoesNotMatch, AccessDenied, InvalidToken, ExpiredToken, any other
 //     403), or the folder cannot be read, created or written. Permanent.
@@ -65,7 +70,7 @@ func Check(ctx context.Context, cfg Config) (Store, error) {
 	if err == nil {
 		return s, nil
 	}
-	if ctx.Err() == nil && cctx.Err() != nil && !errors.Is(err, ErrAccess) && !errors.Is(err, ErrNoBucket) {
+	if ctx.Err() == nil && cctx.Err() != nil && !errors.Is(err, ErrAccess) && !errors.Is(err, ErrNoBucket) && !errors.Is(err, ErrNoCredentials) {
 		// our own time limit, not the caller's: the server did not answer in time
 		return nil, fmt.Errorf("%w: %s did not answer within %v", ErrUnreachable, s.endpoint, timeout)
 	}

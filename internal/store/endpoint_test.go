@@ -59,20 +59,12 @@ func TestParseEndpoint(t *testing.T) {
 	}
 }
 
-// clearCredentialEnv unsets every variable Config.FromEnv reads credentials from.
-func clearCredentialEnv(t *testing.T) {
-	for _, v := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-		"MINIO_ACCESS_KEY", "MINIO_SECRET_KEY", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"} {
-		t.Setenv(v, "")
-	}
-}
-
 // TestEndpointCredentials: credentials written into the endpoint URL serve as the
 // store's credentials and never appear in an error or a String.
 func TestEndpointCredentials(t *testing.T) {
 	m := testutil.RequireMinIO(t)
 	ctx := testutil.Context(t, time.Minute)
-	clearCredentialEnv(t)
+	isolateAWS(t) // no credentials but the URL's, and none asked of instance metadata
 	bucket := testutil.BucketName(t)
 	host := strings.TrimPrefix(strings.TrimPrefix(m.Endpoint, "http://"), "https://")
 	withCreds := func(access, secret, host string) string { return "http://" + access + ":" + secret + "@" + host }

@@ -1,19 +1,24 @@
 package store
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"syscall"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/memsnap/memsnap/internal/bounded"
 	"github.com/memsnap/memsnap/naming"
 )
 
@@ -53,7 +58,8 @@ func OpenS3(ctx context.Context, cfg Config) (*S3, error) {
 	return s, nil
 }
 
-// newS3 checks cfg and builds the client, with no I/O. Its errors wrap ErrBadURL.
+// newS3 checks cfg and builds the client, with no I/O but reading a CA bundle.
+// Its errors wrap ErrBadURL or ErrBadConfig.
 func newS3(cfg Config) (*S3, error) {
 	loc, err := parseURL(cfg.URL)
 	if err != nil {
@@ -62,11 +68,9 @@ func newS3(cfg Config) (*S3, error) {
 	if loc.s3 == nil {
 		return nil, fmt.Errorf("%w: %s is not an s3:// URL", ErrBadURL, cfg.URL)
 	}
+	cfg.FromEnv()
 	if cfg.Endpoint == "" {
-		cfg.Endpoint = firstEnv(endpointEnv...)
-	}
-	if cfg.Endpoint == "" {
-		return nil, fmt.Errorf("%w: no S3 endpoint: pass --endpoint or set S3_ENDPOINT_URL", ErrBadURL)
+		return nil, fmt.Errorf("%w: no S3 endpoint: pass --endpoint, set AWS_ENDPOINT_URL_S3 or S3_ENDPOINT_URL, or, for AWS, give the region (--region, AWS_REGION)", ErrBadURL)
 	}
 	ep, err := parseEndpoint(cfg.Endpoint)
 	if err != nil {
@@ -75,19 +79,16 @@ func newS3(cfg Config) (*S3, error) {
 	if cfg.Credentials, err = ep.credentials(cfg.Credentials, redactEndpoint(cfg.Endpoint)); err != nil {
 		return nil, err
 	}
-	cfg.FromEnv()
 	// a transport of its own, so Close can let its idle connections go
-	tr, err := minio.DefaultTransport(ep.secure)
+	tr, err := transport(ep.secure, cfg.CABundle)
 	if err != nil {
-		return nil, fmt.Errorf("store: %w", err)
+		return nil, err
 	}
-	client, err := minio.New(ep.host, &minio.Options{
-		Creds:      credentials.NewStaticV4(cfg.Credentials.AccessKey, cfg.Credentials.SecretKey, cfg.Credentials.SessionToken),
-		Secure:     ep.secure,
-		Region:     cfg.Region,
-		MaxRetries: 3,
-		Transport:  tr,
-	})
+	creds, err := cfg.credentials(tr)
+	if err != nil {
+		return nil, err
+	}
+	client, err := minio.New(ep.host, &minio.Options{Creds: creds, Secure: ep.secure, Region: cfg.Region, MaxRetries: 3, Transport: tr})
 	if err != nil {
 		return nil, fmt.Errorf("%w: S3 endpoint %s: %w", ErrBadURL, ep.host, err)
 	}
@@ -96,13 +97,51 @@ func newS3(cfg Config) (*S3, error) {
 	if loc.s3.Key != "" {
 		s.prefix = strings.TrimSuffix(loc.s3.Key, "/") + "/"
 	}
-	if s.partSize == 0 {
-		s.partSize = 16 << 20
-	}
-	if s.partSize < 5<<20 {
-		s.partSize = 5 << 20
-	}
+	s.partSize = max(cmp.Or(s.partSize, 16<<20), 5<<20)
 	return s, nil
+}
+
+// credentials are the given ones when cfg has some (both halves), or else the
+// chain of the AWS tools, asked at the first request.
+func (cfg Config) credentials(tr http.RoundTripper) (*credentials.Credentials, error) {
+	c := cfg.Credentials
+	switch {
+	case c.AccessKey != "" && c.SecretKey != "":
+		return credentials.NewStaticV4(c.AccessKey, c.SecretKey, c.SessionToken), nil
+	case c.AccessKey != "" || c.SecretKey != "" || c.SessionToken != "":
+		return nil, fmt.Errorf("%w: credentials given with a part missing (give the access key and the secret, or neither for the credential chain)", ErrBadConfig)
+	}
+	return credentials.New(newChain(cfg.Profile, cfg.Region, tr)), nil
+}
+
+// maxCABundle bounds a CA bundle file.
+const maxCABundle = 16 << 20
+
+// transport is minio-go's, trusting only the certificates in the PEM file
+// caBundle when one is named.
+func transport(secure bool, caBundle string) (*http.Transport, error) {
+	tr, err := minio.DefaultTransport(secure)
+	if err != nil || caBundle == "" {
+		return tr, err
+	}
+	f, err := os.Open(caBundle)
+	if err != nil {
+		return nil, fmt.Errorf("%w: CA bundle: %w", ErrBadConfig, err)
+	}
+	defer f.Close()
+	b, err := bounded.Read(f, caBundle, maxCABundle)
+	if err != nil {
+		return nil, fmt.Errorf("%w: CA bundle: %w", ErrBadConfig, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%w: CA bundle %s holds no PEM certificate", ErrBadConfig, caBundle)
+	}
+	if tr.TLSClientConfig == nil {
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	tr.TLSClientConfig.RootCAs = pool
+	return tr, nil
 }
 
 // ensureBucket asks whether the bucket exists (a request the credentials must
@@ -146,6 +185,9 @@ func (s *S3) key(key string) (string, string, error) {
 func (s *S3) wrap(err error, what string) error {
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, ErrNoCredentials) {
+		return err // it says where it looked; the endpoint was not asked
 	}
 	var resp minio.ErrorResponse
 	if errors.As(err, &resp) {

@@ -48,6 +48,10 @@ var (
 	// bucket name S3 refuses, credentials written into the store URL, a missing or
 	// malformed endpoint. See CheckURL.
 	ErrBadURL = errors.New("store: bad URL")
+	// ErrBadConfig: the S3 settings are unusable, found before any request: a CA
+	// bundle that cannot be read or holds no certificate, credentials given with
+	// a part missing.
+	ErrBadConfig = errors.New("store: bad configuration")
 )
 
 // Permanent reports whether err is one that retrying the same operation cannot
@@ -57,8 +61,9 @@ var (
 // (ErrChanged), the key is refused (naming.ErrBadKey, which a folder store also
 // returns for a name its file system cannot hold), the object is too large
 // (ErrTooLarge), the credentials were refused (ErrAccess: the same request signed
-// with the same credentials is refused again), or the store URL or endpoint is
-// malformed (ErrBadURL).
+// with the same credentials is refused again) or none were found
+// (ErrNoCredentials, unless a server of the chain failed), or the store URL, endpoint or settings are malformed
+// (ErrBadURL, ErrBadConfig).
 //
 // Everything else is worth retrying, including errors this package does not know
 // (retry.Transient answers the other way for those: internal/retry says why): an
@@ -75,7 +80,7 @@ func Permanent(err error) bool {
 			return false
 		}
 	}
-	for _, permanent := range []error{ErrExists, ErrChanged, ErrChecksum, ErrTooLarge, naming.ErrBadKey, ErrAccess, ErrBadURL} {
+	for _, permanent := range []error{ErrExists, ErrChanged, ErrChecksum, ErrTooLarge, naming.ErrBadKey, ErrAccess, ErrNoCredentials, ErrBadURL, ErrBadConfig} {
 		if errors.Is(err, permanent) {
 			return true
 		}
@@ -161,16 +166,30 @@ type Config struct {
 	// (optionally file://path).
 	URL string
 	// Endpoint is the S3 endpoint, host:port or http(s)://host:port. Empty reads
-	// S3_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or MINIO_ENDPOINT. A
-	// user and secret written into it (http://user:secret@host:port) serve as the
+	// S3_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or MINIO_ENDPOINT,
+	// and with none of them set is AWS S3 in Region (https://s3.REGION.amazonaws.com).
+	// A user and secret written into it (http://user:secret@host:port) serve as the
 	// credentials when Credentials names none; they never appear in messages.
 	Endpoint string
-	// Credentials; empty fields read AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
-	// AWS_SESSION_TOKEN, then MINIO_ACCESS_KEY / MINIO_SECRET_KEY, then
-	// MINIO_ROOT_USER / MINIO_ROOT_PASSWORD.
+	// Credentials, both the access key and the secret or neither. Neither asks
+	// the AWS tools' chain at the first request: the environment
+	// (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, then
+	// MINIO_ROOT_USER / MINIO_ROOT_PASSWORD or MINIO_ACCESS_KEY / MINIO_SECRET_KEY),
+	// the shared credentials and config files (Profile), web identity
+	// (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN), container credentials
+	// (AWS_CONTAINER_CREDENTIALS_FULL_URI or _RELATIVE_URI), then EC2's instance
+	// metadata; finding none is ErrNoCredentials.
 	Credentials Credentials
-	// Region of the bucket; empty lets the client discover it (us-east-1 for MinIO).
+	// Profile names the profile of the shared credentials file (empty: AWS_PROFILE,
+	// or "default").
+	Profile string
+	// Region of the bucket; empty reads AWS_REGION or AWS_DEFAULT_REGION, and with
+	// neither lets the client discover it (us-east-1 for MinIO).
 	Region string
+	// CABundle is a PEM file of the certificate authorities to trust instead of
+	// the system's, for an endpoint with a certificate of its own (empty:
+	// AWS_CA_BUNDLE or SSL_CERT_FILE, or the system's).
+	CABundle string
 	// PartSize is the multipart upload part size in bytes (0: 16 MiB, at least 5 MiB).
 	// Multipart uploads carry a Put with Overwrite above this size, and one without
 	// only above 5 GiB (S3's limit for one PUT), which may raise it to fit 10000 parts.
@@ -218,24 +237,21 @@ func Open(ctx context.Context, cfg Config) (Store, error) {
 	return d, nil
 }
 
-// FromEnv fills the endpoint and credentials of cfg from the environment where they
-// are empty.
+// FromEnv fills from the environment what cfg leaves empty: the region, the
+// endpoint (AWS S3 in the region when no variable names one; see Endpoint) and
+// the CA bundle. Credentials it leaves to the chain the store asks.
 func (cfg *Config) FromEnv() {
-	first := firstEnv
-	if cfg.Endpoint == "" {
-		cfg.Endpoint = first(endpointEnv...)
-	}
-	if cfg.Credentials.AccessKey == "" {
-		cfg.Credentials.AccessKey = first("AWS_ACCESS_KEY_ID", "MINIO_ACCESS_KEY", "MINIO_ROOT_USER")
-	}
-	if cfg.Credentials.SecretKey == "" {
-		cfg.Credentials.SecretKey = first("AWS_SECRET_ACCESS_KEY", "MINIO_SECRET_KEY", "MINIO_ROOT_PASSWORD")
-	}
-	if cfg.Credentials.SessionToken == "" {
-		cfg.Credentials.SessionToken = os.Getenv("AWS_SESSION_TOKEN")
-	}
 	if cfg.Region == "" {
-		cfg.Region = first("AWS_REGION", "AWS_DEFAULT_REGION")
+		cfg.Region = firstEnv("AWS_REGION", "AWS_DEFAULT_REGION")
+	}
+	if cfg.Endpoint == "" {
+		cfg.Endpoint = firstEnv(endpointEnv...)
+	}
+	if cfg.Endpoint == "" && cfg.Region != "" {
+		cfg.Endpoint = awsEndpoint("s3", cfg.Region)
+	}
+	if cfg.CABundle == "" {
+		cfg.CABundle = firstEnv("AWS_CA_BUNDLE", "SSL_CERT_FILE")
 	}
 }
 

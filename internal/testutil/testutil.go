@@ -4,6 +4,7 @@ package testutil
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -272,6 +273,8 @@ func (w *tlogWriter) Write(p []byte) (int, error) {
 type MinIOServer struct {
 	MinIO
 	bin, addr, data string
+	certsDir        string       // --certs-dir when it serves HTTPS
+	client          *http.Client // asks whether it is live
 	cmd             *exec.Cmd
 	t               testing.TB
 }
@@ -281,6 +284,18 @@ type MinIOServer struct {
 // $MEMSNAP_MINIO_BIN the test is skipped, except under CI=true, where it fails.
 func StartMinIO(t testing.TB) *MinIOServer {
 	t.Helper()
+	return startMinIO(t, TLSFiles{})
+}
+
+// StartMinIOTLS is StartMinIO serving HTTPS with tls's server certificate; its
+// Endpoint is https://127.0.0.1:PORT.
+func StartMinIOTLS(t testing.TB, tls TLSFiles) *MinIOServer {
+	t.Helper()
+	return startMinIO(t, tls)
+}
+
+func startMinIO(t testing.TB, files TLSFiles) *MinIOServer {
+	t.Helper()
 	bin := os.Getenv("MEMSNAP_MINIO_BIN")
 	if bin == "" {
 		if os.Getenv("CI") == "true" {
@@ -289,8 +304,14 @@ func StartMinIO(t testing.TB) *MinIOServer {
 		t.Skip("no MinIO binary: set MEMSNAP_MINIO_BIN (scripts/test.sh does)")
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
-	s := &MinIOServer{bin: bin, addr: addr, data: t.TempDir(), t: t,
+	s := &MinIOServer{bin: bin, addr: addr, data: t.TempDir(), t: t, client: http.DefaultClient,
 		MinIO: MinIO{Endpoint: "http://" + addr, AccessKey: "memsnap-test", SecretKey: fmt.Sprintf("s%d-secret-key", time.Now().UnixNano())}}
+	if files.CertsDir != "" {
+		s.certsDir, s.Endpoint = files.CertsDir, "https://"+addr
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: files.Pool}}
+		t.Cleanup(tr.CloseIdleConnections)
+		s.client = &http.Client{Transport: tr}
+	}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
@@ -300,14 +321,19 @@ func StartMinIO(t testing.TB) *MinIOServer {
 // until it answers.
 func (s *MinIOServer) Start() {
 	s.t.Helper()
-	cmd := exec.Command(s.bin, "server", "--quiet", "--address", s.addr, s.data)
+	args := []string{"server", "--quiet", "--address", s.addr}
+	if s.certsDir != "" {
+		args = append(args, "--certs-dir", s.certsDir)
+	}
+	cmd := exec.Command(s.bin, append(args, s.data)...)
 	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+s.AccessKey, "MINIO_ROOT_PASSWORD="+s.SecretKey, "MINIO_BROWSER=off", "MINIO_UPDATE=off")
 	if err := cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
 	s.cmd = cmd
+	// live answers before the server can serve requests; cluster only once it can
 	Eventually(s.t, 60*time.Second, "MinIO to answer", func() bool {
-		resp, err := http.Get(s.Endpoint + "/minio/health/live")
+		resp, err := s.client.Get(s.Endpoint + "/minio/health/cluster")
 		if err != nil {
 			return false
 		}
