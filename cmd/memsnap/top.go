@@ -8,8 +8,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"golang.org/x/term"
@@ -18,6 +20,7 @@ import (
 	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/wait"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -160,6 +163,63 @@ func termSize(w io.Writer) (width, height int) {
 		}
 	}
 	return topWidth, 0
+}
+
+// tableLines lays cells out right-aligned, pad spaces apart, the host column
+// (the second) cut to nodeW columns.
+func tableLines(cells [][]string, pad, nodeW int) []string {
+	var t strings.Builder
+	tw := tabwriter.NewWriter(&t, 0, 0, pad, ' ', tabwriter.AlignRight)
+	for _, row := range cells {
+		for i, c := range row {
+			if i == 1 {
+				c = fitLine(c, nodeW)
+			}
+			fmt.Fprint(tw, c+"\t")
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+	return strings.Split(strings.TrimSuffix(t.String(), "\n"), "\n")
+}
+
+// spreadLines say how the ranks spread: the least headroom and whose, the
+// median and the most; and the rank that grows fastest.
+func spreadLines(v *pb.ClusterView) []string {
+	var heads []int64
+	for _, r := range v.Ranks {
+		if r.Figures.DeviceTotal > 0 {
+			heads = append(heads, r.Figures.Headroom)
+		}
+	}
+	var lines []string
+	if len(heads) > 0 {
+		sort.Slice(heads, func(i, j int) bool { return heads[i] < heads[j] })
+		lines = append(lines, fmt.Sprintf("headroom: least %s (rank %d), median %s, most %s", analysis.HumanBytes(heads[0]), v.Ranks[0].Rank,
+			analysis.HumanBytes(heads[len(heads)/2]), analysis.HumanBytes(heads[len(heads)-1])))
+	}
+	fast := v.Ranks[0]
+	for _, r := range v.Ranks {
+		if r.Figures.Growth > fast.Figures.Growth {
+			fast = r
+		}
+	}
+	if fast.Figures.Growth > 0 {
+		lines = append(lines, fmt.Sprintf("fastest growth: rank %d, %s a batch", fast.Rank, growthText(fast.Figures.Growth)))
+	} else {
+		lines = append(lines, "no rank grows")
+	}
+	return lines
+}
+
+func growthText(g float64) string {
+	switch {
+	case g > 0:
+		return "+" + analysis.HumanBytes(int64(g))
+	case g < 0:
+		return "-" + analysis.HumanBytes(int64(-g))
+	}
+	return "0"
 }
 
 // viewJSON is the leader's view as --json prints it.

@@ -3,11 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode/utf8"
 
@@ -15,7 +13,6 @@ import (
 	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/termtext"
-	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -226,64 +223,11 @@ func writeRankTable(w io.Writer, ranks []*pb.RankFigures, width int) {
 	}
 }
 
-// tableLines lays cells out right-aligned, pad spaces apart, the host column
-// (the second) cut to nodeW columns.
-func tableLines(cells [][]string, pad, nodeW int) []string {
-	var t strings.Builder
-	tw := tabwriter.NewWriter(&t, 0, 0, pad, ' ', tabwriter.AlignRight)
-	for _, row := range cells {
-		row = slices.Clone(row)
-		row[1] = fitLine(row[1], nodeW)
-		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
-	}
-	tw.Flush()
-	return strings.Split(strings.TrimSuffix(t.String(), "\n"), "\n")
-}
-
 func nonEmptyNode(s string) string {
 	if s == "" {
 		return "?"
 	}
 	return s
-}
-
-// spreadLines say how the ranks spread: the least headroom and whose, the
-// median and the most; and the rank that grows fastest.
-func spreadLines(v *pb.ClusterView) []string {
-	var heads []int64
-	for _, r := range v.Ranks {
-		if r.Figures.DeviceTotal > 0 {
-			heads = append(heads, r.Figures.Headroom)
-		}
-	}
-	var lines []string
-	if len(heads) > 0 {
-		sort.Slice(heads, func(i, j int) bool { return heads[i] < heads[j] })
-		lines = append(lines, fmt.Sprintf("headroom: least %s (rank %d), median %s, most %s", analysis.HumanBytes(heads[0]), v.Ranks[0].Rank,
-			analysis.HumanBytes(heads[len(heads)/2]), analysis.HumanBytes(heads[len(heads)-1])))
-	}
-	fast := v.Ranks[0]
-	for _, r := range v.Ranks {
-		if r.Figures.Growth > fast.Figures.Growth {
-			fast = r
-		}
-	}
-	if fast.Figures.Growth > 0 {
-		lines = append(lines, fmt.Sprintf("fastest growth: rank %d, %s a batch", fast.Rank, growthText(fast.Figures.Growth)))
-	} else {
-		lines = append(lines, "no rank grows")
-	}
-	return lines
-}
-
-func growthText(g float64) string {
-	switch {
-	case g > 0:
-		return "+" + analysis.HumanBytes(int64(g))
-	case g < 0:
-		return "-" + analysis.HumanBytes(int64(-g))
-	}
-	return "0"
 }
 
 // shortGrowth is growthText in shortBytes's units.
