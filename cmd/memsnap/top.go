@@ -131,8 +131,8 @@ func topRows(rows, height int) int {
 	switch {
 	case rows > 0:
 		return rows
-	case height > 12:
-		return height - 11 // the header, the spread, the silent ranks
+	case height > 13:
+		return height - 12 // the header, the spread, the table's head, the silent ranks
 	}
 	return 20
 }
