@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/memsnap/memsnap/merge/analysis"
@@ -129,11 +130,35 @@ func OutlierAndMedian(all []*analysis.RankAnalysis) (outlier, median *analysis.R
 	return by[sp.OutlierRank], by[m], ok
 }
 
-// FileLabel is a short name for a file in a diff's header.
-func FileLabel(path string, rank int) string {
-	l := analysis.ShortLabel(path)
+// FileLabels names two files for a diff's header: each by its name, and where
+// the names are alike by as many of the folders above as tell them apart, so
+// two windows' merged.memsnap.pb are named by their windows
+// (window3/merged.memsnap.pb#rank3, window7/merged.memsnap.pb#rank3). The
+// same file twice is "A: " and "B: " its name.
+func FileLabels(a, b string, rank int) (string, string) {
+	pa, pb := pathParts(a), pathParts(b)
+	for k := 1; k <= max(len(pa), len(pb)); k++ {
+		if la, lb := labelOf(a, k, rank), labelOf(b, k, rank); la != lb {
+			return la, lb
+		}
+	}
+	l := labelOf(a, 1, rank)
+	return "A: " + l, "B: " + l
+}
+
+// labelOf is path's last k parts, and the rank taken from a merged timeline.
+func labelOf(path string, k, rank int) string {
+	parts := pathParts(path)
+	l := strings.Join(parts[max(len(parts)-k, 0):], "/")
 	if rank >= 0 && isPB(path) {
 		l += fmt.Sprintf("#rank%d", rank)
 	}
 	return l
+}
+
+// pathParts splits a file's path or URL at its slashes (either kind), leaving
+// out empty parts and ".".
+func pathParts(path string) []string {
+	parts := strings.FieldsFunc(path, func(r rune) bool { return r == '/' || r == '\\' })
+	return slices.DeleteFunc(parts, func(p string) bool { return p == "." })
 }

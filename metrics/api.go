@@ -17,6 +17,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/bounded"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // The agent's window endpoint: the tools that watch a job (a script, an alert)
@@ -124,7 +125,7 @@ func (a *API) window(w http.ResponseWriter, body []byte) {
 			return
 		}
 	}
-	a.ask(w, "api: "+nonEmpty(clean(req.Reason), "asked"))
+	a.ask(w, runlog.ReasonAPI+nonEmpty(clean(req.Reason), "asked"))
 }
 
 // alertmanager takes Alertmanager's webhook payload (version 4): a window for
@@ -173,7 +174,7 @@ func (a *API) alertmanager(w http.ResponseWriter, body []byte) {
 		key = append(key, n)
 	}
 	sort.Strings(key)
-	a.askAs(w, "alert: "+strings.Join(alerts, ", "), "alertmanager: "+strings.Join(key, ", "))
+	a.askAs(w, runlog.ReasonAlert+strings.Join(alerts, ", "), "alertmanager: "+strings.Join(key, ", "))
 }
 
 // ask asks for a window with reason, unless one of the same reason was asked

@@ -55,7 +55,7 @@ func runDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if len(files) == 1 {
 		d, err = diffOneTimeline(ctx, files[0], *rank, *vs)
 	} else {
-		d, err = diffTwo(ctx, files[0], files[1], *rank)
+		d, err = diffTwo(ctx, files[0], files[1], labels[0], labels[1], *rank)
 		if err == nil && d != nil {
 			d.Base.Source, d.Other.Source = labels[0], labels[1] // where they are, not their fetched copies
 		}
@@ -71,8 +71,9 @@ func runDiff(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return d.WriteTable(stdout, *top)
 }
 
-// diffTwo compares B with A.
-func diffTwo(ctx context.Context, a, b string, rank int) (*analysis.RankDiff, error) {
+// diffTwo compares B with A (local files), naming them by where they were
+// given (nameA, nameB: a URL, not the fetched copy).
+func diffTwo(ctx context.Context, a, b, nameA, nameB string, rank int) (*analysis.RankDiff, error) {
 	base, err := merge.AnalyzeFile(ctx, a, rank)
 	if err != nil {
 		return nil, err
@@ -81,10 +82,7 @@ func diffTwo(ctx context.Context, a, b string, rank int) (*analysis.RankDiff, er
 	if err != nil {
 		return nil, err
 	}
-	la, lb := merge.FileLabel(a, rank), merge.FileLabel(b, rank)
-	if la == lb {
-		la, lb = "A: "+la, "B: "+lb
-	}
+	la, lb := merge.FileLabels(nameA, nameB, rank)
 	return analysis.Diff(analysis.DiffInput{Label: la, Source: a, A: base}, analysis.DiffInput{Label: lb, Source: b, A: other}), nil
 }
 

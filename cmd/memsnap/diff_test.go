@@ -89,6 +89,10 @@ func TestDiffMergedWindows(t *testing.T) {
 	if d.Sites[0].Site != plantedSite || d.Sites[0].Only != "base" || d.Sites[0].DeltaBytes != -96<<20 {
 		t.Fatalf("before/after: %+v", d.Sites[0])
 	}
+	// the two windows' files have one name: each is named by its folder
+	if a, b := filepath.Base(before)+"/merged.memsnap.pb#rank3", filepath.Base(after)+"/merged.memsnap.pb#rank3"; d.Base.Label != a || d.Other.Label != b {
+		t.Fatalf("before/after labelled %q and %q, want %q and %q", d.Base.Label, d.Other.Label, a, b)
+	}
 	if code, _, e := runCLI(t, "diff", pb1, pb2); code != 1 || !strings.Contains(e, "say which") {
 		t.Fatalf("two timelines without --rank: %d %s", code, e)
 	}

@@ -93,7 +93,7 @@ func TestFaultRelaunch(t *testing.T) {
 	code, out, errOut := runCLI(t, "ls", dir)
 	rows := lsRows(out)
 	for _, w := range []uint64{first.Window, second.Window} {
-		if r := rows[fmt.Sprint(w)]; r == nil || r["RUN"] != pc.run || r["KIND"] != "window" || r["STATE"] != "published" || r["RANKS"] != "3/3" {
+		if r := rows[fmt.Sprint(w)]; r == nil || r["RUN"] != pc.run || r["KIND"] != "asked" || r["STATE"] != "published" || r["RANKS"] != "3/3" {
 			t.Errorf("ls does not show window %d published: %v", w, r)
 		}
 	}
@@ -199,10 +199,10 @@ func TestFaultTrainerFails(t *testing.T) {
 			}
 			_, out, _ := runCLI(t, "ls", dir)
 			rows := lsRows(out)
-			if r := rows[fmt.Sprint(pm.ID)]; r["KIND"] != "crash post-mortem" || r["STATE"] != "published" {
+			if r := rows[fmt.Sprint(pm.ID)]; r["KIND"] != "postmortem" || r["STATE"] != "published" {
 				t.Fatalf("ls:\n%s", out)
 			}
-			if r := rows[fmt.Sprint(res.Window)]; r["KIND"] != "window" || r["STATE"] != "published" {
+			if r := rows[fmt.Sprint(res.Window)]; r["KIND"] != "asked" || r["STATE"] != "published" {
 				t.Fatalf("ls:\n%s", out)
 			}
 		})

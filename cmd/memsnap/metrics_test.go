@@ -25,8 +25,9 @@ import (
 type metricsJob struct {
 	run, key, store string
 	gossip          int
-	targets         []string   // each agent's metrics address
-	base            [][3]int64 // each rank's recorded allocated and reserved bytes at its end, and its peak
+	targets         []string    // each agent's metrics address
+	agents          []*exec.Cmd // each agent, its own process group
+	base            [][3]int64  // each rank's recorded allocated and reserved bytes at its end, and its peak
 }
 
 func startMetricsJob(t *testing.T, leak []int64, extra ...string) *metricsJob {
@@ -78,6 +79,7 @@ func startMetricsJob(t *testing.T, leak []int64, extra ...string) *metricsJob {
 		}
 		agents, logs = append(agents, cmd), append(logs, buf)
 	}
+	j.agents = agents
 	t.Cleanup(func() {
 		for _, a := range agents {
 			syscall.Kill(-a.Process.Pid, syscall.SIGKILL)
@@ -238,7 +240,7 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 	}
 	testutil.Eventually(t, time.Minute, "two tables from memsnap top", func() bool { return strings.Count(tbl.String(), "RANK") >= 2 })
 	cmd.Process.Signal(os.Interrupt)
-	if err := cmd.Wait(); err != nil || !strings.Contains(tbl.String(), "3 of 3 ranks reporting — leader rank 0") {
+	if err := cmd.Wait(); err != nil || !strings.Contains(tbl.String(), "3 of 3 ranks reporting · leader rank 0") {
 		t.Fatalf("memsnap top: %v\n%s", err, tbl.String())
 	}
 	// on a pipe whose reader goes (memsnap top | head): it leaves the cluster and
@@ -286,6 +288,40 @@ func TestMetricsScrapedByPrometheus(t *testing.T) {
 		cmd.Process.Kill()
 		t.Fatalf("memsnap top went on writing to a closed pipe\n%s", errBuf.String())
 	}
+}
+
+// TestTopEndsWithTheJob: memsnap top, watching a job whose agents all stop,
+// says the run ended and exits 0 on its own, rather than asking for a leader
+// until Ctrl-C; every line it printed fits 80 columns.
+func TestTopEndsWithTheJob(t *testing.T) {
+	j := startMetricsJob(t, []int64{0, 0})
+	cmd := memsnapCmd(t, "top", "--every", "500ms", "--join", fmt.Sprintf("127.0.0.1:%d", j.gossip), "--run", j.run)
+	cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+j.key)
+	out := &testutil.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	testutil.Eventually(t, time.Minute, "both ranks in memsnap top", func() bool { return strings.Contains(out.String(), "2 of 2 ranks reporting") })
+	for _, a := range j.agents {
+		syscall.Kill(-a.Process.Pid, syscall.SIGTERM) // the launcher tears the job down
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("memsnap top: %v\n%s", err, out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("memsnap top went on after the job ended:\n%s", out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "run "+j.run+" ended: no rank has been a member for ") {
+		t.Fatalf("the last line: %q\n%s", last, out.String())
+	}
+	fits(t, out.String(), 80)
 }
 
 // TestAlertmanagerWebhook: a rule on memsnap_headroom_ratio in a real Prometheus,

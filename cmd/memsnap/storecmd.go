@@ -15,10 +15,10 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/termtext"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/naming"
@@ -135,7 +135,7 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 		for _, o := range objs {
-			fmt.Fprintf(tw, "%d\t%s\t %s\n", o.Size, o.ModTime.UTC().Format("2006-01-02 15:04:05"), o.Key)
+			fmt.Fprintf(tw, "%d\t%s\t %s\n", o.Size, o.ModTime.UTC().Format("2006-01-02 15:04:05"), printable(o.Key))
 		}
 		tw.Flush()
 		if len(objs) == 0 {
@@ -161,7 +161,7 @@ func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tWINDOW\tKIND\tSTATE\tBATCHES\tRANKS\tMISSING\tOUTLIER\tTIME (UTC)\tOUTPUTS / WHY")
+	fmt.Fprintln(tw, "RUN\tWINDOW\tKIND\tSTATE\tBATCHES\tRANKS\tMISSING\tOUTLIER\tTIME (UTC)\tREASON\tOUTPUTS / WHY")
 	for _, r := range rows {
 		fmt.Fprintln(tw, r.line(st))
 	}
@@ -189,7 +189,7 @@ func hintFinish(w io.Writer, loc string, rows []windowRow) {
 	}
 	for _, k := range runs {
 		fmt.Fprintf(w, "memsnap ls: run %s has unfinished windows (%s): a live leader finishes them; with no agent of the run left, "+
-			"`memsnap finish %s --run %s` publishes them from the store\n", k.run, analysis.RankRanges(undone[k]), shellQuote(k.at), shellQuote(k.run))
+			"`memsnap finish %s --run %s` publishes them from the store\n", printable(k.run), analysis.RankRanges(undone[k]), printable(shellQuote(k.at)), printable(shellQuote(k.run)))
 	}
 }
 
@@ -384,7 +384,13 @@ func (r windowRow) line(st store.Store) string {
 	if r.id != 0 {
 		win = strconv.FormatUint(r.id, 10)
 	}
-	kind := kindLabel(r.kind)
+	kind, reason := kindLabel(r.kind), "-"
+	if r.plan != nil {
+		kind = r.plan.Origin()
+		if why := r.plan.ShortReason(); why != "" {
+			reason = why
+		}
+	}
 	if p := r.plan; p != nil && p.Stop > p.Start {
 		batches = fmt.Sprintf("%d-%d", p.Start, p.Stop-1)
 	}
@@ -425,9 +431,6 @@ func (r windowRow) line(st store.Store) string {
 			missing = analysis.RankRanges(ms)
 		}
 	}
-	if r.plan != nil && r.plan.FailedRank != nil && (r.kind == runlog.KindOOM || r.kind == runlog.KindCrash) && where == "" {
-		where = fmt.Sprintf("rank %d failed first (%s)", *r.plan.FailedRank, r.plan.Cause)
-	}
 	when := "-"
 	if !r.when.IsZero() {
 		when = r.when.UTC().Format("2006-01-02 15:04:05")
@@ -436,31 +439,24 @@ func (r windowRow) line(st store.Store) string {
 	if run == "" {
 		run = "-"
 	}
-	cols := []string{run, win, kind, r.state, batches, ranks, missing, outlier, when, where}
+	cols := []string{run, win, kind, r.state, batches, ranks, missing, outlier, when, printableN(reason, maxReason), where}
 	for i, c := range cols {
 		cols[i] = printable(c)
 	}
 	return strings.Join(cols, "\t")
 }
 
-// printable makes text from the store safe for one cell of a terminal table:
-// tabs, newlines and other control characters (a terminal's escapes among
-// them) become spaces or escapes, and it is cut at 300 bytes.
+// maxReason is how much of a window's reason ls shows (--json has it all).
+const maxReason = 48
+
+// printable makes text from the store or the cluster safe for one cell of a
+// terminal table: tabs, newlines and other control characters (a terminal's
+// escapes among them) are written as escapes (termtext.Escape), and it is cut
+// at 300 bytes.
 func printable(s string) string { return printableN(s, 300) }
 
 // printableN is printable, cut at n bytes.
-func printableN(s string, n int) string {
-	s = strings.Map(func(r rune) rune {
-		switch {
-		case r == '\t' || r == '\n' || r == '\r':
-			return ' '
-		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == utf8.RuneError:
-			return '?'
-		}
-		return r
-	}, s)
-	return runlog.Cut(s, n)
-}
+func printableN(s string, n int) string { return termtext.Escape(s, n) }
 
 func (r windowRow) world() int {
 	if r.plan != nil {
@@ -474,6 +470,7 @@ func (r windowRow) json() any {
 		Run      string            `json:"run,omitempty"`
 		Window   uint64            `json:"window,omitempty"`
 		Kind     string            `json:"kind"`
+		Origin   string            `json:"origin,omitempty"` // schedule, asked, alert, trigger or postmortem
 		State    string            `json:"state"`
 		Key      string            `json:"key,omitempty"` // the manifest's key
 		Plan     *runlog.Plan      `json:"plan,omitempty"`
@@ -481,6 +478,9 @@ func (r windowRow) json() any {
 		Manifest *publish.Manifest `json:"manifest,omitempty"`
 		Error    string            `json:"error,omitempty"`
 	}{Run: r.run, Window: r.id, Kind: r.kind, State: r.state, Plan: r.plan, Outcome: r.outcome}
+	if r.plan != nil {
+		out.Origin = r.plan.Origin()
+	}
 	if r.pub != nil {
 		out.Key, out.Manifest = r.pub.Key, r.pub.Manifest
 		if r.pub.Err != nil {

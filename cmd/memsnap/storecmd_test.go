@@ -12,6 +12,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // TestLsAndGetPublishedMerge: ls lists the merge published in a real MinIO from its
@@ -199,5 +200,63 @@ func TestFinishHint(t *testing.T) {
 		if got := shellQuote(in); got != want {
 			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+// TestLsKindsAndReasons: ls names what asked for each window (the schedule,
+// memsnap snapshot or the API, an alert, a trigger, an incident) and says why
+// in a short column, from the plan in the run's log; a reason holding a
+// terminal's escapes is printed escaped.
+func TestLsKindsAndReasons(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.OpenDir(dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testutil.Context(t, time.Minute)
+	rl := runlog.New(st, "job")
+	term, err := rl.NewTerm(ctx, runlog.Term{Leader: "r0", Rank: 0}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	three := 3
+	now := time.Now().UTC()
+	plans := []runlog.Plan{
+		{Kind: runlog.KindWindow, Reason: "schedule", Start: 10, Stop: 13},
+		{Kind: runlog.KindWindow, Reason: "request", Start: 20, Stop: 23},
+		{Kind: runlog.KindWindow, Reason: "alert: MemsnapLowHeadroom (rank 2)", Start: 30, Stop: 33},
+		{Kind: runlog.KindTrigger, Reason: "trigger: rank 5: headroom 3.1 GiB (3.9%) < 5%, growing 48.0 MiB a batch", Start: 40, Stop: 43},
+		{Kind: runlog.KindWindow, Reason: "trigger: rank 1: growing 16.0 MiB a batch", Start: 50, Stop: 53},
+		{Kind: runlog.KindOOM, Reason: "out of memory", FailedRank: &three, Cause: "out of memory", Dump: true},
+		{Kind: runlog.KindWindow, Reason: "api: loss \x1b[2Jspike\x1b]0;x\x07", Start: 60, Stop: 63},
+	}
+	for _, p := range plans {
+		p.Run, p.Term, p.Leader, p.WorldSize, p.Ranks, p.Created, p.Deadline = "job", term.Term, "r0", 4, []int{0, 1, 2, 3}, now, now.Add(time.Hour)
+		if _, err := rl.CreatePlan(ctx, p, 0, func(id uint64) (string, error) {
+			return fmt.Sprintf("job/torch_memory_traces/window%d/merged.manifest.json", id), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errOut := runCLI(t, "ls", dir)
+	if code != 0 {
+		t.Fatalf("ls: %d %s", code, errOut)
+	}
+	rows := lsRows(out)
+	for id, want := range [][2]string{
+		{"schedule", "-"}, {"asked", "-"}, {"alert", "MemsnapLowHeadroom (rank 2)"},
+		{"trigger", "rank 5: headroom 3.1 GiB (3.9%) < 5%, growing…"}, {"trigger", "rank 1: growing 16.0 MiB a batch"},
+		{"postmortem", "rank 3: out of memory"}, {"asked", `loss \x1b[2Jspike\x1b]0;x\x07`},
+	} {
+		r := rows[fmt.Sprint(id+1)]
+		if r["KIND"] != want[0] || r["REASON"] != want[1] {
+			t.Errorf("window %d: kind %q, reason %q; want %q, %q", id+1, r["KIND"], r["REASON"], want[0], want[1])
+		}
+	}
+	if strings.ContainsAny(out, "\x1b\x07") || t.Failed() {
+		t.Fatalf("ls:\n%s", out)
+	}
+	if _, j, _ := runCLI(t, "ls", "--json", dir); !strings.Contains(j, `"origin":"alert"`) || !strings.Contains(j, `"reason":"alert: MemsnapLowHeadroom (rank 2)"`) {
+		t.Fatalf("ls --json:\n%s", j)
 	}
 }

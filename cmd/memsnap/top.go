@@ -71,7 +71,7 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *asJSON {
 		return topJSON(ctx, stdout, name, ask)
 	}
-	return topTables(ctx, stdout, name, ask, *rows, *every)
+	return topTables(ctx, stdout, name, ask, c.Members, *rows, *every)
 }
 
 // topJSON prints the leader's view once, as one JSON object, waiting a little
@@ -93,26 +93,19 @@ func topJSON(ctx context.Context, stdout io.Writer, name string, ask func() (*pb
 }
 
 // topTables writes the table of the leader's view (rows ranks; 0: what the
-// terminal holds) every period, until ctx ends or the reader goes.
-func topTables(ctx context.Context, stdout io.Writer, name string, ask func() (*pb.ClusterView, error), rows int, every time.Duration) error {
+// terminal holds) every period, until ctx ends, the reader goes, or the run has
+// no rank left (topEnded).
+func topTables(ctx context.Context, stdout io.Writer, name string, ask func() (*pb.ClusterView, error), members func() []*pb.NodeMeta,
+	rows int, every time.Duration) error {
 	tty := isTerminal(stdout)
+	w := newTopWatch(name, every)
 	for {
 		v, err := ask()
-		n := rows
-		if n == 0 {
-			n = 20
-			if h := termHeight(stdout); h > 8 {
-				n = h - 7
-			}
-		}
+		width, height := termSize(stdout)
 		var b strings.Builder
-		if err != nil {
-			fmt.Fprintf(&b, "memsnap top: %v (asking again in %v)\n", err, every)
-		} else {
-			renderView(&b, name, v, n, time.Now())
-		}
+		ended := w.step(&b, v, err, members(), topRows(rows, height), width, time.Now())
 		clear := "\n"
-		if tty {
+		if tty && !ended {
 			clear = "\x1b[H\x1b[2J" // refresh in place
 		}
 		if _, err := io.WriteString(stdout, clear+b.String()); err != nil {
@@ -121,12 +114,27 @@ func topTables(ctx context.Context, stdout io.Writer, name string, ask func() (*
 			}
 			return fmt.Errorf("writing the table: %w", err)
 		}
+		if ended {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return nil // Ctrl-C ends it
 		case <-time.After(every):
 		}
 	}
+}
+
+// topRows is how many ranks a table shows: those asked for, else what a
+// terminal of height lines holds, else 20.
+func topRows(rows, height int) int {
+	switch {
+	case rows > 0:
+		return rows
+	case height > 13:
+		return height - 12 // the header, the spread, the table's head, the silent ranks
+	}
+	return 20
 }
 
 // clientRunName is the run a client command asks about: the flag's, else the
@@ -146,76 +154,48 @@ func clientRunName(flagValue string) (string, error) {
 	return name, nil
 }
 
-func termHeight(w io.Writer) int {
+// termSize is the terminal's columns and lines, or topWidth and 0 when w is
+// not a terminal.
+func termSize(w io.Writer) (width, height int) {
 	if f, ok := w.(*os.File); ok {
-		if _, h, err := term.GetSize(int(f.Fd())); err == nil {
-			return h
+		if cols, h, err := term.GetSize(int(f.Fd())); err == nil && cols > 0 {
+			return cols, h
 		}
 	}
-	return 0
+	return topWidth, 0
 }
 
-// staleAfter is how old a rank's figures are when top marks them as old: a few
-// report periods.
-const staleAfter = 10 * time.Second
-
-// renderView writes the job's memory as a table: a summary of the spread across
-// ranks, then the rows ranks with the least headroom, then how many more.
-func renderView(w io.Writer, run string, v *pb.ClusterView, rows int, now time.Time) {
-	view.Sort(v)
-	leader := "no leader answered"
-	if v.LeaderRank >= 0 {
-		leader = fmt.Sprintf("leader rank %d", v.LeaderRank)
-	}
-	reporting := max(int(v.Reporting), len(v.Ranks))
-	fmt.Fprintf(w, "memsnap top — run %s — %d of %d ranks reporting — %s — %s UTC\n", run, reporting, v.WorldSize, leader, now.UTC().Format(time.TimeOnly))
-	if len(v.Ranks) == 0 {
-		fmt.Fprintln(w, "no rank has reported its memory yet (the hook reports at a batch's end, the agents every few seconds)")
-		return
-	}
-	fmt.Fprintln(w, spreadLine(v))
-	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "RANK\tNODE\tBATCH\tALLOCATED\tRESERVED\tPEAK\tHEADROOM\tGROWTH/BATCH\tFRAGMENTED\tAGE\t")
-	for i, r := range v.Ranks {
-		if i == rows {
-			break
+// tableLines lays cells out right-aligned, pad spaces apart, the host column
+// (the second) cut to nodeW columns.
+func tableLines(cells [][]string, pad, nodeW int) []string {
+	var t strings.Builder
+	tw := tabwriter.NewWriter(&t, 0, 0, pad, ' ', tabwriter.AlignRight)
+	for _, row := range cells {
+		for i, c := range row {
+			if i == 1 {
+				c = fitLine(c, nodeW)
+			}
+			fmt.Fprint(tw, c+"\t")
 		}
-		f := r.Figures
-		head := "?"
-		if f.DeviceTotal > 0 {
-			head = fmt.Sprintf("%s %4.1f%%", analysis.HumanBytes(f.Headroom), 100*float64(f.Headroom)/float64(f.DeviceTotal))
-		}
-		age := (time.Duration(r.AgeMs) * time.Millisecond).Round(time.Second).String()
-		if time.Duration(r.AgeMs)*time.Millisecond > staleAfter {
-			age += " (old)"
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Rank, cutNode(r.Node), f.Batch, analysis.HumanBytes(f.Allocated), analysis.HumanBytes(f.Reserved),
-			analysis.HumanBytes(f.Peak), head, growthText(f.Growth), analysis.HumanBytes(f.InactiveSplit), age)
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
-	if more := reporting - min(rows, len(v.Ranks)); more > 0 {
-		fmt.Fprintf(w, "… and %d more ranks, with more headroom (--rows, or --json for every rank)\n", more)
-	}
-	if missing := int(v.WorldSize) - reporting; missing > 0 {
-		fmt.Fprintf(w, "%d ranks have not reported (no trainer connected, or no batch ended yet)\n", missing)
-	}
+	return strings.Split(strings.TrimSuffix(t.String(), "\n"), "\n")
 }
 
-// spreadLine says how the ranks spread in one line: the least headroom and
-// whose, the median, and the fastest growth.
-func spreadLine(v *pb.ClusterView) string {
+// spreadLines say how the ranks spread: the least headroom and whose, the
+// median and the most; and the rank that grows fastest.
+func spreadLines(v *pb.ClusterView) []string {
 	var heads []int64
 	for _, r := range v.Ranks {
 		if r.Figures.DeviceTotal > 0 {
 			heads = append(heads, r.Figures.Headroom)
 		}
 	}
-	var parts []string
+	var lines []string
 	if len(heads) > 0 {
 		sort.Slice(heads, func(i, j int) bool { return heads[i] < heads[j] })
-		w := v.Ranks[0]
-		parts = append(parts, fmt.Sprintf("headroom: least %s (rank %d), median %s, most %s", analysis.HumanBytes(heads[0]), w.Rank,
+		lines = append(lines, fmt.Sprintf("headroom: least %s (rank %d), median %s, most %s", analysis.HumanBytes(heads[0]), v.Ranks[0].Rank,
 			analysis.HumanBytes(heads[len(heads)/2]), analysis.HumanBytes(heads[len(heads)-1])))
 	}
 	fast := v.Ranks[0]
@@ -225,11 +205,11 @@ func spreadLine(v *pb.ClusterView) string {
 		}
 	}
 	if fast.Figures.Growth > 0 {
-		parts = append(parts, fmt.Sprintf("fastest growth: rank %d, %s", fast.Rank, growthText(fast.Figures.Growth)))
+		lines = append(lines, fmt.Sprintf("fastest growth: rank %d, %s a batch", fast.Rank, growthText(fast.Figures.Growth)))
 	} else {
-		parts = append(parts, "no rank grows")
+		lines = append(lines, "no rank grows")
 	}
-	return strings.Join(parts, "; ")
+	return lines
 }
 
 func growthText(g float64) string {
@@ -240,16 +220,6 @@ func growthText(g float64) string {
 		return "-" + analysis.HumanBytes(int64(-g))
 	}
 	return "0"
-}
-
-func cutNode(n string) string {
-	if n == "" {
-		return "?"
-	}
-	if len(n) > 24 {
-		return n[:23] + "…"
-	}
-	return n
 }
 
 // viewJSON is the leader's view as --json prints it.

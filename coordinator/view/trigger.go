@@ -8,6 +8,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/merge/analysis"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // Triggers are the thresholds that make the leader take a window before an OOM:
@@ -66,7 +67,7 @@ func (t Triggers) Crossed(rank int, f *pb.Figures) string {
 
 // TriggerPrefix begins the reason of every trigger window: "trigger: " and what
 // Crossed said.
-const TriggerPrefix = "trigger: "
+const TriggerPrefix = runlog.ReasonTrigger
 
 // TriggerRank reads a trigger window's reason back ("trigger: rank 5: headroom
 // …"): the rank that crossed, and what it crossed ("headroom …").

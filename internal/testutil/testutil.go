@@ -153,6 +153,14 @@ func Python(t testing.TB) string {
 	return lookTool(t, "", "python3")
 }
 
+// LookTool returns the path of the first of names found on $PATH. Without any,
+// the test is skipped, except under CI=true, where it fails ("NAME is required
+// under CI", then ciNote, which says what installs it).
+func LookTool(t testing.TB, ciNote string, names ...string) string {
+	t.Helper()
+	return lookTool(t, ciNote, names...)
+}
+
 // lookTool returns the path of the first of names found. Without any, the test
 // is skipped, except under CI=true, where it fails ("NAME is required under CI",
 // then ciNote).
