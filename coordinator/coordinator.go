@@ -140,7 +140,7 @@ func New(cfg Config, rec Recorder) (*Coordinator, error) {
 	c.agent = hex.EncodeToString(a[:])
 	c.bc = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return max(1, c.numMembers()) }, RetransmitMult: 3}
 	c.out = newOutbox(c)
-	c.rs = rankside.New(&c.cfg, rec, clusterSide{c}, c.log)
+	c.rs = rankside.New(&c.cfg, rec, roles{c}, c.log)
 	return c, nil
 }
 
@@ -640,7 +640,7 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 			stop.Stop()
 		}
 		if start {
-			l := leader.New(memberSide{c}, &c.cfg, c.log)
+			l := leader.New(roles{c}, &c.cfg, c.log)
 			c.mu.Lock()
 			if c.state == lifeStopped || c.leaderName != c.name {
 				c.mu.Unlock()

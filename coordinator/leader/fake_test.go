@@ -44,7 +44,7 @@ func (f *fakeMember) Believe(t uint64) bool {
 }
 func (f *fakeMember) BelieveTerm(context.Context, *runlog.Log)    {}
 func (f *fakeMember) UpdateMeta()                                 {}
-func (f *fakeMember) SawWindow(uint64)                            {}
+func (f *fakeMember) SawWindow(uint64) bool                       { return false }
 func (f *fakeMember) Began() time.Time                            { return time.Now().Add(-time.Hour) }
 func (f *fakeMember) GoneAt(_ string, now time.Time) time.Time    { return now }
 func (f *fakeMember) LastHeard(_ string, now time.Time) time.Time { return now }

@@ -25,8 +25,9 @@ type Member interface {
 	BelieveTerm(ctx context.Context, rl *runlog.Log)
 	// UpdateMeta gossips the member's metadata (the term and newest window) if it changed.
 	UpdateMeta()
-	// SawWindow tells the member of a window id the log gave out.
-	SawWindow(id uint64)
+	// SawWindow tells the member of a window id the log gave out (reporting
+	// whether it was newer than any the member had seen).
+	SawWindow(id uint64) bool
 	// Began is when the member started (agents of one job join within JoinGrace of each other).
 	Began() time.Time
 	// GoneAt is when the named member left (now while it is a member);
