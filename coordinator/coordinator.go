@@ -72,6 +72,9 @@ type Coordinator struct {
 	// nranksSeen is nranks, read without mu when answering a probe (pings)
 	nranksSeen atomic.Int64
 	pingJoin   pingJoins
+	// nsilent is len(silent), read without mu on every message received
+	nsilent  atomic.Int64
+	silenced silences
 
 	// mu guards what follows. Lock order: memberlist calls memberChanged (which
 	// takes mu) while it holds its node lock, so nothing may call into
@@ -81,12 +84,13 @@ type Coordinator struct {
 	ml         *memberlist.Memberlist
 	addr       string // the gossip address, host:port
 	members    map[string]*member
-	nranks     int                   // members that are ranks (meta.Rank >= 0), kept with members
-	addrs      map[string]int        // members' addresses (host:port), kept with members
-	lowest     string                // the rank member of the lowest (rank, name), kept with members
-	lowestOld  bool                  // lowest left or changed: electLocked looks again
-	seenAddrs  map[string]string     // every rank member ever seen: name -> address, to rejoin after a split
-	gone       map[string]goneMember // members memberlist took away, until they are back
+	nranks     int                      // members that are ranks (meta.Rank >= 0), kept with members
+	addrs      map[string]int           // members' addresses (host:port), kept with members
+	lowest     string                   // the rank member of the lowest (rank, name), kept with members
+	lowestOld  bool                     // lowest left or changed: electLocked looks again
+	seenAddrs  map[string]string        // every rank member ever seen: name -> address, to rejoin after a split
+	gone       map[string]goneMember    // members memberlist took away, until they are back
+	silent     map[string]*silentMember // members held silent (succession.go), until heard from or gone
 	leaderName string
 	lead       *leader.Leader // this member's leader loop, while it leads
 	lastWindow uint64         // the newest window id seen
@@ -189,6 +193,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.spawn(func() { c.dispatch(ctx) })
 	c.spawn(func() { c.watchLeader(ctx) })
 	c.out.start(ctx)
+	c.spawn(func() { c.watchSuccession(ctx) })
 	if !c.cfg.Client {
 		c.spawn(func() { c.verifyTerms(ctx) })
 		c.spawn(func() { c.rs.ClockLoop(ctx, c.leaderSig) })
@@ -502,8 +507,10 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 			c.gone[n.Name] = goneMember{at: time.Now(), members: len(c.members)}
 		}
 		c.setMember(n.Name, nil)
+		c.unsilenceLocked(n.Name, false) // memberlist's verdict: gone
 	} else if meta, err := wire.DecodeMeta(n.Meta); err == nil && meta.Run == c.cfg.Identity.RunName {
 		delete(c.gone, n.Name)
+		c.unsilenceLocked(n.Name, true) // memberlist's news of it: alive
 		nn := *n
 		c.setMember(n.Name, &member{node: &nn, meta: meta})
 		c.lastWindow = max(c.lastWindow, meta.LastWindow)
@@ -530,7 +537,8 @@ const maxSeenAddrs = 1 << 16
 // goneMember is when memberlist took a member away.
 type goneMember struct {
 	at      time.Time
-	members int // the cluster's size then, which memberlist's suspicion scales with
+	members int  // the cluster's size then, which memberlist's suspicion scales with
+	silent  bool // held silent (succession.go), not declared dead by memberlist
 }
 
 // lastHeard is when a member gone from the cluster was last heard from, as far
@@ -549,6 +557,16 @@ func (c *Coordinator) lastHeard(name string, now time.Time) time.Time {
 	ml := c.cfg.Memberlist // (readvertise replaces it)
 	c.mu.Unlock()
 	if !ok {
+		return now
+	}
+	if g.silent {
+		// a leader held silent answered no ping for LeaderSilence: a window it was
+		// a rank of waits for it no longer (an agent restarted under its name has
+		// no recording of the window; one only slow is heard from again, and a
+		// member again, before the window is published or not at all)
+		if t := g.at.Add(-c.cfg.RejoinGrace); t.Before(now) {
+			return t
+		}
 		return now
 	}
 	return g.lastHeard(ml, now)

@@ -68,6 +68,9 @@ func isReply(env *pb.Envelope) bool {
 }
 
 func (c *Coordinator) handle(env *pb.Envelope) {
+	if c.nsilent.Load() > 0 {
+		c.heardFrom(env.Sender) // (a member held silent is heard from)
+	}
 	if env.Seq != 0 && env.GetAck() != nil && c.rs.IncidentAck(env) {
 		return
 	}
@@ -112,6 +115,8 @@ func (c *Coordinator) handle(env *pb.Envelope) {
 		c.toLeader(env)
 	case *pb.Envelope_Figures:
 		c.onFigures(env, b.Figures)
+	case *pb.Envelope_LeaderSilent:
+		c.onLeaderSilent(env, b.LeaderSilent)
 	case *pb.Envelope_ViewRequest:
 		c.answerView(env)
 	}

@@ -301,6 +301,12 @@ func TestForgedMessagesChangeNothing(t *testing.T) {
 		if !lead.IsLeader() || lead.Busy() {
 			t.Fatalf("%s: rank 0 leads %v, busy %v", when, lead.IsLeader(), lead.Busy())
 		}
+		if l, ok := tc.ranks[1].Coord.Leader(); !ok || l != 0 {
+			t.Fatalf("%s: rank 1 sees rank %d as leader (%v)", when, l, ok)
+		}
+		if held, _ := tc.ranks[1].Coord.Silences(); held != 0 {
+			t.Fatalf("%s: rank 1 held the leader silent %d times", when, held)
+		}
 	}
 	rank0, rank1 := NodeName(tc.run, 0), NodeName(tc.run, 1)
 	const bigTerm = uint64(1) << 40 // newer than any term seen: only the sender check stands in the way
@@ -371,6 +377,9 @@ func TestForgedMessagesChangeNothing(t *testing.T) {
 		case *pb.Progress:
 			env.Seq = 0
 			env.Body = &pb.Envelope_Progress{Progress: b}
+		case *pb.LeaderSilent:
+			env.Seq = 0
+			env.Body = &pb.Envelope_LeaderSilent{LeaderSilent: b}
 		}
 		if err := c.send(to, env, false); err != nil { // datagrams: they arrive in order, before the barrier
 			t.Fatal(err)
@@ -386,6 +395,10 @@ func TestForgedMessagesChangeNothing(t *testing.T) {
 	}
 	forge(rank0, before[0].seen+1, bigTerm, 1, &pb.RankResult{Key: tc.run + "/torch_memory_traces/forged.pickle", Sha256: strings.Repeat("0", 64), Size: 1, Start: 1, Stop: 2})
 	forge(rank0, before[0].seen+1, bigTerm, 1, &pb.Progress{Rank: 1, State: pb.Step_STEP_FAILED, Reason: "forged"})
+	// the leader's successor's notice that the leader is silent, from a member
+	// that is not the successor (nor a rank), also claiming rank 1
+	forge(rank1, 0, bigTerm, -1, &pb.LeaderSilent{Leader: rank0})
+	forge(rank1, 0, bigTerm, 1, &pb.LeaderSilent{Leader: rank0})
 	barrier(t, c, rank0)
 	barrier(t, c, rank1)
 	// every plan and dump was answered: refused, its sender is not the leader

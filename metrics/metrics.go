@@ -36,6 +36,10 @@ type Source struct {
 	Members func() int    // members this agent sees, itself included
 	Term    func() uint64 // the leadership term it believes
 	Leading func() bool
+	// Silences is how many times this agent held its leader silent (it answered
+	// no ping: coordinator.Config.LeaderSilence), and how many of those leaders
+	// were heard from again (alive: a term was taken while they lived).
+	Silences func() (held, alive uint64)
 	// View is the job's memory as this member holds it (every rank's, on the
 	// leader): served while it leads, so one scrape target answers for the job.
 	View func() *pb.ClusterView
@@ -81,6 +85,8 @@ var defs = []metricDef{
 	{"memsnap_members", "Cluster members this agent sees, itself included.", nil},
 	{"memsnap_leader_term", "The leadership term this agent believes (the run's log holds it).", nil},
 	{"memsnap_leader", "1 when this agent leads the cluster, else 0.", nil},
+	{"memsnap_leader_silent_total", "Times this agent held its leader silent (it answered no ping for the silence time) and elected without it.", nil},
+	{"memsnap_leader_silent_alive_total", "Leaders this agent held silent that were heard from again: alive all along, a term was taken while they lived.", nil},
 	// the leader's metrics of every rank: labelled by the rank they are of (and
 	// its node), not the leader's
 	{"memsnap_cluster_headroom_min_bytes", "The job's least headroom, labelled with the rank that has it (served by the leader).", nil},
@@ -163,6 +169,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			lead = 1
 		}
 		c.emit(ch, "memsnap_leader", g, lead)
+		if c.src.Silences != nil {
+			held, alive := c.src.Silences()
+			c.emit(ch, "memsnap_leader_silent_total", k, float64(held))
+			c.emit(ch, "memsnap_leader_silent_alive_total", k, float64(alive))
+		}
 		if lead == 1 && c.src.View != nil {
 			c.collectView(ch, c.src.View())
 		}

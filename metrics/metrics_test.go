@@ -1,6 +1,9 @@
 package metrics
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"context"
 	"io"
 	"net/http"
@@ -87,5 +90,26 @@ func TestServed(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %s in:\n%s", want, out)
 		}
+	}
+}
+
+// TestSilencesServed: a member's count of leaders it held silent, and of those
+// heard from again, are served as counters beside its leadership.
+func TestSilencesServed(t *testing.T) {
+	src := Source{Run: "r1", Rank: 2, Node: "n1", Leading: func() bool { return false }, Silences: func() (uint64, uint64) { return 2, 1 }}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(newCollector(src)); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP memsnap_leader_silent_alive_total Leaders this agent held silent that were heard from again: alive all along, a term was taken while they lived.
+# TYPE memsnap_leader_silent_alive_total counter
+memsnap_leader_silent_alive_total{node="n1",rank="2",run="r1"} 1
+# HELP memsnap_leader_silent_total Times this agent held its leader silent (it answered no ping for the silence time) and elected without it.
+# TYPE memsnap_leader_silent_total counter
+memsnap_leader_silent_total{node="n1",rank="2",run="r1"} 2
+`
+	if err := promtest.GatherAndCompare(reg, strings.NewReader(want), "memsnap_leader_silent_total", "memsnap_leader_silent_alive_total"); err != nil {
+		t.Fatal(err)
 	}
 }

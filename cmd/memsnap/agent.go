@@ -362,6 +362,7 @@ func serveMetrics(ctx context.Context, addrFlag, tokenFile string, id rankagent.
 	src := metrics.Source{Run: id.RunName, Rank: id.Rank, Node: hostname(), Memory: a.Memory, Stats: a.Stats, SpoolBytes: a.SpoolBytes}
 	if member != nil {
 		src.Members, src.Term, src.Leading, src.View = member.Coord.NumMembers, member.Coord.Term, member.Coord.IsLeader, member.Coord.View
+		src.Silences = member.Coord.Silences
 	}
 	var api *metrics.API
 	if tokenFile != "" {

@@ -126,6 +126,16 @@ type Config struct {
 	// that time, so the dead leader's own rank, silent for that timeout (4 s
 	// on production's timers above 100 ranks) by then, is waited for 1 s more.
 	RejoinGrace time.Duration
+	// LeaderProbe is how often the leader's successor (the rank member that
+	// leads were the leader gone) pings the leader directly, and LeaderSilence
+	// how long the leader may answer none of those pings before the successor
+	// declares it silent and leads: the ranks elect without a silent leader at
+	// once, well before memberlist's failure detection declares it dead (a
+	// failed probe, then suspicion: about 5 s). A leader that was only slow is
+	// heard from again and leads again; the run's log's terms fence what the
+	// successor did meanwhile. Zero LeaderProbe turns the watch off.
+	LeaderProbe   time.Duration
+	LeaderSilence time.Duration
 	// AckTimeout bounds the wait for the ranks' acks of a plan.
 	AckTimeout time.Duration
 	// CollectTimeout bounds the wait for the ranks' snapshots after the window
@@ -208,6 +218,8 @@ func Default(id rankagent.Identity) Config {
 		RejoinGrace:     5 * time.Second,
 		AckTimeout:      10 * time.Second,
 		CollectTimeout:  2 * time.Minute,
+		LeaderProbe:     200 * time.Millisecond,
+		LeaderSilence:   time.Second,
 		ClockInterval:   30 * time.Second,
 		MergedName:      DefaultMergedName,
 		FullDetailRanks: 64,
@@ -248,6 +260,7 @@ func DefaultLocal(id rankagent.Identity) Config {
 	c.CollectTimeout = 30 * time.Second
 	c.ClockInterval = 2 * time.Second
 	c.PostmortemDeadline = 5 * time.Second
+	c.LeaderSilence = 1500 * time.Millisecond // (a loaded test machine stalls a process for a second)
 	c.MaxWindowWait = 2 * time.Minute
 	c.PublishTimeout = time.Minute
 	c.SweepInterval = 2 * time.Second
@@ -281,6 +294,8 @@ func (c *Config) Validate() error {
 	case c.LeadMargin < 0 || c.StatusTimeout <= 0 || c.JoinGrace < 0 || c.RejoinGrace < 0 || c.AckTimeout <= 0 || c.CollectTimeout <= 0 || c.ClockInterval <= 0 ||
 		c.PostmortemDeadline <= 0 || c.MaxWindowWait <= 0 || c.PublishTimeout <= 0 || c.SweepInterval <= 0 || c.RejoinInterval <= 0:
 		return errors.New("coordinator: timeouts must be positive")
+	case c.LeaderProbe < 0 || c.LeaderProbe > 0 && c.LeaderSilence < 2*c.LeaderProbe:
+		return fmt.Errorf("coordinator: a leader silence of %v, pinged every %v (at least two pings)", c.LeaderSilence, c.LeaderProbe)
 	case c.MaxBatchSpread <= 0:
 		return fmt.Errorf("coordinator: batch spread %d", c.MaxBatchSpread)
 	case c.WindowBatches > MaxWindowBatches:

@@ -118,6 +118,10 @@ func CheckEnvelope(e *pb.Envelope) error {
 		return checkFigures(b.Figures)
 	case *pb.Envelope_View:
 		return checkView(b.View)
+	case *pb.Envelope_LeaderSilent:
+		if l := b.LeaderSilent.GetLeader(); l == "" || len(l) > 512 || l == e.Sender {
+			return bad("a silent leader %q from %q", l, e.Sender)
+		}
 	}
 	return nil
 }

@@ -46,6 +46,8 @@ func envelopeSeeds() []*pb.Envelope {
 			e.Body = &pb.Envelope_ClockReply{ClockReply: b}
 		case *pb.Dump:
 			e.Body = &pb.Envelope_Dump{Dump: b}
+		case *pb.LeaderSilent:
+			e.Body = &pb.Envelope_LeaderSilent{LeaderSilent: b}
 		}
 		return e
 	}
@@ -73,6 +75,7 @@ func envelopeSeeds() []*pb.Envelope {
 		env(0, 0, &pb.ClockProbe{T0Us: 1700000000000000}),
 		env(1, 0, &pb.ClockReply{T0Us: 1700000000000000, TUs: 1700000000000123}),
 		env(0, 4, &pb.Dump{Reason: "oom", FailedRank: 2, Kind: pb.WindowKind_WINDOW_KIND_OOM}),
+		env(1, 0, &pb.LeaderSilent{Leader: "run/rank0"}),
 	}
 }
 
@@ -106,9 +109,12 @@ func brokenEnvelopes(t testing.TB) [][]byte {
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Batch: -2}}},                                               // batch before none
 		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{StepUs: maxStepUs + 1}}},                                   // step past a time.Duration
 		{Sender: "x", Body: &pb.Envelope_WindowResult{WindowResult: &pb.WindowResult{Outputs: []string{strings.Repeat("o", MaxString+1)}}}},
-		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{FailedRank: -7}}},                    // negative rank
-		{Sender: "x", WindowId: MaxWindowID + 1, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}}, // a window id the next one would wrap past
-		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Seen: ^uint64(0)}}},            // the same, seen
+		{Sender: "x", Body: &pb.Envelope_Dump{Dump: &pb.Dump{FailedRank: -7}}},                      // negative rank
+		{Sender: "x", WindowId: MaxWindowID + 1, Body: &pb.Envelope_Cancel{Cancel: &pb.Cancel{}}},   // a window id the next one would wrap past
+		{Sender: "x", Body: &pb.Envelope_Status{Status: &pb.Status{Seen: ^uint64(0)}}},              // the same, seen
+		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{}}},            // no leader named
+		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: "x"}}}, // itself
+		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: strings.Repeat("l", 513)}}},
 	} {
 		out = append(out, mustMarshal(t, e))
 	}

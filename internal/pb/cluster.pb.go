@@ -457,6 +457,7 @@ type Envelope struct {
 	//	*Envelope_Figures
 	//	*Envelope_ViewRequest
 	//	*Envelope_View
+	//	*Envelope_LeaderSilent
 	Body          isEnvelope_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -683,6 +684,15 @@ func (x *Envelope) GetView() *ClusterView {
 	return nil
 }
 
+func (x *Envelope) GetLeaderSilent() *LeaderSilent {
+	if x != nil {
+		if x, ok := x.Body.(*Envelope_LeaderSilent); ok {
+			return x.LeaderSilent
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Body interface {
 	isEnvelope_Body()
 }
@@ -747,6 +757,10 @@ type Envelope_View struct {
 	View *ClusterView `protobuf:"bytes,24,opt,name=view,proto3,oneof"`
 }
 
+type Envelope_LeaderSilent struct {
+	LeaderSilent *LeaderSilent `protobuf:"bytes,25,opt,name=leader_silent,json=leaderSilent,proto3,oneof"`
+}
+
 func (*Envelope_StatusRequest) isEnvelope_Body() {}
 
 func (*Envelope_Status) isEnvelope_Body() {}
@@ -777,6 +791,57 @@ func (*Envelope_ViewRequest) isEnvelope_Body() {}
 
 func (*Envelope_View) isEnvelope_Body() {}
 
+func (*Envelope_LeaderSilent) isEnvelope_Body() {}
+
+// LeaderSilent is the leader's successor (the member that leads were the
+// leader gone) telling the ranks that the leader has answered none of its
+// direct pings for the silence time: a receiver elects without it at once (a
+// notice from the successor it sees) or once the leader is silent to its own
+// ping too, until the leader is heard from again.
+type LeaderSilent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Leader        string                 `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"` // the silent leader's member name
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaderSilent) Reset() {
+	*x = LeaderSilent{}
+	mi := &file_internal_pb_cluster_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaderSilent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaderSilent) ProtoMessage() {}
+
+func (x *LeaderSilent) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_pb_cluster_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaderSilent.ProtoReflect.Descriptor instead.
+func (*LeaderSilent) Descriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *LeaderSilent) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
 // StatusRequest asks a rank where its trainer and its latest window stand.
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -786,7 +851,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[2]
+	mi := &file_internal_pb_cluster_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +863,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[2]
+	mi := &file_internal_pb_cluster_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +876,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{2}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{3}
 }
 
 // Status answers a StatusRequest.
@@ -835,7 +900,7 @@ type Status struct {
 
 func (x *Status) Reset() {
 	*x = Status{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[3]
+	mi := &file_internal_pb_cluster_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +912,7 @@ func (x *Status) String() string {
 func (*Status) ProtoMessage() {}
 
 func (x *Status) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[3]
+	mi := &file_internal_pb_cluster_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +925,7 @@ func (x *Status) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Status.ProtoReflect.Descriptor instead.
 func (*Status) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{3}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Status) GetBatch() int64 {
@@ -961,7 +1026,7 @@ type Plan struct {
 
 func (x *Plan) Reset() {
 	*x = Plan{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[4]
+	mi := &file_internal_pb_cluster_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1038,7 @@ func (x *Plan) String() string {
 func (*Plan) ProtoMessage() {}
 
 func (x *Plan) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[4]
+	mi := &file_internal_pb_cluster_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1051,7 @@ func (x *Plan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plan.ProtoReflect.Descriptor instead.
 func (*Plan) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{4}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Plan) GetStart() int64 {
@@ -1038,7 +1103,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[5]
+	mi := &file_internal_pb_cluster_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1115,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[5]
+	mi := &file_internal_pb_cluster_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1128,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{5}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Ack) GetOk() bool {
@@ -1120,7 +1185,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[6]
+	mi := &file_internal_pb_cluster_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1197,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[6]
+	mi := &file_internal_pb_cluster_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1210,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{6}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Progress) GetState() Step {
@@ -1203,7 +1268,7 @@ type RankStep struct {
 
 func (x *RankStep) Reset() {
 	*x = RankStep{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[7]
+	mi := &file_internal_pb_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1280,7 @@ func (x *RankStep) String() string {
 func (*RankStep) ProtoMessage() {}
 
 func (x *RankStep) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[7]
+	mi := &file_internal_pb_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1293,7 @@ func (x *RankStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStep.ProtoReflect.Descriptor instead.
 func (*RankStep) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{7}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RankStep) GetRank() int32 {
@@ -1281,7 +1346,7 @@ type RankResult struct {
 
 func (x *RankResult) Reset() {
 	*x = RankResult{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[8]
+	mi := &file_internal_pb_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1358,7 @@ func (x *RankResult) String() string {
 func (*RankResult) ProtoMessage() {}
 
 func (x *RankResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[8]
+	mi := &file_internal_pb_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1371,7 @@ func (x *RankResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankResult.ProtoReflect.Descriptor instead.
 func (*RankResult) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{8}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RankResult) GetKey() string {
@@ -1410,7 +1475,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[9]
+	mi := &file_internal_pb_cluster_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1487,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[9]
+	mi := &file_internal_pb_cluster_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1500,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{9}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Cancel) GetReason() string {
@@ -1464,7 +1529,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[10]
+	mi := &file_internal_pb_cluster_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1541,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[10]
+	mi := &file_internal_pb_cluster_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1554,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{10}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SnapshotRequest) GetBatches() int64 {
@@ -1573,7 +1638,7 @@ type WindowResult struct {
 
 func (x *WindowResult) Reset() {
 	*x = WindowResult{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[11]
+	mi := &file_internal_pb_cluster_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +1650,7 @@ func (x *WindowResult) String() string {
 func (*WindowResult) ProtoMessage() {}
 
 func (x *WindowResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[11]
+	mi := &file_internal_pb_cluster_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +1663,7 @@ func (x *WindowResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowResult.ProtoReflect.Descriptor instead.
 func (*WindowResult) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{11}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WindowResult) GetState() Outcome {
@@ -1703,7 +1768,7 @@ type ClockProbe struct {
 
 func (x *ClockProbe) Reset() {
 	*x = ClockProbe{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[12]
+	mi := &file_internal_pb_cluster_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1780,7 @@ func (x *ClockProbe) String() string {
 func (*ClockProbe) ProtoMessage() {}
 
 func (x *ClockProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[12]
+	mi := &file_internal_pb_cluster_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1793,7 @@ func (x *ClockProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockProbe.ProtoReflect.Descriptor instead.
 func (*ClockProbe) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{12}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ClockProbe) GetT0Us() int64 {
@@ -1748,7 +1813,7 @@ type ClockReply struct {
 
 func (x *ClockReply) Reset() {
 	*x = ClockReply{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[13]
+	mi := &file_internal_pb_cluster_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +1825,7 @@ func (x *ClockReply) String() string {
 func (*ClockReply) ProtoMessage() {}
 
 func (x *ClockReply) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[13]
+	mi := &file_internal_pb_cluster_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +1838,7 @@ func (x *ClockReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockReply.ProtoReflect.Descriptor instead.
 func (*ClockReply) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{13}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ClockReply) GetT0Us() int64 {
@@ -1803,7 +1868,7 @@ type Dump struct {
 
 func (x *Dump) Reset() {
 	*x = Dump{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[14]
+	mi := &file_internal_pb_cluster_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +1880,7 @@ func (x *Dump) String() string {
 func (*Dump) ProtoMessage() {}
 
 func (x *Dump) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[14]
+	mi := &file_internal_pb_cluster_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +1893,7 @@ func (x *Dump) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dump.ProtoReflect.Descriptor instead.
 func (*Dump) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{14}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Dump) GetReason() string {
@@ -1874,7 +1939,7 @@ type Figures struct {
 
 func (x *Figures) Reset() {
 	*x = Figures{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[15]
+	mi := &file_internal_pb_cluster_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +1951,7 @@ func (x *Figures) String() string {
 func (*Figures) ProtoMessage() {}
 
 func (x *Figures) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[15]
+	mi := &file_internal_pb_cluster_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +1964,7 @@ func (x *Figures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Figures.ProtoReflect.Descriptor instead.
 func (*Figures) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{15}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Figures) GetBatch() int64 {
@@ -1995,7 +2060,7 @@ type ViewRequest struct {
 
 func (x *ViewRequest) Reset() {
 	*x = ViewRequest{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[16]
+	mi := &file_internal_pb_cluster_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2072,7 @@ func (x *ViewRequest) String() string {
 func (*ViewRequest) ProtoMessage() {}
 
 func (x *ViewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[16]
+	mi := &file_internal_pb_cluster_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2085,7 @@ func (x *ViewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ViewRequest.ProtoReflect.Descriptor instead.
 func (*ViewRequest) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{16}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{17}
 }
 
 // ClusterView is every rank's last figures as the answering member holds them.
@@ -2036,7 +2101,7 @@ type ClusterView struct {
 
 func (x *ClusterView) Reset() {
 	*x = ClusterView{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[17]
+	mi := &file_internal_pb_cluster_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2048,7 +2113,7 @@ func (x *ClusterView) String() string {
 func (*ClusterView) ProtoMessage() {}
 
 func (x *ClusterView) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[17]
+	mi := &file_internal_pb_cluster_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2061,7 +2126,7 @@ func (x *ClusterView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterView.ProtoReflect.Descriptor instead.
 func (*ClusterView) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{17}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ClusterView) GetRanks() []*RankFigures {
@@ -2104,7 +2169,7 @@ type RankFigures struct {
 
 func (x *RankFigures) Reset() {
 	*x = RankFigures{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[18]
+	mi := &file_internal_pb_cluster_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2181,7 @@ func (x *RankFigures) String() string {
 func (*RankFigures) ProtoMessage() {}
 
 func (x *RankFigures) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[18]
+	mi := &file_internal_pb_cluster_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2194,7 @@ func (x *RankFigures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankFigures.ProtoReflect.Descriptor instead.
 func (*RankFigures) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{18}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RankFigures) GetRank() int32 {
@@ -2181,7 +2246,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\bhostname\x18\t \x01(\tR\bhostname\x12\x12\n" +
 	"\x04term\x18\f \x01(\x04R\x04term\x12\x14\n" +
 	"\x05agent\x18\r \x01(\tR\x05agentJ\x04\b\n" +
-	"\x10\vJ\x04\b\v\x10\f\"\xcc\a\n" +
+	"\x10\vJ\x04\b\v\x10\f\"\x8d\b\n" +
 	"\bEnvelope\x12\x1f\n" +
 	"\vsender_rank\x18\x01 \x01(\x05R\n" +
 	"senderRank\x12\x1b\n" +
@@ -2209,8 +2274,11 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x04dump\x18\x15 \x01(\v2\x10.memsnap.v1.DumpH\x00R\x04dump\x12/\n" +
 	"\afigures\x18\x16 \x01(\v2\x13.memsnap.v1.FiguresH\x00R\afigures\x12<\n" +
 	"\fview_request\x18\x17 \x01(\v2\x17.memsnap.v1.ViewRequestH\x00R\vviewRequest\x12-\n" +
-	"\x04view\x18\x18 \x01(\v2\x17.memsnap.v1.ClusterViewH\x00R\x04viewB\x06\n" +
-	"\x04body\"\x0f\n" +
+	"\x04view\x18\x18 \x01(\v2\x17.memsnap.v1.ClusterViewH\x00R\x04view\x12?\n" +
+	"\rleader_silent\x18\x19 \x01(\v2\x18.memsnap.v1.LeaderSilentH\x00R\fleaderSilentB\x06\n" +
+	"\x04body\"&\n" +
+	"\fLeaderSilent\x12\x16\n" +
+	"\x06leader\x18\x01 \x01(\tR\x06leader\"\x0f\n" +
 	"\rStatusRequest\"\xc6\x02\n" +
 	"\x06Status\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x03R\x05batch\x12\x17\n" +
@@ -2400,7 +2468,7 @@ func file_internal_pb_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_internal_pb_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_internal_pb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_internal_pb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_internal_pb_cluster_proto_goTypes = []any{
 	(WindowKind)(0),         // 0: memsnap.v1.WindowKind
 	(Step)(0),               // 1: memsnap.v1.Step
@@ -2408,59 +2476,61 @@ var file_internal_pb_cluster_proto_goTypes = []any{
 	(Outcome)(0),            // 3: memsnap.v1.Outcome
 	(*NodeMeta)(nil),        // 4: memsnap.v1.NodeMeta
 	(*Envelope)(nil),        // 5: memsnap.v1.Envelope
-	(*StatusRequest)(nil),   // 6: memsnap.v1.StatusRequest
-	(*Status)(nil),          // 7: memsnap.v1.Status
-	(*Plan)(nil),            // 8: memsnap.v1.Plan
-	(*Ack)(nil),             // 9: memsnap.v1.Ack
-	(*Progress)(nil),        // 10: memsnap.v1.Progress
-	(*RankStep)(nil),        // 11: memsnap.v1.RankStep
-	(*RankResult)(nil),      // 12: memsnap.v1.RankResult
-	(*Cancel)(nil),          // 13: memsnap.v1.Cancel
-	(*SnapshotRequest)(nil), // 14: memsnap.v1.SnapshotRequest
-	(*WindowResult)(nil),    // 15: memsnap.v1.WindowResult
-	(*ClockProbe)(nil),      // 16: memsnap.v1.ClockProbe
-	(*ClockReply)(nil),      // 17: memsnap.v1.ClockReply
-	(*Dump)(nil),            // 18: memsnap.v1.Dump
-	(*Figures)(nil),         // 19: memsnap.v1.Figures
-	(*ViewRequest)(nil),     // 20: memsnap.v1.ViewRequest
-	(*ClusterView)(nil),     // 21: memsnap.v1.ClusterView
-	(*RankFigures)(nil),     // 22: memsnap.v1.RankFigures
-	nil,                     // 23: memsnap.v1.WindowResult.MissingEntry
+	(*LeaderSilent)(nil),    // 6: memsnap.v1.LeaderSilent
+	(*StatusRequest)(nil),   // 7: memsnap.v1.StatusRequest
+	(*Status)(nil),          // 8: memsnap.v1.Status
+	(*Plan)(nil),            // 9: memsnap.v1.Plan
+	(*Ack)(nil),             // 10: memsnap.v1.Ack
+	(*Progress)(nil),        // 11: memsnap.v1.Progress
+	(*RankStep)(nil),        // 12: memsnap.v1.RankStep
+	(*RankResult)(nil),      // 13: memsnap.v1.RankResult
+	(*Cancel)(nil),          // 14: memsnap.v1.Cancel
+	(*SnapshotRequest)(nil), // 15: memsnap.v1.SnapshotRequest
+	(*WindowResult)(nil),    // 16: memsnap.v1.WindowResult
+	(*ClockProbe)(nil),      // 17: memsnap.v1.ClockProbe
+	(*ClockReply)(nil),      // 18: memsnap.v1.ClockReply
+	(*Dump)(nil),            // 19: memsnap.v1.Dump
+	(*Figures)(nil),         // 20: memsnap.v1.Figures
+	(*ViewRequest)(nil),     // 21: memsnap.v1.ViewRequest
+	(*ClusterView)(nil),     // 22: memsnap.v1.ClusterView
+	(*RankFigures)(nil),     // 23: memsnap.v1.RankFigures
+	nil,                     // 24: memsnap.v1.WindowResult.MissingEntry
 }
 var file_internal_pb_cluster_proto_depIdxs = []int32{
-	6,  // 0: memsnap.v1.Envelope.status_request:type_name -> memsnap.v1.StatusRequest
-	7,  // 1: memsnap.v1.Envelope.status:type_name -> memsnap.v1.Status
-	8,  // 2: memsnap.v1.Envelope.plan:type_name -> memsnap.v1.Plan
-	9,  // 3: memsnap.v1.Envelope.ack:type_name -> memsnap.v1.Ack
-	10, // 4: memsnap.v1.Envelope.progress:type_name -> memsnap.v1.Progress
-	12, // 5: memsnap.v1.Envelope.result:type_name -> memsnap.v1.RankResult
-	13, // 6: memsnap.v1.Envelope.cancel:type_name -> memsnap.v1.Cancel
-	14, // 7: memsnap.v1.Envelope.request:type_name -> memsnap.v1.SnapshotRequest
-	15, // 8: memsnap.v1.Envelope.window_result:type_name -> memsnap.v1.WindowResult
-	16, // 9: memsnap.v1.Envelope.clock_probe:type_name -> memsnap.v1.ClockProbe
-	17, // 10: memsnap.v1.Envelope.clock_reply:type_name -> memsnap.v1.ClockReply
-	18, // 11: memsnap.v1.Envelope.dump:type_name -> memsnap.v1.Dump
-	19, // 12: memsnap.v1.Envelope.figures:type_name -> memsnap.v1.Figures
-	20, // 13: memsnap.v1.Envelope.view_request:type_name -> memsnap.v1.ViewRequest
-	21, // 14: memsnap.v1.Envelope.view:type_name -> memsnap.v1.ClusterView
-	1,  // 15: memsnap.v1.Status.state:type_name -> memsnap.v1.Step
-	12, // 16: memsnap.v1.Status.result:type_name -> memsnap.v1.RankResult
-	2,  // 17: memsnap.v1.Ack.code:type_name -> memsnap.v1.AckCode
-	1,  // 18: memsnap.v1.Progress.state:type_name -> memsnap.v1.Step
-	11, // 19: memsnap.v1.Progress.steps:type_name -> memsnap.v1.RankStep
-	1,  // 20: memsnap.v1.RankStep.state:type_name -> memsnap.v1.Step
-	0,  // 21: memsnap.v1.SnapshotRequest.kind:type_name -> memsnap.v1.WindowKind
-	3,  // 22: memsnap.v1.WindowResult.state:type_name -> memsnap.v1.Outcome
-	23, // 23: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
-	0,  // 24: memsnap.v1.WindowResult.kind:type_name -> memsnap.v1.WindowKind
-	0,  // 25: memsnap.v1.Dump.kind:type_name -> memsnap.v1.WindowKind
-	22, // 26: memsnap.v1.ClusterView.ranks:type_name -> memsnap.v1.RankFigures
-	19, // 27: memsnap.v1.RankFigures.figures:type_name -> memsnap.v1.Figures
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	7,  // 0: memsnap.v1.Envelope.status_request:type_name -> memsnap.v1.StatusRequest
+	8,  // 1: memsnap.v1.Envelope.status:type_name -> memsnap.v1.Status
+	9,  // 2: memsnap.v1.Envelope.plan:type_name -> memsnap.v1.Plan
+	10, // 3: memsnap.v1.Envelope.ack:type_name -> memsnap.v1.Ack
+	11, // 4: memsnap.v1.Envelope.progress:type_name -> memsnap.v1.Progress
+	13, // 5: memsnap.v1.Envelope.result:type_name -> memsnap.v1.RankResult
+	14, // 6: memsnap.v1.Envelope.cancel:type_name -> memsnap.v1.Cancel
+	15, // 7: memsnap.v1.Envelope.request:type_name -> memsnap.v1.SnapshotRequest
+	16, // 8: memsnap.v1.Envelope.window_result:type_name -> memsnap.v1.WindowResult
+	17, // 9: memsnap.v1.Envelope.clock_probe:type_name -> memsnap.v1.ClockProbe
+	18, // 10: memsnap.v1.Envelope.clock_reply:type_name -> memsnap.v1.ClockReply
+	19, // 11: memsnap.v1.Envelope.dump:type_name -> memsnap.v1.Dump
+	20, // 12: memsnap.v1.Envelope.figures:type_name -> memsnap.v1.Figures
+	21, // 13: memsnap.v1.Envelope.view_request:type_name -> memsnap.v1.ViewRequest
+	22, // 14: memsnap.v1.Envelope.view:type_name -> memsnap.v1.ClusterView
+	6,  // 15: memsnap.v1.Envelope.leader_silent:type_name -> memsnap.v1.LeaderSilent
+	1,  // 16: memsnap.v1.Status.state:type_name -> memsnap.v1.Step
+	13, // 17: memsnap.v1.Status.result:type_name -> memsnap.v1.RankResult
+	2,  // 18: memsnap.v1.Ack.code:type_name -> memsnap.v1.AckCode
+	1,  // 19: memsnap.v1.Progress.state:type_name -> memsnap.v1.Step
+	12, // 20: memsnap.v1.Progress.steps:type_name -> memsnap.v1.RankStep
+	1,  // 21: memsnap.v1.RankStep.state:type_name -> memsnap.v1.Step
+	0,  // 22: memsnap.v1.SnapshotRequest.kind:type_name -> memsnap.v1.WindowKind
+	3,  // 23: memsnap.v1.WindowResult.state:type_name -> memsnap.v1.Outcome
+	24, // 24: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
+	0,  // 25: memsnap.v1.WindowResult.kind:type_name -> memsnap.v1.WindowKind
+	0,  // 26: memsnap.v1.Dump.kind:type_name -> memsnap.v1.WindowKind
+	23, // 27: memsnap.v1.ClusterView.ranks:type_name -> memsnap.v1.RankFigures
+	20, // 28: memsnap.v1.RankFigures.figures:type_name -> memsnap.v1.Figures
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_internal_pb_cluster_proto_init() }
@@ -2484,6 +2554,7 @@ func file_internal_pb_cluster_proto_init() {
 		(*Envelope_Figures)(nil),
 		(*Envelope_ViewRequest)(nil),
 		(*Envelope_View)(nil),
+		(*Envelope_LeaderSilent)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2491,7 +2562,7 @@ func file_internal_pb_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_pb_cluster_proto_rawDesc), len(file_internal_pb_cluster_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

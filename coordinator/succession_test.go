@@ -1,0 +1,112 @@
+package coordinator
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/rankagent"
+)
+
+// TestSuccessorLeadsBeforeDeathIsDeclared: the leader is cut off from every
+// other member (as a dead host is). Its successor, pinging it directly, holds it
+// silent and leads, and the other rank follows at once, long before memberlist
+// would declare the leader dead (here its suspicion takes a minute: the leader
+// is still one of memberlist's members when the successor leads). A window
+// asked for then is published by the successor. When the cut heals the old
+// leader is heard from again and leads again: each rank counts the silence and
+// that the leader lived.
+func TestSuccessorLeadsBeforeDeathIsDeclared(t *testing.T) {
+	p := &partition{group: map[string]int{}}
+	tc := startCluster(t, 3, func(c *Config, a *rankagent.Config) {
+		if !c.Client {
+			group := 1
+			if c.Identity.Rank == 0 {
+				group = 0
+			}
+			c.Memberlist.Transport = newCutTransport(t, p, group)
+			c.Memberlist.SuspicionMult = 120 // memberlist's own verdict: a minute after the cut
+		}
+	})
+	tc.holding()
+	old := tc.ranks[0].Coord
+	testutil.Eventually(t, time.Minute, "rank 0 leading under a term every rank knows", func() bool {
+		term := old.Term()
+		return old.IsLeader() && term > 0 && tc.ranks[1].Coord.Term() == term && tc.ranks[2].Coord.Term() == term
+	})
+	term := old.Term()
+	succ := tc.ranks[1].Coord
+	// a client on the successor's side of the cut, there before it
+	cfg := DefaultLocalConfig(rankagent.Identity{RunName: tc.run})
+	cfg.Client, cfg.SecretKey, cfg.Logger = true, tc.key, testutil.Logger(t).With("member", "client")
+	cfg.Memberlist.Transport = newCutTransport(t, p, 1)
+	cfg.Memberlist.SuspicionMult = 120
+	cfg.Join = []string{succ.Addr()}
+	cl, stop := runMember(t, cfg)
+	t.Cleanup(stop)
+	testutil.Eventually(t, 30*time.Second, "the client to see rank 0 lead", func() bool { l, ok := cl.Leader(); return ok && l == 0 })
+	p.mu.Lock()
+	p.cut = true
+	p.mu.Unlock()
+	rank0 := NodeName(tc.run, 0)
+	testutil.Eventually(t, 30*time.Second, "rank 1 leading under a newer term, rank 2 following it", func() bool {
+		l, ok := tc.ranks[2].Coord.Leader()
+		return succ.IsLeader() && succ.Term() > term && ok && l == 1
+	})
+	for r := 1; r < 3; r++ {
+		c := tc.ranks[r].Coord
+		if held, alive := c.Silences(); held != 1 || alive != 0 {
+			t.Fatalf("rank %d held the leader silent %d times, heard from again %d", r, held, alive)
+		}
+		if !slices.ContainsFunc(c.memberlist().Members(), func(n *memberlist.Node) bool { return n.Name == rank0 }) {
+			t.Fatalf("rank %d: memberlist declared rank 0 dead already: the successor's silence was not what elected", r)
+		}
+	}
+	// the successor serves a window of the ranks it reaches
+	testutil.Eventually(t, 30*time.Second, "the client to see rank 1 lead", func() bool { l, ok := cl.Leader(); return ok && l == 1 })
+	res, err := cl.Snapshot(testutil.Context(t, 2*time.Minute), 2, nil, nil)
+	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[1 2]" || res.Missing[0] == "" {
+		t.Fatalf("a window asked of the successor: %+v %v", res, err)
+	}
+	p.mu.Lock()
+	p.cut = false
+	p.mu.Unlock()
+	testutil.Eventually(t, time.Minute, "rank 0 leading again, every rank following it", func() bool {
+		for _, rk := range tc.ranks {
+			if l, ok := rk.Coord.Leader(); !ok || l != 0 {
+				return false
+			}
+		}
+		return old.IsLeader() && !succ.IsLeader()
+	})
+	if _, alive := succ.Silences(); alive != 1 {
+		t.Fatalf("rank 1 heard the silent leader again %d times", alive)
+	}
+}
+
+// TestSuccessor: the successor is the lowest rank after the leader's; clients
+// are never one.
+func TestSuccessor(t *testing.T) {
+	c := &Coordinator{members: map[string]*member{}}
+	add := func(name string, rank int32) {
+		c.members[name] = &member{node: &memberlist.Node{Name: name}, meta: &pb.NodeMeta{Rank: rank}}
+	}
+	add("r/rank0", 0)
+	add("r/client", -1)
+	if s := c.successorLocked("r/rank0"); s != "" {
+		t.Fatalf("a lone rank's successor: %q", s)
+	}
+	add("r/rank5", 5)
+	add("r/rank2", 2)
+	add("r/rank3", 3)
+	for leader, want := range map[string]string{"r/rank0": "r/rank2", "r/rank2": "r/rank3", "r/rank5": "", "r/gone": ""} {
+		if s := c.successorLocked(leader); s != want {
+			t.Errorf("the successor of %s: %q, want %q", leader, s, want)
+		}
+	}
+}
