@@ -128,6 +128,7 @@ func productionTimers(c *Config) {
 	c.LeadMargin, c.StatusTimeout, c.JoinGrace, c.RejoinGrace, c.AckTimeout = d.LeadMargin, d.StatusTimeout, d.JoinGrace, d.RejoinGrace, d.AckTimeout
 	c.CollectTimeout, c.ClockInterval, c.PostmortemDeadline = d.CollectTimeout, d.ClockInterval, d.PostmortemDeadline
 	c.MaxWindowWait, c.PublishTimeout, c.SweepInterval, c.RejoinInterval = d.MaxWindowWait, d.PublishTimeout, d.SweepInterval, d.RejoinInterval
+	c.LeaderProbe, c.LeaderSilence = d.LeaderProbe, d.LeaderSilence
 }
 
 // processRSS is this process's resident memory in bytes (0 where /proc has none).

@@ -2,6 +2,7 @@ package runlog
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -65,4 +66,24 @@ func (p *Plan) ShortReason() string {
 		return ""
 	}
 	return p.Reason
+}
+
+// AlertRank is the first rank an alert's window's reason names ("alert:
+// HeadroomLow (rank 3), …", as the metrics API writes it): the rank its
+// findings lead with.
+func AlertRank(reason string) (int, bool) {
+	rest, ok := strings.CutPrefix(reason, ReasonAlert)
+	if !ok {
+		return 0, false
+	}
+	_, after, ok := strings.Cut(rest, "(rank ")
+	if !ok {
+		return 0, false
+	}
+	num, _, ok := strings.Cut(after, ")")
+	n, err := strconv.Atoi(num)
+	if !ok || err != nil || n < 0 || num != strconv.Itoa(n) {
+		return 0, false
+	}
+	return n, true
 }

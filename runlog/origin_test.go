@@ -25,3 +25,18 @@ func TestOrigin(t *testing.T) {
 		}
 	}
 }
+
+// TestAlertRank: the rank an alert's window is about is the first the reason
+// names, as the metrics API writes it; anything else names none.
+func TestAlertRank(t *testing.T) {
+	for reason, want := range map[string]int{"alert: HeadroomLow (rank 3)": 3, "alert: A (rank 12), B (rank 4)": 12, "alert: Leak (rank 0), Other": 0} {
+		if r, ok := AlertRank(reason); !ok || r != want {
+			t.Errorf("%q: rank %d %v, want %d", reason, r, ok, want)
+		}
+	}
+	for _, reason := range []string{"alert: HeadroomLow", "api: x (rank 3)", "alert: A (rank -1)", "alert: A (rank 03)", "alert: A (rank 3", "trigger: rank 3: x"} {
+		if r, ok := AlertRank(reason); ok {
+			t.Errorf("%q names rank %d", reason, r)
+		}
+	}
+}

@@ -258,16 +258,48 @@ func (l *Leader) pushFront(req *pb.Envelope) {
 // already; it reports whether it queued it.
 func (l *Leader) queue(req *pb.Envelope) bool {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if req.Seq != 0 && watching(l.requests, req) {
+		l.mu.Unlock()
 		return false
 	}
+	var evicted *pb.Envelope
 	if len(l.requests) >= maxQueued {
-		l.log.Warn("dropping a request: too many are queued", "from", req.Sender)
-		return false
+		if last := l.requests[len(l.requests)-1]; urgent(req) && !urgent(last) {
+			evicted, l.requests = last, l.requests[:len(l.requests)-1]
+		} else {
+			l.mu.Unlock()
+			l.log.Warn("dropping a request: too many are queued", "from", req.Sender)
+			return false
+		}
 	}
-	l.requests = append(l.requests, req)
+	// a trigger's, an alert's and a post-mortem's window go before the asked
+	// ones (in the order they came): they are about an OOM that may be near
+	i := len(l.requests)
+	if urgent(req) {
+		i = 0
+		for i < len(l.requests) && urgent(l.requests[i]) {
+			i++
+		}
+	}
+	l.requests = slices.Insert(l.requests, i, req)
+	l.mu.Unlock()
+	if evicted != nil {
+		l.answer(evicted, pb.AckCode_ACK_ERROR, "the leader's queue is full of windows that go first (triggers, alerts, post-mortems): ask again later")
+	}
 	return true
+}
+
+// urgent reports whether req asks for a window about an OOM that happened or
+// may be near: a post-mortem, a trigger's or an alert's window.
+func urgent(req *pb.Envelope) bool {
+	r := req.GetRequest()
+	switch {
+	case r == nil || req.WindowId != 0:
+		return false
+	case r.Kind == pb.WindowKind_WINDOW_KIND_OOM || r.Kind == pb.WindowKind_WINDOW_KIND_CRASH || r.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER:
+		return true
+	}
+	return strings.HasPrefix(r.Reason, runlog.ReasonTrigger) || strings.HasPrefix(r.Reason, runlog.ReasonAlert)
 }
 
 // setTriggering says whether a trigger window is in progress.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -365,7 +366,11 @@ func (l *Leader) mergeConfig(w *win, inputs map[int]merge.Input) merge.Config {
 		Align: merge.AlignOffsets, Title: fmt.Sprintf("%s, window %d (batches %d-%d)", run, id, start, stop-1),
 		Window: &sidecar.WindowInfo{ID: id, Start: start, Stop: stop}, MissingReasons: w.m.MissingReasons(), Logger: l.log.With("window", id),
 		Reason: w.reason, Kind: kindName(w.m.Kind), FromAnalyses: true, Supersede: true, Attempt: l.attempt(), Fence: l.fence, Partial: partialOf(w, inputs)}
-	if rank, why, ok := view.TriggerRank(w.reason); ok && w.m.Kind == pb.WindowKind_WINDOW_KIND_TRIGGER {
+	if rank, ok := runlog.AlertRank(w.reason); ok {
+		cfg.Focus = &analysis.Focus{Rank: rank, Why: "alerted: " + strings.TrimPrefix(w.reason, runlog.ReasonAlert)}
+	}
+	// (a trigger that reached a new leader is planned as a window: its reason says)
+	if rank, why, ok := view.TriggerRank(w.reason); ok {
 		cfg.Focus = &analysis.Focus{Rank: rank, Why: "crossed a trigger: " + why}
 		if w.m.Dump {
 			cfg.Title = fmt.Sprintf("%s, trigger (window %d): every rank's history up to rank %d crossing", run, id, rank)

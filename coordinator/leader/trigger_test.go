@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -39,5 +40,44 @@ func TestOneTriggerAtATime(t *testing.T) {
 	}
 	if rank, why, ok := view.TriggerRank(r.GetReason()); r.GetKind() != pb.WindowKind_WINDOW_KIND_TRIGGER || !ok || rank != 1 || why == "" {
 		t.Fatalf("the trigger's request: %v %q", r.GetKind(), r.GetReason())
+	}
+}
+
+// TestUrgentWindowsGoFirst: behind 200 asked windows (each with a reason of its
+// own, so no cooldown merges them), a trigger's window, then a post-mortem, then
+// an alert's go first, in the order they came; a full queue makes room for an
+// urgent window by answering the newest asked one.
+func TestUrgentWindowsGoFirst(t *testing.T) {
+	f := &fakeMember{name: "job/rank0"}
+	cfg := config.Config{}
+	l := New(f, &cfg, slog.New(slog.DiscardHandler))
+	ask := func(i int, kind pb.WindowKind, reason string) *pb.Envelope {
+		return &pb.Envelope{Sender: fmt.Sprintf("job/client-%d", i), SenderRank: -1, Seq: uint64(i + 1),
+			Body: &pb.Envelope_Request{Request: &pb.SnapshotRequest{Kind: kind, Reason: reason}}}
+	}
+	for i := range 200 {
+		l.queue(ask(i, pb.WindowKind_WINDOW_KIND_WINDOW, fmt.Sprintf("api: asked %d", i)))
+	}
+	l.queue(ask(200, pb.WindowKind_WINDOW_KIND_TRIGGER, "trigger: rank 3: growing 24.0 MiB a batch"))
+	l.queue(ask(201, pb.WindowKind_WINDOW_KIND_OOM, "out of memory"))
+	l.queue(ask(202, pb.WindowKind_WINDOW_KIND_WINDOW, "alert: HeadroomLow (rank 3)"))
+	for i, want := range []uint64{201, 202, 203, 1, 2} {
+		if got := l.pop(); got.Seq != want {
+			t.Fatalf("request %d served: seq %d (%q), want %d", i, got.Seq, got.GetRequest().GetReason(), want)
+		}
+	}
+	l.requests = nil
+	for i := range maxQueued {
+		l.queue(ask(i, pb.WindowKind_WINDOW_KIND_WINDOW, fmt.Sprintf("api: asked %d", i)))
+	}
+	if l.queue(ask(maxQueued, pb.WindowKind_WINDOW_KIND_WINDOW, "api: one more")) {
+		t.Fatal("an asked window queued past the limit")
+	}
+	if !l.queue(ask(maxQueued+1, pb.WindowKind_WINDOW_KIND_TRIGGER, "trigger: rank 1: headroom 1.0 GiB")) || l.pop().Seq != maxQueued+2 {
+		t.Fatal("a trigger's window not queued first in a full queue")
+	}
+	told := f.told()
+	if len(told) != 1 || told[0].GetAck().GetOk() || told[0].GetAck().GetCode() != pb.AckCode_ACK_ERROR {
+		t.Fatalf("the asked window that made room was told %v", told)
 	}
 }

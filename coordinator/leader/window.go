@@ -295,6 +295,14 @@ func (l *Leader) awaitRanks(ctx context.Context, p plan) {
 	if len(gone)+len(never) == 0 {
 		return
 	}
+	if p.req != nil && urgent(p.req) {
+		// a trigger's or an alert's window is planned at once: the OOM it is
+		// about may be near, and a rank that is not a member now has its
+		// post-mortem (or its crash's) in the run's log, if it had one
+		l.tellRequest(p.watchers, fmt.Sprintf("ranks %s are not members now: planning without them at once (a trigger's or an alert's window)",
+			analysis.RankRanges(append(append([]int(nil), gone...), never...))))
+		return
+	}
 	now := time.Now()
 	until := map[int]time.Time{}
 	for _, r := range gone {
