@@ -183,6 +183,42 @@ func leaderKilledThenTeardown(t *testing.T, n int, agentArgs ...string) {
 		}
 	}
 
+	// 2a. the leader's successor led before the agents' drain ended (it watches
+	// the leader directly: a new leader about 1 s after the death, where
+	// memberlist took 5 s): the cluster itself published window 1 and the
+	// teardown's crash post-mortem, every survivor in each, before the agents
+	// exited; no finisher was needed
+	publishedLive := func() error {
+		ids, err := rl.PlanIDs(ctx)
+		if err != nil {
+			return err
+		}
+		var pm *runlog.Plan
+		for _, id := range ids {
+			if p, err := rl.ReadPlan(ctx, id); err == nil && p.Kind == runlog.KindCrash {
+				pm = p
+			}
+		}
+		if pm == nil {
+			return errors.New("no crash post-mortem was planned")
+		}
+		for _, id := range []uint64{1, pm.ID} {
+			o, err := rl.ReadOutcome(ctx, id)
+			if err != nil {
+				return fmt.Errorf("window %d has no outcome: %v", id, err)
+			}
+			for _, r := range survivors {
+				if o.State != runlog.Published || !slices.Contains(o.Ranks, r) {
+					return fmt.Errorf("window %d ended %s with ranks %v, not with rank %d (missing %v)", id, o.State, o.Ranks, r, o.Missing)
+				}
+			}
+		}
+		return nil
+	}
+	if err := publishedLive(); err != nil {
+		t.Errorf("before the agents exited: %v", err)
+	}
+
 	// 2. a finisher publishes window 1 with every surviving rank: `memsnap
 	// finish` on a copy of the store as the job left it, then the next launch
 	finishDir := filepath.Join(t.TempDir(), "store")

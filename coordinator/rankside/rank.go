@@ -472,9 +472,17 @@ func (c *Rank) IncidentAck(env *pb.Envelope) bool {
 	if a == nil || inc == nil || env.Seq != inc.seq || env.Sender != inc.asked {
 		return false
 	}
-	if !a.Ok && inc.handedTo == 0 {
+	switch {
+	case a.Ok || inc.handedTo != 0:
+	case a.Code == pb.AckCode_ACK_BAD_REQUEST:
+		// declined: post-mortems are off, or the failure is part of one taken
 		inc.sent = true
 		c.log.Info("no post-mortem takes this rank's snapshot", "why", a.Message)
+	default:
+		// not the leader (any more, or yet: its successor is taking over), or
+		// a leader that cannot plan now: asked again, of whoever leads then
+		inc.asked = ""
+		c.log.Info("the post-mortem was not taken yet; asking again", "code", a.Code, "why", a.Message)
 	}
 	return true
 }
