@@ -172,17 +172,29 @@ func (c *Coordinator) hold(name string) bool {
 		c.gone[name] = goneMember{at: time.Now(), members: len(c.members), silent: true}
 	}
 	c.setMember(name, nil)
+	c.recountLocked()
+	c.mu.Unlock()
+	c.counted(1, 0)
+	return true
+}
+
+// recountLocked keeps the counts read without mu (c.mu held).
+func (c *Coordinator) recountLocked() {
 	c.nmembers.Store(int64(len(c.members)))
 	c.nsilent.Store(int64(len(c.silent)))
-	c.mu.Unlock()
+}
+
+// counted adds to the silences counted (held, and heard from again), and wakes
+// the election.
+func (c *Coordinator) counted(held, alive uint64) {
 	c.silenced.mu.Lock()
-	c.silenced.held++
+	c.silenced.held += held
+	c.silenced.alive += alive
 	c.silenced.mu.Unlock()
 	select {
 	case c.changed <- struct{}{}:
 	default:
 	}
-	return true
 }
 
 // onLeaderSilent takes a successor's notice that the leader is silent.
@@ -263,7 +275,7 @@ func (c *Coordinator) heardFrom(name string) {
 	s := c.silent[name]
 	if s == nil || c.members[name] != nil {
 		delete(c.silent, name)
-		c.nsilent.Store(int64(len(c.silent)))
+		c.recountLocked()
 		c.mu.Unlock()
 		return
 	}
@@ -271,17 +283,10 @@ func (c *Coordinator) heardFrom(name string) {
 	delete(c.gone, name)
 	m := s.m
 	c.setMember(name, &m)
-	c.nmembers.Store(int64(len(c.members)))
-	c.nsilent.Store(int64(len(c.silent)))
+	c.recountLocked()
 	c.mu.Unlock()
-	c.silenced.mu.Lock()
-	c.silenced.alive++
-	c.silenced.mu.Unlock()
 	c.log.Warn("a leader held silent is heard from again: it leads again (a term was taken while it lived)", "silent_leader", name, "silent_for", time.Since(s.at).Round(time.Millisecond))
-	select {
-	case c.changed <- struct{}{}:
-	default:
-	}
+	c.counted(0, 1)
 }
 
 // unsilenceLocked forgets that name is held silent (c.mu held): memberlist has
@@ -291,7 +296,7 @@ func (c *Coordinator) unsilenceLocked(name string, alive bool) {
 		return
 	}
 	delete(c.silent, name)
-	c.nsilent.Store(int64(len(c.silent)))
+	c.recountLocked()
 	if alive {
 		c.silenced.mu.Lock()
 		c.silenced.alive++
