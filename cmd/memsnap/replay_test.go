@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -57,6 +58,10 @@ func TestReplayDefaultRunsUntilInterrupted(t *testing.T) {
 	}
 	if last < past {
 		t.Fatalf("the replay stopped at batch %d (%v); it said:\n%s", last, sc.Err(), out)
+	}
+	// its help says so
+	if _, _, stderr := runCLI(t, "replay", "-h"); !strings.Contains(stderr, "  --batches int\n") || !strings.Contains(stderr, "0, the default: until interrupted") {
+		t.Errorf("memsnap replay -h does not say the default runs until interrupted:\n%s", stderr)
 	}
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
