@@ -19,7 +19,7 @@ import (
 
 var (
 	curveStartRe = regexp.MustCompile(`<path d="M([0-9.]+) [^"]*" stroke="#[0-9a-f]{6}" class="curve[^"]*" data-rank="(\d+)"`)
-	diffRowRe    = regexp.MustCompile(`<tr><td class="l">([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td><td class="(up|down|)">([^<]*)</td><td class="l">([^<]*)</td></tr>`)
+	diffRowRe    = regexp.MustCompile(`<tr><td class="l">([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td><td class="(up|down|)"(?: style="[^"]*")?>([^<]*)</td><td class="l">([^<]*)</td></tr>`)
 )
 
 // TestHTMLDiffAndBatchAxisInChromium: the report shows why rank 3 differs (the

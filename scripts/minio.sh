@@ -8,7 +8,10 @@
 #                              sets the tests' MEMSNAP_TEST_S3_*, the CLI's S3_ENDPOINT_URL,
 #                              AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and
 #                              MEMSNAP_MINIO_STATE, the server's own state folder
-#   scripts/minio.sh stop      stop the server MEMSNAP_MINIO_STATE names and remove its folder
+#   scripts/minio.sh stop      stop the server MEMSNAP_MINIO_STATE names and remove its folder;
+#                              without it, the one server of this user's that start left running
+#                              (start records each in the cache folder's servers/)
+#   scripts/minio.sh stop all  stop every server of this user's that start left running
 #
 # Every start makes its own server: two runs (or two users) never share one. With
 # MEMSNAP_MINIO_STATE set, start reuses the server in that folder if it still runs.
@@ -20,6 +23,7 @@ MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"
 CACHE="${MEMSNAP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/memsnap}"
 BIN="$CACHE/minio-$MINIO_VERSION/minio"
 STATE="${MEMSNAP_MINIO_STATE:-}"
+SERVERS="$CACHE/servers" # one file per server start left running: its state folder's path
 
 log() { echo "minio.sh: $*" >&2; }
 
@@ -62,6 +66,7 @@ start() {
   MINIO_ROOT_USER="$user" MINIO_ROOT_PASSWORD="$pass" MINIO_BROWSER=off MINIO_UPDATE=off \
     nohup "$BIN" server --quiet --address "127.0.0.1:$port" "$STATE/data" >"$STATE/log" 2>&1 &
   echo $! >"$STATE/pid"
+  mkdir -p "$SERVERS" && echo "$STATE" >"$SERVERS/$(basename "$STATE")"
   for _ in $(seq 1 150); do
     if live "$port"; then
       cat >"$STATE/env" <<ENV
@@ -85,22 +90,71 @@ ENV
   stop; exit 1
 }
 
+# alive PID: the MinIO server this script started still runs as PID (a pid reused
+# by another program, or one that exited unreaped, is not)
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  [ -r "/proc/$1/stat" ] || return 0
+  [ "$(cut -d' ' -f3 <"/proc/$1/stat")" != Z ] || return 1
+  tr '\0' ' ' <"/proc/$1/cmdline" | grep -q -- ' server --quiet --address 127.0.0.1:'
+}
+
+# describe STATE: the server's pid, address and data folder, as stop reports them
+describe() {
+  local addr
+  addr=$(sed -n 's|^export MEMSNAP_TEST_S3_ENDPOINT=http://||p' "$1/env" 2>/dev/null || true)
+  echo "MinIO pid $(cat "$1/pid" 2>/dev/null || echo '?') on ${addr:-an unknown address} (data in $1/data)"
+}
+
+# stop_state STATE: stop the server in STATE, remove its folder and its record
+stop_state() {
+  local st=$1 what
+  what=$(describe "$st")
+  if [ -f "$st/pid" ]; then
+    local pid; pid=$(cat "$st/pid")
+    if alive "$pid"; then
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do alive "$pid" || break; sleep 0.1; done
+      if alive "$pid"; then kill -9 "$pid" 2>/dev/null || true; fi
+      log "stopped $what"
+    else
+      log "$what had already exited; removed its folder"
+    fi
+  fi
+  rm -rf "$st"
+  rm -f "$SERVERS/$(basename "$st")"
+}
+
+# running: the state folders of this user's servers that still run, one a line;
+# records of servers that exited are removed with their folders
+running() {
+  local rec st
+  for rec in "$SERVERS"/*; do
+    [ -f "$rec" ] || continue
+    st=$(cat "$rec")
+    if [ -z "$st" ]; then rm -f "$rec"; continue; fi
+    if [ -f "$st/pid" ] && alive "$(cat "$st/pid")"; then echo "$st"
+    else rm -rf "$st"; rm -f "$rec"; fi
+  done
+}
+
 stop() {
-  if [ -z "$STATE" ]; then
-    log "MEMSNAP_MINIO_STATE is not set: nothing to stop (start exports it)"; return
+  if [ -n "$STATE" ]; then stop_state "$STATE"; return; fi
+  local states; states=$(running)
+  if [ -z "$states" ]; then
+    log "nothing to stop: no MinIO that scripts/minio.sh start began runs (none recorded in $SERVERS)"; return
   fi
-  if [ -f "$STATE/pid" ]; then
-    local pid; pid=$(cat "$STATE/pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
+  if [ "$(echo "$states" | wc -l)" -gt 1 ] && [ "${1:-}" != all ]; then
+    log "several MinIO servers run; stop one with MEMSNAP_MINIO_STATE=FOLDER scripts/minio.sh stop, or all with scripts/minio.sh stop all:"
+    while read -r st; do log "  $st: $(describe "$st")"; done <<<"$states"
+    exit 1
   fi
-  rm -rf "$STATE"
+  while read -r st; do stop_state "$st"; done <<<"$states"
 }
 
 case "${1:-}" in
   install) install ;;
   start) start ;;
-  stop) stop ;;
-  *) echo "usage: $0 install|start|stop" >&2; exit 2 ;;
+  stop) stop "${2:-}" ;;
+  *) echo "usage: $0 install|start|stop [all]" >&2; exit 2 ;;
 esac

@@ -281,7 +281,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags(commands["replay"], stderr)
 	sock := fs.String("socket", os.Getenv("MEMSNAP_SOCKET"), "the agent's trainer socket (default $MEMSNAP_SOCKET)")
 	snap := fs.String("snapshot", "", "a recorded torch snapshot to replay")
-	batches := fs.Int64("batches", 20, "batches to run (0: until interrupted)")
+	batches := fs.Int64("batches", 0, "batches to run (0, the default: until interrupted, so there is time to ask for a window with memsnap snapshot)")
 	pace := fs.Duration("pace", 20*time.Millisecond, "the length of one batch")
 	defRank, _ := strconv.Atoi(os.Getenv("RANK")) // (a launcher's: torchrun's RANK, as the hook reads it)
 	rank := fs.Int("rank", max(defRank, 0), "the rank reported to the agent (default $RANK, else 0)")

@@ -511,8 +511,11 @@ type progressPrinter struct {
 	mu      sync.Mutex
 	window  uint64
 	batches string
-	states  map[int]pb.Step
-	last    time.Time
+	// span is the window's batches [start, stop) as the leader planned them
+	// (zero until it says)
+	span   [2]int64
+	states map[int]pb.Step
+	last   time.Time
 }
 
 func newProgressPrinter(w io.Writer, quiet bool) *progressPrinter {
@@ -528,6 +531,7 @@ func (p *progressPrinter) update(u coordinator.Update) {
 	if u.Rank < 0 {
 		if u.State == pb.Step_STEP_PLANNED {
 			p.batches = u.Reason
+			p.span = plannedSpan(u.Reason)
 		}
 		if !p.quiet {
 			line := fmt.Sprintf("window %d %s %s", p.window, coordinator.StepName(u.State), u.Reason)
@@ -553,19 +557,54 @@ func (p *progressPrinter) update(u coordinator.Update) {
 		return
 	}
 	if len(p.states) <= 16 {
-		line := fmt.Sprintf("  rank %-3d %-10s", u.Rank, coordinator.StepName(u.State))
-		if u.Batch >= 0 {
-			line += fmt.Sprintf(" batch %d", u.Batch)
-		}
-		if u.Reason != "" {
-			line += "  " + u.Reason
-		}
-		fmt.Fprintln(p.w, strings.TrimRight(line, " "))
+		fmt.Fprintln(p.w, rankProgressLine(u, p.span))
 		return
 	}
 	if time.Since(p.last) >= time.Second {
 		p.summary()
 	}
+}
+
+// plannedSpan reads the window's batches [start, stop) from the leader's planned
+// step ("batches [12, 15) on 4 of 4 ranks"); zero when it names none.
+func plannedSpan(reason string) [2]int64 {
+	var start, stop int64
+	if n, _ := fmt.Sscanf(reason, "batches [%d, %d)", &start, &stop); n != 2 || start < 0 || stop <= start {
+		return [2]int64{}
+	}
+	return [2]int64{start, stop}
+}
+
+// rankProgressLine is a rank's step as a line: before it records, the batch the
+// rank is at and the window it will record; from recording on, the window's
+// batches (the same on every rank, whichever batch each was at when it said so);
+// else, and when the window's batches are not known, the batch the rank was at.
+func rankProgressLine(u coordinator.Update, span [2]int64) string {
+	line := fmt.Sprintf("  rank %-3d %-10s", u.Rank, coordinator.StepName(u.State))
+	known := span[1] > span[0]
+	batches := fmt.Sprintf("batches %d-%d", span[0], span[1]-1)
+	if span[1]-span[0] == 1 {
+		batches = fmt.Sprintf("batch %d", span[0])
+	}
+	var what []string
+	switch {
+	case known && (u.State == pb.Step_STEP_RECORDING || u.State == pb.Step_STEP_SPOOLED || u.State == pb.Step_STEP_UPLOADED):
+		what = append(what, batches)
+	case known && (u.State == pb.Step_STEP_ACKED || u.State == pb.Step_STEP_ARMED):
+		if u.Batch >= 0 {
+			what = append(what, fmt.Sprintf("at batch %d", u.Batch))
+		}
+		what = append(what, "records "+batches)
+	case u.Batch >= 0:
+		what = append(what, fmt.Sprintf("at batch %d", u.Batch))
+	}
+	if len(what) > 0 {
+		line += " " + strings.Join(what, "; ")
+	}
+	if u.Reason != "" {
+		line += "  " + u.Reason
+	}
+	return strings.TrimRight(line, " ")
 }
 
 func (p *progressPrinter) summary() {

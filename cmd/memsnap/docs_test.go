@@ -89,3 +89,36 @@ func TestDocsAlerting(t *testing.T) {
 		t.Errorf("amtool took a configuration without a route (%v):\n%s", err, out)
 	}
 }
+
+// TestDocsBuildPath: every page that builds memsnap builds it where the README's
+// quick start does (bin/memsnap) and runs it from there, so the pages agree.
+func TestDocsBuildPath(t *testing.T) {
+	root := filepath.Join("..", "..")
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	builds := 0
+	for _, p := range append(pages, filepath.Join(root, "README.md")) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "./memsnap ") && !strings.Contains(line, "./memsnap-") {
+				t.Errorf("%s runs ./memsnap, where the README builds bin/memsnap: %q", p, line)
+			}
+			i := strings.Index(line, "go build -o ")
+			if i < 0 || !strings.Contains(line, "./cmd/memsnap") {
+				continue
+			}
+			builds++
+			if out := strings.Fields(line[i+len("go build -o "):])[0]; out != "bin/memsnap" {
+				t.Errorf("%s builds memsnap as %s, where the README builds bin/memsnap: %q", p, out, line)
+			}
+		}
+	}
+	if builds < 2 {
+		t.Errorf("found %d pages that build memsnap, want the README and docs/testing.md", builds)
+	}
+}

@@ -47,7 +47,7 @@ func OpenDir(root string, create bool) (*Dir, error) {
 			return nil, dirErr("creating folder "+abs, err)
 		}
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, fmt.Errorf("%w: folder %s does not exist", ErrNoBucket, abs)
+		return nil, &missingFolderError{path: abs}
 	case err != nil:
 		return nil, dirErr("folder "+abs, err)
 	case !st.IsDir():
@@ -55,6 +55,16 @@ func OpenDir(root string, create bool) (*Dir, error) {
 	}
 	return &Dir{root: abs}, nil
 }
+
+// missingFolderError is ErrNoBucket for a folder store: it names the folder,
+// and what to do, without a bucket's wording.
+type missingFolderError struct{ path string }
+
+func (e *missingFolderError) Error() string {
+	return "store: the store folder " + e.path + " does not exist (create it, or pass the folder the agents' --store named)"
+}
+
+func (e *missingFolderError) Is(target error) bool { return target == ErrNoBucket }
 
 // dirErr wraps an error about the store's folder: one of permission (or a
 // read-only file system) wraps ErrAccess; a path through a file, or one that can

@@ -285,9 +285,18 @@ func TestS3Errors(t *testing.T) {
 }
 
 func TestDirMissingRoot(t *testing.T) {
-	_, err := OpenDir(t.TempDir()+"/absent", false)
+	absent := t.TempDir() + "/absent"
+	_, err := OpenDir(absent, false)
 	if !errors.Is(err, ErrNoBucket) {
 		t.Fatalf("want ErrNoBucket, got %v", err)
+	}
+	// a folder store is no bucket: the text names the folder and what to do
+	want := "the store folder " + absent + " does not exist (create it, or pass "
+	if msg := err.Error(); !strings.Contains(msg, want) || strings.Contains(msg, "bucket") {
+		t.Fatalf("error %q: want it to say %q, and no bucket", msg, want)
+	}
+	if _, err := Open(context.Background(), Config{URL: absent}); err == nil || !errors.Is(err, ErrNoBucket) || strings.Contains(err.Error(), "bucket") {
+		t.Fatalf("Open of a missing folder: %v", err)
 	}
 	if _, err := OpenDir(t.TempDir()+"/absent", true); err != nil {
 		t.Fatal(err)

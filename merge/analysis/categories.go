@@ -825,6 +825,18 @@ func knownCategory(k string) bool {
 
 // Line says the categories at the peak in one line ("parameters 256.0 MiB,
 // gradients 32.0 MiB, ..."), the empty ones left out.
+// unknownLeads says whether the peak held more unknown bytes than bytes of any
+// category that is known.
+func (c *Categories) unknownLeads() bool {
+	u := c.AtPeak[CatUnknown]
+	for _, n := range CategoryNames {
+		if n != CatUnknown && c.AtPeak[n] >= u {
+			return false
+		}
+	}
+	return u > 0
+}
+
 func (c *Categories) Line() string {
 	var parts []string
 	for _, n := range CategoryNames {

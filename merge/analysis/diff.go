@@ -202,14 +202,15 @@ func diffCategories(b, o *Categories) []CategoryDiff {
 	return out
 }
 
-// CategoryHeadline says in one line which category differs most between the two
-// peaks, and in which module ("rank 3 holds 96.0 MiB more activations, most in
-// forward (model.py:10)"); "" when the sides have no categories or none differs.
+// CategoryHeadline says in one line which known category differs most between
+// the two peaks (unknown only when no known one differs), and in which module
+// ("rank 3 holds 96.0 MiB more activations, most in forward (model.py:10)"); ""
+// when the sides have no categories or none differs.
 func (d *RankDiff) CategoryHeadline() string {
-	if len(d.Categories) == 0 || d.Categories[0].DeltaBytes == 0 {
+	c, ok := d.headlineCategory()
+	if !ok {
 		return ""
 	}
-	c := d.Categories[0]
 	more, n := "more", c.DeltaBytes
 	if n < 0 {
 		more, n = "less", -n
@@ -219,6 +220,26 @@ func (d *RankDiff) CategoryHeadline() string {
 		s += fmt.Sprintf(", %s of it in %s", human(absI64(c.ModuleDeltaBytes)), c.Module)
 	}
 	return s
+}
+
+// headlineCategory is the category CategoryHeadline names: the known category
+// that differs most, or unknown when no known one differs; ok is false when none
+// differs.
+func (d *RankDiff) headlineCategory() (CategoryDiff, bool) {
+	var unknown *CategoryDiff
+	for i, c := range d.Categories { // the largest difference first
+		switch {
+		case c.DeltaBytes == 0:
+		case c.Category != CatUnknown:
+			return c, true
+		case unknown == nil:
+			unknown = &d.Categories[i]
+		}
+	}
+	if unknown == nil {
+		return CategoryDiff{}, false
+	}
+	return *unknown, true
 }
 
 func absI64(n int64) int64 {

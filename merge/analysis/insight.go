@@ -250,17 +250,7 @@ func (s *Summary) Findings() []string {
 	if l := s.focusLine(); l != "" {
 		out = append(out, l)
 	}
-	// what the outlier's peak (or a lone rank's) held
-	for _, r := range s.Ranks {
-		if r.Categories != nil && (len(s.Ranks) == 1 || (s.Spread != nil && r.Rank == s.Spread.OutlierRank && len(s.Spread.OutlierRanks) > 0)) {
-			out = append(out, fmt.Sprintf("rank %d at its peak of %s: %s", r.Rank, HumanBytes(r.PeakAllocatedBytes), r.Categories.Line()))
-		}
-	}
-	if s.Diff != nil {
-		if h := s.Diff.CategoryHeadline(); h != "" {
-			out = append(out, h)
-		}
-	}
+	out = append(out, s.peakFindings()...)
 	var outside []RankSummary
 	truncated, leaking, fragmented := 0, 0, 0
 	for _, r := range s.Ranks {
@@ -316,6 +306,33 @@ func (s *Summary) Findings() []string {
 			line += fmt.Sprintf(" (its own process: %s)", HumanBytes(*p))
 		}
 		out = append(out, line)
+	}
+	return out
+}
+
+// peakFindings says what the outlier's peak (or a lone rank's) held and which
+// category differs most from the rank it is compared with, leading with what is
+// known: when most of that peak is unknown (the trainer did not call watch), a
+// difference in a known category goes first.
+func (s *Summary) peakFindings() []string {
+	var out []string
+	unknownLeads := false
+	for _, r := range s.Ranks {
+		if r.Categories != nil && (len(s.Ranks) == 1 || (s.Spread != nil && r.Rank == s.Spread.OutlierRank && len(s.Spread.OutlierRanks) > 0)) {
+			out = append(out, fmt.Sprintf("rank %d at its peak of %s: %s", r.Rank, HumanBytes(r.PeakAllocatedBytes), r.Categories.Line()))
+			unknownLeads = unknownLeads || r.Categories.unknownLeads()
+		}
+	}
+	if s.Diff == nil {
+		return out
+	}
+	h := s.Diff.CategoryHeadline()
+	switch c, ok := s.Diff.headlineCategory(); {
+	case h == "":
+	case unknownLeads && ok && c.Category != CatUnknown:
+		out = append([]string{h}, out...)
+	default:
+		out = append(out, h)
 	}
 	return out
 }

@@ -142,6 +142,48 @@ type htmlDiff struct {
 	D          *analysis.RankDiff
 	Top, More  []analysis.SiteDiff
 	Base, Othr string
+	// Scale is the largest difference the tables show, which is drawn in the
+	// strongest colour; smaller ones are paler (deltaStyle)
+	Scale int64
+}
+
+// newHTMLDiff is the diff's tables: the first diffRows sites, the rest folded.
+func newHTMLDiff(d *analysis.RankDiff) *htmlDiff {
+	n := min(diffRows, len(d.Sites))
+	h := &htmlDiff{D: d, Top: d.Sites[:n], More: d.Sites[n:], Scale: absBytes(d.PeakDeltaBytes)}
+	for _, c := range d.Categories {
+		h.Scale = max(h.Scale, absBytes(c.DeltaBytes))
+	}
+	for _, st := range h.Top {
+		h.Scale = max(h.Scale, absBytes(st.DeltaBytes))
+	}
+	return h
+}
+
+func absBytes(n int64) int64 { return max(n, -n) }
+
+// deltaStyle colours a difference by its size against scale, the largest the
+// table shows: red for more, green for less, from nearly the text's grey for a
+// small one to full strength (and a tinted cell) for the largest; a difference
+// of 445.5 KiB beside one of 96.8 MiB is barely coloured.
+func deltaStyle(delta, scale int64) template.CSS {
+	if delta == 0 || scale <= 0 {
+		return ""
+	}
+	w := math.Sqrt(min(float64(absBytes(delta))/float64(scale), 1)) // perceived strength
+	full := [3]float64{0xcf, 0x22, 0x2e}
+	if delta < 0 {
+		full = [3]float64{0x1a, 0x7f, 0x37}
+	}
+	grey, white := [3]float64{0x57, 0x60, 0x6a}, [3]float64{0xff, 0xff, 0xff}
+	mix := func(a, b [3]float64, t float64) string {
+		return fmt.Sprintf("#%02x%02x%02x", int(math.Round(a[0]+(b[0]-a[0])*t)), int(math.Round(a[1]+(b[1]-a[1])*t)), int(math.Round(a[2]+(b[2]-a[2])*t)))
+	}
+	css := fmt.Sprintf("color:%s;background-color:%s", mix(grey, full, w), mix(white, full, 0.18*w))
+	if w >= 0.5 {
+		css += ";font-weight:600"
+	}
+	return template.CSS(css)
 }
 
 // Rank is what the report draws of one merged rank: its line of the
@@ -174,8 +216,7 @@ func WriteHTML(w io.Writer, title string, s *analysis.Summary, ranks []*Rank) er
 		}
 	}
 	if s.Diff != nil {
-		n := min(diffRows, len(s.Diff.Sites))
-		v.Diff = &htmlDiff{D: s.Diff, Top: s.Diff.Sites[:n], More: s.Diff.Sites[n:]}
+		v.Diff = newHTMLDiff(s.Diff)
 	}
 	v.Findings = s.Findings()
 	for _, n := range analysis.CategoryNames {
@@ -417,5 +458,5 @@ func gridColumn(c analysis.Curve, shift, t0, t1 int64, n int, unit int64) string
 var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"human": analysis.HumanBytes, "signed": analysis.Signed, "batch": analysis.BatchText, "dash": analysis.OrDash,
 	"only": func(d *analysis.RankDiff, s analysis.SiteDiff) string { return analysis.OnlyText(d, s) },
-	"cat":  analysis.CategoryText,
+	"cat":  analysis.CategoryText, "shade": deltaStyle,
 }).Parse(reportHTML))

@@ -18,7 +18,7 @@ h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}
 #legend span.off{opacity:.35}#legend i{display:inline-block;width:14px;height:4px;margin-right:5px;vertical-align:middle}
 table{border-collapse:collapse;margin:4px 0}th,td{padding:4px 10px;border-bottom:1px solid #d0d7de;text-align:right}
 th{background:#f6f8fa}td.l,th.l{text-align:left}tr.outlier td{background:#fff1e5;font-weight:600}
-td.up{color:#cf222e;font-weight:600}td.down{color:#1a7f37}
+td.up{color:#cf222e}td.down{color:#1a7f37}
 .axis{stroke:#8c959f;stroke-width:1}.grid{stroke:#eaeef2;stroke-width:1}.tick{fill:#57606a;font-size:11px}
 .band{fill:#0969da;fill-opacity:.15;stroke:none}.median{stroke:#0969da;stroke-width:2;fill:none}
 .curve{fill:none;stroke-width:1.6}.picked{stroke-width:2.4}.oom{fill:#cf222e}.batch{stroke:#d0d7de;stroke-dasharray:3 3}
@@ -44,10 +44,10 @@ details{margin:4px 0}summary{cursor:pointer}p.note{color:#57606a;margin:2px 0 8p
 <tr><td class="l">peak allocated</td><td>{{human .D.Base.PeakAllocatedBytes}}</td><td>{{human .D.Other.PeakAllocatedBytes}}</td><td>{{signed .D.PeakDeltaBytes}}</td></tr>
 <tr><td class="l">at batch</td><td>{{batch .D.Base.PeakBatch}}</td><td>{{batch .D.Other.PeakBatch}}</td><td></td></tr>
 <tr><td class="l">in phase</td><td>{{dash .D.Base.PeakPhase}}</td><td>{{dash .D.Other.PeakPhase}}</td><td></td></tr>
-{{range .D.Categories}}<tr class="cat"><td class="l">{{cat .Category}}{{if .Module}} <i>(most in {{.Module}}: {{signed .ModuleDeltaBytes}})</i>{{end}}</td><td>{{human .BaseBytes}}</td><td>{{human .OtherBytes}}</td><td class="{{if gt .DeltaBytes 0}}up{{else if lt .DeltaBytes 0}}down{{end}}">{{signed .DeltaBytes}}</td></tr>
+{{range .D.Categories}}<tr class="cat"><td class="l">{{cat .Category}}{{if .Module}} <i>(most in {{.Module}}: {{signed .ModuleDeltaBytes}})</i>{{end}}</td><td>{{human .BaseBytes}}</td><td>{{human .OtherBytes}}</td><td class="{{if gt .DeltaBytes 0}}up{{else if lt .DeltaBytes 0}}down{{end}}" style="{{shade .DeltaBytes $.Diff.Scale}}">{{signed .DeltaBytes}}</td></tr>
 {{end}}</tbody></table>
 <table id="diff-sites"><thead><tr><th class="l">site alive at the peak</th><th>{{.D.Base.Label}}</th><th>{{.D.Other.Label}}</th><th>difference</th><th class="l"></th></tr></thead><tbody>
-{{$d := .D}}{{range .Top}}<tr><td class="l">{{.Site}}</td><td>{{human .BaseBytes}}</td><td>{{human .OtherBytes}}</td><td class="{{if gt .DeltaBytes 0}}up{{else if lt .DeltaBytes 0}}down{{end}}">{{signed .DeltaBytes}}</td><td class="l">{{only $d .}}</td></tr>
+{{$d := .D}}{{range .Top}}<tr><td class="l">{{.Site}}</td><td>{{human .BaseBytes}}</td><td>{{human .OtherBytes}}</td><td class="{{if gt .DeltaBytes 0}}up{{else if lt .DeltaBytes 0}}down{{end}}" style="{{shade .DeltaBytes $.Diff.Scale}}">{{signed .DeltaBytes}}</td><td class="l">{{only $d .}}</td></tr>
 {{end}}</tbody></table>
 {{if .More}}<details><summary>{{len .More}} more sites</summary><table><tbody>
 {{range .More}}<tr><td class="l">{{.Site}}</td><td>{{human .BaseBytes}}</td><td>{{human .OtherBytes}}</td><td>{{signed .DeltaBytes}}</td><td class="l">{{only $d .}}</td></tr>
