@@ -205,21 +205,11 @@ func spreadLines(v *pb.ClusterView) []string {
 		}
 	}
 	if fast.Figures.Growth > 0 {
-		lines = append(lines, fmt.Sprintf("fastest growth: rank %d, %s a batch", fast.Rank, growthText(fast.Figures.Growth)))
+		lines = append(lines, fmt.Sprintf("fastest growth: rank %d, +%s", fast.Rank, analysis.GrowthText(fast.Figures.Growth)))
 	} else {
 		lines = append(lines, "no rank grows")
 	}
 	return lines
-}
-
-func growthText(g float64) string {
-	switch {
-	case g > 0:
-		return "+" + analysis.HumanBytes(int64(g))
-	case g < 0:
-		return "-" + analysis.HumanBytes(int64(-g))
-	}
-	return "0"
 }
 
 // viewJSON is the leader's view as --json prints it.

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -230,13 +231,13 @@ func nonEmptyNode(s string) string {
 	return s
 }
 
-// shortGrowth is growthText in shortBytes's units.
+// shortGrowth is a growth per batch, signed, in shortBytes's units.
 func shortGrowth(g float64) string {
 	switch {
 	case g > 0:
-		return "+" + shortBytes(int64(g))
+		return "+" + shortBytes(int64(math.Round(g)))
 	case g < 0:
-		return "-" + shortBytes(int64(-g))
+		return "-" + shortBytes(int64(math.Round(-g)))
 	}
 	return "0"
 }
