@@ -240,30 +240,9 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 	case *pb.Envelope_Result:
 		result(b.Result)
 	case *pb.Envelope_Request:
-		if b.Request.Batches < 0 || b.Request.Batches > 1<<20 {
-			t.Fatalf("accepted a request for %d batches", b.Request.Batches)
-		}
-		inRank("request failed rank", b.Request.FailedRank, true)
-		known("request kind", int32(b.Request.Kind), pb.WindowKind_name)
-		short(b.Request.Reason, b.Request.Cause)
-		if b.Request.Batch != nil && *b.Request.Batch < 0 {
-			t.Fatalf("accepted a post-mortem at batch %d", *b.Request.Batch)
-		}
+		checkAcceptedRequest(t, b.Request)
 	case *pb.Envelope_WindowResult:
-		w := b.WindowResult
-		if len(w.Outputs) > 64 || len(w.Ranks) > sidecar.MaxRanks || len(w.Missing) > sidecar.MaxRanks {
-			t.Fatalf("accepted a result of %d outputs, %d ranks, %d missing", len(w.Outputs), len(w.Ranks), len(w.Missing))
-		}
-		for _, r := range w.Ranks {
-			inRank("result rank", r, false)
-		}
-		for r, why := range w.Missing {
-			inRank("missing rank", r, false)
-			short(why)
-		}
-		short(w.Outputs...)
-		known("result state", int32(w.State), pb.Outcome_name)
-		short(w.Manifest, w.Store, w.Error)
+		checkAcceptedWindowResult(t, b.WindowResult)
 	case *pb.Envelope_Cancel:
 		short(b.Cancel.Reason)
 	case *pb.Envelope_Dump:
@@ -271,6 +250,56 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 		short(b.Dump.Reason)
 	case *pb.Envelope_View:
 		checkAcceptedIncidents(t, b.View.Incidents)
+	}
+}
+
+// checkAcceptedRequest checks an accepted request, independently of CheckEnvelope.
+func checkAcceptedRequest(t *testing.T, r *pb.SnapshotRequest) {
+	t.Helper()
+	if r.Batches < 0 || r.Batches > 1<<20 || r.Batch != nil && *r.Batch < 0 {
+		t.Fatalf("accepted a request for %d batches, at batch %v", r.Batches, r.Batch)
+	}
+	if r.FailedRank >= sidecar.MaxRanks || r.FailedRank < -1 {
+		t.Fatalf("accepted request failed rank %d", r.FailedRank)
+	}
+	if _, ok := pb.WindowKind_name[int32(r.Kind)]; !ok {
+		t.Fatalf("accepted request kind %d", r.Kind)
+	}
+	acceptedShort(t, r.Reason, r.Cause)
+}
+
+// checkAcceptedWindowResult checks an accepted window's result, independently
+// of CheckEnvelope.
+func checkAcceptedWindowResult(t *testing.T, w *pb.WindowResult) {
+	t.Helper()
+	if len(w.Outputs) > 64 || len(w.Ranks) > sidecar.MaxRanks || len(w.Missing) > sidecar.MaxRanks {
+		t.Fatalf("accepted a result of %d outputs, %d ranks, %d missing", len(w.Outputs), len(w.Ranks), len(w.Missing))
+	}
+	for _, r := range w.Ranks {
+		if r < 0 || r >= sidecar.MaxRanks {
+			t.Fatalf("accepted result rank %d", r)
+		}
+	}
+	for r, why := range w.Missing {
+		if r < 0 || r >= sidecar.MaxRanks {
+			t.Fatalf("accepted missing rank %d", r)
+		}
+		acceptedShort(t, why)
+	}
+	acceptedShort(t, w.Outputs...)
+	if _, ok := pb.Outcome_name[int32(w.State)]; !ok {
+		t.Fatalf("accepted result state %d", w.State)
+	}
+	acceptedShort(t, w.Manifest, w.Store, w.Error)
+}
+
+// acceptedShort fails t for a string longer than MaxString or not UTF-8.
+func acceptedShort(t *testing.T, ss ...string) {
+	t.Helper()
+	for _, s := range ss {
+		if len(s) > MaxString || !utf8.ValidString(s) {
+			t.Fatalf("accepted a field of %d bytes (valid UTF-8: %v)", len(s), utf8.ValidString(s))
+		}
 	}
 }
 
