@@ -6,10 +6,9 @@ import (
 	"testing"
 )
 
-
 // series is the allocated bytes at the end of every batch of a synthetic job: 4
-// GiB made at the first batch, flat through a warm-up, then a leak of leak bytes
-// a batch from batch from on, with uniform noise of ±noise bytes (seeded).
+// GiB, flat through a warm-up, then leak bytes more a batch after batch from,
+// with uniform noise of ±noise bytes (seeded).
 func series(batches, from int, leak, noise int64) []int64 {
 	rng := rand.New(rand.NewPCG(1, 2))
 	y := make([]int64, batches)
@@ -42,10 +41,10 @@ func oldLiveGrowth(pts []GrowthPoint) float64 {
 // MiB a batch (±2 MiB of noise at each batch's end). Its agent sees a report
 // every 8 batches and keeps the last 16; a trigger of 128 MiB over 10 batches
 // fires at the first report whose growth crosses it. The old live estimate said
-// 15.0 MiB a batch there (a report straddling the leak's start is the median),
-// while the window taken after it found 24.0 MiB; now the live estimate at the
-// trigger and the window's leak agree within 1 MiB a batch, and say it the same
-// way.
+// 15.0 MiB a batch when it crossed (the report straddling the leak's start was
+// its median), while the window taken after it found 24.0 MiB; now the live
+// estimate at the trigger and the window's leak agree within 1 MiB a batch (the
+// noise's share), and without noise say it alike: "24.0 MiB a batch".
 func TestGrowthLiveAgreesWithWindow(t *testing.T) {
 	for _, noise := range []int64{0, 2 * mib} {
 		y := series(200, 42, 24*mib, noise)
