@@ -100,6 +100,7 @@ type Coordinator struct {
 	metaSent   metaKey            // what the gossiped metadata last said
 	waiting    map[uint64]*waiter // replies a request waits for, by its random seq
 	views      map[int]rankView   // every rank's last memory figures, as received (view.go)
+	incidents  map[int]incident   // every rank's latest OOM or crash, as the leader heard of it (view.go)
 	dropped    int
 	refused    refusals
 	changed    chan struct{}      // membership changed

@@ -112,6 +112,7 @@ func (c *Coordinator) handle(env *pb.Envelope) {
 		}
 		c.toLeader(env)
 	case *pb.Envelope_Request:
+		c.noteIncident(env, b.Request)
 		c.toLeader(env)
 	case *pb.Envelope_Figures:
 		c.onFigures(env, b.Figures)

@@ -257,6 +257,16 @@ func TestOOMPostmortem(t *testing.T) {
 			t.Fatalf("rank %d's input %s, want a %s", in.Rank, in.Source, want)
 		}
 	}
+	// the leader's view carries rank 2's OOM, at the batch it hit it (memsnap top says it)
+	var incs []*pb.RankIncident
+	for _, r := range tc.ranks {
+		if r.Coord.IsLeader() {
+			incs = r.Coord.View().Incidents
+		}
+	}
+	if len(incs) != 1 || incs[0].Rank != 2 || incs[0].Kind != pb.WindowKind_WINDOW_KIND_OOM || incs[0].Batch != 3 || incs[0].Cause != "out of memory" {
+		t.Fatalf("the leader's view's incidents: %v", incs)
+	}
 }
 
 // TestSchedule: with Composer's schedule the leader records by itself once every

@@ -4,10 +4,15 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/memsnap/memsnap/coordinator/view"
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/rankagent"
 )
 
@@ -28,6 +33,62 @@ type memoryReader interface {
 // newer report: after that the rank is out of the view (its agent or trainer is
 // gone), not shown with its last figures forever.
 const viewStale = 3
+
+// incidentKeep is how long the view carries a rank's incident (its latest OOM
+// or crash) after this member heard of it.
+const incidentKeep = 10 * time.Minute
+
+// incident is a rank's latest OOM or crash, from its post-mortem request.
+type incident struct {
+	inc   *pb.RankIncident // (its age set as the view is answered)
+	heard time.Time
+}
+
+// noteIncident keeps, on the leader, what a rank's post-mortem request says of
+// its OOM or crash (only that rank may say it), for the view: memsnap top says
+// "out of memory at batch N" or "crashed: CAUSE" of it.
+func (c *Coordinator) noteIncident(env *pb.Envelope, r *pb.SnapshotRequest) {
+	oomOrCrash := r.Kind == pb.WindowKind_WINDOW_KIND_OOM || r.Kind == pb.WindowKind_WINDOW_KIND_CRASH
+	if !oomOrCrash || r.FailedRank != env.SenderRank || !c.isRankMember(env) {
+		return
+	}
+	inc := &pb.RankIncident{Rank: r.FailedRank, Kind: r.Kind, Cause: analysis.CutUTF8(r.Cause, wire.MaxIncidentCause), Batch: -1, AtUs: max(r.AtUs, 0)}
+	if r.Batch != nil {
+		inc.Batch = *r.Batch
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ws := c.cfg.Identity.WorldSize; c.lead == nil || ws > 0 && int(r.FailedRank) >= ws {
+		return
+	}
+	if c.incidents == nil {
+		c.incidents = map[int]incident{}
+	}
+	c.incidents[int(r.FailedRank)] = incident{inc: inc, heard: time.Now()}
+}
+
+// viewIncidents are the incidents heard of within incidentKeep, at most
+// wire.MaxViewIncidents of them (the latest), by rank. Called with c.mu held.
+func (c *Coordinator) viewIncidents(now time.Time) []*pb.RankIncident {
+	var keep []incident
+	for r, ri := range c.incidents {
+		if now.Sub(ri.heard) > incidentKeep {
+			delete(c.incidents, r)
+			continue
+		}
+		keep = append(keep, ri)
+	}
+	sort.Slice(keep, func(i, j int) bool { return keep[i].heard.After(keep[j].heard) })
+	keep = keep[:min(len(keep), wire.MaxViewIncidents)]
+	out := make([]*pb.RankIncident, len(keep))
+	for i, ri := range keep {
+		in := proto.Clone(ri.inc).(*pb.RankIncident)
+		in.AgeMs = now.Sub(ri.heard).Milliseconds()
+		out[i] = in
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Rank < out[j].Rank })
+	return out
+}
 
 // rankView is one rank's last figures as this member received them.
 type rankView struct {
@@ -93,7 +154,7 @@ func (c *Coordinator) onFigures(env *pb.Envelope, f *pb.Figures) {
 }
 
 // View is this member's view of the job's memory: every rank's last figures,
-// the lowest headroom first.
+// the lowest headroom first, and the ranks' latest incidents.
 func (c *Coordinator) View() *pb.ClusterView {
 	now := time.Now()
 	c.mu.Lock()
@@ -109,6 +170,7 @@ func (c *Coordinator) View() *pb.ClusterView {
 		}
 		v.Ranks = append(v.Ranks, &pb.RankFigures{Rank: int32(r), Figures: rv.f, AgeMs: now.Sub(rv.at).Milliseconds(), Node: rv.node})
 	}
+	v.Incidents = c.viewIncidents(now)
 	c.mu.Unlock()
 	// (a rank that leads keeps its own figures as the others send theirs)
 	v.Reporting = int32(len(v.Ranks))

@@ -3,11 +3,14 @@ package coordinator
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/memsnap/memsnap/coordinator/leader"
 	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/testutil"
@@ -96,8 +99,9 @@ func TestClusterView(t *testing.T) {
 	testutil.Eventually(t, time.Minute, "the new leader's view", complete(1, 1, 2, 3))
 }
 
-// TestViewFitsAMessage: the leader's view of 16,384 ranks with long host names
-// fits one message (it holds the 4,096 lowest headrooms and says how many report),
+// TestViewFitsAMessage: the leader's view of 16,384 ranks with long host names,
+// every one crashed, fits one message (it holds the 4,096 lowest headrooms and
+// says how many report, and the latest 1,024 incidents),
 // and the member that asked can decode it.
 func TestViewFitsAMessage(t *testing.T) {
 	c := &Coordinator{cfg: Config{FiguresInterval: time.Second, Identity: rankagent.Identity{WorldSize: 16384}}, views: map[int]rankView{}}
@@ -105,6 +109,12 @@ func TestViewFitsAMessage(t *testing.T) {
 		c.views[r] = rankView{at: time.Now(), node: fmt.Sprintf("gpu-node-%05d.cluster.example.org", r/8),
 			f: &pb.Figures{Batch: 123456, Allocated: 70 << 30, Reserved: 75 << 30, Peak: 74 << 30, DeviceTotal: 80 << 30, DeviceUsed: 76 << 30,
 				Headroom: int64(r) << 20, Growth: 1.5e6, AtUs: time.Now().UnixMicro()}}
+	}
+	// and every rank crashed, each with a cause as long as the view keeps
+	c.incidents = map[int]incident{}
+	for r := 0; r < 16384; r++ {
+		c.incidents[r] = incident{heard: time.Now(), inc: &pb.RankIncident{Rank: int32(r), Kind: pb.WindowKind_WINDOW_KIND_CRASH,
+			Cause: strings.Repeat("c", wire.MaxIncidentCause), Batch: 123456, AtUs: time.Now().UnixMicro()}}
 	}
 	env := &pb.Envelope{Sender: "run/rank0", Body: &pb.Envelope_View{View: c.boundedView()}}
 	b, err := proto.Marshal(env)
@@ -116,7 +126,59 @@ func TestViewFitsAMessage(t *testing.T) {
 		t.Fatalf("%d bytes: %v", len(b), err)
 	}
 	v := got.GetView()
-	if v.Reporting != 16384 || len(v.Ranks) != maxViewRanks || v.Ranks[0].Figures.Headroom != 0 {
+	if v.Reporting != 16384 || len(v.Ranks) != maxViewRanks || v.Ranks[0].Figures.Headroom != 0 || len(v.Incidents) != wire.MaxViewIncidents {
 		t.Fatalf("%d reporting, %d ranks, first %v", v.Reporting, len(v.Ranks), v.Ranks[0])
+	}
+}
+
+// TestViewCarriesIncidents: the leader's view carries each rank's latest OOM or
+// crash as its post-mortem request told it (only that rank's own request, only
+// an OOM or a crash, only while leading, its cause cut short), whether or not
+// the rank still reports figures, for incidentKeep; the view with them fits a
+// message.
+func TestViewCarriesIncidents(t *testing.T) {
+	c := &Coordinator{cfg: Config{FiguresInterval: time.Second, Identity: rankagent.Identity{RunName: "run", WorldSize: 4}}, members: map[string]*member{}}
+	for r := range 4 {
+		name := NodeName("run", r)
+		c.members[name] = &member{node: &memberlist.Node{Name: name}}
+	}
+	ask := func(from int32, req *pb.SnapshotRequest) {
+		c.noteIncident(&pb.Envelope{Sender: NodeName("run", int(max(from, 0))), SenderRank: from, Body: &pb.Envelope_Request{Request: req}}, req)
+	}
+	oom := &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_OOM, FailedRank: 2, Cause: "out of memory", AtUs: 1700000000000000, Batch: proto.Int64(120)}
+	ask(2, oom)
+	if v := c.View(); len(v.Incidents) != 0 {
+		t.Fatalf("a member that does not lead keeps incidents: %v", v.Incidents)
+	}
+	c.lead = &leader.Leader{}
+	ask(2, oom)
+	ask(3, &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_CRASH, FailedRank: 3, Cause: "SIGTERM " + strings.Repeat("x", 1000), AtUs: 1700000000000000})
+	ask(3, &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_OOM, FailedRank: 1, Cause: "out of memory"}) // another rank's
+	ask(-1, &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_CRASH, FailedRank: -1, Cause: "x"})         // not a rank
+	ask(0, &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_WINDOW, FailedRank: 0, Reason: "asked"})     // a window
+	c.views = map[int]rankView{0: {f: &pb.Figures{Batch: 121, DeviceTotal: 80 << 30, Headroom: 9 << 30}, at: time.Now()}}
+	v := c.View()
+	if len(v.Ranks) != 1 || len(v.Incidents) != 2 {
+		t.Fatalf("view %v", v)
+	}
+	a, b := v.Incidents[0], v.Incidents[1]
+	if a.Rank != 2 || a.Kind != pb.WindowKind_WINDOW_KIND_OOM || a.Batch != 120 || a.Cause != "out of memory" || a.AtUs != 1700000000000000 || a.AgeMs < 0 {
+		t.Fatalf("rank 2's OOM: %v", a)
+	}
+	if b.Rank != 3 || b.Kind != pb.WindowKind_WINDOW_KIND_CRASH || b.Batch != -1 || !strings.HasPrefix(b.Cause, "SIGTERM") || len(b.Cause) > wire.MaxIncidentCause {
+		t.Fatalf("rank 3's crash: %v", b)
+	}
+	env := &pb.Envelope{Sender: "run/rank0", Body: &pb.Envelope_View{View: v}}
+	if raw, err := proto.Marshal(env); err != nil {
+		t.Fatal(err)
+	} else if got, err := wire.DecodeEnvelope(raw); err != nil || len(got.GetView().Incidents) != 2 {
+		t.Fatalf("the view does not decode: %v", err)
+	}
+	// kept for incidentKeep, then gone
+	c.mu.Lock()
+	c.incidents[2] = incident{inc: c.incidents[2].inc, heard: time.Now().Add(-incidentKeep - time.Second)}
+	c.mu.Unlock()
+	if v := c.View(); len(v.Incidents) != 1 || v.Incidents[0].Rank != 3 {
+		t.Fatalf("after incidentKeep: %v", v.Incidents)
 	}
 }

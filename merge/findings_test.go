@@ -45,7 +45,7 @@ func TestFindingsInEveryOutput(t *testing.T) {
 func TestFindingsInChromium(t *testing.T) {
 	_, out := findingsMerge(t)
 	dom, _ := browse(t, filepath.Join(out, "merged.html"))
-	for _, want := range []string{"<li>rank 1: allocated grows 8.0 MiB per batch over 6 batches; " + testjob.LeakSite,
+	for _, want := range []string{"<li>rank 1: allocated grows 8.0 MiB a batch over 6 batches; " + testjob.LeakSite,
 		`<table class="leak" id="leak-1">`, "<li>rank 1: history truncated: 40 events reached --max-entries 40"} {
 		if !strings.Contains(dom, want) {
 			t.Fatalf("the rendered report lacks %q", want)
@@ -78,7 +78,7 @@ func checkFindings(t *testing.T, res *Result, out string) {
 		t.Fatalf("rank 0: %+v; rank 1: leak %v truncated %v outside %v", res.Summary.Ranks[0], r1.Leak, r1.Truncated, r1.OutsideAllocator)
 	}
 	f := strings.Join(res.Summary.Findings(), "\n")
-	for _, want := range []string{"rank 1: history truncated", "rank 1: allocated grows 8.0 MiB per batch over 6 batches; " + testjob.LeakSite,
+	for _, want := range []string{"rank 1: history truncated", "rank 1: allocated grows 8.0 MiB a batch over 6 batches; " + testjob.LeakSite,
 		"outside the allocator (NVML device used less reserved) at the peak: median 300.0 MiB, most 400.0 MiB on rank 1"} {
 		if !strings.Contains(f, want) {
 			t.Fatalf("findings\n%s\nlack %q", f, want)
@@ -91,7 +91,7 @@ func checkFindings(t *testing.T, res *Result, out string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`<ul id="findings">`, "rank 1: allocated grows 8.0 MiB per batch", `id="leak-1"`, testjob.LeakSite, "outside allocator"} {
+	for _, want := range []string{`<ul id="findings">`, "rank 1: allocated grows 8.0 MiB a batch", `id="leak-1"`, testjob.LeakSite, "outside allocator"} {
 		if !bytes.Contains(html, []byte(want)) {
 			t.Fatalf("the report lacks %q", want)
 		}

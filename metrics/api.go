@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -29,7 +31,9 @@ import (
 //	                           its firing alerts, the alerts' names the reason
 //
 // Bodies are bounded (maxBody); a reason asked again within the cooldown is
-// answered without a second window.
+// answered without a second window, and the windows asked of the leader,
+// whatever their reasons, are at most WindowsPerMinute a minute (a token
+// bucket): beyond it a request is refused with 429 and a Retry-After.
 
 // maxBody bounds a request's body (an Alertmanager payload of many alerts fits).
 const maxBody = 1 << 20
@@ -44,9 +48,59 @@ type API struct {
 	// at once (the window is planned and published in the background).
 	Ask      func(reason string) error
 	Cooldown time.Duration // the least time between two windows of one reason
+	// WindowsPerMinute bounds the windows this agent asks of the leader, whatever
+	// their reasons: a bucket of as many, refilled at as many a minute (0:
+	// DefaultWindowsPerMinute).
+	WindowsPerMinute int
 
-	mu    sync.Mutex
-	asked map[string]time.Time
+	mu     sync.Mutex
+	asked  map[string]time.Time
+	tokens float64   // the bucket's windows left
+	filled time.Time // when tokens was last refilled
+	now    func() time.Time
+}
+
+// DefaultWindowsPerMinute is the default bound of the windows one agent's API
+// asks for a minute: a window stalls every rank for its batches.
+const DefaultWindowsPerMinute = 4
+
+// perMinute is WindowsPerMinute, or its default.
+func (a *API) perMinute() int {
+	if a.WindowsPerMinute <= 0 {
+		return DefaultWindowsPerMinute
+	}
+	return a.WindowsPerMinute
+}
+
+// take takes a window from the bucket, or says how long until one is there.
+// Called with a.mu held.
+func (a *API) take() (ok bool, wait time.Duration) {
+	n := a.perMinute()
+	now := time.Now()
+	if a.now != nil {
+		now = a.now()
+	}
+	perSec := float64(n) / 60
+	if a.filled.IsZero() {
+		a.tokens = float64(n)
+	} else if d := now.Sub(a.filled); d > 0 {
+		a.tokens = min(float64(n), a.tokens+d.Seconds()*perSec)
+	}
+	a.filled = now
+	if a.tokens >= 1 {
+		a.tokens--
+		return true, 0
+	}
+	return false, time.Duration((1 - a.tokens) / perSec * float64(time.Second))
+}
+
+// refuseRate answers a request beyond the bucket: 429, with a Retry-After in
+// whole seconds.
+func (a *API) refuseRate(w http.ResponseWriter, wait time.Duration) {
+	n := a.perMinute()
+	secs := int64(math.Ceil(wait.Seconds()))
+	w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+	reply(w, http.StatusTooManyRequests, "error", fmt.Sprintf("this agent asks the leader for at most %d windows a minute, whatever their reasons (--api-windows-per-minute); the next no sooner than in %d s", n, max(secs, 1)))
 }
 
 // LoadToken reads a bearer token from file: its owner's, not open to others
@@ -204,11 +258,17 @@ func (a *API) askAs(w http.ResponseWriter, reason, key string) {
 		reply(w, http.StatusTooManyRequests, "error", "too many different reasons within the cooldown")
 		return
 	}
+	if ok, wait := a.take(); !ok {
+		a.mu.Unlock()
+		a.refuseRate(w, wait)
+		return
+	}
 	a.asked[key] = time.Now()
 	a.mu.Unlock()
 	if err := a.Ask(reason); err != nil {
 		a.mu.Lock()
 		delete(a.asked, key)
+		a.tokens = min(a.tokens+1, float64(a.perMinute())) // no window was asked for
 		a.mu.Unlock()
 		reply(w, http.StatusServiceUnavailable, "error", err.Error())
 		return

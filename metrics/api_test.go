@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -149,6 +150,52 @@ func TestAPIHostileReasons(t *testing.T) {
 		if !utf8.ValidString(r) || strings.ContainsAny(r, "\u202e\u0085") {
 			t.Fatalf("reason %q", r)
 		}
+	}
+}
+
+// TestAPIWindowsPerMinute: 200 windows asked with 200 different reasons ask the
+// leader for only the bucket's windows; the others are refused with 429, a
+// Retry-After and why; a window is back after a minute over the bound, and a
+// reason asked again within its cooldown takes none.
+func TestAPIWindowsPerMinute(t *testing.T) {
+	api, srv, asked := apiServer(t)
+	api.WindowsPerMinute = 5
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	api.now = func() time.Time { return clock }
+	post := func(reason string) (int, string, string) {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/api/v1/window", strings.NewReader(fmt.Sprintf(`{"reason":%q}`, reason)))
+		req.Header.Set("Authorization", "Bearer "+string(api.Token))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Retry-After"), string(b)
+	}
+	codes := map[int]int{}
+	for i := range 200 {
+		code, retry, body := post(fmt.Sprintf("reason %d", i))
+		codes[code]++
+		if code == 429 && (retry != "12" || !strings.Contains(body, "at most 5 windows a minute")) {
+			t.Fatalf("request %d: 429 with Retry-After %q: %s", i, retry, body)
+		}
+	}
+	if codes[202] != 5 || codes[429] != 195 || len(*asked) != 5 {
+		t.Fatalf("answers %v, asked %d of the leader", codes, len(*asked))
+	}
+	if code, _, _ := post("reason 0"); code != 200 { // its cooldown, not the bucket
+		t.Fatalf("a reason asked again: %d", code)
+	}
+	clock = clock.Add(12 * time.Second)
+	if code, _, _ := post("reason 200"); code != 202 {
+		t.Fatalf("a window a fifth of a minute later: %d", code)
+	}
+	if code, retry, _ := post("reason 201"); code != 429 || retry != "12" {
+		t.Fatalf("the next: %d, Retry-After %q", code, retry)
+	}
+	if len(*asked) != 6 {
+		t.Fatalf("asked %d of the leader", len(*asked))
 	}
 }
 

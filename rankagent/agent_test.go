@@ -658,6 +658,29 @@ func TestMemoryMessages(t *testing.T) {
 	}
 }
 
+// TestMemoryGrowthAfterWarmUp: a trainer flat for 42 batches that then leaks 24
+// MiB a batch, reporting every 8 batches: the agent's growth is 0 until the leak
+// holds for three reports, then 24 MiB a batch, never the 15 MiB a batch of the
+// report that straddles the leak's start (a window measures 24: see
+// analysis.TestGrowthLiveAgreesWithWindow).
+func TestMemoryGrowthAfterWarmUp(t *testing.T) {
+	a := &Agent{}
+	for b := int64(7); b < 200; b += 8 {
+		alloc := int64(4 << 30)
+		if b > 42 {
+			alloc += (b - 42) * 24 << 20
+		}
+		a.noteMemoryLocked(b, Memory{Allocated: alloc, Reserved: 80 << 30, Peak: alloc, DeviceTotal: 80 << 30})
+		v, _ := a.Memory()
+		if v.Growth != 0 && v.Growth != 24<<20 {
+			t.Fatalf("at batch %d: growth %v", b, v.Growth)
+		}
+		if b >= 71 && v.Growth != 24<<20 {
+			t.Fatalf("at batch %d, three reports into the leak: growth %v", b, v.Growth)
+		}
+	}
+}
+
 // TestLongWindow: a window of more batches than one socket line can mark (here
 // 1,500; up to 1,048,576 may be asked for) is recorded whole: the snapshot
 // message on the socket says its marks are in the file beside the snapshot, and

@@ -3,8 +3,9 @@ package rankagent
 import (
 	"io/fs"
 	"path/filepath"
-	"slices"
 	"time"
+
+	"github.com/memsnap/memsnap/merge/analysis"
 )
 
 // The trainer's live memory: the hook reports its allocator's figures at the end
@@ -30,9 +31,10 @@ type MemoryView struct {
 	// (reserved − peak, at least 0). Fragmentation can make it less.
 	Headroom int64
 	// Growth is the allocated bytes added per batch (at the end of a batch, when a
-	// step's temporaries are freed): the median of the growth per batch from each
-	// report kept to the next, so a leak grows it and a one-time step (the
-	// optimizer's state made at the first step, a warm-up) does not. Zero until
+	// step's temporaries are freed), over the reports kept, as a window measures
+	// a leak (analysis.GrowthPerBatch): the pace of the latest steady stretch, so
+	// a leak grows it, a one-time step (the optimizer's state made at the first
+	// step) does not, and a warm-up before a leak is not averaged in. Zero until
 	// growthSteps such steps arrived.
 	Growth float64
 }
@@ -70,7 +72,7 @@ func (a *Agent) Memory() (MemoryView, bool) {
 		return MemoryView{}, false
 	}
 	last := a.mem[len(a.mem)-1]
-	growth := medianGrowth(a.mem)
+	growth := growthOf(a.mem)
 	d, pid := a.device, a.hookPID
 	a.mu.Unlock()
 	v := MemoryView{Batch: last.batch, At: last.at, Memory: last.m}
@@ -93,24 +95,19 @@ func (a *Agent) Memory() (MemoryView, bool) {
 // with three, one jump among them is not a leak.
 const growthSteps = 3
 
-// medianGrowth is the median, over consecutive reports of later batches, of the
-// allocated bytes added per batch; 0 with fewer than growthSteps of them.
-func medianGrowth(mem []memoryReport) float64 {
-	var rates []float64
-	for i := 1; i < len(mem); i++ {
-		if db := mem[i].batch - mem[i-1].batch; db > 0 {
-			rates = append(rates, float64(mem[i].m.Allocated-mem[i-1].m.Allocated)/float64(db))
-		}
+// growthOf is the allocated bytes added per batch over the reports kept
+// (analysis.GrowthPerBatch, the estimate a window's leak is measured with); 0
+// with fewer than growthSteps steps.
+func growthOf(mem []memoryReport) float64 {
+	pts := make([]analysis.GrowthPoint, len(mem))
+	for i, r := range mem {
+		pts[i] = analysis.GrowthPoint{Batch: r.batch, Bytes: r.m.Allocated}
 	}
-	if len(rates) < growthSteps {
+	g, steps := analysis.GrowthPerBatch(pts)
+	if steps < growthSteps {
 		return 0
 	}
-	slices.Sort(rates)
-	n := len(rates)
-	if n%2 == 1 {
-		return rates[n/2]
-	}
-	return (rates[n/2-1] + rates[n/2]) / 2
+	return g
 }
 
 // SpoolBytes is the size of what the spool holds: snapshots waiting for the

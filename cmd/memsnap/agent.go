@@ -69,7 +69,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	stopMetrics, err := serveMetrics(ctx, f.metricsAddr, f.apiToken, cfg.Identity, a, member, f.lf, log)
+	stopMetrics, err := serveMetrics(ctx, f.metricsAddr, f.apiToken, f.apiRate, cfg.Identity, a, member, f.lf, log)
 	if err != nil {
 		return err
 	}
@@ -79,15 +79,15 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // agentFlags are memsnap agent's flags.
 type agentFlags struct {
-	fs                                                       *flag.FlagSet
-	storeURL, runName, folder, spool, filename, remote       string
-	rank, localRank, nodeRank, world, localWorld, maxEntries int
-	overwrite, standalone, requireGPU, recordAlways          bool
-	socket, window, stacks, metricsAddr, apiToken            string
-	figuresEvery, drain                                      time.Duration
-	mf                                                       memberFlags
-	lf                                                       leaderFlags
-	sf                                                       storeFlags
+	fs                                                                *flag.FlagSet
+	storeURL, runName, folder, spool, filename, remote                string
+	rank, localRank, nodeRank, world, localWorld, maxEntries, apiRate int
+	overwrite, standalone, requireGPU, recordAlways                   bool
+	socket, window, stacks, metricsAddr, apiToken                     string
+	figuresEvery, drain                                               time.Duration
+	mf                                                                memberFlags
+	lf                                                                leaderFlags
+	sf                                                                storeFlags
 }
 
 // parse reads args into f: the flags up to "--", and what follows it (the
@@ -119,6 +119,7 @@ func (f *agentFlags) parse(c *command, args []string, stderr io.Writer) ([]strin
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at [HOST]:PORT/metrics, PORT plus the local rank (no HOST: loopback only; 0.0.0.0:PORT for every interface)")
 	fs.DurationVar(&f.figuresEvery, "figures-every", coordinator.DefaultConfig(rankagent.Identity{}).FiguresInterval, "how often this rank sends its trainer's memory figures to the leader (memsnap top, triggers, the leader's metrics)")
 	fs.StringVar(&f.apiToken, "api-token-file", "", "with --metrics-addr: also take POST /api/v1/window and Alertmanager's webhook at /api/v1/alertmanager, with this file's bearer token")
+	fs.IntVar(&f.apiRate, "api-windows-per-minute", metrics.DefaultWindowsPerMinute, "with --api-token-file: the most windows this agent's API asks for a minute, whatever their reasons (more are refused with 429)")
 	fs.DurationVar(&f.drain, "drain-timeout", 2*time.Minute, "with a COMMAND: how long to wait for uploads after it exits (a second Ctrl-C stops the wait)")
 	f.sf.register(fs)
 	// flags stop at "--"; what follows is the trainer's command
@@ -347,7 +348,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 // serveMetrics checks the flags of live memory and serves the metrics (and the
 // window endpoint, with a token file) while the agent runs; stop ends them.
-func serveMetrics(ctx context.Context, addrFlag, tokenFile string, id rankagent.Identity, a *rankagent.Agent, member *coordinator.Rank,
+func serveMetrics(ctx context.Context, addrFlag, tokenFile string, apiRate int, id rankagent.Identity, a *rankagent.Agent, member *coordinator.Rank,
 	lf leaderFlags, log *slog.Logger) (stop func(), err error) {
 	stop = func() {}
 	if tokenFile != "" && addrFlag == "" {
@@ -369,11 +370,14 @@ func serveMetrics(ctx context.Context, addrFlag, tokenFile string, id rankagent.
 		if member == nil {
 			return stop, errors.New("--api-token-file: a standalone agent has no leader to ask for a window")
 		}
+		if apiRate < 1 {
+			return stop, fmt.Errorf("--api-windows-per-minute %d: at least 1", apiRate)
+		}
 		tok, err := metrics.LoadToken(tokenFile)
 		if err != nil {
 			return stop, err
 		}
-		api = &metrics.API{Token: tok, Cooldown: lf.cooldown, Ask: askWindow(ctx, member.Coord, log)}
+		api = &metrics.API{Token: tok, Cooldown: lf.cooldown, WindowsPerMinute: apiRate, Ask: askWindow(ctx, member.Coord, log)}
 	}
 	addr, err := metrics.ForLocalRank(addrFlag, id.LocalRank)
 	if err != nil {

@@ -205,21 +205,11 @@ func spreadLines(v *pb.ClusterView) []string {
 		}
 	}
 	if fast.Figures.Growth > 0 {
-		lines = append(lines, fmt.Sprintf("fastest growth: rank %d, %s a batch", fast.Rank, growthText(fast.Figures.Growth)))
+		lines = append(lines, fmt.Sprintf("fastest growth: rank %d, +%s", fast.Rank, analysis.GrowthText(fast.Figures.Growth)))
 	} else {
 		lines = append(lines, "no rank grows")
 	}
 	return lines
-}
-
-func growthText(g float64) string {
-	switch {
-	case g > 0:
-		return "+" + analysis.HumanBytes(int64(g))
-	case g < 0:
-		return "-" + analysis.HumanBytes(int64(-g))
-	}
-	return "0"
 }
 
 // viewJSON is the leader's view as --json prints it.
@@ -248,11 +238,31 @@ func viewJSON(run string, v *pb.ClusterView, now time.Time) any {
 		LeaderRank int32  `json:"leader_rank"`
 		Reporting  int    `json:"reporting"` // ranks with figures; ranks holds the lowest headroom first, at most 4,096
 		Ranks      []rank `json:"ranks"`
-	}{Run: run, At: now.UTC().Format(time.RFC3339), WorldSize: v.WorldSize, LeaderRank: v.LeaderRank, Reporting: max(int(v.Reporting), len(v.Ranks)), Ranks: []rank{}}
+		// the ranks' latest OOM or crash, as the leader heard of it
+		Incidents []incidentJSON `json:"incidents"`
+	}{Run: run, At: now.UTC().Format(time.RFC3339), WorldSize: v.WorldSize, LeaderRank: v.LeaderRank, Reporting: max(int(v.Reporting), len(v.Ranks)), Ranks: []rank{},
+		Incidents: []incidentJSON{}}
 	for _, r := range v.Ranks {
 		f := r.Figures
 		out.Ranks = append(out.Ranks, rank{r.Rank, r.Node, f.Batch, f.Allocated, f.Reserved, f.Peak, f.InactiveSplit, f.AllocRetries, f.Ooms,
 			f.DeviceUsed, f.DeviceTotal, f.Headroom, f.Growth, float64(r.AgeMs) / 1000})
 	}
+	for _, in := range v.Incidents {
+		kind := "crash"
+		if in.Kind == pb.WindowKind_WINDOW_KIND_OOM {
+			kind = "oom"
+		}
+		out.Incidents = append(out.Incidents, incidentJSON{in.Rank, kind, in.Cause, in.Batch, time.UnixMicro(in.AtUs).UTC().Format(time.RFC3339Nano), float64(in.AgeMs) / 1000})
+	}
 	return out
+}
+
+// incidentJSON is a rank's incident as --json prints it.
+type incidentJSON struct {
+	Rank       int32   `json:"rank"`
+	Kind       string  `json:"kind"` // "oom" or "crash"
+	Cause      string  `json:"cause"`
+	Batch      int64   `json:"batch"` // -1: not known
+	At         string  `json:"at"`    // the rank's clock
+	AgeSeconds float64 `json:"age_seconds"`
 }

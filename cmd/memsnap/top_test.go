@@ -203,3 +203,70 @@ func TestTopEscapesNames(t *testing.T) {
 		t.Fatalf("%q", b.String())
 	}
 }
+
+// TestTopSaysIncidents: a rank whose OOM or crash the leader's view carries is
+// told as "out of memory at batch N" or "crashed: CAUSE" (escaped), ranks told
+// alike on one line, not among the other fates; top remembers them once a view
+// no longer carries them (a new leader), says them at its end, and --json
+// holds them.
+func TestTopSaysIncidents(t *testing.T) {
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	fig := func(rank int32, batch, ooms, ageMs int64) *pb.RankFigures {
+		return &pb.RankFigures{Rank: rank, Node: "n", AgeMs: ageMs, Figures: &pb.Figures{Batch: batch, Allocated: 1 << 30, DeviceTotal: 80 << 30, Headroom: 10 << 30, Ooms: ooms}}
+	}
+	crash := func(rank int32, cause string, batch int64) *pb.RankIncident {
+		return &pb.RankIncident{Rank: rank, Kind: pb.WindowKind_WINDOW_KIND_CRASH, Cause: cause, Batch: batch, AtUs: now.UnixMicro(), AgeMs: 2000}
+	}
+	v := &pb.ClusterView{WorldSize: 7, Reporting: 3, LeaderRank: 0, Ranks: []*pb.RankFigures{fig(0, 121, 0, 1000), fig(1, 121, 0, 1000), fig(2, 120, 1, 9000)},
+		Incidents: []*pb.RankIncident{{Rank: 2, Kind: pb.WindowKind_WINDOW_KIND_OOM, Cause: "out of memory", Batch: 120, AtUs: now.UnixMicro(), AgeMs: 8000},
+			crash(3, "\x1b[2Jkilled", -1), crash(4, "SIGTERM", 88), crash(5, "SIGTERM", 88)}}
+	ms := []*pb.NodeMeta{{Rank: 0}, {Rank: 1}, {Rank: 2}, {Rank: 6}}
+	w := newTopWatch("job42", 2*time.Second)
+	var b strings.Builder
+	if w.step(&b, v, nil, ms, 10, 80, now) {
+		t.Fatal("ended")
+	}
+	out := b.String()
+	fits(t, out, 80)
+	for _, want := range []string{"\nrank 2: out of memory at batch 120\n", "\nrank 3: crashed: \\x1b[2Jkilled\n", "\nranks 4-5: crashed: SIGTERM (batch 88)\n",
+		"not reported yet (no trainer connected, or no batch ended): rank 6"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\x1b") || strings.Contains(out, "by batch 120") || strings.Contains(out, "not a member") {
+		t.Errorf("an incident told raw, or twice:\n%s", out)
+	}
+	// a new leader heard of none of them: top still tells them, and at its end
+	b.Reset()
+	w.step(&b, &pb.ClusterView{WorldSize: 7, Reporting: 2, LeaderRank: 1, Ranks: []*pb.RankFigures{fig(0, 125, 0, 1000), fig(1, 125, 0, 1000)}}, nil, ms, 10, 80, now.Add(5*time.Second))
+	if !strings.Contains(b.String(), "rank 2: out of memory at batch 120") || !strings.Contains(b.String(), "ranks 4-5: crashed: SIGTERM") {
+		t.Fatalf("after a new leader:\n%s", b.String())
+	}
+	w.noRanksSince = now
+	if end := strings.Join(w.endLines(now.Add(time.Minute), 80), "\n"); !strings.HasPrefix(end, "rank 2: out of memory at batch 120\n") || strings.Contains(end, "by batch") {
+		t.Fatalf("the end: %q", end)
+	}
+	raw, err := json.Marshal(viewJSON("job42", v, now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(raw); !strings.Contains(s, `{"rank":2,"kind":"oom","cause":"out of memory","batch":120,"at":"2026-12-05T12:00:00Z","age_seconds":8}`) ||
+		!strings.Contains(s, `"rank":3,"kind":"crash","cause":"\u001b[2Jkilled","batch":-1`) {
+		t.Fatalf("--json: %s", s)
+	}
+}
+
+// TestTopIncidentLinesAreBounded: a teardown that crashed every rank with its
+// own cause is told in at most maxIncidentLines lines and one that counts the
+// rest.
+func TestTopIncidentLinesAreBounded(t *testing.T) {
+	incs := map[int32]*pb.RankIncident{}
+	for r := int32(0); r < 100; r++ {
+		incs[r] = &pb.RankIncident{Rank: r, Kind: pb.WindowKind_WINDOW_KIND_CRASH, Cause: fmt.Sprintf("signal %d", r), Batch: -1}
+	}
+	lines := incidentLines(incs, 80)
+	if len(lines) != maxIncidentLines+1 || lines[0] != "rank 0: crashed: signal 0" || lines[maxIncidentLines] != "… and 94 more ranks out of memory or crashed (--json for every one)" {
+		t.Fatalf("%q", lines)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/termtext"
 	"github.com/memsnap/memsnap/merge/analysis"
 )
 
@@ -44,14 +45,18 @@ type rankFate struct {
 
 // fates sorts the ranks of v's job that do not report fresh figures by what
 // became of them, rank order within each. seen holds earlier views' figures
-// and members the ranks that are members (nil: neither known). Ranks a view
-// cut to its first ranks does not hold are not judged.
-func fates(v *pb.ClusterView, seen map[int32]seenRank, members map[int32]string, now time.Time) [numFates][]rankFate {
+// and members the ranks that are members (nil: neither known); the ranks of
+// told (their incidents, told by incidentLines) are left out. Ranks a view cut
+// to its first ranks does not hold are not judged.
+func fates(v *pb.ClusterView, seen map[int32]seenRank, members map[int32]string, told map[int32]*pb.RankIncident, now time.Time) [numFates][]rankFate {
 	var out [numFates][]rankFate
 	in := map[int32]bool{}
+	for r := range told {
+		in[r] = true
+	}
 	for _, r := range v.Ranks {
 		in[r.Rank] = true
-		if late(r) {
+		if late(r) && told[r.Rank] == nil {
 			k := fateLate
 			if r.Figures.Ooms > 0 {
 				k = fateOOM
@@ -152,4 +157,61 @@ func listLine(head string, items []string, width int) string {
 		s += sep + it
 	}
 	return strings.TrimSuffix(s, " ")
+}
+
+// maxIncidentLines is the most lines top gives the ranks' incidents; the rest
+// are counted in one more.
+const maxIncidentLines = 6
+
+// incidentText says what a rank's incident was: "out of memory at batch 120",
+// "crashed: SIGTERM (batch 88)".
+func incidentText(in *pb.RankIncident) string {
+	if in.Kind == pb.WindowKind_WINDOW_KIND_OOM {
+		if in.Batch >= 0 {
+			return fmt.Sprintf("out of memory at batch %d", in.Batch)
+		}
+		return "out of memory"
+	}
+	s := "crashed"
+	if in.Cause != "" {
+		s += ": " + termtext.Escape(in.Cause, 64)
+	}
+	if in.Batch >= 0 {
+		s += fmt.Sprintf(" (batch %d)", in.Batch)
+	}
+	return s
+}
+
+// incidentLines are the ranks' incidents, a line each, ranks told alike on one
+// line ("ranks 4-7: crashed: SIGTERM (batch 88)"), the lowest rank first, at
+// most maxIncidentLines and a line that counts the rest.
+func incidentLines(incs map[int32]*pb.RankIncident, width int) []string {
+	by := map[string][]int{}
+	for r, in := range incs {
+		t := incidentText(in)
+		by[t] = append(by[t], int(r))
+	}
+	texts := make([]string, 0, len(by))
+	for t, ranks := range by {
+		sort.Ints(ranks)
+		texts = append(texts, t)
+	}
+	sort.Slice(texts, func(i, j int) bool { return by[texts[i]][0] < by[texts[j]][0] })
+	var lines []string
+	for i, t := range texts {
+		if i == maxIncidentLines {
+			rest := 0
+			for _, t := range texts[i:] {
+				rest += len(by[t])
+			}
+			lines = append(lines, fmt.Sprintf("… and %d more ranks out of memory or crashed (--json for every one)", rest))
+			break
+		}
+		noun := "rank "
+		if len(by[t]) > 1 {
+			noun = "ranks "
+		}
+		lines = append(lines, fitLine(noun+analysis.RankRanges(by[t])+": "+t, width))
+	}
+	return lines
 }

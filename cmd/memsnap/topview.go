@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,12 +45,13 @@ type topWatch struct {
 	run          string
 	every        time.Duration
 	seen         map[int32]seenRank
-	noRanks      int       // consecutive tries that found no rank a member
-	noRanksSince time.Time // the first of them
+	incidents    map[int32]*pb.RankIncident // every rank's latest OOM or crash the views told
+	noRanks      int                        // consecutive tries that found no rank a member
+	noRanksSince time.Time                  // the first of them
 }
 
 func newTopWatch(run string, every time.Duration) *topWatch {
-	return &topWatch{run: run, every: every, seen: map[int32]seenRank{}}
+	return &topWatch{run: run, every: every, seen: map[int32]seenRank{}, incidents: map[int32]*pb.RankIncident{}}
 }
 
 // step writes one refresh to b: the view v (or the error asking for it) with
@@ -78,7 +80,10 @@ func (w *topWatch) step(b *strings.Builder, v *pb.ClusterView, err error, member
 	for _, r := range v.Ranks {
 		w.seen[r.Rank] = seenRank{f: r, at: now.Add(-time.Duration(r.AgeMs) * time.Millisecond)}
 	}
-	renderView(b, topFrame{run: w.run, view: v, seen: w.seen, members: ranks, rows: rows, width: width, now: now})
+	for _, in := range v.Incidents {
+		w.incidents[in.Rank] = in
+	}
+	renderView(b, topFrame{run: w.run, view: v, seen: w.seen, incidents: w.incidents, members: ranks, rows: rows, width: width, now: now})
 	return false
 }
 
@@ -87,11 +92,11 @@ func (w *topWatch) step(b *strings.Builder, v *pb.ClusterView, err error, member
 func (w *topWatch) endLines(now time.Time, width int) []string {
 	var oom []string
 	for _, r := range seenOrder(w.seen) {
-		if f := w.seen[r].f.Figures; f.Ooms > 0 {
+		if f := w.seen[r].f.Figures; f.Ooms > 0 && w.incidents[r] == nil {
 			oom = append(oom, fmt.Sprintf("%d by batch %d", r, f.Batch))
 		}
 	}
-	var lines []string
+	lines := incidentLines(w.incidents, width)
 	if len(oom) > 0 {
 		noun := "rank "
 		if len(oom) > 1 {
@@ -126,13 +131,14 @@ func seenOrder(m map[int32]seenRank) []int32 {
 
 // topFrame is what one refresh shows.
 type topFrame struct {
-	run     string
-	view    *pb.ClusterView
-	seen    map[int32]seenRank // every rank's last figures top saw (nil: none)
-	members map[int32]string   // the ranks that are members, with their hosts (nil: not known)
-	rows    int                // ranks in the table
-	width   int                // columns every line fits in
-	now     time.Time
+	run       string
+	view      *pb.ClusterView
+	seen      map[int32]seenRank         // every rank's last figures top saw (nil: none)
+	incidents map[int32]*pb.RankIncident // every rank's latest OOM or crash top heard of (nil: none)
+	members   map[int32]string           // the ranks that are members, with their hosts (nil: not known)
+	rows      int                        // ranks in the table
+	width     int                        // columns every line fits in
+	now       time.Time
 }
 
 // renderView writes the job's memory: a header, how the ranks spread, a table
@@ -167,7 +173,10 @@ func renderView(w io.Writer, f topFrame) {
 			fmt.Fprintln(w, fitLine(fmt.Sprintf("… and %d more ranks, with more headroom (--rows, or --json for every rank)", more), f.width))
 		}
 	}
-	for _, l := range fateLines(fates(v, f.seen, f.members, f.now), f.width) {
+	for _, l := range incidentLines(f.incidents, f.width) {
+		fmt.Fprintln(w, fitLine(l, f.width))
+	}
+	for _, l := range fateLines(fates(v, f.seen, f.members, f.incidents, f.now), f.width) {
 		fmt.Fprintln(w, fitLine(l, f.width))
 	}
 }
@@ -230,13 +239,13 @@ func nonEmptyNode(s string) string {
 	return s
 }
 
-// shortGrowth is growthText in shortBytes's units.
+// shortGrowth is a growth per batch, signed, in shortBytes's units.
 func shortGrowth(g float64) string {
 	switch {
 	case g > 0:
-		return "+" + shortBytes(int64(g))
+		return "+" + shortBytes(int64(math.Round(g)))
 	case g < 0:
-		return "-" + shortBytes(int64(-g))
+		return "-" + shortBytes(int64(math.Round(-g)))
 	}
 	return "0"
 }

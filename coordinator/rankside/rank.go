@@ -295,6 +295,7 @@ func (c *Rank) sendResult(leader string, window uint64, r *pb.RankResult) {
 type incident struct {
 	kind       pb.WindowKind
 	cause      string
+	batch      int64          // the batch it failed at (-1: not known)
 	at         time.Time      // when, on this host's clock
 	result     *pb.RankResult // the snapshot the trainer took, once stored
 	noSnapshot string         // why there will be none
@@ -425,7 +426,7 @@ func (c *Rank) incidentStart(kind pb.WindowKind, cause string, ev rankagent.Wind
 	c.mu.Lock()
 	inc := c.inc
 	if inc == nil || !inc.fresh(c.cfg.IncidentHold()) || inc.sent {
-		inc = &incident{kind: kind, cause: cause, at: at}
+		inc = &incident{kind: kind, cause: cause, batch: ev.Batch, at: at}
 		c.inc = inc
 	} else if kind == pb.WindowKind_WINDOW_KIND_CRASH && inc.kind == pb.WindowKind_WINDOW_KIND_OOM {
 		// an OOM the trainer did not survive: one incident, now a crash
@@ -452,6 +453,9 @@ func (c *Rank) askPostmortem(inc *incident, at time.Time) {
 	inc.asked, inc.askedAt = leader, time.Now()
 	inc.seq = wire.NewSeq()
 	req := &pb.SnapshotRequest{Kind: inc.kind, FailedRank: c.rank(), Cause: inc.cause, AtUs: at.UnixMicro(), Reason: inc.cause}
+	if b := inc.batch; b >= 0 {
+		req.Batch = &b
+	}
 	seq := inc.seq
 	c.mu.Unlock()
 	env := c.cl.Envelope(0)
@@ -501,7 +505,7 @@ func (c *Rank) incidentSnapshot(r *pb.RankResult, none string) {
 				kind, cause = pb.WindowKind_WINDOW_KIND_OOM, "out of memory"
 			}
 		}
-		inc = &incident{kind: kind, at: time.Now(), cause: cause}
+		inc = &incident{kind: kind, at: time.Now(), cause: cause, batch: -1}
 		c.inc = inc
 	}
 	var send *pb.RankResult

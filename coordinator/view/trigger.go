@@ -58,9 +58,9 @@ func (t Triggers) Crossed(rank int, f *pb.Figures) string {
 	}
 	switch {
 	case grows:
-		parts = append(parts, fmt.Sprintf("growing %s a batch (%s or more over %d batches)", analysis.HumanBytes(int64(f.Growth)), analysis.HumanBytes(t.GrowthBytes), n))
+		parts = append(parts, fmt.Sprintf("growing %s (%s or more over %d batches)", analysis.GrowthText(f.Growth), analysis.HumanBytes(t.GrowthBytes), n))
 	case f.Growth > 0:
-		parts = append(parts, fmt.Sprintf("growing %s a batch", analysis.HumanBytes(int64(f.Growth))))
+		parts = append(parts, "growing "+analysis.GrowthText(f.Growth))
 	}
 	return fmt.Sprintf("rank %d: %s", rank, strings.Join(parts, ", "))
 }

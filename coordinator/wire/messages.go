@@ -24,6 +24,10 @@ const (
 	maxStepUs = int64(math.MaxInt64 / time.Microsecond)
 	// MaxWindowID bounds window ids, so that the next id never wraps around
 	MaxWindowID = uint64(1) << 53
+	// MaxViewIncidents bounds the incidents a view carries, and MaxIncidentCause
+	// each one's cause: with the view's 4,096 ranks' figures, within MaxMessage.
+	MaxViewIncidents = 1024
+	MaxIncidentCause = 256
 )
 
 var errMalformed = errors.New("coordinator: malformed message")
@@ -169,6 +173,32 @@ func checkView(v *pb.ClusterView) error {
 			return bad("age %d, node of %d bytes", r.AgeMs, len(r.Node))
 		}
 	}
+	return checkIncidents(v.Incidents)
+}
+
+// checkIncidents checks a view's incidents: at most MaxViewIncidents, one a
+// rank, each an OOM or a crash with a short cause.
+func checkIncidents(incs []*pb.RankIncident) error {
+	if len(incs) > MaxViewIncidents {
+		return bad("a view of %d incidents", len(incs))
+	}
+	seen := make(map[int32]bool, len(incs))
+	for _, in := range incs {
+		if err := checkRank("incident of rank", in.Rank, false); err != nil {
+			return err
+		}
+		switch {
+		case seen[in.Rank]:
+			return bad("two incidents of rank %d", in.Rank)
+		case in.Kind != pb.WindowKind_WINDOW_KIND_OOM && in.Kind != pb.WindowKind_WINDOW_KIND_CRASH:
+			return bad("an incident of kind %d", in.Kind)
+		case len(in.Cause) > MaxIncidentCause:
+			return bad("an incident's cause of %d bytes", len(in.Cause))
+		case in.Batch < -1 || in.Batch > maxFigure || in.AtUs < 0 || in.AgeMs < 0:
+			return bad("an incident at batch %d, %d us, %d ms ago", in.Batch, in.AtUs, in.AgeMs)
+		}
+		seen[in.Rank] = true
+	}
 	return nil
 }
 
@@ -308,6 +338,9 @@ func checkRequest(r *pb.SnapshotRequest) error {
 	}
 	if err := checkEnum("request kind", int32(r.Kind), pb.WindowKind_name); err != nil {
 		return err
+	}
+	if r.Batch != nil && (*r.Batch < 0 || *r.Batch > maxFigure) {
+		return bad("a post-mortem at batch %d", *r.Batch)
 	}
 	return checkLong(r.Reason, r.Cause)
 }

@@ -48,6 +48,8 @@ func envelopeSeeds() []*pb.Envelope {
 			e.Body = &pb.Envelope_Dump{Dump: b}
 		case *pb.LeaderSilent:
 			e.Body = &pb.Envelope_LeaderSilent{LeaderSilent: b}
+		case *pb.ClusterView:
+			e.Body = &pb.Envelope_View{View: b}
 		}
 		return e
 	}
@@ -76,6 +78,12 @@ func envelopeSeeds() []*pb.Envelope {
 		env(1, 0, &pb.ClockReply{T0Us: 1700000000000000, TUs: 1700000000000123}),
 		env(0, 4, &pb.Dump{Reason: "oom", FailedRank: 2, Kind: pb.WindowKind_WINDOW_KIND_OOM}),
 		env(1, 0, &pb.LeaderSilent{Leader: "run/rank0"}),
+		env(2, 0, &pb.SnapshotRequest{Reason: "out of memory", FailedRank: 2, Kind: pb.WindowKind_WINDOW_KIND_OOM, Cause: "out of memory", AtUs: 1700000000000000,
+			Batch: proto.Int64(120)}),
+		env(0, 0, &pb.ClusterView{WorldSize: 4, LeaderRank: 0, Reporting: 1,
+			Ranks: []*pb.RankFigures{{Rank: 1, Node: "n1", AgeMs: 900, Figures: &pb.Figures{Batch: 7, Allocated: 1 << 30, DeviceTotal: 80 << 30, Headroom: 70 << 30}}},
+			Incidents: []*pb.RankIncident{{Rank: 2, Kind: pb.WindowKind_WINDOW_KIND_OOM, Cause: "out of memory", Batch: 120, AtUs: 1700000000000000, AgeMs: 3000},
+				{Rank: 3, Kind: pb.WindowKind_WINDOW_KIND_CRASH, Cause: "SIGKILL", Batch: -1, AtUs: 1700000000000000}}}),
 	}
 }
 
@@ -115,8 +123,24 @@ func brokenEnvelopes(t testing.TB) [][]byte {
 		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{}}},            // no leader named
 		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: "x"}}}, // itself
 		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: strings.Repeat("l", 513)}}},
+		{Sender: "x", Body: &pb.Envelope_Request{Request: &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_OOM, Batch: proto.Int64(-1)}}},            // a batch before the first
+		{Sender: "x", Body: &pb.Envelope_View{View: &pb.ClusterView{Incidents: []*pb.RankIncident{{Rank: 1, Kind: pb.WindowKind_WINDOW_KIND_WINDOW}}}}}, // not an OOM or a crash
+		{Sender: "x", Body: &pb.Envelope_View{View: &pb.ClusterView{Incidents: []*pb.RankIncident{{Rank: 1, Kind: pb.WindowKind_WINDOW_KIND_CRASH, Cause: strings.Repeat("c", MaxIncidentCause+1)}}}}},
+		{Sender: "x", Body: &pb.Envelope_View{View: &pb.ClusterView{Incidents: []*pb.RankIncident{{Rank: 1, Kind: pb.WindowKind_WINDOW_KIND_OOM, Batch: -2}}}}},
+		{Sender: "x", Body: &pb.Envelope_View{View: &pb.ClusterView{Incidents: []*pb.RankIncident{{Rank: -1, Kind: pb.WindowKind_WINDOW_KIND_OOM}}}}},
+		{Sender: "x", Body: &pb.Envelope_View{View: &pb.ClusterView{Incidents: []*pb.RankIncident{{Rank: 1, Kind: pb.WindowKind_WINDOW_KIND_OOM}, {Rank: 1, Kind: pb.WindowKind_WINDOW_KIND_CRASH}}}}},
+		{Sender: "x", Body: &pb.Envelope_View{View: &pb.ClusterView{Incidents: manyIncidents(MaxViewIncidents + 1)}}},
 	} {
 		out = append(out, mustMarshal(t, e))
+	}
+	return out
+}
+
+// manyIncidents is n incidents, of ranks 0 to n-1.
+func manyIncidents(n int) []*pb.RankIncident {
+	out := make([]*pb.RankIncident, n)
+	for i := range out {
+		out[i] = &pb.RankIncident{Rank: int32(i), Kind: pb.WindowKind_WINDOW_KIND_CRASH}
 	}
 	return out
 }
@@ -216,32 +240,83 @@ func checkAccepted(t *testing.T, e *pb.Envelope) {
 	case *pb.Envelope_Result:
 		result(b.Result)
 	case *pb.Envelope_Request:
-		if b.Request.Batches < 0 || b.Request.Batches > 1<<20 {
-			t.Fatalf("accepted a request for %d batches", b.Request.Batches)
-		}
-		inRank("request failed rank", b.Request.FailedRank, true)
-		known("request kind", int32(b.Request.Kind), pb.WindowKind_name)
-		short(b.Request.Reason, b.Request.Cause)
+		checkAcceptedRequest(t, b.Request)
 	case *pb.Envelope_WindowResult:
-		w := b.WindowResult
-		if len(w.Outputs) > 64 || len(w.Ranks) > sidecar.MaxRanks || len(w.Missing) > sidecar.MaxRanks {
-			t.Fatalf("accepted a result of %d outputs, %d ranks, %d missing", len(w.Outputs), len(w.Ranks), len(w.Missing))
-		}
-		for _, r := range w.Ranks {
-			inRank("result rank", r, false)
-		}
-		for r, why := range w.Missing {
-			inRank("missing rank", r, false)
-			short(why)
-		}
-		short(w.Outputs...)
-		known("result state", int32(w.State), pb.Outcome_name)
-		short(w.Manifest, w.Store, w.Error)
+		checkAcceptedWindowResult(t, b.WindowResult)
 	case *pb.Envelope_Cancel:
 		short(b.Cancel.Reason)
 	case *pb.Envelope_Dump:
 		inRank("dump failed rank", b.Dump.FailedRank, true)
 		short(b.Dump.Reason)
+	case *pb.Envelope_View:
+		checkAcceptedIncidents(t, b.View.Incidents)
+	}
+}
+
+// checkAcceptedRequest checks an accepted request, independently of CheckEnvelope.
+func checkAcceptedRequest(t *testing.T, r *pb.SnapshotRequest) {
+	t.Helper()
+	if r.Batches < 0 || r.Batches > 1<<20 || r.Batch != nil && *r.Batch < 0 {
+		t.Fatalf("accepted a request for %d batches, at batch %v", r.Batches, r.Batch)
+	}
+	if r.FailedRank >= sidecar.MaxRanks || r.FailedRank < -1 {
+		t.Fatalf("accepted request failed rank %d", r.FailedRank)
+	}
+	if _, ok := pb.WindowKind_name[int32(r.Kind)]; !ok {
+		t.Fatalf("accepted request kind %d", r.Kind)
+	}
+	acceptedShort(t, r.Reason, r.Cause)
+}
+
+// checkAcceptedWindowResult checks an accepted window's result, independently
+// of CheckEnvelope.
+func checkAcceptedWindowResult(t *testing.T, w *pb.WindowResult) {
+	t.Helper()
+	if len(w.Outputs) > 64 || len(w.Ranks) > sidecar.MaxRanks || len(w.Missing) > sidecar.MaxRanks {
+		t.Fatalf("accepted a result of %d outputs, %d ranks, %d missing", len(w.Outputs), len(w.Ranks), len(w.Missing))
+	}
+	for _, r := range w.Ranks {
+		if r < 0 || r >= sidecar.MaxRanks {
+			t.Fatalf("accepted result rank %d", r)
+		}
+	}
+	for r, why := range w.Missing {
+		if r < 0 || r >= sidecar.MaxRanks {
+			t.Fatalf("accepted missing rank %d", r)
+		}
+		acceptedShort(t, why)
+	}
+	acceptedShort(t, w.Outputs...)
+	if _, ok := pb.Outcome_name[int32(w.State)]; !ok {
+		t.Fatalf("accepted result state %d", w.State)
+	}
+	acceptedShort(t, w.Manifest, w.Store, w.Error)
+}
+
+// acceptedShort fails t for a string longer than MaxString or not UTF-8.
+func acceptedShort(t *testing.T, ss ...string) {
+	t.Helper()
+	for _, s := range ss {
+		if len(s) > MaxString || !utf8.ValidString(s) {
+			t.Fatalf("accepted a field of %d bytes (valid UTF-8: %v)", len(s), utf8.ValidString(s))
+		}
+	}
+}
+
+// checkAcceptedIncidents checks a view's accepted incidents, independently of
+// CheckEnvelope.
+func checkAcceptedIncidents(t *testing.T, incs []*pb.RankIncident) {
+	t.Helper()
+	if len(incs) > MaxViewIncidents {
+		t.Fatalf("accepted %d incidents", len(incs))
+	}
+	ranks := map[int32]bool{}
+	for _, in := range incs {
+		oomOrCrash := in.Kind == pb.WindowKind_WINDOW_KIND_OOM || in.Kind == pb.WindowKind_WINDOW_KIND_CRASH
+		if in.Rank < 0 || in.Rank >= sidecar.MaxRanks || ranks[in.Rank] || !oomOrCrash || len(in.Cause) > MaxIncidentCause || in.Batch < -1 || in.AgeMs < 0 {
+			t.Fatalf("accepted incident %v", in)
+		}
+		ranks[in.Rank] = true
 	}
 }
 

@@ -1523,6 +1523,7 @@ type SnapshotRequest struct {
 	Cause         string                 `protobuf:"bytes,6,opt,name=cause,proto3" json:"cause,omitempty"`                              // a post-mortem: how the rank failed
 	AtUs          int64                  `protobuf:"varint,7,opt,name=at_us,json=atUs,proto3" json:"at_us,omitempty"`                   // a post-mortem: when (the failing rank's clock)
 	ExpiresUs     int64                  `protobuf:"varint,8,opt,name=expires_us,json=expiresUs,proto3" json:"expires_us,omitempty"`    // a window: the asker stops waiting then (0: never); later it is not planned
+	Batch         *int64                 `protobuf:"varint,9,opt,name=batch,proto3,oneof" json:"batch,omitempty"`                       // a post-mortem: the batch the rank failed at (unset: not known)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1609,6 +1610,13 @@ func (x *SnapshotRequest) GetAtUs() int64 {
 func (x *SnapshotRequest) GetExpiresUs() int64 {
 	if x != nil {
 		return x.ExpiresUs
+	}
+	return 0
+}
+
+func (x *SnapshotRequest) GetBatch() int64 {
+	if x != nil && x.Batch != nil {
+		return *x.Batch
 	}
 	return 0
 }
@@ -2090,11 +2098,15 @@ func (*ViewRequest) Descriptor() ([]byte, []int) {
 
 // ClusterView is every rank's last figures as the answering member holds them.
 type ClusterView struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ranks         []*RankFigures         `protobuf:"bytes,1,rep,name=ranks,proto3" json:"ranks,omitempty"`
-	WorldSize     int32                  `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
-	LeaderRank    int32                  `protobuf:"varint,3,opt,name=leader_rank,json=leaderRank,proto3" json:"leader_rank,omitempty"` // the rank that answered, when it leads (-1 otherwise)
-	Reporting     int32                  `protobuf:"varint,4,opt,name=reporting,proto3" json:"reporting,omitempty"`                     // ranks with figures; ranks holds the lowest headroom first, at most 4096 of them
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Ranks      []*RankFigures         `protobuf:"bytes,1,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	WorldSize  int32                  `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	LeaderRank int32                  `protobuf:"varint,3,opt,name=leader_rank,json=leaderRank,proto3" json:"leader_rank,omitempty"` // the rank that answered, when it leads (-1 otherwise)
+	Reporting  int32                  `protobuf:"varint,4,opt,name=reporting,proto3" json:"reporting,omitempty"`                     // ranks with figures; ranks holds the lowest headroom first, at most 4096 of them
+	// incidents: the ranks' latest OOM or crash as the answering member (the
+	// leader) heard of it from the rank's post-mortem request, for a while after
+	// (whether or not the rank still reports figures), at most 4096, by rank
+	Incidents     []*RankIncident `protobuf:"bytes,5,rep,name=incidents,proto3" json:"incidents,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2157,6 +2169,99 @@ func (x *ClusterView) GetReporting() int32 {
 	return 0
 }
 
+func (x *ClusterView) GetIncidents() []*RankIncident {
+	if x != nil {
+		return x.Incidents
+	}
+	return nil
+}
+
+// RankIncident is a rank's latest OOM or crash: memsnap top says "out of memory
+// at batch N" or "crashed: CAUSE" of it.
+type RankIncident struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Kind          WindowKind             `protobuf:"varint,2,opt,name=kind,proto3,enum=memsnap.v1.WindowKind" json:"kind,omitempty"` // WINDOW_KIND_OOM or WINDOW_KIND_CRASH
+	Cause         string                 `protobuf:"bytes,3,opt,name=cause,proto3" json:"cause,omitempty"`                           // how the rank failed ("out of memory", "SIGTERM", ...)
+	Batch         int64                  `protobuf:"varint,4,opt,name=batch,proto3" json:"batch,omitempty"`                          // the batch it failed at (-1: not known)
+	AtUs          int64                  `protobuf:"varint,5,opt,name=at_us,json=atUs,proto3" json:"at_us,omitempty"`                // when (the failing rank's clock, microseconds)
+	AgeMs         int64                  `protobuf:"varint,6,opt,name=age_ms,json=ageMs,proto3" json:"age_ms,omitempty"`             // how long ago the answering member heard of it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankIncident) Reset() {
+	*x = RankIncident{}
+	mi := &file_internal_pb_cluster_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankIncident) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankIncident) ProtoMessage() {}
+
+func (x *RankIncident) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_pb_cluster_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankIncident.ProtoReflect.Descriptor instead.
+func (*RankIncident) Descriptor() ([]byte, []int) {
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RankIncident) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RankIncident) GetKind() WindowKind {
+	if x != nil {
+		return x.Kind
+	}
+	return WindowKind_WINDOW_KIND_UNSPECIFIED
+}
+
+func (x *RankIncident) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+func (x *RankIncident) GetBatch() int64 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *RankIncident) GetAtUs() int64 {
+	if x != nil {
+		return x.AtUs
+	}
+	return 0
+}
+
+func (x *RankIncident) GetAgeMs() int64 {
+	if x != nil {
+		return x.AgeMs
+	}
+	return 0
+}
+
 type RankFigures struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Rank          int32                  `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -2169,7 +2274,7 @@ type RankFigures struct {
 
 func (x *RankFigures) Reset() {
 	*x = RankFigures{}
-	mi := &file_internal_pb_cluster_proto_msgTypes[19]
+	mi := &file_internal_pb_cluster_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2181,7 +2286,7 @@ func (x *RankFigures) String() string {
 func (*RankFigures) ProtoMessage() {}
 
 func (x *RankFigures) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_pb_cluster_proto_msgTypes[19]
+	mi := &file_internal_pb_cluster_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2194,7 +2299,7 @@ func (x *RankFigures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankFigures.ProtoReflect.Descriptor instead.
 func (*RankFigures) Descriptor() ([]byte, []int) {
-	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{19}
+	return file_internal_pb_cluster_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RankFigures) GetRank() int32 {
@@ -2337,7 +2442,7 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x05cause\x18\f \x01(\tR\x05cause\x12\x13\n" +
 	"\x05at_us\x18\r \x01(\x03R\x04atUs\" \n" +
 	"\x06Cancel\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xf0\x01\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x95\x02\n" +
 	"\x0fSnapshotRequest\x12\x18\n" +
 	"\abatches\x18\x01 \x01(\x03R\abatches\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1f\n" +
@@ -2348,7 +2453,9 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\x05cause\x18\x06 \x01(\tR\x05cause\x12\x13\n" +
 	"\x05at_us\x18\a \x01(\x03R\x04atUs\x12\x1d\n" +
 	"\n" +
-	"expires_us\x18\b \x01(\x03R\texpiresUs\"\xd2\x03\n" +
+	"expires_us\x18\b \x01(\x03R\texpiresUs\x12\x19\n" +
+	"\x05batch\x18\t \x01(\x03H\x00R\x05batch\x88\x01\x01B\b\n" +
+	"\x06_batch\"\xd2\x03\n" +
 	"\fWindowResult\x12)\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x13.memsnap.v1.OutcomeR\x05state\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\tR\bmanifest\x12\x14\n" +
@@ -2394,14 +2501,22 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	" \x01(\x03R\bheadroom\x12\x16\n" +
 	"\x06growth\x18\v \x01(\x01R\x06growth\x12\x13\n" +
 	"\x05at_us\x18\f \x01(\x03R\x04atUs\"\r\n" +
-	"\vViewRequest\"\x9a\x01\n" +
+	"\vViewRequest\"\xd2\x01\n" +
 	"\vClusterView\x12-\n" +
 	"\x05ranks\x18\x01 \x03(\v2\x17.memsnap.v1.RankFiguresR\x05ranks\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x02 \x01(\x05R\tworldSize\x12\x1f\n" +
 	"\vleader_rank\x18\x03 \x01(\x05R\n" +
 	"leaderRank\x12\x1c\n" +
-	"\treporting\x18\x04 \x01(\x05R\treporting\"{\n" +
+	"\treporting\x18\x04 \x01(\x05R\treporting\x126\n" +
+	"\tincidents\x18\x05 \x03(\v2\x18.memsnap.v1.RankIncidentR\tincidents\"\xa6\x01\n" +
+	"\fRankIncident\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12*\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x16.memsnap.v1.WindowKindR\x04kind\x12\x14\n" +
+	"\x05cause\x18\x03 \x01(\tR\x05cause\x12\x14\n" +
+	"\x05batch\x18\x04 \x01(\x03R\x05batch\x12\x13\n" +
+	"\x05at_us\x18\x05 \x01(\x03R\x04atUs\x12\x15\n" +
+	"\x06age_ms\x18\x06 \x01(\x03R\x05ageMs\"{\n" +
 	"\vRankFigures\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12-\n" +
 	"\afigures\x18\x02 \x01(\v2\x13.memsnap.v1.FiguresR\afigures\x12\x15\n" +
@@ -2468,7 +2583,7 @@ func file_internal_pb_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_internal_pb_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_internal_pb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_internal_pb_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_internal_pb_cluster_proto_goTypes = []any{
 	(WindowKind)(0),         // 0: memsnap.v1.WindowKind
 	(Step)(0),               // 1: memsnap.v1.Step
@@ -2493,8 +2608,9 @@ var file_internal_pb_cluster_proto_goTypes = []any{
 	(*Figures)(nil),         // 20: memsnap.v1.Figures
 	(*ViewRequest)(nil),     // 21: memsnap.v1.ViewRequest
 	(*ClusterView)(nil),     // 22: memsnap.v1.ClusterView
-	(*RankFigures)(nil),     // 23: memsnap.v1.RankFigures
-	nil,                     // 24: memsnap.v1.WindowResult.MissingEntry
+	(*RankIncident)(nil),    // 23: memsnap.v1.RankIncident
+	(*RankFigures)(nil),     // 24: memsnap.v1.RankFigures
+	nil,                     // 25: memsnap.v1.WindowResult.MissingEntry
 }
 var file_internal_pb_cluster_proto_depIdxs = []int32{
 	7,  // 0: memsnap.v1.Envelope.status_request:type_name -> memsnap.v1.StatusRequest
@@ -2521,16 +2637,18 @@ var file_internal_pb_cluster_proto_depIdxs = []int32{
 	1,  // 21: memsnap.v1.RankStep.state:type_name -> memsnap.v1.Step
 	0,  // 22: memsnap.v1.SnapshotRequest.kind:type_name -> memsnap.v1.WindowKind
 	3,  // 23: memsnap.v1.WindowResult.state:type_name -> memsnap.v1.Outcome
-	24, // 24: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
+	25, // 24: memsnap.v1.WindowResult.missing:type_name -> memsnap.v1.WindowResult.MissingEntry
 	0,  // 25: memsnap.v1.WindowResult.kind:type_name -> memsnap.v1.WindowKind
 	0,  // 26: memsnap.v1.Dump.kind:type_name -> memsnap.v1.WindowKind
-	23, // 27: memsnap.v1.ClusterView.ranks:type_name -> memsnap.v1.RankFigures
-	20, // 28: memsnap.v1.RankFigures.figures:type_name -> memsnap.v1.Figures
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	24, // 27: memsnap.v1.ClusterView.ranks:type_name -> memsnap.v1.RankFigures
+	23, // 28: memsnap.v1.ClusterView.incidents:type_name -> memsnap.v1.RankIncident
+	0,  // 29: memsnap.v1.RankIncident.kind:type_name -> memsnap.v1.WindowKind
+	20, // 30: memsnap.v1.RankFigures.figures:type_name -> memsnap.v1.Figures
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_internal_pb_cluster_proto_init() }
@@ -2556,13 +2674,14 @@ func file_internal_pb_cluster_proto_init() {
 		(*Envelope_View)(nil),
 		(*Envelope_LeaderSilent)(nil),
 	}
+	file_internal_pb_cluster_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_pb_cluster_proto_rawDesc), len(file_internal_pb_cluster_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

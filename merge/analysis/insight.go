@@ -2,6 +2,7 @@ package analysis
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -41,7 +42,7 @@ type Truncation struct {
 type Leak struct {
 	Batches       int        `json:"batches"`         // batches compared
 	GrowthBytes   int64      `json:"growth_bytes"`    // at the last batch's start less at the first's
-	PerBatchBytes int64      `json:"per_batch_bytes"` // the median growth from one batch's start to the next's
+	PerBatchBytes int64      `json:"per_batch_bytes"` // the growth from one batch's start to the next's (GrowthPerBatch)
 	Sites         []LeakSite `json:"sites"`           // most bytes first
 }
 
@@ -134,13 +135,15 @@ func (r *RankData) leak(figs []BatchFigure, w Window) *Leak {
 		}
 	}
 	growth := figs[n-1].StartAllocatedBytes - figs[0].StartAllocatedBytes
-	// the typical step: one step may jump (the optimizer's state made at the first
-	// step, gradients kept from the first backward) or stay flat
-	steps := make([]int64, 0, n-1)
-	for i := 1; i < n; i++ {
-		steps = append(steps, figs[i].StartAllocatedBytes-figs[i-1].StartAllocatedBytes)
+	// the pace now, as the live figures measure it: one step may jump (the
+	// optimizer's state made at the first step, gradients kept from the first
+	// backward) or stay flat
+	pts := make([]GrowthPoint, n)
+	for i, f := range figs {
+		pts[i] = GrowthPoint{Batch: int64(i), Bytes: f.StartAllocatedBytes}
 	}
-	per := MedianInt(steps)
+	g, _ := GrowthPerBatch(pts)
+	per := int64(math.Round(g))
 	if grew < 2 || grew < n-2 || per < LeakMinBytesPerBatch {
 		return nil
 	}
@@ -227,9 +230,9 @@ func (t *Truncation) Describe() string {
 
 // describe says a leak in one line.
 func (l *Leak) describe() string {
-	s := fmt.Sprintf("allocated grows %s per batch over %d batches", HumanBytes(l.PerBatchBytes), l.Batches)
+	s := fmt.Sprintf("allocated grows %s over %d batches", GrowthText(float64(l.PerBatchBytes)), l.Batches)
 	if len(l.Sites) > 0 {
-		s += fmt.Sprintf("; %s leaves %s per batch", l.Sites[0].Site, HumanBytes(l.Sites[0].PerBatchBytes))
+		s += fmt.Sprintf("; %s leaves %s", l.Sites[0].Site, GrowthText(float64(l.Sites[0].PerBatchBytes)))
 	}
 	return s
 }
@@ -378,9 +381,9 @@ func (s *Summary) focusLine() string {
 	if l := r.Leak; l != nil && len(l.Sites) > 0 {
 		var parts []string
 		for _, st := range l.Sites[:min(3, len(l.Sites))] {
-			parts = append(parts, fmt.Sprintf("%s %s a batch", st.Site, HumanBytes(st.PerBatchBytes)))
+			parts = append(parts, st.Site+" "+GrowthText(float64(st.PerBatchBytes)))
 		}
-		return line + fmt.Sprintf("; allocated grows %s a batch, left by: %s", HumanBytes(l.PerBatchBytes), strings.Join(parts, ", "))
+		return line + fmt.Sprintf("; allocated grows %s, left by: %s", GrowthText(float64(l.PerBatchBytes)), strings.Join(parts, ", "))
 	}
 	if len(r.KeptSites) > 0 {
 		return line + "; allocated in the window and kept: " + siteList(r.KeptSites, 3)

@@ -50,7 +50,7 @@ func TestLeakAcrossBatches(t *testing.T) {
 	if len(l.Sites) != 1 || l.Sites[0].Site != testjob.LeakSite || l.Sites[0].PerBatchBytes != 8*mib || l.Sites[0].Batches != 5 || l.Sites[0].Blocks != 5 {
 		t.Fatalf("leak sites %+v, want %s alone, 8 MiB in each of 5 batches", l.Sites, testjob.LeakSite)
 	}
-	if !strings.Contains(l.describe(), "8.0 MiB per batch over 6 batches; "+testjob.LeakSite+" leaves 8.0 MiB per batch") {
+	if !strings.Contains(l.describe(), "8.0 MiB a batch over 6 batches; "+testjob.LeakSite+" leaves 8.0 MiB a batch") {
 		t.Fatalf("described as %q", l.describe())
 	}
 
