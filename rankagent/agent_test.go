@@ -621,6 +621,8 @@ func TestMemoryMessages(t *testing.T) {
 		`{"type":"memory","batch":1,"memory":{"allocated":-1}}`,
 		`{"type":"memory","batch":1,"memory":{"reserved":1125899906842625}}`,
 		`{"type":"memory","batch":1,"memory":{"device_free":81,"device_total":80}}`,
+		`{"type":"memory","batch":1,"memory":{"device_free":8,"device_total":80,"device_limit":81}}`,
+		`{"type":"memory","batch":1,"memory":{"device_free":8,"device_total":80,"device_limit":-1}}`,
 		`{"type":"memory","batch":1,"memory":{"allocated":1,"swap":3}}`,
 		`{"type":"batch","batch":1,"memory":{"allocated":1}}`,
 	} {
@@ -655,6 +657,39 @@ func TestMemoryMessages(t *testing.T) {
 		if v, _ := a.Memory(); v.Growth != 0 {
 			t.Fatalf("a warm-up step read as growth at batch %d: %+v", b, v)
 		}
+	}
+}
+
+// TestHeadroomAgainstTheCap: a trainer whose allocator is capped at 4 GiB of
+// an 80 GiB device (set_per_process_memory_fraction) has the headroom the cap
+// leaves, not the device's: at 1 GiB allocated (1.5 GiB reserved) 3 GiB, a
+// ratio of 0.75 of the cap, where the device's free bytes gave 79.4 GiB (0.99);
+// the device's own free bytes bound it when they are fewer.
+func TestHeadroomAgainstTheCap(t *testing.T) {
+	const gib = int64(1) << 30
+	msg := `{"type":"memory","batch":3,"memory":{"allocated":1073741824,"reserved":1610612736,"peak":1073741824,"inactive_split":0,"alloc_retries":0,"ooms":0,"device_free":84725645312,"device_total":85899345920,"device_limit":4294967296}}`
+	m, err := ParseMessage([]byte(msg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{}
+	a.noteMemoryLocked(3, *m.Memory)
+	v, _ := a.Memory()
+	if !v.Capped || v.DeviceTotal != 4*gib || v.DeviceUsed != 3*gib/2 || v.Headroom != 4*gib-3*gib/2+gib/2 {
+		t.Fatalf("capped at 4 GiB: %+v", v)
+	}
+	if r := float64(v.Headroom) / float64(v.DeviceTotal); r != 0.75 {
+		t.Fatalf("headroom ratio %.3f of the cap", r)
+	}
+	// the device nearly full of other processes' memory: its free bytes bound it
+	a.noteMemoryLocked(4, Memory{Allocated: gib, Reserved: 3 * gib / 2, Peak: gib, DeviceFree: gib / 4, DeviceTotal: 80 * gib, DeviceLimit: 4 * gib})
+	if v, _ := a.Memory(); v.Headroom != gib/4+gib/2 {
+		t.Fatalf("a full device under a cap: %+v", v)
+	}
+	// no cap: the device's
+	a.noteMemoryLocked(5, Memory{Allocated: gib, Reserved: 3 * gib / 2, Peak: gib, DeviceFree: 70 * gib, DeviceTotal: 80 * gib})
+	if v, _ := a.Memory(); v.Capped || v.Headroom != 70*gib+gib/2 || v.DeviceTotal != 80*gib {
+		t.Fatalf("no cap: %+v", v)
 	}
 }
 

@@ -21,8 +21,11 @@ type MemoryView struct {
 	// DeviceUsed and DeviceTotal are the device's bytes in use (every process's)
 	// and what CUDA can allocate of it: the hook's cudaMemGetInfo, else NVML's
 	// (NVML counts memory the driver keeps for itself in the total: 0.6 GiB more
-	// on an H200).
+	// on an H200). When the trainer capped its allocator (Capped:
+	// set_per_process_memory_fraction), they are what the allocator holds and its
+	// cap: the headroom, and its ratio, are against the cap.
 	DeviceUsed, DeviceTotal int64
+	Capped                  bool
 	// NVMLUsed and NVMLTotal are NVML's figures of the device, when the agent
 	// reads it (0 otherwise).
 	NVMLUsed, NVMLTotal int64
@@ -86,6 +89,13 @@ func (a *Agent) Memory() (MemoryView, bool) {
 		v.DeviceTotal, v.DeviceUsed = v.NVMLTotal, v.NVMLUsed
 	}
 	free := max(v.DeviceTotal-v.DeviceUsed, 0)
+	if lim := last.m.DeviceLimit; lim > 0 && lim < v.DeviceTotal {
+		// a capped allocator (set_per_process_memory_fraction) fails past its
+		// cap, however much of the device is free: what it may still take is
+		// the cap less what it holds, as far as the device has it
+		free = min(max(lim-last.m.Reserved, 0), free)
+		v.DeviceTotal, v.DeviceUsed, v.Capped = lim, min(last.m.Reserved, lim), true
+	}
 	v.Headroom = free + max(last.m.Reserved-last.m.Peak, 0)
 	v.Growth = growth
 	return v, true

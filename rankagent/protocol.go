@@ -87,6 +87,10 @@ type Memory struct {
 	OOMs          int64 `json:"ooms"`           // out-of-memory errors (num_ooms)
 	DeviceFree    int64 `json:"device_free"`    // free bytes on the device, every process's use counted (cudaMemGetInfo)
 	DeviceTotal   int64 `json:"device_total"`   // the device's bytes
+	// DeviceLimit is the most the allocator may hold, when the trainer capped it
+	// (torch.cuda.set_per_process_memory_fraction: the total times the fraction);
+	// 0 when no cap is set, or the hook's torch does not tell it
+	DeviceLimit int64 `json:"device_limit,omitempty"`
 }
 
 // maxMemoryBytes bounds every figure of a memory report (1 PiB).
@@ -105,6 +109,9 @@ func (m *Memory) check() error {
 	}
 	if m.DeviceFree > m.DeviceTotal {
 		return fmt.Errorf("device_free %d is more than device_total %d", m.DeviceFree, m.DeviceTotal)
+	}
+	if m.DeviceLimit < 0 || m.DeviceLimit > m.DeviceTotal {
+		return fmt.Errorf("device_limit %d is not within device_total %d", m.DeviceLimit, m.DeviceTotal)
 	}
 	return nil
 }

@@ -6,7 +6,8 @@
 #     growth trigger takes a window of both ranks before rank 1 runs out of
 #     memory, its reason naming rank 1, its findings led by rank 1 and the leaking
 #     line; once planning batches to come, once with --record-always (every
-#     rank's history at once);
+#     rank's history at once); and the headroom trigger (30%), measured against
+#     the 5% cap (set_per_process_memory_fraction), not the device;
 #  3. an OOM with memory free in pieces (scripts/gpu/frag_trainer.py): the window's
 #     summary tells the largest free block at the OOM as torch's own segments do,
 #     though the trainer trains on after it, and the findings call it fragmentation.
@@ -27,15 +28,16 @@ fi
 if step 2; then
 "$MEMSNAP" keygen >"$OUT/key"; chmod 600 "$OUT/key"
 port=27100
-for mode in window record-always; do
+for mode in window record-always headroom; do
 echo "== 2. a leaking rank: the growth trigger before its OOM ($mode)"
-extra=""; [ $mode = record-always ] && extra="--record-always"
+extra="--trigger-growth 512MiB/10"; [ $mode = record-always ] && extra="$extra --record-always"
+[ $mode = headroom ] && extra="--trigger-headroom 30%"
 pids=()
 for r in 0 1; do
   join=""; [ $r = 1 ] && join="--join 127.0.0.1:$port"
   RANK=$r "$MEMSNAP" agent --key-file "$OUT/key" --run-name leak --rank $r --local-rank $r --world-size 2 --local-world-size 2 \
     --bind 127.0.0.1 --gossip-port $port $join --store "$OUT/store2-$mode" --spool "$OUT/spool2-$mode-$r" --no-schedule --no-postmortem \
-    --figures-every 1s --trigger-growth 512MiB/10 $extra \
+    --figures-every 1s $extra \
     -- python3 scripts/gpu/live_trainer.py leak 64 >"$OUT/leak-$mode-$r.log" 2>&1 &
   pids+=($!)
 done
@@ -57,7 +59,8 @@ print("kind:", found["kind"], "| reason:", found["reason"], "| ranks:", found["r
 for f in found.get("findings", []):
     print("  finding:", f)
 fs = found.get("findings", [])
-ok = (found["reason"].startswith("trigger: rank 1: growing") and found["ranks_merged"] == [0, 1] and fs
+want = "trigger: rank 1: headroom" if sys.argv[3] == "headroom" else "trigger: rank 1: growing"
+ok = (found["reason"].startswith(want) and found["ranks_merged"] == [0, 1] and fs
       and fs[0].startswith("rank 1, which this window was taken for (crossed a trigger") and sys.argv[2] in fs[0]
       and (sys.argv[3] != "record-always" or not found.get("batches")))
 print("trigger window (%s): %s" % (sys.argv[3], "OK" if ok else "FAIL"))

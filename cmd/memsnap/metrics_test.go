@@ -16,6 +16,7 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/snapshot"
 )
 
@@ -360,4 +361,14 @@ func TestAlertmanagerWebhook(t *testing.T) {
 		return false
 	})
 	t.Logf("%s", found)
+	// its findings lead with the rank the alert names
+	var row struct {
+		Manifest *publish.Manifest `json:"manifest"`
+	}
+	if err := json.Unmarshal([]byte(found), &row); err != nil || row.Manifest == nil || len(row.Manifest.Findings) == 0 {
+		t.Fatalf("the alert's window as ls says it: %v\n%s", err, found)
+	}
+	if first := row.Manifest.Findings[0]; !strings.HasPrefix(first, "rank 2, which this window was taken for (alerted: MemsnapLowHeadroom (rank 2)") {
+		t.Fatalf("the alert's window's first finding is not about rank 2: %q", first)
+	}
 }

@@ -221,13 +221,32 @@ class _Torch:
         dev = self.memory_device()
         st = cuda.memory_stats(dev)
         free, total = cuda.mem_get_info(dev)
-        return {"allocated": int(st.get("allocated_bytes.all.current", 0)),
-                "reserved": int(st.get("reserved_bytes.all.current", 0)),
-                "peak": int(st.get("allocated_bytes.all.peak", 0)),
-                "inactive_split": int(st.get("inactive_split_bytes.all.current", 0)),
-                "alloc_retries": int(st.get("num_alloc_retries", 0)),
-                "ooms": int(st.get("num_ooms", 0)),
-                "device_free": int(free), "device_total": int(total)}
+        m = {"allocated": int(st.get("allocated_bytes.all.current", 0)),
+             "reserved": int(st.get("reserved_bytes.all.current", 0)),
+             "peak": int(st.get("allocated_bytes.all.peak", 0)),
+             "inactive_split": int(st.get("inactive_split_bytes.all.current", 0)),
+             "alloc_retries": int(st.get("num_alloc_retries", 0)),
+             "ooms": int(st.get("num_ooms", 0)),
+             "device_free": int(free), "device_total": int(total)}
+        limit = self.allocator_limit(dev, int(total))
+        if limit is not None:
+            m["device_limit"] = limit
+        return m
+
+    def allocator_limit(self, dev, total):
+        """The most the allocator may hold (set_per_process_memory_fraction's
+        cap: the device's total times the fraction), or None when no cap is set
+        or this torch does not tell it."""
+        get = getattr(self.torch.cuda, "get_per_process_memory_fraction", None)
+        if get is None:
+            return None
+        try:
+            frac = float(get(dev))
+        except Exception:  # noqa: BLE001 (a torch that cannot tell: no cap known)
+            return None
+        if not 0 < frac < 1:
+            return None
+        return min(int(total * frac), total)
 
 
 class Hook:

@@ -724,6 +724,20 @@ class MemoryTest(unittest.TestCase):
         finally:
             torch.cuda.others = {}
 
+    def test_the_allocators_cap_is_reported(self):
+        # set_per_process_memory_fraction(0.05) on an 80 GiB device: the cap (4
+        # GiB) goes with the figures; no cap, or a torch that cannot tell, none
+        t = memsnap_hook._Torch()
+        try:
+            torch.cuda.fraction = 0.05
+            self.assertEqual(t.memory()["device_limit"], int((80 << 30) * 0.05))
+            torch.cuda.fraction = 1.0
+            self.assertNotIn("device_limit", t.memory())
+            torch.cuda.fraction = None
+            self.assertNotIn("device_limit", t.memory())
+        finally:
+            torch.cuda.fraction = 1.0
+
     def test_a_broken_reading_is_given_up(self):
         agent = FakeAgent()
         hook = memsnap_hook.Hook(agent.path)

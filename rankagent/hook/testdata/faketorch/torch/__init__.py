@@ -75,6 +75,16 @@ class cuda:  # noqa: N801 (mirrors torch.cuda)
         calls.append(("mem_get_info", device))
         return cuda.free_total
 
+    # the allocator's per-process cap (set_per_process_memory_fraction); None:
+    # a torch that does not tell it
+    fraction = 1.0
+
+    @staticmethod
+    def get_per_process_memory_fraction(device=None):
+        if cuda.fraction is None:
+            raise AttributeError("get_per_process_memory_fraction")
+        return cuda.fraction
+
     @staticmethod
     def current_device():
         return 0
