@@ -75,6 +75,7 @@ type Coordinator struct {
 	// nsilent is len(silent), read without mu on every message received
 	nsilent  atomic.Int64
 	silenced silences
+	watch    leaderWatch // the successor's watch of the leader (succession.go)
 
 	// mu guards what follows. Lock order: memberlist calls memberChanged (which
 	// takes mu) while it holds its node lock, so nothing may call into
@@ -508,12 +509,14 @@ func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
 			c.gone[n.Name] = goneMember{at: time.Now(), members: len(c.members)}
 		}
 		c.setMember(n.Name, nil)
-		c.unsilenceLocked(n.Name, false) // memberlist's verdict: gone
+		c.unsilenceLocked(n.Name) // memberlist's verdict: gone
 	} else if meta, err := wire.DecodeMeta(n.Meta); err == nil && meta.Run == c.cfg.Identity.RunName {
-		delete(c.gone, n.Name)
-		c.unsilenceLocked(n.Name, true) // memberlist's news of it: alive
 		nn := *n
-		c.setMember(n.Name, &member{node: &nn, meta: meta})
+		// (a member held silent stays held until it answers a ping: pingSilent)
+		if !c.newsOfSilentLocked(n.Name, &member{node: &nn, meta: meta, addr: nn.Address()}) {
+			delete(c.gone, n.Name)
+			c.setMember(n.Name, &member{node: &nn, meta: meta})
+		}
 		c.lastWindow = max(c.lastWindow, meta.LastWindow)
 		claim = meta.Term
 		if meta.Rank >= 0 && len(c.seenAddrs) < maxSeenAddrs {

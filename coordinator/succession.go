@@ -33,7 +33,8 @@ import (
 
 // silentMember is a member this one holds silent.
 type silentMember struct {
-	m      member
+	m      member // as last heard of (memberlist's news of it updates it)
+	agent  string // its agent's id when it was held (a restarted agent's is new)
 	at     time.Time
 	pinged time.Time // when it was last pinged (to be heard from again)
 }
@@ -43,6 +44,7 @@ type silentMember struct {
 type silences struct {
 	mu          sync.Mutex
 	held, alive uint64
+	checked     uint64          // notices checked with pings of this member's own
 	verifying   map[string]bool // silent notices being checked with a ping of our own
 }
 
@@ -74,6 +76,56 @@ func (c *Coordinator) successorLocked(leader string) string {
 	return next
 }
 
+// leaderWatch is the successor's watch of one leader: a watch starts when
+// this member becomes the leader's successor (or after it held the leader), and
+// ping answers of an earlier watch count for nothing.
+type leaderWatch struct {
+	mu     sync.Mutex
+	leader string    // the leader watched ("" when none)
+	gen    uint64    // the watch's number
+	heard  time.Time // when the leader last answered in this watch (zero: not yet)
+	lost   int       // pings sent since then that found no answer
+}
+
+// start begins a new watch of leader, unless it is the one watched.
+func (w *leaderWatch) start(leader string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if leader != w.leader {
+		w.leader, w.gen, w.heard, w.lost = leader, w.gen+1, time.Time{}, 0
+	}
+}
+
+// silent reports whether the leader watched has answered none of at least two
+// pings for silence, having answered in this watch before: a leader this
+// member never heard in the watch (one it cannot reach while others can, or
+// one dead before the watch began) is left to memberlist's verdict.
+func (w *leaderWatch) silent(silence time.Duration) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.heard.IsZero() && w.lost >= 2 && time.Since(w.heard) >= silence
+}
+
+// heardIn reports whether the leader answered in the watch of it.
+func (w *leaderWatch) heardIn(leader string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.leader == leader && !w.heard.IsZero()
+}
+
+// answered takes the result of a ping sent in watch gen.
+func (w *leaderWatch) answered(gen uint64, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case gen != w.gen:
+	case ok:
+		w.heard, w.lost = time.Now(), 0
+	case !w.heard.IsZero():
+		w.lost++
+	}
+}
+
 // watchSuccession pings the leader while this member is its successor, and the
 // members it holds silent until they answer; it runs until ctx ends.
 func (c *Coordinator) watchSuccession(ctx context.Context) {
@@ -83,12 +135,7 @@ func (c *Coordinator) watchSuccession(ctx context.Context) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var (
-		watched string    // the leader this member is the successor of
-		heard   time.Time // when it last answered (or was first watched)
-		lost    int       // pings sent since then that found no answer
-		mu      sync.Mutex
-	)
+	w := &c.watch
 	for {
 		select {
 		case <-ctx.Done():
@@ -101,35 +148,21 @@ func (c *Coordinator) watchSuccession(ctx context.Context) {
 		mine := leader != "" && leader != c.name && c.successorLocked(leader) == c.name
 		m := c.members[leader]
 		c.mu.Unlock()
-		mu.Lock()
 		if !mine || m == nil {
-			watched = ""
-			mu.Unlock()
+			w.start("")
 			continue
 		}
-		if leader != watched {
-			watched, heard, lost = leader, time.Now(), 0
-		}
-		silent := lost >= 2 && time.Since(heard) >= c.cfg.LeaderSilence
-		mu.Unlock()
-		if silent {
+		w.start(leader)
+		if w.silent(c.cfg.LeaderSilence) {
 			c.declareSilent(leader)
+			w.start("") // (a leader heard from again is watched anew)
 			continue
 		}
 		node := *m.node
-		c.spawn(func() {
-			ok := c.ping(node)
-			mu.Lock()
-			defer mu.Unlock()
-			if watched != leader {
-				return
-			}
-			if ok {
-				heard, lost = time.Now(), 0
-			} else {
-				lost++
-			}
-		})
+		w.mu.Lock()
+		gen := w.gen
+		w.mu.Unlock()
+		c.spawn(func() { w.answered(gen, c.ping(node)) })
 	}
 }
 
@@ -167,7 +200,7 @@ func (c *Coordinator) hold(name string) bool {
 	if c.silent == nil {
 		c.silent = map[string]*silentMember{}
 	}
-	c.silent[name] = &silentMember{m: *m, at: time.Now(), pinged: time.Now()}
+	c.silent[name] = &silentMember{m: *m, agent: m.meta.GetAgent(), at: time.Now(), pinged: time.Now()}
 	if m.meta.Rank >= 0 && len(c.gone) < maxSeenAddrs {
 		c.gone[name] = goneMember{at: time.Now(), members: len(c.members), silent: true}
 	}
@@ -197,47 +230,68 @@ func (c *Coordinator) counted(held, alive uint64) {
 	}
 }
 
-// onLeaderSilent takes a successor's notice that the leader is silent.
+// onLeaderSilent takes a successor's notice that the leader is silent: this
+// member holds the leader silent too once the leader answers neither of two
+// pings of its own. A notice is never taken on trust (a member holding the key
+// may send one under any rank's name), and it asks at most one such check at a
+// time of each leader.
 func (c *Coordinator) onLeaderSilent(env *pb.Envelope, s *pb.LeaderSilent) {
-	if !c.isRankMember(env) {
+	switch {
+	case c.cfg.LeaderProbe <= 0:
+		return // (the watch is off)
+	case env.Sender == c.name:
+		c.refuse(env, "a silent leader's notice in this member's own name")
+		return
+	case !c.isRankMember(env):
 		c.refuse(env, "a silent leader's notice from a member that is not a rank")
 		return
 	}
 	c.mu.Lock()
 	leader := c.leaderName
-	succ := c.successorLocked(leader)
 	m := c.members[s.Leader]
 	c.mu.Unlock()
-	if s.Leader != leader || m == nil {
-		return // (elected past it already)
+	if s.Leader != leader || s.Leader == c.name || m == nil || !c.verifying(s.Leader, true) {
+		return // (elected past it already, or being checked)
 	}
-	if env.Sender == succ {
-		if c.hold(s.Leader) {
-			c.log.Warn("the leader's successor hears nothing from the leader: electing without it", "silent_leader", s.Leader, "successor", succ)
+	node := *m.node
+	c.spawn(func() {
+		defer c.verifying(s.Leader, false)
+		if !c.pingTwice(node) && c.hold(s.Leader) {
+			c.log.Warn("the leader answers no ping: electing without it", "silent_leader", s.Leader, "told_by", env.Sender)
 		}
-		return
-	}
+	})
+}
+
+// verifying marks (on) or unmarks a check of leader; marking reports false
+// when one is under way.
+func (c *Coordinator) verifying(leader string, on bool) bool {
 	c.silenced.mu.Lock()
-	if c.silenced.verifying[s.Leader] {
-		c.silenced.mu.Unlock()
-		return
+	defer c.silenced.mu.Unlock()
+	if !on {
+		delete(c.silenced.verifying, leader)
+		c.silenced.checked++
+		return true
+	}
+	if c.silenced.verifying[leader] {
+		return false
 	}
 	if c.silenced.verifying == nil {
 		c.silenced.verifying = map[string]bool{}
 	}
-	c.silenced.verifying[s.Leader] = true
-	c.silenced.mu.Unlock()
-	node := *m.node
-	c.spawn(func() {
-		defer func() {
-			c.silenced.mu.Lock()
-			delete(c.silenced.verifying, s.Leader)
-			c.silenced.mu.Unlock()
-		}()
-		if !c.ping(node) && c.hold(s.Leader) {
-			c.log.Warn("the leader answers no ping: electing without it", "silent_leader", s.Leader, "told_by", env.Sender)
+	c.silenced.verifying[leader] = true
+	return true
+}
+
+// pingTwice pings n twice at once (each within memberlist's probe timeout);
+// false only when neither is answered (a lost datagram is not a silence).
+func (c *Coordinator) pingTwice(n memberlist.Node) bool {
+	answered := make(chan bool, 2)
+	for range 2 {
+		if !c.spawn(func() { answered <- c.ping(n) }) {
+			return true // (stopping: no verdict)
 		}
-	})
+	}
+	return <-answered || <-answered
 }
 
 // pingSilent pings, about once every LeaderSilence, each member held silent.
@@ -285,23 +339,52 @@ func (c *Coordinator) heardFrom(name string) {
 	c.setMember(name, &m)
 	c.recountLocked()
 	c.mu.Unlock()
+	if m.meta.GetAgent() != s.agent {
+		// an agent started again under its name: the leader held silent died
+		c.log.Info("a leader held silent is back, started again", "silent_leader", name)
+		c.counted(0, 0)
+		return
+	}
 	c.log.Warn("a leader held silent is heard from again: it leads again (a term was taken while it lived)", "silent_leader", name, "silent_for", time.Since(s.at).Round(time.Millisecond))
 	c.counted(0, 1)
 }
 
-// unsilenceLocked forgets that name is held silent (c.mu held): memberlist has
-// news of it, alive (counted as heard from again) or gone, which ends the silence.
-func (c *Coordinator) unsilenceLocked(name string, alive bool) {
-	if _, ok := c.silent[name]; !ok {
-		return
+// newsOfSilentLocked takes memberlist's news that a member held silent is alive
+// (its metadata changed: c.mu held): the news may be older than its silence (a
+// leader that gossiped a term just before it died), so the member stays held,
+// as the news says it is, and is pinged now; it is a member again once it
+// answers. It reports whether name is held silent.
+//
+// News of a term newer than any this member believes is another matter: the
+// member took it in the run's log after it was held, so it lives and leads (a
+// leader this member cannot reach while the others can): it is a member again
+// at once, and the watch of it starts anew (never declared silent again before
+// it answers a ping of this member's).
+func (c *Coordinator) newsOfSilentLocked(name string, m *member) bool {
+	s := c.silent[name]
+	if s == nil {
+		return false
 	}
-	delete(c.silent, name)
-	c.recountLocked()
-	if alive {
+	if m.meta.Term > c.term {
+		delete(c.silent, name)
+		c.recountLocked()
 		c.silenced.mu.Lock()
 		c.silenced.alive++
 		c.silenced.mu.Unlock()
-		c.log.Warn("a leader held silent is alive after all: it leads again (a term was taken while it lived)", "silent_leader", name)
+		c.log.Warn("a leader held silent took a newer term: it lives and leads again", "silent_leader", name, "term", m.meta.Term)
+		return false
+	}
+	s.m = *m
+	s.pinged = time.Time{} // (pinged at the next round)
+	return true
+}
+
+// unsilenceLocked forgets that name is held silent (c.mu held): memberlist
+// declared it gone, which ends the silence.
+func (c *Coordinator) unsilenceLocked(name string) {
+	if _, ok := c.silent[name]; ok {
+		delete(c.silent, name)
+		c.recountLocked()
 	}
 }
 

@@ -49,7 +49,10 @@ func TestSuccessorLeadsBeforeDeathIsDeclared(t *testing.T) {
 	cfg.Join = []string{succ.Addr()}
 	cl, stop := runMember(t, cfg)
 	t.Cleanup(stop)
-	testutil.Eventually(t, 30*time.Second, "the client to see rank 0 lead", func() bool { l, ok := cl.Leader(); return ok && l == 0 })
+	testutil.Eventually(t, 30*time.Second, "the client to see rank 0 lead, and rank 1 to have heard rank 0 answer its pings", func() bool {
+		l, ok := cl.Leader()
+		return ok && l == 0 && succ.watch.heardIn(NodeName(tc.run, 0))
+	})
 	p.mu.Lock()
 	p.cut = true
 	p.mu.Unlock()
@@ -107,6 +110,94 @@ func TestSuccessor(t *testing.T) {
 	for leader, want := range map[string]string{"r/rank0": "r/rank2", "r/rank2": "r/rank3", "r/rank5": "", "r/gone": ""} {
 		if s := c.successorLocked(leader); s != want {
 			t.Errorf("the successor of %s: %q, want %q", leader, s, want)
+		}
+	}
+}
+
+// TestAsymmetricCutEndsInOneRound: the leader (rank 0) and its successor (rank
+// 1) cannot reach each other, and rank 2 reaches both, so memberlist never
+// declares rank 0 dead. The successor holds rank 0 silent and takes a term;
+// rank 2 checks with pings of its own and keeps rank 0; rank 0 takes a newer
+// term, and its news makes the successor take it back as leader. Then the
+// successor, never hearing rank 0 in its new watch, can declare it silent no
+// more: one round, not a war of terms.
+func TestAsymmetricCutEndsInOneRound(t *testing.T) {
+	p := &partition{group: map[string]int{}}
+	tc := startCluster(t, 3, func(c *Config, a *rankagent.Config) {
+		if !c.Client && c.Identity.Rank < 2 {
+			c.Memberlist.Transport = newCutTransport(t, p, c.Identity.Rank)
+		}
+	})
+	tc.holding()
+	old, succ, third := tc.ranks[0].Coord, tc.ranks[1].Coord, tc.ranks[2].Coord
+	rank0 := NodeName(tc.run, 0)
+	testutil.Eventually(t, time.Minute, "rank 0 leading, heard by its successor", func() bool {
+		return old.IsLeader() && old.Term() > 0 && succ.watch.heardIn(rank0)
+	})
+	p.mu.Lock()
+	p.cut = true
+	p.mu.Unlock()
+	testutil.Eventually(t, time.Minute, "the successor to hold rank 0 silent, then take it back", func() bool {
+		held, alive := succ.Silences()
+		l, ok := succ.Leader()
+		return held == 1 && alive == 1 && ok && l == 0
+	})
+	testutil.Eventually(t, 30*time.Second, "rank 2 to check the successor's notice with its own pings", func() bool {
+		third.silenced.mu.Lock()
+		defer third.silenced.mu.Unlock()
+		return third.silenced.checked >= 1
+	})
+	if held, _ := third.Silences(); held != 0 {
+		t.Fatalf("rank 2, which reaches rank 0, held it silent %d times", held)
+	}
+	if l, ok := third.Leader(); !ok || l != 0 {
+		t.Fatalf("rank 2 follows rank %d (%v)", l, ok)
+	}
+	testutil.Eventually(t, 30*time.Second, "the successor watching rank 0 anew", func() bool {
+		succ.watch.mu.Lock()
+		defer succ.watch.mu.Unlock()
+		return succ.watch.leader == rank0
+	})
+	if succ.watch.heardIn(rank0) || succ.watch.silent(0) {
+		t.Fatal("the successor may declare rank 0 silent again without having heard it")
+	}
+	if held, _ := succ.Silences(); held != 1 {
+		t.Fatalf("the successor held rank 0 silent %d times", held)
+	}
+}
+
+// TestForgedSilenceNoticeElectsNobody: a member holding the key sends the ranks
+// a notice that the leader is silent, in the successor's name: a rank checks
+// with pings of its own, hears the leader, and keeps it; the successor refuses
+// a notice in its own name.
+func TestForgedSilenceNoticeElectsNobody(t *testing.T) {
+	tc := startCluster(t, 3)
+	tc.holding()
+	c := tc.client()
+	lead := tc.ranks[0].Coord
+	testutil.Eventually(t, time.Minute, "rank 0 leading under a term", func() bool { return lead.IsLeader() && lead.Term() > 0 })
+	rank0, rank1 := NodeName(tc.run, 0), NodeName(tc.run, 1)
+	for _, to := range []string{rank1, NodeName(tc.run, 2)} {
+		env := c.envelope(0)
+		env.Sender, env.SenderRank = rank1, 1 // the successor's name
+		env.Body = &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: rank0}}
+		if err := c.send(to, env, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	third := tc.ranks[2].Coord
+	testutil.Eventually(t, 30*time.Second, "rank 2 to check the notice with its own pings", func() bool {
+		third.silenced.mu.Lock()
+		defer third.silenced.mu.Unlock()
+		return third.silenced.checked >= 1
+	})
+	barrier(t, c, rank1)
+	for r, rk := range tc.ranks {
+		if held, _ := rk.Coord.Silences(); held != 0 {
+			t.Fatalf("rank %d held the leader silent on a forged notice", r)
+		}
+		if l, ok := rk.Coord.Leader(); !ok || l != 0 {
+			t.Fatalf("rank %d follows rank %d (%v)", r, l, ok)
 		}
 	}
 }
