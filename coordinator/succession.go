@@ -231,10 +231,10 @@ func (c *Coordinator) counted(held, alive uint64) {
 }
 
 // onLeaderSilent takes a successor's notice that the leader is silent: this
-// member holds the leader silent too once the leader answers neither of two
-// pings of its own. A notice is never taken on trust (a member holding the key
-// may send one under any rank's name), and it asks at most one such check at a
-// time of each leader.
+// member holds the leader silent too, and keeps it held only while the leader
+// answers neither of two pings of its own. A notice is never taken on trust (a
+// member holding the key may send one under any rank's name): at most it moves
+// a member for the time of a ping's answer. One check at a time of each leader.
 func (c *Coordinator) onLeaderSilent(env *pb.Envelope, s *pb.LeaderSilent) {
 	switch {
 	case c.cfg.LeaderProbe <= 0:
@@ -248,15 +248,26 @@ func (c *Coordinator) onLeaderSilent(env *pb.Envelope, s *pb.LeaderSilent) {
 	}
 	c.mu.Lock()
 	leader := c.leaderName
+	succ := c.successorLocked(leader)
 	m := c.members[s.Leader]
 	c.mu.Unlock()
 	if s.Leader != leader || s.Leader == c.name || m == nil || !c.verifying(s.Leader, true) {
 		return // (elected past it already, or being checked)
 	}
+	// told by the successor it sees, a member follows it at once (its rank's
+	// results go to the leader that will take them) and takes the leader back
+	// if the leader answers one of its pings; told by another, it pings first
+	early := env.Sender == succ && c.hold(s.Leader)
+	if early {
+		c.log.Warn("the leader's successor hears nothing from the leader: electing without it, and checking", "silent_leader", s.Leader, "successor", succ)
+	}
 	node := *m.node
 	c.spawn(func() {
 		defer c.verifying(s.Leader, false)
-		if !c.pingTwice(node) && c.hold(s.Leader) {
+		switch answered := c.pingTwice(node); {
+		case answered && early:
+			c.heardFrom(s.Leader)
+		case !answered && !early && c.hold(s.Leader):
 			c.log.Warn("the leader answers no ping: electing without it", "silent_leader", s.Leader, "told_by", env.Sender)
 		}
 	})
