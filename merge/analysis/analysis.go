@@ -275,7 +275,7 @@ func (r *RankData) walk(a *RankAnalysis, w Window, alloc, res int64, hist *histo
 		a.Events++
 		a.LastEventUS = t
 		if e.Action == snapshot.ActionOOM {
-			a.OOMs = append(a.OOMs, OOM{TimeUS: t, Size: e.Size, DeviceFreeB: e.DeviceFree, AllocatedThen: alloc, ReservedThen: res})
+			a.OOMs = append(a.OOMs, oomOf(t, e.Size, e.DeviceFree, alloc, res))
 			oomAt = append(oomAt, i)
 			hist.add(t, alloc)
 			continue
@@ -329,7 +329,7 @@ func (r *RankData) freeAt(a *RankAnalysis, at []int) {
 		f.LargestFreeBlockBytes = &largest[0]
 	}
 	for i := range a.OOMs {
-		if o := &a.OOMs[i]; largest[i+1] <= o.ReservedThen-o.AllocatedThen {
+		if o := &a.OOMs[i]; largest[i+1] <= o.ReservedThen-o.AllocatedThen && plausibleSize(&largest[i+1]) {
 			o.LargestFreeBlock = &largest[i+1]
 		}
 	}
@@ -529,6 +529,19 @@ func ParseAnalysis(b []byte) (*RankAnalysis, error) {
 const maxPlausibleBytes = 1 << 56
 
 func plausibleBytes(n int64) bool { return n >= -maxPlausibleBytes && n <= maxPlausibleBytes }
+
+// oomOf is an OOM as a trace tells it, its figures that cannot be (a corrupt
+// trace's negative or huge sizes) left out as zero, as the analysis's reader
+// would refuse them.
+func oomOf(t, size, deviceFree, alloc, res int64) OOM {
+	if size < 0 || !plausibleBytes(size) {
+		size = 0
+	}
+	if res < 0 || !plausibleBytes(res) {
+		res = 0
+	}
+	return OOM{TimeUS: t, Size: size, DeviceFreeB: deviceFree, AllocatedThen: alloc, ReservedThen: res}
+}
 
 // plausibleSize: absent, or a size of zero or more that plausibleBytes takes.
 func plausibleSize(n *int64) bool { return n == nil || *n >= 0 && plausibleBytes(*n) }
