@@ -29,13 +29,7 @@ type server struct {
 // MEMSNAP_MINIO_STATE: a shell that did not eval what start printed.
 func minioEnv(t *testing.T) []string {
 	t.Helper()
-	bin := os.Getenv("MEMSNAP_MINIO_BIN")
-	if bin == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("MEMSNAP_MINIO_BIN is not set under CI=true: run the tests through scripts/test.sh")
-		}
-		t.Skip("no MinIO binary: set MEMSNAP_MINIO_BIN (scripts/test.sh does)")
-	}
+	bin := testutil.MinIOBin(t)
 	src, err := os.ReadFile("minio.sh")
 	if err != nil {
 		t.Fatal(err)

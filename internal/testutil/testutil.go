@@ -302,7 +302,9 @@ func StartMinIOTLS(t testing.TB, tls TLSFiles) *MinIOServer {
 	return startMinIO(t, tls)
 }
 
-func startMinIO(t testing.TB, files TLSFiles) *MinIOServer {
+// MinIOBin is the MinIO binary the tests are given ($MEMSNAP_MINIO_BIN, which
+// scripts/test.sh sets); without it the test is skipped, or fails under CI=true.
+func MinIOBin(t testing.TB) string {
 	t.Helper()
 	bin := os.Getenv("MEMSNAP_MINIO_BIN")
 	if bin == "" {
@@ -311,6 +313,12 @@ func startMinIO(t testing.TB, files TLSFiles) *MinIOServer {
 		}
 		t.Skip("no MinIO binary: set MEMSNAP_MINIO_BIN (scripts/test.sh does)")
 	}
+	return bin
+}
+
+func startMinIO(t testing.TB, files TLSFiles) *MinIOServer {
+	t.Helper()
+	bin := MinIOBin(t)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
 	s := &MinIOServer{bin: bin, addr: addr, data: t.TempDir(), t: t, client: http.DefaultClient,
 		MinIO: MinIO{Endpoint: "http://" + addr, AccessKey: "memsnap-test", SecretKey: fmt.Sprintf("s%d-secret-key", time.Now().UnixNano())}}
