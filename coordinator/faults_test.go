@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -266,6 +267,27 @@ func TestOOMPostmortem(t *testing.T) {
 	}
 	if len(incs) != 1 || incs[0].Rank != 2 || incs[0].Kind != pb.WindowKind_WINDOW_KIND_OOM || incs[0].Batch != 3 || incs[0].Cause != "out of memory" {
 		t.Fatalf("the leader's view's incidents: %v", incs)
+	}
+	// rank 2's agent is gone; an alert about it comes late: the alert's window
+	// says where rank 2's history is, the post-mortem
+	tc.stops[2]()
+	testutil.Eventually(t, time.Minute, "rank 2 gone from the leader's view", func() bool {
+		for _, r := range tc.ranks[:2] {
+			if r.Coord.IsLeader() {
+				return !slices.ContainsFunc(r.Coord.Members(), func(n *pb.NodeMeta) bool { return n.GetRank() == 2 })
+			}
+		}
+		return false
+	})
+	res, err := tc.client().Request(testutil.Context(t, time.Minute), 2, RequestOptions{Reason: runlog.ReasonAlert + "MemsnapLowHeadroom (rank 2)"})
+	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED {
+		t.Fatalf("the alert's window: %v %+v", err, res)
+	}
+	am := readManifest(t, res.Manifest)
+	want := fmt.Sprintf("; its history is in oom post-mortem window %d, which it failed first (out of memory)", m.Window.ID)
+	if len(am.Findings) == 0 || !strings.HasPrefix(am.Findings[0], "rank 2, which this window was taken for (alerted: MemsnapLowHeadroom (rank 2)): its snapshot is missing: ") ||
+		!strings.HasSuffix(am.Findings[0], want) {
+		t.Fatalf("the alert's window's first finding does not point to the post-mortem: %q", am.Findings)
 	}
 }
 

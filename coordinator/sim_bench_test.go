@@ -49,6 +49,7 @@ type simFigures struct {
 	idleHeap                   uint64        // heap in use then
 	idlePackets                float64       // packets a second then
 	idleRSS                    uint64        // the process's resident memory then, less before the cluster started
+	idleSilences, idleTerms    uint64        // over the idle span: leaders held silent (summed over members), terms taken
 	toPlan                     []time.Duration
 	acks                       []time.Duration // every rank's, trigger to the leader taking its ack, over every window
 	planAcks                   []time.Duration // the same from the plan
@@ -266,9 +267,11 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	f.idleHeap = heapInuse()
 	f.idleRSS = sub(processRSS(), rss0)
 	c0, p0, t0 := processCPU(), sc.net.sent.Load(), time.Now()
+	s0, term0 := simSilences(sc), simTerm(sc)
 	time.Sleep(*simIdle) // the idle cluster's own load, measured over a fixed span
 	f.idleCores = float64(processCPU()-c0) / float64(time.Since(t0))
 	f.idlePackets = float64(sc.net.sent.Load()-p0) / time.Since(t0).Seconds()
+	f.idleSilences, f.idleTerms = simSilences(sc)-s0, simTerm(sc)-term0
 	stop := simProfileTo(b, fmt.Sprintf("%s-%d.prof", *simProfile, n), *simRepeats > 0)
 	for i := 0; i < *simRepeats; i++ {
 		simWindow(b, sc, f, false)
@@ -286,6 +289,25 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	f.dropped = sc.net.dropped()
 	f.warnings = sc.log.Warnings()
 	return f
+}
+
+// simSilences sums the times each member held its leader silent.
+func simSilences(sc *simCluster) uint64 {
+	var n uint64
+	for _, c := range sc.coords {
+		held, _ := c.Silences()
+		n += held
+	}
+	return n
+}
+
+// simTerm is the newest leadership term any member has seen.
+func simTerm(sc *simCluster) uint64 {
+	var t uint64
+	for _, c := range sc.coords {
+		t = max(t, c.Term())
+	}
+	return t
 }
 
 // simWindow asks for one window as the snapshot command does and measures it;
@@ -557,6 +579,8 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"one idle agent: CPU (whole / members)", func(f *simFigures) float64 { return 1000 * f.idleCores / float64(f.members) }, func(v float64) string { return fmt.Sprintf("%.2f ms/s", v) }},
 		{"one idle agent: packets sent a second", func(f *simFigures) float64 { return f.idlePackets / float64(f.members) }, func(v float64) string { return fmt.Sprintf("%.2f", v) }},
 		{"one idle agent: RSS (growth / members)", func(f *simFigures) float64 { return float64(f.idleRSS) / float64(f.members) }, func(v float64) string { return fmt.Sprintf("%.0f KiB", v/1024) }},
+		{"idle: leaders held silent (all members)", func(f *simFigures) float64 { return float64(f.idleSilences) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		{"idle: terms taken while the leader lived", func(f *simFigures) float64 { return float64(f.idleTerms) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
 		{"trigger -> plan sent (median)", q(func(f *simFigures) []time.Duration { return f.toPlan }, 0.5), msf},
 		{"trigger -> rank acked, p50", q(acks, 0.5), msf},
 		{"trigger -> rank acked, p99", q(acks, 0.99), msf},

@@ -356,7 +356,7 @@ func (b *builder) summary(world int) *analysis.Summary {
 	sum.Spread = analysis.ComputeSpread(sum.Ranks)
 	sum.MissingReasons = missingReasons(b.cfg, sum)
 	if f := b.cfg.Focus; f != nil && f.Rank >= 0 && f.Rank < world {
-		sum.Focus = &analysis.Focus{Rank: f.Rank, Why: f.Why}
+		sum.Focus = &analysis.Focus{Rank: f.Rank, Why: f.Why, Elsewhere: f.Elsewhere}
 	}
 	if len(sum.MissingRanks) > 0 {
 		b.cfg.Logger.Warn("ranks missing from the merge", "missing", len(sum.MissingRanks), "world_size", world)

@@ -5,6 +5,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,9 +19,11 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator"
+	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/merge/snapshot"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // metricsJob is n real `memsnap agent` processes serving metrics, each beside
@@ -335,7 +341,19 @@ func TestAlertmanagerWebhook(t *testing.T) {
 		t.Fatal(err)
 	}
 	j := startMetricsJob(t, []int64{0, 0, 3 << 20}, "--api-token-file", tokenFile)
-	am := testutil.StartAlertmanager(t, "http://"+j.targets[0]+"/api/v1/alertmanager", tokenFile)
+	// the webhook passes through a proxy that notes when the first alert arrived
+	arrived := make(chan time.Time, 1)
+	agentAPI, _ := url.Parse("http://" + j.targets[0])
+	proxy := httputil.NewSingleHostReverseProxy(agentAPI)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case arrived <- time.Now():
+		default:
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	am := testutil.StartAlertmanager(t, front.URL+"/api/v1/alertmanager", tokenFile)
 	rules := `groups:
   - name: memsnap
     interval: 1s
@@ -370,5 +388,22 @@ func TestAlertmanagerWebhook(t *testing.T) {
 	}
 	if first := row.Manifest.Findings[0]; !strings.HasPrefix(first, "rank 2, which this window was taken for (alerted: MemsnapLowHeadroom (rank 2)") {
 		t.Fatalf("the alert's window's first finding is not about rank 2: %q", first)
+	}
+	// it was planned at once: not after the leader's join grace (5 s under
+	// --local, 10 s by default), nor behind other windows; the trainers' batch
+	// is 20 ms, and the figure in batches is logged for the docs
+	st, err := store.OpenDir(j.store, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := runlog.New(st, j.run).ReadPlan(testutil.Context(t, time.Minute), row.Manifest.Window.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := <-arrived
+	took := plan.Created.Sub(at)
+	t.Logf("the alert's window planned %v after the alert arrived (%.1f batches of 20ms)", took.Round(time.Millisecond), float64(took)/float64(20*time.Millisecond))
+	if took > 3*time.Second {
+		t.Fatalf("the alert's window was planned %v after the alert arrived", took)
 	}
 }

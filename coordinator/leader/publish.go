@@ -139,6 +139,7 @@ func (l *Leader) complete(ctx context.Context, w *win) {
 // of it.
 func (l *Leader) merge(ctx context.Context, w *win, inputs map[int]merge.Input) {
 	cfg := l.mergeConfig(w, inputs)
+	l.pointToHistory(ctx, w.id(), &cfg)
 	cfg.OnAnswer = func(a merge.Answer) {
 		ans := resultFromManifest(a.Manifest, a.M, l.st)
 		ans.Window, ans.Kind, ans.Start, ans.Stop, ans.Pending = w.id(), w.m.Kind, w.m.Start, w.m.Stop, true

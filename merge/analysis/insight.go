@@ -371,6 +371,9 @@ func (s *Summary) focusLine() string {
 		if why == "" {
 			why = "not merged"
 		}
+		if f.Elsewhere != "" {
+			why += "; " + f.Elsewhere
+		}
 		return head + ": its snapshot is missing: " + why
 	}
 	r := s.Ranks[i]

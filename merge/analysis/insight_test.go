@@ -462,6 +462,11 @@ func TestFocusLeads(t *testing.T) {
 	if a := s.Answer(); a[0] != "rank 3, which this window was taken for (failed first: out of memory): its snapshot is missing: its agent left the cluster" {
 		t.Fatalf("answer:\n%s", strings.Join(a, "\n"))
 	}
+	// a rank gone: the answer says where its history is
+	s.Focus.Elsewhere = "its history is in oom post-mortem window 3"
+	if a := s.Answer(); a[0] != "rank 3, which this window was taken for (failed first: out of memory): its snapshot is missing: its agent left the cluster; its history is in oom post-mortem window 3" {
+		t.Fatalf("answer:\n%s", strings.Join(a, "\n"))
+	}
 	// a dump of a rank that kept no history (no --record-always) says so
 	s.Focus, s.MissingReasons = &Focus{Rank: 1, Why: "crossed a trigger"}, nil
 	s.Ranks[1].Events = 0

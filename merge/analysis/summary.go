@@ -43,6 +43,9 @@ type Summary struct {
 type Focus struct {
 	Rank int    `json:"rank"`
 	Why  string `json:"why"`
+	// Elsewhere says where the rank's history is when the window does not hold
+	// it (the rank is gone: "its history is in oom post-mortem window 3").
+	Elsewhere string `json:"elsewhere,omitempty"`
 }
 
 // PicklePart is one merged pickle: device i of it is rank FirstRank+i, for ranks
