@@ -5,6 +5,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -54,11 +55,17 @@ type cutTransport struct {
 var _ memberlist.NodeAwareTransport = (*cutTransport)(nil)
 
 func newCutTransport(t *testing.T, p *partition, group int) *cutTransport {
-	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{"127.0.0.1"}, BindPort: 0})
+	return newCutTransportAt(t, p, group, "127.0.0.1")
+}
+
+// newCutTransportAt is newCutTransport bound to ip (another loopback address
+// is another host, as far as the members can tell).
+func newCutTransportAt(t *testing.T, p *partition, group int, ip string) *cutTransport {
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{ip}, BindPort: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ct := &cutTransport{NetTransport: nt, p: p, self: fmt.Sprintf("127.0.0.1:%d", nt.GetAutoBindPort()),
+	ct := &cutTransport{NetTransport: nt, p: p, self: net.JoinHostPort(ip, strconv.Itoa(nt.GetAutoBindPort())),
 		packets: make(chan *memberlist.Packet), streams: make(chan net.Conn),
 		stopping: make(chan struct{}), innerDone: make(chan struct{})}
 	p.mu.Lock()
@@ -399,6 +406,8 @@ func TestForgedMessagesChangeNothing(t *testing.T) {
 	// that is not the successor (nor a rank), also claiming rank 1
 	forge(rank1, 0, bigTerm, -1, &pb.LeaderSilent{Leader: rank0})
 	forge(rank1, 0, bigTerm, 1, &pb.LeaderSilent{Leader: rank0})
+	// and one that names rank 1 as silent with its leader's host, to rank 1
+	forge(rank1, 0, bigTerm, -1, &pb.LeaderSilent{Leader: rank0, Also: []string{rank1}})
 	barrier(t, c, rank0)
 	barrier(t, c, rank1)
 	// every plan and dump was answered: refused, its sender is not the leader

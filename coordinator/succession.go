@@ -3,11 +3,14 @@ package coordinator
 import (
 	"context"
 	"net"
+	"slices"
+	"sort"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/coordinator/wire"
 	"github.com/memsnap/memsnap/internal/pb"
 )
 
@@ -35,6 +38,7 @@ import (
 type silentMember struct {
 	m      member // as last heard of (memberlist's news of it updates it)
 	agent  string // its agent's id when it was held (a restarted agent's is new)
+	leader bool   // held as the leader (not as a member of its host held with it)
 	at     time.Time
 	pinged time.Time // when it was last pinged (to be heard from again)
 }
@@ -60,13 +64,20 @@ func (c *Coordinator) Silences() (held, alive uint64) {
 // successorLocked is the member that leads were the leader gone: the lowest
 // rank member after it ("" when there is none).
 func (c *Coordinator) successorLocked(leader string) string {
+	return c.successorPastLocked(leader, nil)
+}
+
+// successorPastLocked is the member that leads were the leader and the
+// members skip names gone: the lowest rank member after the leader that skip
+// does not name ("" when there is none).
+func (c *Coordinator) successorPastLocked(leader string, skip map[string]bool) string {
 	lm := c.members[leader]
 	if lm == nil {
 		return ""
 	}
 	next := ""
 	for n, m := range c.members {
-		if n == leader || m.meta.Rank < 0 || before(m.meta.Rank, n, lm.meta.Rank, leader) {
+		if n == leader || skip[n] || m.meta.Rank < 0 || before(m.meta.Rank, n, lm.meta.Rank, leader) {
 			continue
 		}
 		if next == "" || before(m.meta.Rank, n, c.members[next].meta.Rank, next) {
@@ -74,6 +85,30 @@ func (c *Coordinator) successorLocked(leader string) string {
 		}
 	}
 	return next
+}
+
+// offHostLocked reports whether this member is the first member after the
+// leader on another host (an address of another IP) while the successor is on
+// the leader's host, and the members of the leader's host that come before it:
+// a host that dies takes its successor with it, so this member watches the
+// leader too. One pass over the members, none when this member shares the
+// leader's host.
+func (c *Coordinator) offHostLocked(leader string) (ahead []string, mine bool) {
+	lm, me := c.members[leader], c.members[c.name]
+	if lm == nil || me == nil || me.meta.Rank < 0 || me.node.Addr.Equal(lm.node.Addr) || before(me.meta.Rank, c.name, lm.meta.Rank, leader) {
+		return nil, false
+	}
+	for n, m := range c.members {
+		if n == leader || n == c.name || m.meta.Rank < 0 || before(m.meta.Rank, n, lm.meta.Rank, leader) || !before(m.meta.Rank, n, me.meta.Rank, c.name) {
+			continue
+		}
+		if !m.node.Addr.Equal(lm.node.Addr) || len(ahead) == wire.MaxSilentAlso {
+			return nil, false // (another host comes first, or too many to name)
+		}
+		ahead = append(ahead, n)
+	}
+	sort.Strings(ahead)
+	return ahead, len(ahead) > 0
 }
 
 // leaderWatch is the successor's watch of one leader: a watch starts when
@@ -126,8 +161,10 @@ func (w *leaderWatch) answered(gen uint64, ok bool) {
 	}
 }
 
-// watchSuccession pings the leader while this member is its successor, and the
-// members it holds silent until they answer; it runs until ctx ends.
+// watchSuccession pings the leader while this member is its successor (or
+// the first member on another host after it, when the successor shares the
+// leader's host), and the members it holds silent until they answer; it runs
+// until ctx ends.
 func (c *Coordinator) watchSuccession(ctx context.Context) {
 	every := c.cfg.LeaderProbe
 	if every <= 0 {
@@ -145,7 +182,11 @@ func (c *Coordinator) watchSuccession(ctx context.Context) {
 		c.pingSilent()
 		c.mu.Lock()
 		leader := c.leaderName
+		var ahead []string
 		mine := leader != "" && leader != c.name && c.successorLocked(leader) == c.name
+		if !mine && leader != "" && leader != c.name {
+			ahead, mine = c.offHostLocked(leader)
+		}
 		m := c.members[leader]
 		c.mu.Unlock()
 		if !mine || m == nil {
@@ -154,7 +195,7 @@ func (c *Coordinator) watchSuccession(ctx context.Context) {
 		}
 		w.start(leader)
 		if w.silent(c.cfg.LeaderSilence) {
-			c.declareSilent(leader)
+			c.declareSilent(leader, ahead)
 			w.start("") // (a leader heard from again is watched anew)
 			continue
 		}
@@ -167,14 +208,23 @@ func (c *Coordinator) watchSuccession(ctx context.Context) {
 }
 
 // declareSilent holds the leader silent (this member, its successor, leads) and
-// tells every member.
-func (c *Coordinator) declareSilent(leader string) {
-	if !c.hold(leader) {
+// tells every member. ahead are the members of the leader's host before this
+// one in the succession: this member leads only if none of them answers a
+// ping (its host died with the leader); one that answers leads instead.
+func (c *Coordinator) declareSilent(leader string, ahead []string) {
+	if len(ahead) > 0 && c.anyAnswers(ahead) {
+		return // (the leader's host lives: its successor there watches the leader)
+	}
+	if !c.hold(leader, true) {
 		return
 	}
-	c.log.Warn("the leader answers no ping: leading in its place, until it is heard from again", "silent_leader", leader, "silence", c.cfg.LeaderSilence)
+	for _, n := range ahead {
+		c.hold(n, false)
+	}
+	c.log.Warn("the leader answers no ping: leading in its place, until it is heard from again", "silent_leader", leader, "silent_on_its_host", ahead,
+		"silence", c.cfg.LeaderSilence)
 	env := c.envelope(0)
-	env.Body = &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: leader}}
+	env.Body = &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: leader, Also: ahead}}
 	c.mu.Lock()
 	to := make([]string, 0, len(c.members))
 	for n := range c.members {
@@ -188,9 +238,34 @@ func (c *Coordinator) declareSilent(leader string) {
 	}
 }
 
+// anyAnswers pings each member named twice, all at once, and reports whether
+// any answered (a member not known now counts as silent).
+func (c *Coordinator) anyAnswers(names []string) bool {
+	c.mu.Lock()
+	var nodes []memberlist.Node
+	for _, n := range names {
+		if m := c.members[n]; m != nil {
+			nodes = append(nodes, *m.node)
+		}
+	}
+	c.mu.Unlock()
+	answers := make(chan bool, len(nodes))
+	for _, n := range nodes {
+		if !c.spawn(func() { answers <- c.pingTwice(n) }) {
+			return true // (stopping: no verdict)
+		}
+	}
+	any := false
+	for range nodes {
+		any = <-answers || any
+	}
+	return any
+}
+
 // hold takes name out of the members as if memberlist had declared it gone,
-// keeping it to put back when it is heard from; it reports whether it did.
-func (c *Coordinator) hold(name string) bool {
+// keeping it to put back when it is heard from; it reports whether it did. A
+// leader held is counted (Silences); a member of its host held with it is not.
+func (c *Coordinator) hold(name string, leader bool) bool {
 	c.mu.Lock()
 	m := c.members[name]
 	if m == nil || name == c.name {
@@ -200,14 +275,18 @@ func (c *Coordinator) hold(name string) bool {
 	if c.silent == nil {
 		c.silent = map[string]*silentMember{}
 	}
-	c.silent[name] = &silentMember{m: *m, agent: m.meta.GetAgent(), at: time.Now(), pinged: time.Now()}
+	c.silent[name] = &silentMember{m: *m, agent: m.meta.GetAgent(), leader: leader, at: time.Now(), pinged: time.Now()}
 	if m.meta.Rank >= 0 && len(c.gone) < maxSeenAddrs {
 		c.gone[name] = goneMember{at: time.Now(), members: len(c.members), silent: true}
 	}
 	c.setMember(name, nil)
 	c.recountLocked()
 	c.mu.Unlock()
-	c.counted(1, 0)
+	if leader {
+		c.counted(1, 0)
+	} else {
+		c.counted(0, 0)
+	}
 	return true
 }
 
@@ -230,16 +309,17 @@ func (c *Coordinator) counted(held, alive uint64) {
 	}
 }
 
-// onLeaderSilent takes a successor's notice that the leader is silent: this
-// member holds the leader silent too, and keeps it held only while the leader
-// answers neither of two pings of its own. A notice is never taken on trust (a
-// member holding the key may send one under any rank's name): at most it moves
-// a member for the time of a ping's answer. One check at a time of each leader.
+// onLeaderSilent takes a successor's notice that the leader is silent (and,
+// when its host died, the members of its host before the sender): this member
+// holds them silent too, and keeps each held only while it answers neither of
+// two pings of its own. A notice is never taken on trust (a member holding the
+// key may send one under any rank's name): at most it moves a member for the
+// time of a ping's answer. One check at a time of each leader.
 func (c *Coordinator) onLeaderSilent(env *pb.Envelope, s *pb.LeaderSilent) {
 	switch {
 	case c.cfg.LeaderProbe <= 0:
 		return // (the watch is off)
-	case env.Sender == c.name:
+	case env.Sender == c.name || slices.Contains(s.Also, c.name):
 		c.refuse(env, "a silent leader's notice in this member's own name")
 		return
 	case !c.isRankMember(env):
@@ -248,29 +328,82 @@ func (c *Coordinator) onLeaderSilent(env *pb.Envelope, s *pb.LeaderSilent) {
 	}
 	c.mu.Lock()
 	leader := c.leaderName
-	succ := c.successorLocked(leader)
 	m := c.members[s.Leader]
+	also, ok := c.aheadOfLocked(s.Leader, env.Sender, s.Also)
+	skip := map[string]bool{}
+	for _, a := range also {
+		skip[a.Name] = true
+	}
+	succ := c.successorPastLocked(leader, skip)
 	c.mu.Unlock()
+	if !ok {
+		c.refuse(env, "a silent leader's notice naming members that do not come between the leader and its sender")
+		return
+	}
 	if s.Leader != leader || s.Leader == c.name || m == nil || !c.verifying(s.Leader, true) {
 		return // (elected past it already, or being checked)
 	}
-	// told by the successor it sees, a member follows it at once (its rank's
-	// results go to the leader that will take them) and takes the leader back
-	// if the leader answers one of its pings; told by another, it pings first
-	early := env.Sender == succ && c.hold(s.Leader)
+	// told by the member it sees as the successor (past the leader's host when
+	// the notice says it died), a member follows it at once (its rank's results
+	// go to the leader that will take them) and takes back each member held
+	// that answers one of its pings; told by another, it pings first
+	early := env.Sender == succ && c.hold(s.Leader, true)
 	if early {
-		c.log.Warn("the leader's successor hears nothing from the leader: electing without it, and checking", "silent_leader", s.Leader, "successor", succ)
+		for _, a := range also {
+			c.hold(a.Name, false)
+		}
+		c.log.Warn("the leader's successor hears nothing from the leader: electing without it, and checking", "silent_leader", s.Leader, "successor", succ,
+			"silent_on_its_host", len(also))
 	}
 	node := *m.node
 	c.spawn(func() {
 		defer c.verifying(s.Leader, false)
-		switch answered := c.pingTwice(node); {
-		case answered && early:
-			c.heardFrom(s.Leader)
-		case !answered && !early && c.hold(s.Leader):
-			c.log.Warn("the leader answers no ping: electing without it", "silent_leader", s.Leader, "told_by", env.Sender)
-		}
+		c.checkSilent(node, also, early, env.Sender)
 	})
+}
+
+// aheadOfLocked is the members named that this member knows, each of which
+// comes after leader and before sender in the succession; ok is false when
+// one known does not.
+func (c *Coordinator) aheadOfLocked(leader, sender string, names []string) (ahead []memberlist.Node, ok bool) {
+	lm, sm := c.members[leader], c.members[sender]
+	for _, n := range names {
+		m := c.members[n]
+		if m == nil {
+			continue // (gone already, or held)
+		}
+		if lm == nil || sm == nil || before(m.meta.Rank, n, lm.meta.Rank, leader) || !before(m.meta.Rank, n, sm.meta.Rank, sender) {
+			return nil, false
+		}
+		ahead = append(ahead, *m.node)
+	}
+	return ahead, true
+}
+
+// checkSilent pings the leader and the members of its host a notice named,
+// each twice: held already (early), each that answers is taken back; not
+// held, each that does not is held (the members of its host only with the
+// leader).
+func (c *Coordinator) checkSilent(leader memberlist.Node, also []memberlist.Node, early bool, from string) {
+	nodes := append([]memberlist.Node{leader}, also...)
+	answered := make([]bool, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		if !c.spawn(func() { defer wg.Done(); answered[i] = c.pingTwice(n) }) {
+			wg.Done()
+			answered[i] = true // (stopping: no verdict)
+		}
+	}
+	wg.Wait()
+	for i, n := range nodes {
+		switch {
+		case answered[i] && early:
+			c.heardFrom(n.Name)
+		case !answered[i] && !early && !answered[0] && c.hold(n.Name, i == 0) && i == 0:
+			c.log.Warn("the leader answers no ping: electing without it", "silent_leader", n.Name, "told_by", from)
+		}
+	}
 }
 
 // verifying marks (on) or unmarks a check of leader; marking reports false
@@ -356,6 +489,11 @@ func (c *Coordinator) heardFrom(name string) {
 		c.counted(0, 0)
 		return
 	}
+	if !s.leader {
+		c.log.Warn("a member held silent with its host's leader is heard from again", "silent_member", name, "silent_for", time.Since(s.at).Round(time.Millisecond))
+		c.counted(0, 0)
+		return
+	}
 	c.log.Warn("a leader held silent is heard from again: it leads again (a term was taken while it lived)", "silent_leader", name, "silent_for", time.Since(s.at).Round(time.Millisecond))
 	c.counted(0, 1)
 }
@@ -380,7 +518,9 @@ func (c *Coordinator) newsOfSilentLocked(name string, m *member) bool {
 		delete(c.silent, name)
 		c.recountLocked()
 		c.silenced.mu.Lock()
-		c.silenced.alive++
+		if s.leader {
+			c.silenced.alive++
+		}
 		c.silenced.mu.Unlock()
 		c.log.Warn("a leader held silent took a newer term: it lives and leads again", "silent_leader", name, "term", m.meta.Term)
 		return false

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -111,6 +112,119 @@ func TestSuccessor(t *testing.T) {
 		if s := c.successorLocked(leader); s != want {
 			t.Errorf("the successor of %s: %q, want %q", leader, s, want)
 		}
+	}
+}
+
+// TestHostDiesWithItsLeader: the leader (rank 0) and its successor (rank 1)
+// share a host, and that host is cut off from the other (as a host that dies
+// is). The first rank on the other host watches the leader too: hearing
+// nothing, and nothing from rank 1 either, it holds both silent and leads, and
+// rank 3 follows at once, long before memberlist would declare them dead. A
+// window asked for then is published by rank 2. When the cut heals, rank 0
+// leads again and rank 1 is a member again; only the leader's silence is
+// counted.
+func TestHostDiesWithItsLeader(t *testing.T) {
+	p := &partition{group: map[string]int{}}
+	hostOf := func(rank int) int { return rank / 2 }
+	tc := startCluster(t, 4, func(c *Config, a *rankagent.Config) {
+		if !c.Client {
+			h := hostOf(c.Identity.Rank)
+			c.Memberlist.Transport = newCutTransportAt(t, p, h, fmt.Sprintf("127.0.0.%d", 11+h))
+			c.Memberlist.SuspicionMult = 120 // memberlist's own verdict: a minute after the cut
+		}
+	})
+	tc.holding()
+	old := tc.ranks[0].Coord
+	testutil.Eventually(t, time.Minute, "rank 0 leading under a term every rank knows", func() bool {
+		term := old.Term()
+		for _, r := range tc.ranks {
+			if r.Coord.Term() != term {
+				return false
+			}
+		}
+		return old.IsLeader() && term > 0
+	})
+	term := old.Term()
+	off := tc.ranks[2].Coord
+	cfg := DefaultLocalConfig(rankagent.Identity{RunName: tc.run})
+	cfg.Client, cfg.SecretKey, cfg.Logger = true, tc.key, testutil.Logger(t).With("member", "client")
+	cfg.Memberlist.Transport = newCutTransportAt(t, p, 1, "127.0.0.12")
+	cfg.Memberlist.SuspicionMult = 120
+	cfg.Join = []string{off.Addr()}
+	cl, stop := runMember(t, cfg)
+	t.Cleanup(stop)
+	rank0, rank1 := NodeName(tc.run, 0), NodeName(tc.run, 1)
+	testutil.Eventually(t, 30*time.Second, "the client to see rank 0 lead, and rank 2 to have heard rank 0 answer its pings", func() bool {
+		l, ok := cl.Leader()
+		return ok && l == 0 && off.watch.heardIn(rank0)
+	})
+	p.mu.Lock()
+	p.cut = true
+	p.mu.Unlock()
+	testutil.Eventually(t, 30*time.Second, "rank 2 leading under a newer term, rank 3 following it", func() bool {
+		l, ok := tc.ranks[3].Coord.Leader()
+		return off.IsLeader() && off.Term() > term && ok && l == 2
+	})
+	for r := 2; r < 4; r++ {
+		c := tc.ranks[r].Coord
+		if held, alive := c.Silences(); held != 1 || alive != 0 {
+			t.Fatalf("rank %d held the leader silent %d times, heard from again %d", r, held, alive)
+		}
+		for _, name := range []string{rank0, rank1} {
+			if !slices.ContainsFunc(c.memberlist().Members(), func(n *memberlist.Node) bool { return n.Name == name }) {
+				t.Fatalf("rank %d: memberlist declared %s dead already: the off-host watch was not what elected", r, name)
+			}
+		}
+	}
+	testutil.Eventually(t, 30*time.Second, "the client to see rank 2 lead", func() bool { l, ok := cl.Leader(); return ok && l == 2 })
+	res, err := cl.Snapshot(testutil.Context(t, 2*time.Minute), 2, nil, nil)
+	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || fmt.Sprint(res.Ranks) != "[2 3]" || res.Missing[0] == "" || res.Missing[1] == "" {
+		t.Fatalf("a window asked of rank 2: %+v %v", res, err)
+	}
+	p.mu.Lock()
+	p.cut = false
+	p.mu.Unlock()
+	testutil.Eventually(t, time.Minute, "rank 0 leading again, every rank following it and seeing rank 1", func() bool {
+		for _, rk := range tc.ranks {
+			if l, ok := rk.Coord.Leader(); !ok || l != 0 || len(rk.Coord.Members()) < 4 {
+				return false
+			}
+		}
+		return old.IsLeader()
+	})
+	if held, alive := off.Silences(); held != 1 || alive != 1 {
+		t.Fatalf("rank 2 held the leader silent %d times, heard from again %d", held, alive)
+	}
+}
+
+// TestOffHost: the first rank on another host after the leader watches it
+// when the successor shares the leader's host, naming the ranks between.
+func TestOffHost(t *testing.T) {
+	c := &Coordinator{name: "r/rank2", members: map[string]*member{}}
+	add := func(rank int32, ip string) {
+		name := fmt.Sprintf("r/rank%d", rank)
+		c.members[name] = &member{node: &memberlist.Node{Name: name, Addr: net.ParseIP(ip)}, meta: &pb.NodeMeta{Rank: rank}}
+	}
+	add(0, "10.0.0.1")
+	add(1, "10.0.0.1")
+	add(2, "10.0.0.2")
+	add(3, "10.0.0.2")
+	if ahead, mine := c.offHostLocked("r/rank0"); !mine || fmt.Sprint(ahead) != "[r/rank1]" {
+		t.Fatalf("rank 2 after rank 0's host: %v %v", ahead, mine)
+	}
+	c.name = "r/rank3"
+	if _, mine := c.offHostLocked("r/rank0"); mine {
+		t.Fatal("rank 3 watches rank 0: rank 2 comes first on its host")
+	}
+	c.name = "r/rank1"
+	if _, mine := c.offHostLocked("r/rank0"); mine {
+		t.Fatal("rank 1, on the leader's host, is its successor, not its off-host watcher")
+	}
+	// a successor on another host watches alone
+	c.name = "r/rank2"
+	delete(c.members, "r/rank1")
+	if _, mine := c.offHostLocked("r/rank0"); mine {
+		t.Fatal("rank 2 is the successor: no off-host watch")
 	}
 }
 

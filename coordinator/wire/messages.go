@@ -126,9 +126,22 @@ func CheckEnvelope(e *pb.Envelope) error {
 		if l := b.LeaderSilent.GetLeader(); l == "" || len(l) > 512 || l == e.Sender {
 			return bad("a silent leader %q from %q", l, e.Sender)
 		}
+		also := b.LeaderSilent.GetAlso()
+		if len(also) > MaxSilentAlso {
+			return bad("a silent leader's notice naming %d more members (at most %d)", len(also), MaxSilentAlso)
+		}
+		for _, a := range also {
+			if a == "" || len(a) > 512 || a == e.Sender || a == b.LeaderSilent.GetLeader() {
+				return bad("a silent member %q in a notice from %q", a, e.Sender)
+			}
+		}
 	}
 	return nil
 }
+
+// MaxSilentAlso bounds the members a silent leader's notice names beside the
+// leader: the ranks of one host that come before the sender.
+const MaxSilentAlso = 64
 
 // maxFigure bounds every byte count of a rank's figures (1 PiB), as the trainer
 // socket does.

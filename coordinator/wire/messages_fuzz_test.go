@@ -78,6 +78,7 @@ func envelopeSeeds() []*pb.Envelope {
 		env(1, 0, &pb.ClockReply{T0Us: 1700000000000000, TUs: 1700000000000123}),
 		env(0, 4, &pb.Dump{Reason: "oom", FailedRank: 2, Kind: pb.WindowKind_WINDOW_KIND_OOM}),
 		env(1, 0, &pb.LeaderSilent{Leader: "run/rank0"}),
+		env(1, 0, &pb.LeaderSilent{Leader: "run/rank0", Also: []string{"run/rank2"}}),
 		env(2, 0, &pb.SnapshotRequest{Reason: "out of memory", FailedRank: 2, Kind: pb.WindowKind_WINDOW_KIND_OOM, Cause: "out of memory", AtUs: 1700000000000000,
 			Batch: proto.Int64(120)}),
 		env(0, 0, &pb.ClusterView{WorldSize: 4, LeaderRank: 0, Reporting: 1,
@@ -123,6 +124,10 @@ func brokenEnvelopes(t testing.TB) [][]byte {
 		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{}}},            // no leader named
 		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: "x"}}}, // itself
 		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: strings.Repeat("l", 513)}}},
+		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: "l", Also: []string{"x"}}}}, // itself
+		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: "l", Also: []string{"l"}}}}, // the leader again
+		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: "l", Also: []string{""}}}},
+		{Sender: "x", Body: &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: "l", Also: make([]string, MaxSilentAlso+1)}}},
 		{Sender: "x", Body: &pb.Envelope_Request{Request: &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_OOM, Batch: proto.Int64(-1)}}},            // a batch before the first
 		{Sender: "x", Body: &pb.Envelope_View{View: &pb.ClusterView{Incidents: []*pb.RankIncident{{Rank: 1, Kind: pb.WindowKind_WINDOW_KIND_WINDOW}}}}}, // not an OOM or a crash
 		{Sender: "x", Body: &pb.Envelope_View{View: &pb.ClusterView{Incidents: []*pb.RankIncident{{Rank: 1, Kind: pb.WindowKind_WINDOW_KIND_CRASH, Cause: strings.Repeat("c", MaxIncidentCause+1)}}}}},

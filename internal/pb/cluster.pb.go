@@ -799,8 +799,11 @@ func (*Envelope_LeaderSilent) isEnvelope_Body() {}
 // notice from the successor it sees) or once the leader is silent to its own
 // ping too, until the leader is heard from again.
 type LeaderSilent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Leader        string                 `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"` // the silent leader's member name
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Leader string                 `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"` // the silent leader's member name
+	// also: members on the leader's host that come before the sender in the
+	// succession and are silent too (its host died: the successor with it)
+	Also          []string `protobuf:"bytes,2,rep,name=also,proto3" json:"also,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -840,6 +843,13 @@ func (x *LeaderSilent) GetLeader() string {
 		return x.Leader
 	}
 	return ""
+}
+
+func (x *LeaderSilent) GetAlso() []string {
+	if x != nil {
+		return x.Also
+	}
+	return nil
 }
 
 // StatusRequest asks a rank where its trainer and its latest window stand.
@@ -2381,9 +2391,10 @@ const file_internal_pb_cluster_proto_rawDesc = "" +
 	"\fview_request\x18\x17 \x01(\v2\x17.memsnap.v1.ViewRequestH\x00R\vviewRequest\x12-\n" +
 	"\x04view\x18\x18 \x01(\v2\x17.memsnap.v1.ClusterViewH\x00R\x04view\x12?\n" +
 	"\rleader_silent\x18\x19 \x01(\v2\x18.memsnap.v1.LeaderSilentH\x00R\fleaderSilentB\x06\n" +
-	"\x04body\"&\n" +
+	"\x04body\":\n" +
 	"\fLeaderSilent\x12\x16\n" +
-	"\x06leader\x18\x01 \x01(\tR\x06leader\"\x0f\n" +
+	"\x06leader\x18\x01 \x01(\tR\x06leader\x12\x12\n" +
+	"\x04also\x18\x02 \x03(\tR\x04also\"\x0f\n" +
 	"\rStatusRequest\"\xc6\x02\n" +
 	"\x06Status\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\x03R\x05batch\x12\x17\n" +
