@@ -233,9 +233,18 @@ func (c *Coordinator) declareSilent(leader string, ahead []string) {
 		}
 	}
 	c.mu.Unlock()
+	// (as a datagram, to reach every member at once; sent again a probe later,
+	// as one may be lost: a member that has it already ignores the second)
 	for _, n := range to {
 		c.post(n, "", env, false)
 	}
+	time.AfterFunc(c.cfg.LeaderProbe, func() {
+		c.spawn(func() {
+			for _, n := range to {
+				c.post(n, "", env, false)
+			}
+		})
+	})
 }
 
 // anyAnswers pings each member named twice, all at once, and reports whether

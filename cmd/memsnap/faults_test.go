@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,7 +55,14 @@ type procOpts struct {
 	joinHost   bool             // join "127.0.0.1" with no port: every local rank's port on it
 	replay     map[int][]string // more replay flags for a rank
 	masterAddr string           // no --join: MASTER_ADDR names the head host, as torchrun sets it
+	// hosts: each host a network namespace (scripts/netns.sh), rank r on host
+	// r/perHost as its local rank r%perHost; none: every rank on loopback
+	hosts   []nsHost
+	perHost int
 }
+
+// nsHost is a host in a network namespace: its name and its address.
+type nsHost struct{ ns, ip string }
 
 func startProcCluster(t *testing.T, n int, storeArgs []string, hang ...int) *procCluster {
 	return startProcs(t, n, procOpts{storeArgs: storeArgs, hang: hang})
@@ -95,11 +103,18 @@ func (pc *procCluster) start(r int) {
 		collect = "5s"
 	}
 	snap := testutil.Snapshot(t, fmt.Sprintf("ddp4/rank%d.5.memory_snapshot.pickle", r%4))
-	args := append([]string{"agent", "--run-name", pc.run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(r), "--world-size", strconv.Itoa(pc.n),
-		"--local-world-size", strconv.Itoa(pc.n), "--spool", filepath.Join(pc.sock, fmt.Sprintf("spool%d", r)), "--socket", filepath.Join(pc.sock, fmt.Sprintf("s%d", r)),
-		"--bind", "127.0.0.1", "--gossip-port", strconv.Itoa(pc.ports[0]), "--no-schedule", "--collect-timeout", collect, "--drain-timeout", "30s"}, o.storeArgs...)
+	local, localWorld, bind := r, pc.n, "127.0.0.1"
+	if len(o.hosts) > 0 {
+		local, localWorld, bind = r%o.perHost, o.perHost, o.hosts[r/o.perHost].ip
+	}
+	args := append([]string{"agent", "--run-name", pc.run, "--rank", strconv.Itoa(r), "--local-rank", strconv.Itoa(local), "--world-size", strconv.Itoa(pc.n),
+		"--local-world-size", strconv.Itoa(localWorld), "--spool", filepath.Join(pc.sock, fmt.Sprintf("spool%d", r)), "--socket", filepath.Join(pc.sock, fmt.Sprintf("s%d", r)),
+		"--bind", bind, "--gossip-port", strconv.Itoa(pc.ports[0]), "--no-schedule", "--collect-timeout", collect, "--drain-timeout", "30s"}, o.storeArgs...)
 	args = append(args, o.agentArgs...)
 	switch {
+	case len(o.hosts) > 0 && r > 0:
+		args = append(args, "--join", net.JoinHostPort(o.hosts[0].ip, strconv.Itoa(pc.ports[0])))
+	case len(o.hosts) > 0:
 	case o.masterAddr != "":
 	case o.joinHost:
 		args = append(args, "--join", "127.0.0.1")
@@ -115,6 +130,10 @@ func (pc *procCluster) start(r int) {
 	}
 	args = append(args, o.replay[r]...)
 	cmd := memsnapCmd(t, args...)
+	if len(o.hosts) > 0 { // (ip netns exec runs the command in the host's namespace, as itself)
+		cmd.Args = append([]string{"ip", "netns", "exec", o.hosts[r/o.perHost].ns}, cmd.Args...)
+		cmd.Path = ipCmd
+	}
 	cmd.Env = append(cmd.Env, coordinator.KeyEnv+"="+encodeKey(pc.key))
 	if o.masterAddr != "" {
 		cmd.Env = append(cmd.Env, "MASTER_ADDR="+o.masterAddr)
