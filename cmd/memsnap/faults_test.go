@@ -86,7 +86,7 @@ func startProcs(t *testing.T, n int, o procOpts) *procCluster {
 		for i := range pc.agents {
 			pc.kill(i)
 		}
-		if t.Failed() {
+		if t.Failed() || os.Getenv("MEMSNAP_TEST_AGENT_LOGS") != "" { // (set: every agent's log, pass or fail)
 			for i, l := range pc.logs {
 				t.Logf("agent %d said:\n%s", i, l)
 			}

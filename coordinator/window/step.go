@@ -565,7 +565,8 @@ func (s *stepper) resend(t Tick) {
 // snapshot in a spool or a step is a sign of life; without, only ranks that are
 // not members can be called silent (a member may have advanced since the last
 // poll). A rank silent for Timers.Silence is missing once the run's log is read
-// for its report; so is one whose agent no longer knows the window.
+// for its report; so is one whose agent no longer knows the window, and, in a
+// post-mortem or dumps, one not a member for Timers.Poll.
 func (s *stepper) alive(at time.Time, sts map[int]Status, isMember func(int) bool) {
 	w := s.w
 	pm := w.Dumps()
@@ -604,6 +605,14 @@ func (s *stepper) alive(at time.Time, sts map[int]Status, isMember func(int) boo
 			case st.Batch > r.Batch || st.Step != r.Step:
 				r.Batch, r.Step, r.LastSign = max(r.Batch, st.Batch), st.Step, at
 			}
+		}
+		if pm && sts == nil && isMember != nil && at.Sub(r.LastSign) > w.timers.Poll {
+			// a post-mortem waits for no rank whose agent is gone (dead, held
+			// silent, or left): what it stored of its failure is in the run's
+			// log, read now, and nothing more can come from it
+			w.lost[rank] = "not a member of the cluster (its agent is gone), and no snapshot of it in the run's log"
+			lost = append(lost, rank)
+			continue
 		}
 		if at.Sub(r.LastSign) > w.timers.Silence && !pm { // a post-mortem has its own short deadline
 			why := r.Gone

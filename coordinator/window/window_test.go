@@ -339,3 +339,38 @@ func TestRecoverNeverSendsToAnotherAgent(t *testing.T) {
 		t.Fatalf("rank 1 (another agent): %+v", r)
 	}
 }
+
+// TestPostmortemWaitsForNoGoneAgent: a post-mortem asks every rank, a gone one
+// too (what it stored of its failure is in the run's log); one that is not a
+// member is looked for in the log after a poll's time, and is missing if the
+// log holds nothing of it, long before the post-mortem's deadline; a member
+// that has not answered yet is waited for.
+func TestPostmortemWaitsForNoGoneAgent(t *testing.T) {
+	w := New(Config{ID: 4, Term: 2, Kind: pb.WindowKind_WINDOW_KIND_CRASH, World: 3, Asked: map[int]int64{0: -1, 1: -1, 2: -1}, Planned: at0,
+		Deadline: at0.Add(time.Minute), Timers: testTimers})
+	w.Step(Sent{At: at0}) // (sent to the members only: rank 0 is not one)
+	for r := 1; r < 3; r++ {
+		w.Step(Ack{Rank: r, Code: pb.AckCode_ACK_OK, At: at0})
+	}
+	w.Step(Stored{Rank: 1, Result: &pb.RankResult{Key: "k", MetaKey: "m", Reason: "crash"}, At: at0.Add(100 * time.Millisecond)})
+	member := func(r int) bool { return r != 0 }
+	w.lastPoll = at0.Add(time.Hour) // (no poll in the way)
+	if fx := w.Step(Tick{At: at0.Add(testTimers.Poll / 2), IsMember: member}); len(fx) != 0 {
+		t.Fatalf("before a poll's time: %+v", fx)
+	}
+	rl, ok := find[ReadLog](w.Step(Tick{At: at0.Add(testTimers.Poll + time.Millisecond), IsMember: member}))
+	if !ok || len(rl.Ranks) != 1 || rl.Ranks[0] != 0 {
+		t.Fatalf("a gone rank after a poll's time: %+v", rl)
+	}
+	w.Step(LogRead{At: at0.Add(testTimers.Poll + 2*time.Millisecond), Ranks: []int{0}, OK: true})
+	if r := w.Ranks[0]; r.Phase != Missing || !strings.Contains(r.Reason, "its agent is gone") {
+		t.Fatalf("rank 0: %v %q", r.Phase, r.Reason)
+	}
+	if w.Phase != Collecting || w.Ranks[2].Phase.In() {
+		t.Fatalf("rank 2, a member, is not waited for: %v %v", w.Phase, w.Ranks[2].Phase)
+	}
+	fx := w.Step(Stored{Rank: 2, Result: &pb.RankResult{Key: "k2", MetaKey: "m2", Reason: "postmortem"}, At: at0.Add(3 * time.Second)})
+	if p, ok := find[Publish](fx); !ok || len(p.Ranks) != 2 {
+		t.Fatalf("the post-mortem once rank 2 is in: %v %+v", w.Phase, fx)
+	}
+}
