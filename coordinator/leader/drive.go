@@ -52,7 +52,7 @@ func (l *Leader) exec(ctx context.Context, w *win, fx []window.Effect) {
 				l.step(ctx, w, window.Superseded{Term: latest})
 			}
 		case window.Replan:
-			w.end, w.passed = replanned, e.Passed
+			// (the machine's Exit says it; ended plans the window again)
 		case window.Publish:
 			l.publish(ctx, w, e.Ranks)
 		case window.Complete:
@@ -73,17 +73,12 @@ func (l *Leader) exec(ctx context.Context, w *win, fx []window.Effect) {
 		case window.Retry:
 			w.retry = e.After
 		case window.Defer:
-			w.end, w.why = deferred, e.Why
 			l.log.Error("the window is left unfinished for now", "window", w.id(), "why", e.Why)
 			l.tellDeferred(w, e.Why)
 		case window.StepDown:
-			w.end = steppedDown
 			l.log.Warn("a newer leadership term is in the run's log; this leader writes nothing more for the window", "window", w.id(), "term", l.term, "newer", e.Term)
 			l.m.BelieveTerm(ctx, l.rl)
 		}
-	}
-	if w.m.Final && w.end == goingOn {
-		w.end = ended
 	}
 }
 
@@ -113,7 +108,7 @@ func (l *Leader) tellDeferred(w *win, why string) {
 // retries the machine asks for, until the window ends, is left for later, or
 // the leader steps down.
 func (l *Leader) drive(ctx context.Context, w *win) {
-	for w.end == goingOn && ctx.Err() == nil && w.retry > 0 {
+	for w.running() && ctx.Err() == nil && w.retry > 0 {
 		d := w.retry
 		w.retry = 0
 		select {
@@ -174,7 +169,7 @@ func (l *Leader) collect(ctx context.Context, w *win, acks chan *pb.Envelope, se
 	}
 	collecting := func() bool {
 		p := w.m.Phase
-		return (p == window.Planned || p == window.Collecting) && w.end == goingOn && ctx.Err() == nil
+		return (p == window.Planned || p == window.Collecting) && w.running() && ctx.Err() == nil
 	}
 	if w.m.Phase == window.Collecting {
 		l.step(ctx, w, window.Tick{At: time.Now(), IsMember: isMember()}) // taken over: what the log said may end it at once

@@ -586,7 +586,7 @@ func (l *Leader) recoverPlan(ctx context.Context, p *runlog.Plan) {
 	c.Forget(seq)
 	l.drive(ctx, w)
 	l.finishRecovery(w)
-	if pending && !w.m.Dumps() && w.end != steppedDown {
+	if pending && !w.m.Dumps() && w.exit() != window.SteppedDown {
 		l.cancelWindow(w, "finished by a later leader")
 	}
 }
@@ -647,7 +647,7 @@ func (l *Leader) found(ctx context.Context, p *runlog.Plan, reports map[int]*run
 // finishRecovery hands over what a taken-over window leaves: its members
 // waiting keep waiting for a later try when it did not end here.
 func (l *Leader) finishRecovery(w *win) {
-	if w.end == ended {
+	if w.exit() == window.Ended {
 		l.mu.Lock()
 		delete(l.seen, w.id())
 		l.mu.Unlock()

@@ -54,25 +54,17 @@ type win struct {
 	pre    map[int]chan merge.Input
 	preSem chan struct{}
 	answer *pb.WindowResult // its answer, once committed
-	res    *pb.WindowResult // how it ended, once it has
-	end    ending           // why the leader stopped running it
-	why    string           // deferred: why
-	passed []int            // replan: the ranks past the start
+	res    *pb.WindowResult // how it ended, once it has (published or failed)
 	retry  time.Duration    // a Retry's wait, not yet waited
 }
 
-// ending is why a leader stopped running a window.
-type ending int
-
-const (
-	goingOn     ending = iota
-	ended              // it ended, and the members waiting were told
-	replanned          // ranks were past the start: planned again
-	deferred           // the store failed: left unfinished for a later sweep
-	steppedDown        // a newer term is in the log: left to it
-)
-
 func (w *win) id() uint64 { return w.m.ID }
+
+// exit is why the leader stops running w: the machine's word (window.Exit).
+func (w *win) exit() window.Exit { e, _ := w.m.Exit(); return e }
+
+// running reports whether the leader still runs w.
+func (w *win) running() bool { return w.exit() == window.Running }
 
 func newWin(m *window.Window, reason string, watchers []*pb.Envelope, manifest string) *win {
 	return &win{m: m, reason: reason, watchers: watchers, manifest: manifest, failed: map[int]failure{}, pre: map[int]chan merge.Input{}}
@@ -381,14 +373,15 @@ func (l *Leader) ended(ctx context.Context, w *win, p plan) *pb.WindowResult {
 		// the leader stopped: the window stays unfinished in the log, and the next
 		// leader finishes it
 		return nil
-	case w.end == replanned:
-		log.Warn("ranks were past the window's start; planning again with a longer lead", "ranks", w.passed)
+	case w.exit() == window.Replanned:
+		passed := w.m.Passed()
+		log.Warn("ranks were past the window's start; planning again with a longer lead", "ranks", passed)
 		l.cancelWindow(w, "re-planned: some ranks were past the start")
 		l.step(ctx, w, window.Abandon{At: time.Now(), Quiet: true,
-			Why: fmt.Sprintf("ranks %v were past the start; planned again as a later window", w.passed)})
+			Why: fmt.Sprintf("ranks %v were past the start; planned again as a later window", passed)})
 		l.drive(ctx, w)
 		return l.record(ctx, p, true)
-	case w.end == steppedDown:
+	case w.exit() == window.SteppedDown:
 		log.Warn("a newer leadership term is in the run's log; this leader leaves the window to it, and serves the request again under a new term")
 		if p.req != nil && len(w.m.Mergeable()) == 0 {
 			l.pushFront(p.req)
@@ -396,7 +389,7 @@ func (l *Leader) ended(ctx context.Context, w *win, p plan) *pb.WindowResult {
 			l.keepWaiting(w)
 		}
 		return nil
-	case w.end == deferred:
+	case w.exit() == window.Deferred:
 		l.keepWaiting(w)
 		return nil
 	}
@@ -587,7 +580,7 @@ func (l *Leader) dumps(ctx context.Context, d dumpPlan) {
 	// arrives when its agent uploads it
 	l.collect(ctx, w, ch, sent)
 	l.drive(ctx, w)
-	if w.end == deferred {
+	if w.exit() == window.Deferred {
 		l.keepWaiting(w)
 	}
 }

@@ -251,10 +251,18 @@ func (StepDown) effect()      {}
 
 // Step applies one event and returns the effects to carry out, in order.
 func (w *Window) Step(ev Event) []Effect {
-	s := stepper{w: w}
 	if w.Final || w.down {
 		return nil
 	}
+	fx := w.step(ev)
+	if w.Final && w.exit == Running {
+		w.exit = Ended
+	}
+	return fx
+}
+
+func (w *Window) step(ev Event) []Effect {
+	s := stepper{w: w}
 	switch e := ev.(type) {
 	case Sent:
 		s.sent(e.At, e.Unreachable, true)
@@ -351,7 +359,19 @@ type stepper struct {
 	fx []Effect
 }
 
-func (s *stepper) do(e Effect) { s.fx = append(s.fx, e) }
+// do gathers effect e; the effects that end the leader's running of the window
+// say so in its Exit.
+func (s *stepper) do(e Effect) {
+	switch e := e.(type) {
+	case Replan:
+		s.w.exit = Replanned
+	case Defer:
+		s.w.exit, s.w.exitWhy = Deferred, e.Why
+	case StepDown:
+		s.w.exit = SteppedDown
+	}
+	s.fx = append(s.fx, e)
+}
 
 // tell tells the members waiting for the window a step of it, or of one of its
 // ranks. A rank's steps are told as its story: in order and once each, whatever

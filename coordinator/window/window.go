@@ -180,10 +180,38 @@ type Window struct {
 	quiet       bool   // abandoned: its end is told to nobody
 	told        bool   // the members waiting were told it is merged
 	down        bool   // superseded: nothing more is done
+	exit        Exit   // why its leader stops running it (Running while it does not)
+	exitWhy     string // Deferred: why
 }
 
 // Down reports whether the window's leader stepped down from it.
 func (w *Window) Down() bool { return w.down }
+
+// Exit is why the leader running a window stops running it.
+type Exit uint8
+
+const (
+	// Running: it goes on.
+	Running Exit = iota
+	// Ended: it will not change any more here (Final).
+	Ended
+	// Replanned: ranks were past its start; the leader plans it again as a
+	// later window (Passed names them) and abandons this one quietly.
+	Replanned
+	// Deferred: the store failed; it is left unfinished for a later sweep.
+	Deferred
+	// SteppedDown: a newer term is in the run's log; the window is left to it.
+	SteppedDown
+)
+
+// Exit reports why the leader stops running the window (Running while it does
+// not), and, when Deferred, why. The last of Replanned, Deferred and
+// SteppedDown the machine said counts; Ended only when none was said.
+func (w *Window) Exit() (Exit, string) { return w.exit, w.exitWhy }
+
+// Passed lists the ranks that were past the window's start when it was planned
+// again (Replanned).
+func (w *Window) Passed() []int { return append([]int(nil), w.passed...) }
 
 // Found is what a leader taking a window over found of one rank.
 type Found struct {

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,9 @@ func TestHappyPath(t *testing.T) {
 	}
 	if _, ok := find[TellEnd](fx); !ok {
 		t.Fatal("nobody told the window ended")
+	}
+	if e, _ := w.Exit(); e != Ended {
+		t.Fatalf("exit of an ended window: %v", e)
 	}
 	if fx := w.Step(Tick{At: at0.Add(time.Hour)}); fx != nil {
 		t.Fatalf("an ended window still acts: %+v", fx)
@@ -217,12 +221,18 @@ func TestReplanAndStaleTerm(t *testing.T) {
 	if r, ok := find[Replan](fx); !ok || len(r.Passed) != 1 {
 		t.Fatalf("a rank past the start: %+v", fx)
 	}
+	if e, _ := w.Exit(); e != Replanned || fmt.Sprint(w.Passed()) != "[0]" {
+		t.Fatalf("exit of a window planned again: %v %v", e, w.Passed())
+	}
 	fx = w.Step(Abandon{Why: "planned again", Quiet: true})
 	if _, ok := find[CommitFailure](fx); !ok {
 		t.Fatalf("an abandoned window is committed as failed: %+v", fx)
 	}
 	if fx := w.Step(FailureCommitted{}); len(fx) != 1 {
 		t.Fatalf("a quiet failure tells nobody: %+v", fx)
+	}
+	if e, _ := w.Exit(); e != Replanned {
+		t.Fatalf("a window planned again, once abandoned, exits as %v", e)
 	}
 
 	w = started(t, 2)
@@ -233,8 +243,14 @@ func TestReplanAndStaleTerm(t *testing.T) {
 	if fx := w.Step(Ack{Rank: 1, Code: pb.AckCode_ACK_STALE_TERM, Term: 9, At: at0}); len(fx) != 0 {
 		t.Fatalf("the same term is looked up once: %+v", fx)
 	}
+	if e, _ := w.Exit(); e != Running {
+		t.Fatalf("exit before the term is read: %v", e)
+	}
 	if _, ok := find[StepDown](w.Step(Superseded{Term: 9})); !ok || !w.Down() {
 		t.Fatal("a newer term in the log: no step down")
+	}
+	if e, _ := w.Exit(); e != SteppedDown {
+		t.Fatalf("exit of a window stepped down from: %v", e)
 	}
 	if fx := w.Step(Stored{Rank: 0, Result: result(), At: at0}); fx != nil {
 		t.Fatalf("a window stepped down from still acts: %+v", fx)
@@ -257,6 +273,9 @@ func TestPublicationRetriesThenDefers(t *testing.T) {
 	fx = w.Step(Publication{At: at0.Add(30 * time.Second), Err: "unreachable", Retryable: true})
 	if _, ok := find[Defer](fx); !ok || w.Phase == Failed {
 		t.Fatalf("past Timers.Publish the window is left for later: %v %+v", w.Phase, fx)
+	}
+	if e, why := w.Exit(); e != Deferred || !strings.Contains(why, "unreachable") {
+		t.Fatalf("exit of a window left for later: %v %q", e, why)
 	}
 
 	w = started(t, 1)
