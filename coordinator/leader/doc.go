@@ -14,15 +14,16 @@
 //     log, and every window in progress: a window's state is its machine
 //     (win.m), stepped and its effects carried out on this goroutine alone; a
 //     win's other fields are what carrying out those effects needs (the
-//     command sent, the steps not yet told, preloaded inputs), never a second
-//     copy of the window's phase.
+//     command sent, the steps not yet told, preloaded inputs, the ranks'
+//     messages that came while a post-mortem interrupted it), never a second
+//     copy of the window's phase: why the leader stops running a window is the
+//     machine's Exit.
 //   - Under l.mu, shared with the member's goroutines that call in (Deliver,
 //     WatchNow, Crossed, Busy, Deferred): the queue of requests and deferred
 //     requests, the schedule's next start, the trigger's cooldown and whether a
 //     trigger window is queued or running, the post-mortem quiet time, the
 //     members waiting on a window finished from the log (pending), when another
-//     leader's unfinished windows were first seen, and the messages stashed for
-//     a window a post-mortem interrupted.
+//     leader's unfinished windows were first seen.
 //   - WatchNow's goroutines (one per member re-asking how a window ended)
 //     only read the run's log and reply.
 //   - send's workers only send a command's bytes and report who was not reached.

@@ -208,7 +208,7 @@ func (l *Leader) onMessage(ctx context.Context, w *win, env *pb.Envelope) {
 			// a post-mortem now, while the window goes on: every rank's state at
 			// the failure, not when the window ends (in a synchronous job the
 			// other ranks hang in their next collective)
-			l.postmortem(ctx, env)
+			l.postmortem(ctx, env, w)
 			if ctx.Err() == nil {
 				l.unstash(ctx, w)
 			}
@@ -221,8 +221,8 @@ func (l *Leader) onMessage(ctx context.Context, w *win, env *pb.Envelope) {
 		l.preload(ctx, w, int(env.SenderRank))
 	case env.GetAck() != nil && env.GetAck().Code == pb.AckCode_ACK_STALE_TERM:
 		l.step(ctx, w, window.Ack{Rank: int(env.SenderRank), Code: pb.AckCode_ACK_STALE_TERM, Term: env.GetAck().Term, At: time.Now()})
-	case w.m.Postmortem():
-		l.stash = append(l.stash, env) // for the window this post-mortem interrupted
+	case w.outer != nil && env.WindowId == w.outer.id() && len(w.outer.inbox) < maxInbox:
+		w.outer.inbox = append(w.outer.inbox, env) // for the window this post-mortem interrupted
 	}
 }
 
@@ -241,19 +241,16 @@ func (l *Leader) stepMessage(ctx context.Context, w *win, env *pb.Envelope) {
 	}
 }
 
+// maxInbox bounds the messages kept for a window a post-mortem interrupted (a
+// rank's ack, progress and result: a few per rank).
+const maxInbox = 1 << 16
+
 // unstash hands w what arrived for it while a post-mortem interrupted it.
 func (l *Leader) unstash(ctx context.Context, w *win) {
-	var keep []*pb.Envelope
-	for _, env := range l.stash {
-		if env.WindowId == w.id() {
-			l.stepMessage(ctx, w, env)
-		} else {
-			keep = append(keep, env)
-		}
-	}
-	l.stash = keep
-	if len(l.stash) > 1<<16 {
-		l.stash = nil
+	in := w.inbox
+	w.inbox = nil
+	for _, env := range in {
+		l.stepMessage(ctx, w, env)
 	}
 }
 

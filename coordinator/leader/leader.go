@@ -55,7 +55,6 @@ type Leader struct {
 	pending  map[uint64][]*pb.Envelope // members waiting for a window this leader finishes from the log
 	orders   map[string]uint64         // the last Envelope.Order told each request (by its sender and seq)
 	sweepAt  time.Time                 // when the next sweep of the log is due
-	stash    []*pb.Envelope            // ranks' messages about a window a post-mortem interrupted
 	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
 	// triggering: a trigger window is in progress (trigger.go)
 	triggering bool
@@ -458,7 +457,7 @@ func (l *Leader) serveRequest(ctx context.Context, req *pb.Envelope) {
 	case req.WindowId != 0: // how did window N end?
 		l.answerWatch(ctx, req)
 	case r.Kind == pb.WindowKind_WINDOW_KIND_OOM || r.Kind == pb.WindowKind_WINDOW_KIND_CRASH:
-		l.postmortem(ctx, req)
+		l.postmortem(ctx, req, nil)
 	case !l.m.IsRankMember(req) && req.SenderRank >= 0:
 		l.answer(req, pb.AckCode_ACK_BAD_REQUEST, "a request naming a rank from a member that is not that rank")
 	default:

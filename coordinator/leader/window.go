@@ -56,6 +56,11 @@ type win struct {
 	answer *pb.WindowResult // its answer, once committed
 	res    *pb.WindowResult // how it ended, once it has (published or failed)
 	retry  time.Duration    // a Retry's wait, not yet waited
+	// outer is the window a post-mortem interrupted (nil: none); inbox holds
+	// the ranks' messages about this window that came while a post-mortem
+	// interrupted it, stepped once it resumes
+	outer *win
+	inbox []*pb.Envelope
 }
 
 func (w *win) id() uint64 { return w.m.ID }
@@ -494,12 +499,12 @@ func (l *Leader) createPlan(ctx context.Context, p runlog.Plan) (runlog.Plan, er
 // meanwhile (every rank of a job torn down reports) join it. It runs on its own,
 // or inside the collection of a window the failure interrupted, which goes on
 // afterwards.
-func (l *Leader) postmortem(ctx context.Context, req *pb.Envelope) {
+func (l *Leader) postmortem(ctx context.Context, req *pb.Envelope, outer *win) {
 	r := req.GetRequest()
 	if l.declined(ctx, req) {
 		return
 	}
-	l.dumps(ctx, dumpPlan{kind: r.Kind, reason: r.Cause, failedRank: int(r.FailedRank), cause: r.Cause, at: failureTime(r.AtUs), req: req})
+	l.dumps(ctx, dumpPlan{kind: r.Kind, reason: r.Cause, failedRank: int(r.FailedRank), cause: r.Cause, at: failureTime(r.AtUs), req: req, outer: outer})
 }
 
 // dumpPlan is a window of dumps: every rank gives what its trainer holds now.
@@ -514,6 +519,9 @@ type dumpPlan struct {
 	// req is the request the dumps serve: served again later when the run's
 	// log cannot take their plan now
 	req *pb.Envelope
+	// outer is the window the dumps interrupted (nil: none): what reaches the
+	// leader for it meanwhile waits in its inbox
+	outer *win
 }
 
 // dumps plans a window of dumps, asks every member rank for its trainer's
@@ -557,6 +565,7 @@ func (l *Leader) dumps(ctx context.Context, d dumpPlan) {
 	}
 	m := window.New(window.Config{ID: pl.ID, Term: l.term, Kind: d.kind, World: world, Asked: asked, Planned: now, Deadline: deadline, Timers: l.timers(), Dump: !pm})
 	w := newWin(m, d.reason, nil, pl.Manifest)
+	w.outer = d.outer
 	if d.failedRank >= 0 && d.failedRank < world {
 		w.failed[d.failedRank] = failure{cause: d.cause, at: d.at}
 	}
