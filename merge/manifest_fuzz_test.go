@@ -111,6 +111,9 @@ var brokenManifests = []string{
 	`{"version":1,"missing_ranks":[4294967296]}`,
 	`{"version":1,"pending":["html"]}`,
 	`{"version":1,"pending":["pickle","pb","pickle"]}`,
+	`{"version":1,"state":"claimed"}`,                 // a claim of no term
+	`{"version":1,"state":"claimed","attempt":"t01"}`, // not a term's name
+	`{"version":1,"state":"claimed","attempt":"t3","outputs":{"html":{"name":"m","size":1,"sha256":"` + strings.Repeat("0", 64) + `"}}}`,
 	`{"version":1`,
 	`[]`,
 	`null`,
@@ -130,6 +133,7 @@ func FuzzParseManifest(f *testing.F) {
 	f.Add([]byte(`{"version":1,"batches":[],"missing_reasons":{}}`))
 	f.Add([]byte(`{"version":1,"pending":["pickle","pb"],"claim":{"name":"m.inputs.json","size":10,"sha256":"` + strings.Repeat("ab", 32) + `"}}`))
 	f.Add([]byte(`{"version":1,"pending":[]}`))
+	f.Add([]byte(`{"version":1,"state":"claimed","attempt":"t7","window":{"id":3},"world_size":4,"ranks_merged":[],"missing_ranks":[]}`))
 	for _, s := range brokenManifests {
 		f.Add([]byte(s))
 	}

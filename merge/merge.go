@@ -288,6 +288,11 @@ func checkUnpublished(ctx context.Context, cfg *Config, keys map[string]string) 
 		return nil
 	}
 	_, err := cfg.Out.Stat(ctx, keys[publish.OutManifest])
+	if err == nil {
+		if _, rerr := publish.ReadManifest(ctx, cfg.Out, keys[publish.OutManifest]); errors.Is(rerr, publish.ErrClaimed) {
+			return nil // (a leadership term's claim on the commit point, which the commit replaces)
+		}
+	}
 	switch {
 	case err == nil:
 		return fmt.Errorf("merge: %s exists in %s: this merge was published already (pass overwrite to replace it): %w", keys[publish.OutManifest], cfg.Out, store.ErrExists)

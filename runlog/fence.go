@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/merge/publish"
 )
 
 // claimed is the state of an outcome record that holds no outcome yet: the
@@ -39,6 +40,9 @@ func (l *Log) takeOver(ctx context.Context, h *Head, term uint64) (uint64, error
 		if err := l.claim(ctx, id, term); err != nil {
 			return 0, err
 		}
+		if err := l.claimCommit(ctx, id, term); err != nil {
+			return 0, err
+		}
 	}
 	if err := l.restampSchedule(ctx, h.Term, term); err != nil {
 		return 0, err
@@ -47,6 +51,22 @@ func (l *Log) takeOver(ctx context.Context, h *Head, term uint64) (uint64, error
 		return min(un[0], h.Window+1), nil
 	}
 	return h.Window + 1, nil
+}
+
+// claimCommit claims window id's commit point (its manifest's key) for term,
+// unless it holds a commit already (publish.ClaimCommit): a leader of an older
+// term that checked its term before a commit and stalled cannot commit the
+// window after term took it over. A plan that does not read, or names no
+// manifest (an earlier version's), has none to claim.
+func (l *Log) claimCommit(ctx context.Context, id, term uint64) error {
+	p, err := l.ReadPlan(ctx, id)
+	if errors.Is(err, ErrMalformed) || errors.Is(err, store.ErrNotFound) || err == nil && p.Manifest == "" {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return publish.ClaimCommit(ctx, l.st, p.Manifest, term, id, p.WorldSize)
 }
 
 // void fills id, given out under old and never planned, with a void plan and a

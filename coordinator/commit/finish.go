@@ -393,7 +393,7 @@ func (f *finisher) merge(ctx context.Context, p *runlog.Plan, res Result, inputs
 	cfg := merge.Config{Inputs: inputs, Out: f.cfg.Store, OutputBase: base, WorldSize: p.WorldSize, Align: merge.AlignOffsets,
 		Title:  fmt.Sprintf("%s, %s %d (finished from the store)", f.cfg.Run, p.Kind, p.ID),
 		Window: &sidecar.WindowInfo{ID: p.ID, Start: p.Start, Stop: p.Stop}, MissingReasons: res.Missing, Partial: res.Partial,
-		Reason: p.Reason, Kind: p.Kind, FromAnalyses: true, Supersede: true, Attempt: "t" + strconv.FormatUint(f.term, 10),
+		Reason: p.Reason, Kind: p.Kind, FromAnalyses: true, Supersede: true, Attempt: publish.AttemptOf(f.term),
 		Fence: f.fence, Logger: f.log.With("window", p.ID)}
 	if p.FailedRank != nil && (p.Kind == runlog.KindOOM || p.Kind == runlog.KindCrash) {
 		cfg.Focus = &analysis.Focus{Rank: *p.FailedRank, Why: "failed first: " + p.Cause}
@@ -428,7 +428,7 @@ func (f *finisher) fail(ctx context.Context, p *runlog.Plan, res Result, why str
 		return f.outcome(ctx, res)
 	}
 	fw := publish.FailedWindow{Error: why, WorldSize: p.WorldSize, MissingReasons: res.Missing, Reason: p.Reason, Kind: p.Kind,
-		Attempt: "t" + strconv.FormatUint(f.term, 10), Window: &sidecar.WindowInfo{ID: p.ID, Start: p.Start, Stop: p.Stop}}
+		Attempt: publish.AttemptOf(f.term), Window: &sidecar.WindowInfo{ID: p.ID, Start: p.Start, Stop: p.Stop}}
 	held, err := publish.CommitFailed(ctx, f.cfg.Store, p.Manifest, fw, f.fence)
 	if err != nil {
 		return Result{}, err

@@ -46,14 +46,16 @@ func retryable(err error) bool {
 }
 
 // isSuperseded reports whether err says a newer term is in the run's log.
-func isSuperseded(err error) bool { return errors.Is(err, runlog.ErrSuperseded) }
+func isSuperseded(err error) bool {
+	return errors.Is(err, runlog.ErrSuperseded) || errors.Is(err, publish.ErrNewerClaim)
+}
 
 // fence is what every commit of this leader asks first: no newer term may be in
 // the run's log.
 func (l *Leader) fence(ctx context.Context) error { return l.rl.Fence(ctx, l.term) }
 
 // attempt names this leadership's publication.
-func (l *Leader) attempt() string { return "t" + strconv.FormatUint(l.term, 10) }
+func (l *Leader) attempt() string { return publish.AttemptOf(l.term) }
 
 // held reads the commit another leader made under w's manifest, for a
 // publication refused because of it.

@@ -135,6 +135,10 @@ func (m *model) checkStale() {
 			if sc, err := ro.ReadSchedule(ctx); err == nil && sc.Term == s.term {
 				believed = append(believed, "ReadSchedule")
 			}
+		case "manifest":
+			if _, err := publish.ReadManifest(ctx, m.st.Store, s.key); err == nil {
+				believed = append(believed, "ReadManifest")
+			}
 		case "plan":
 			if _, err := ro.ReadPlan(ctx, s.id); err == nil {
 				believed = append(believed, "ReadPlan")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"strconv"
 	"strings"
 
 	"github.com/memsnap/memsnap/internal/store"
@@ -189,10 +190,21 @@ func (m *model) wrote(a *actor, key string, b []byte) {
 	root := runlog.Root(modelRun)
 	switch {
 	case key == m.st.manifest:
+		mf, err := publish.ParseManifest(b)
+		if err == nil && mf.State == publish.ManifestClaimed {
+			m.trace("  store: the manifest's key claimed by %s", mf.Attempt)
+			return
+		}
 		m.st.versions = append(m.st.versions, b)
 		m.trace("  store: manifest version %d written", len(m.st.versions))
-		if mf, err := publish.ParseManifest(b); err == nil && a != nil {
+		if err == nil && a != nil {
 			m.checkDecision(a.l, mf)
+		}
+		// a commit created by a term older than the one that took over: the
+		// newer term's claim must have refused it
+		if t, perr := strconv.ParseUint(strings.TrimPrefix(mf.Attempt, "t"), 10, 64); err == nil && perr == nil && len(m.st.versions) == 1 && t < m.headTerm() {
+			m.stale = append(m.stale, staleRec{key: key, kind: "manifest", term: t, body: b})
+			m.trace("  store: the manifest created under term %d after term %d took over", t, m.headTerm())
 		}
 	case strings.HasPrefix(key, root+"reports/"):
 		var rep runlog.Report

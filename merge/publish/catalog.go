@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path"
 	"sort"
@@ -39,6 +40,9 @@ func ListPublished(ctx context.Context, st store.Store, prefix string) ([]Publis
 		}
 		p := Published{Key: o.Key, ModTime: o.ModTime}
 		p.Manifest, p.Err = ReadManifest(ctx, st, o.Key)
+		if errors.Is(p.Err, store.ErrNotFound) {
+			continue // (removed since the listing, or only a claim: no commit)
+		}
 		out = append(out, p)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].ModTime.Before(out[j].ModTime) })
@@ -61,6 +65,9 @@ func ReadManifestVersion(ctx context.Context, st store.Store, key string) (*Mani
 	m, err := ParseManifest(b)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", key, err)
+	}
+	if m.State == ManifestClaimed {
+		return nil, "", fmt.Errorf("%s: %w (term %s)", key, ErrClaimed, m.Attempt)
 	}
 	return m, info.ETag, nil
 }

@@ -184,8 +184,12 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		if len(m.Outputs) > 0 || len(m.Pending) > 0 || len(m.Pickles) > 0 || m.Claim != (Object{}) {
 			return nil, fmt.Errorf("merge: manifest: a failed window's manifest names outputs")
 		}
+	case ManifestClaimed:
+		if len(m.Outputs) > 0 || len(m.Pending) > 0 || len(m.Pickles) > 0 || m.Claim != (Object{}) || termOf(m.Attempt) == 0 {
+			return nil, fmt.Errorf("merge: manifest: a claim names outputs, or no term")
+		}
 	default:
-		return nil, fmt.Errorf("merge: manifest: state %q (failed, or none)", m.State)
+		return nil, fmt.Errorf("merge: manifest: state %q (failed, claimed, or none)", m.State)
 	}
 	if len(m.Error) > maxManifestError {
 		return nil, fmt.Errorf("merge: manifest: an error of %d bytes (at most %d)", len(m.Error), maxManifestError)
@@ -384,6 +388,20 @@ func CommitManifest(ctx context.Context, st store.Store, key string, m *Manifest
 	if errors.Is(err, store.ErrExists) {
 		if cur, serr := st.Stat(ctx, key); serr == nil && strings.EqualFold(cur.SHA256, sum) {
 			return cur.ETag, nil
+		}
+	}
+	if errors.Is(err, store.ErrExists) && ifMatch == "" {
+		// a term's claim on the commit point: replaced by a commit of that term
+		// or a newer one, never by an older term's
+		if c, etag, cerr := readCommitClaim(ctx, st, key); cerr == nil {
+			if termOf(c.Attempt) > termOf(m.Attempt) {
+				return "", fmt.Errorf("%w: %w: %s is claimed by term %d, this commit is of %q", ErrFenced, ErrNewerClaim, key, termOf(c.Attempt), m.Attempt)
+			}
+			opts.IfMatch = etag
+			info, err = st.Put(ctx, key, bytes.NewReader(mb), opts)
+			if errors.Is(err, store.ErrChanged) {
+				err = fmt.Errorf("%w: %w", store.ErrExists, err) // (another commit replaced the claim first)
+			}
 		}
 	}
 	if err != nil {
