@@ -63,7 +63,14 @@ type Leader struct {
 	// ctx is the leader loop's, once it took a term (nil before, and after it ends)
 	ctx context.Context
 	// deferred are post-mortems and trigger windows whose plans the run's log
-	// could not take (a full or read-only store): served again when due
+	// could not take (a full or read-only store): served again when due. This
+	// is only the quick way back: a store that refuses the plan refuses any
+	// record of the request too, and what decides the window is durable
+	// elsewhere. A post-mortem's evidence is the ranks' incident records (each
+	// rank's upload job writes one, retried until the store takes it), which
+	// any later leader's sweep takes a post-mortem of (orphanPostmortem) when
+	// this one is gone; a trigger is crossed again from the live figures, and
+	// its cooldown is read back from the plans in the log.
 	deferred []deferredReq
 }
 
