@@ -69,7 +69,11 @@ func isReply(env *pb.Envelope) bool {
 
 func (c *Coordinator) handle(env *pb.Envelope) {
 	if c.nsilent.Load() > 0 {
-		c.heardFrom(env.Sender) // (a member held silent is heard from)
+		// a message under the name of a member held silent: it is pinged at
+		// the next round, and a member again once it answers
+		c.mu.Lock()
+		c.pingSoonLocked(env.Sender)
+		c.mu.Unlock()
 	}
 	if env.Seq != 0 && env.GetAck() != nil && c.rs.IncidentAck(env) {
 		return

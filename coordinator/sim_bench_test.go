@@ -256,6 +256,8 @@ func simBench(b *testing.B, n, events int) *simFigures {
 		f.analysis = a.took
 	}
 	b.Logf("%d members formed a cluster in %v", n, sc.Formed.Round(time.Millisecond))
+	progress := func(f string, a ...any) { fmt.Fprintf(os.Stderr, "# %d members: "+f+"\n", append([]any{n}, a...)...) } // (seen even if the run is cut short)
+	progress("formed in %v", sc.Formed.Round(time.Millisecond))
 	sc.wait(time.Minute, "every trainer to run", func() bool {
 		for _, r := range sc.ranks {
 			if r.Batch() < 2 {
@@ -272,9 +274,13 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	f.idleCores = float64(processCPU()-c0) / float64(time.Since(t0))
 	f.idlePackets = float64(sc.net.sent.Load()-p0) / time.Since(t0).Seconds()
 	f.idleSilences, f.idleTerms = simSilences(sc)-s0, simTerm(sc)-term0
+	progress("idle: %.2f cores, %.0f packets/s, %d silences, %d terms taken", f.idleCores, f.idlePackets, f.idleSilences, f.idleTerms)
 	stop := simProfileTo(b, fmt.Sprintf("%s-%d.prof", *simProfile, n), *simRepeats > 0)
 	for i := 0; i < *simRepeats; i++ {
 		simWindow(b, sc, f, false)
+		if k := len(f.answered); k > 0 {
+			progress("window %d: first answer %v after the trigger", i+1, f.answered[k-1].Round(time.Millisecond))
+		}
 	}
 	stop()
 	// one more window, untimed, for the live heap once every report is in: a
@@ -284,6 +290,9 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	stop = simProfileTo(b, fmt.Sprintf("%s-%d-failover.prof", *simProfile, n), *simFailovers > 0)
 	for i := 0; i < *simFailovers; i++ {
 		simFailover(b, sc, f)
+		if k := len(f.recoverAnswer); k > 0 {
+			progress("failover %d: answer %v after the leader died", i+1, f.recoverAnswer[k-1].Round(time.Millisecond))
+		}
 	}
 	stop()
 	f.dropped = sc.net.dropped()

@@ -39,6 +39,7 @@ type silentMember struct {
 	m      member // as last heard of (memberlist's news of it updates it)
 	agent  string // its agent's id when it was held (a restarted agent's is new)
 	leader bool   // held as the leader (not as a member of its host held with it)
+	with   string // held with this leader (a member of its host)
 	at     time.Time
 	pinged time.Time // when it was last pinged (to be heard from again)
 }
@@ -215,11 +216,13 @@ func (c *Coordinator) declareSilent(leader string, ahead []string) {
 	if len(ahead) > 0 && c.anyAnswers(ahead) {
 		return // (the leader's host lives: its successor there watches the leader)
 	}
-	if !c.hold(leader, true) {
-		return
-	}
+	// (the members of its host first, the leader last: the election, woken by
+	// each, never picks one of them for the leader)
 	for _, n := range ahead {
-		c.hold(n, false)
+		c.hold(n, false, leader)
+	}
+	if !c.hold(leader, true, "") {
+		return
 	}
 	c.log.Warn("the leader answers no ping: leading in its place, until it is heard from again", "silent_leader", leader, "silent_on_its_host", ahead,
 		"silence", c.cfg.LeaderSilence)
@@ -240,6 +243,9 @@ func (c *Coordinator) declareSilent(leader string, ahead []string) {
 	}
 	time.AfterFunc(c.cfg.LeaderProbe, func() {
 		c.spawn(func() {
+			if !c.holds(leader) {
+				return // (heard from again meanwhile)
+			}
 			for _, n := range to {
 				c.post(n, "", env, false)
 			}
@@ -274,7 +280,7 @@ func (c *Coordinator) anyAnswers(names []string) bool {
 // hold takes name out of the members as if memberlist had declared it gone,
 // keeping it to put back when it is heard from; it reports whether it did. A
 // leader held is counted (Silences); a member of its host held with it is not.
-func (c *Coordinator) hold(name string, leader bool) bool {
+func (c *Coordinator) hold(name string, leader bool, with string) bool {
 	c.mu.Lock()
 	m := c.members[name]
 	if m == nil || name == c.name {
@@ -284,7 +290,7 @@ func (c *Coordinator) hold(name string, leader bool) bool {
 	if c.silent == nil {
 		c.silent = map[string]*silentMember{}
 	}
-	c.silent[name] = &silentMember{m: *m, agent: m.meta.GetAgent(), leader: leader, at: time.Now(), pinged: time.Now()}
+	c.silent[name] = &silentMember{m: *m, agent: m.meta.GetAgent(), leader: leader, with: with, at: time.Now(), pinged: time.Now()}
 	if m.meta.Rank >= 0 && len(c.gone) < maxSeenAddrs {
 		c.gone[name] = goneMember{at: time.Now(), members: len(c.members), silent: true}
 	}
@@ -297,6 +303,31 @@ func (c *Coordinator) hold(name string, leader bool) bool {
 		c.counted(0, 0)
 	}
 	return true
+}
+
+// holds reports whether name is held silent.
+func (c *Coordinator) holds(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.silent[name] != nil
+}
+
+// pingSoonLocked has name pinged at the next round if it is held silent, and
+// the members held with it when it was held as a leader (c.mu held): a
+// message under its name, or the leader's return, is news to check, not proof.
+func (c *Coordinator) pingSoonLocked(name string) {
+	s := c.silent[name]
+	if s == nil {
+		return
+	}
+	s.pinged = time.Time{}
+	if s.leader {
+		for _, o := range c.silent {
+			if o.with == name {
+				o.pinged = time.Time{}
+			}
+		}
+	}
 }
 
 // recountLocked keeps the counts read without mu (c.mu held).
@@ -356,11 +387,14 @@ func (c *Coordinator) onLeaderSilent(env *pb.Envelope, s *pb.LeaderSilent) {
 	// the notice says it died), a member follows it at once (its rank's results
 	// go to the leader that will take them) and takes back each member held
 	// that answers one of its pings; told by another, it pings first
-	early := env.Sender == succ && c.hold(s.Leader, true)
+	early := env.Sender == succ
 	if early {
 		for _, a := range also {
-			c.hold(a.Name, false)
+			c.hold(a.Name, false, s.Leader)
 		}
+		early = c.hold(s.Leader, true, "")
+	}
+	if early {
 		c.log.Warn("the leader's successor hears nothing from the leader: electing without it, and checking", "silent_leader", s.Leader, "successor", succ,
 			"silent_on_its_host", len(also))
 	}
@@ -381,7 +415,8 @@ func (c *Coordinator) aheadOfLocked(leader, sender string, names []string) (ahea
 		if m == nil {
 			continue // (gone already, or held)
 		}
-		if lm == nil || sm == nil || before(m.meta.Rank, n, lm.meta.Rank, leader) || !before(m.meta.Rank, n, sm.meta.Rank, sender) {
+		if lm == nil || sm == nil || before(m.meta.Rank, n, lm.meta.Rank, leader) || !before(m.meta.Rank, n, sm.meta.Rank, sender) ||
+			!m.node.Addr.Equal(lm.node.Addr) {
 			return nil, false
 		}
 		ahead = append(ahead, *m.node)
@@ -405,13 +440,26 @@ func (c *Coordinator) checkSilent(leader memberlist.Node, also []memberlist.Node
 		}
 	}
 	wg.Wait()
-	for i, n := range nodes {
-		switch {
-		case answered[i] && early:
-			c.heardFrom(n.Name)
-		case !answered[i] && !early && !answered[0] && c.hold(n.Name, i == 0) && i == 0:
-			c.log.Warn("the leader answers no ping: electing without it", "silent_leader", n.Name, "told_by", from)
+	if early {
+		for i, n := range nodes {
+			if answered[i] {
+				c.heardFrom(n.Name)
+			}
 		}
+		return
+	}
+	if answered[0] {
+		return // (the leader lives: nobody is held)
+	}
+	// the members of its host first, the leader last (the election, woken by
+	// each hold, never picks one of them for the leader)
+	for i, n := range nodes[1:] {
+		if !answered[i+1] {
+			c.hold(n.Name, false, leader.Name)
+		}
+	}
+	if c.hold(leader.Name, true, "") {
+		c.log.Warn("the leader answers no ping: electing without it", "silent_leader", leader.Name, "told_by", from)
 	}
 }
 
@@ -472,8 +520,10 @@ func (c *Coordinator) pingSilent() {
 	}
 }
 
-// heardFrom puts back a member held silent that answered or sent a message: it
-// was alive all along.
+// heardFrom puts back a member held silent that answered a ping of this
+// member's: it was alive all along (a message under its name only has it
+// pinged soon: a member holding the key can send one in any name). The
+// members held with a leader heard from are pinged soon too.
 func (c *Coordinator) heardFrom(name string) {
 	if c.nsilent.Load() == 0 {
 		return
@@ -486,6 +536,7 @@ func (c *Coordinator) heardFrom(name string) {
 		c.mu.Unlock()
 		return
 	}
+	c.pingSoonLocked(name) // (the members held with it)
 	delete(c.silent, name)
 	delete(c.gone, name)
 	m := s.m
@@ -524,6 +575,7 @@ func (c *Coordinator) newsOfSilentLocked(name string, m *member) bool {
 		return false
 	}
 	if m.meta.Term > c.term {
+		c.pingSoonLocked(name) // (the members held with it)
 		delete(c.silent, name)
 		c.recountLocked()
 		c.silenced.mu.Lock()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,4 +125,72 @@ func TestCommitClaims(t *testing.T) {
 			t.Fatalf("a claim over a commit: %+v %v", m, err)
 		}
 	})
+}
+
+// flakyGet fails the next Get of a key ending in suffix once, as a reset
+// connection does.
+type flakyGet struct {
+	store.Store
+	suffix string
+	armed  bool
+}
+
+func (f *flakyGet) Get(ctx context.Context, key string) (io.ReadCloser, store.ObjectInfo, error) {
+	if f.armed && strings.HasSuffix(key, f.suffix) {
+		f.armed = false
+		return nil, store.ObjectInfo{}, fmt.Errorf("%w: connection reset by peer", store.ErrUnreachable)
+	}
+	return f.Store.Get(ctx, key)
+}
+
+// TestClaimNeverAssumed: a takeover whose read of an older claim fails takes
+// no term (it would leave the older term's claim, and that term's stalled
+// leader could commit): the next try claims the window for its term. A plan
+// whose manifest key no store takes (a bad key, a folder in a folder store)
+// blocks no takeover.
+func TestClaimNeverAssumed(t *testing.T) {
+	ctx := testutil.Context(t, time.Minute)
+	dir := t.TempDir()
+	st, err := store.OpenDir(dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &flakyGet{Store: st, suffix: ".manifest.json"}
+	l := New(f, "gpt")
+	t1, err := l.NewTerm(ctx, Term{Leader: "gpt/rank0"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "gpt/torch_memory_traces/window1/merged.manifest.json"
+	_, err = l.CreatePlan(ctx, Plan{Term: t1.Term, Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1, Ranks: []int{0}}, 0, func(uint64) (string, error) { return key, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.NewTerm(ctx, Term{Leader: "gpt/rank1", Rank: 1}, 0); err != nil { // (claims it for term 2)
+		t.Fatal(err)
+	}
+	f.armed = true
+	if _, err := l.NewTerm(ctx, Term{Leader: "gpt/rank2", Rank: 2}, 0); !errors.Is(err, store.ErrUnreachable) {
+		t.Fatalf("a takeover whose claim's read failed: %v", err)
+	}
+	t3, err := l.NewTerm(ctx, Term{Leader: "gpt/rank2", Rank: 2}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := store.ReadAll(ctx, st, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := publish.ParseManifest(b); err != nil || m.State != publish.ManifestClaimed || m.Attempt != publish.AttemptOf(t3.Term) {
+		t.Fatalf("the claim after term %d took over: %+v %v", t3.Term, m, err)
+	}
+	// plans whose manifest keys no store takes
+	for _, bad := range []string{"gpt/" + strings.Repeat("x", 300) + "/merged.manifest.json", "gpt/../escape.manifest.json", "gpt/torch_memory_traces"} {
+		if _, err := l.CreatePlan(ctx, Plan{Term: t3.Term, Kind: KindWindow, Start: 1, Stop: 2, WorldSize: 1, Ranks: []int{0}}, 0, func(uint64) (string, error) { return bad, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.NewTerm(ctx, Term{Leader: "gpt/rank3", Rank: 3}, 0); err != nil {
+		t.Fatalf("a takeover past plans whose manifest keys no store takes: %v", err)
+	}
 }

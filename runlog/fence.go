@@ -8,6 +8,7 @@ import (
 
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge/publish"
+	"github.com/memsnap/memsnap/naming"
 )
 
 // claimed is the state of an outcome record that holds no outcome yet: the
@@ -66,7 +67,11 @@ func (l *Log) claimCommit(ctx context.Context, id, term uint64) error {
 	if err != nil {
 		return err
 	}
-	return publish.ClaimCommit(ctx, l.st, p.Manifest, term, id, p.WorldSize)
+	err = publish.ClaimCommit(ctx, l.st, p.Manifest, term, id, p.WorldSize)
+	if errors.Is(err, publish.ErrUnclaimable) || errors.Is(err, naming.ErrBadKey) {
+		return nil // (no commit can be made there either: a problem of that window alone, never of every term)
+	}
+	return err
 }
 
 // void fills id, given out under old and never planned, with a void plan and a

@@ -256,7 +256,9 @@ func listWindows(ctx context.Context, st store.Store, prefix string) ([]windowRo
 		if !strings.HasSuffix(o.Key, ".manifest.json") || claimed[o.Key] {
 			continue
 		}
-		rows = append(rows, mergeRow(ctx, st, o))
+		if row := mergeRow(ctx, st, o); row.pub == nil || !errors.Is(row.pub.Err, publish.ErrClaimed) {
+			rows = append(rows, row) // (a leadership term's claim on a window's commit is no merge: its run's log lists the window)
+		}
 	}
 	sort.SliceStable(rows, func(i, j int) bool {
 		if rows[i].run != rows[j].run {

@@ -12,6 +12,7 @@ import (
 	"github.com/memsnap/memsnap/internal/digest"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/merge/sidecar"
+	"github.com/memsnap/memsnap/naming"
 )
 
 // A cluster's window is committed by its manifest, created once. A leader
@@ -61,7 +62,10 @@ func ClaimCommit(ctx context.Context, st store.Store, key string, term, id uint6
 		return err
 	}
 	mb = append(mb, '\n')
-	ifMatch := ""
+	if _, err := naming.CleanKey(key); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnclaimable, err)
+	}
+	ifMatch, vanished := "", 0
 	for try := 0; try < 4; try++ {
 		opts := store.PutOptions{Size: int64(len(mb)), SHA256: digest.SHA256Hex(mb), IfMatch: ifMatch, ContentType: contentType(OutManifest)}
 		_, err = st.Put(ctx, key, bytes.NewReader(mb), opts)
@@ -71,10 +75,18 @@ func ClaimCommit(ctx context.Context, st store.Store, key string, term, id uint6
 		cur, etag, rerr := readCommitClaim(ctx, st, key)
 		switch {
 		case errors.Is(rerr, store.ErrNotFound):
-			ifMatch = "" // (removed meanwhile: create it)
+			// removed meanwhile: create it; a key that exists to a create and
+			// not to a read (a folder there, in a folder store) is no commit
+			// point anyone can write
+			if vanished++; vanished > 1 {
+				return fmt.Errorf("%w: %s exists to a create and not to a read", ErrUnclaimable, key)
+			}
+			ifMatch = ""
 			continue
-		case rerr != nil:
+		case errors.Is(rerr, errNotCommitClaim) || errors.Is(rerr, errMalformed) || errors.Is(rerr, store.ErrTooLarge):
 			return nil // a commit, or what no reader takes for one: not a claim to replace
+		case rerr != nil:
+			return rerr // (a read that failed: the claim is not known to hold)
 		case termOf(cur.Attempt) >= term:
 			return nil
 		}
@@ -82,6 +94,13 @@ func ClaimCommit(ctx context.Context, st store.Store, key string, term, id uint6
 	}
 	return fmt.Errorf("merge: claiming %s: other writers kept replacing it", key)
 }
+
+// ErrUnclaimable: a commit point no writer can use (a key the store refuses):
+// there is nothing to claim, and no commit can be made there either.
+var ErrUnclaimable = errors.New("merge: a commit point that cannot be written")
+
+// errMalformed marks what is under a manifest's key and does not parse.
+var errMalformed = errors.New("merge: not a manifest")
 
 // readCommitClaim reads the claim under key with its version; an error when what is
 // there is not a claim (errNotCommitClaim), or cannot be read.
@@ -92,7 +111,7 @@ func readCommitClaim(ctx context.Context, st store.Store, key string) (*Manifest
 	}
 	m, err := ParseManifest(b)
 	if err != nil {
-		return nil, "", err
+		return nil, "", fmt.Errorf("%w: %w", errMalformed, err)
 	}
 	if m.State != ManifestClaimed {
 		return nil, "", errNotCommitClaim
