@@ -25,8 +25,9 @@ import (
 // every rank. A rank told by the member it sees as the successor elects without
 // the silent leader at once; told by another, it pings the leader itself first.
 //
-// A leader held silent that answers a ping again, or sends any message, is a
-// member again and leads again: it was only slow (a stalled process, a lost
+// A leader held silent that answers a ping again is a member again and leads
+// again (a message under its name only has it pinged at once: anyone holding
+// the key can send one in its name): it was only slow (a stalled process, a lost
 // burst of packets). The run's log fences what the successor did meanwhile (its
 // term is newer; the old leader takes a newer one still). Each member counts
 // the leaders it held silent and those heard from again (Silences), so that a
