@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/merge/publish"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -259,4 +261,41 @@ func TestLsKindsAndReasons(t *testing.T) {
 	if _, j, _ := runCLI(t, "ls", "--json", dir); !strings.Contains(j, `"origin":"alert"`) || !strings.Contains(j, `"reason":"alert: MemsnapLowHeadroom (rank 2)"`) {
 		t.Fatalf("ls --json:\n%s", j)
 	}
+}
+
+// TestLsShowsNoClaimAsAMerge: a leadership term's claim on a window's commit
+// point is no merge: ls of a folder below the run's log lists nothing for it,
+// and the run's ls lists the window unfinished.
+func TestLsShowsNoClaimAsAMerge(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.OpenDir(dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testutil.Context(t, time.Minute)
+	rl := runlog.New(st, "job")
+	t1, err := rl.NewTerm(ctx, runlog.Term{Leader: "job/rank0"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "job/torch_memory_traces/window1/merged.manifest.json"
+	if _, err := rl.CreatePlan(ctx, runlog.Plan{Term: t1.Term, Kind: runlog.KindWindow, Start: 1, Stop: 3, WorldSize: 2, Ranks: []int{0, 1}}, 0,
+		func(uint64) (string, error) { return key, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rl.NewTerm(ctx, runlog.Term{Leader: "job/rank1", Rank: 1}, 0); err != nil { // (claims window 1's commit point)
+		t.Fatal(err)
+	}
+	if _, err := publish.ReadManifest(ctx, st, key); !errors.Is(err, publish.ErrClaimed) {
+		t.Fatalf("not the scenario: window 1's commit point holds %v", err)
+	}
+	code, out, errOut := runCLI(t, "ls", filepath.Join(dir, "job", "torch_memory_traces"))
+	if code != 0 || strings.Contains(out, "unreadable") || strings.Contains(out, "claim") {
+		t.Fatalf("ls below the run's log: %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "ls", dir)
+	if code != 0 || !strings.Contains(out, "unfinished") || strings.Contains(out, "unreadable") {
+		t.Fatalf("ls of the store: %d\n%s%s", code, out, errOut)
+	}
+	t.Logf("%s", out)
 }
