@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator/config"
+	"github.com/memsnap/memsnap/coordinator/window"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/rankagent"
 )
@@ -63,7 +64,10 @@ type Cluster interface {
 //
 // Its state (the rank's latest window and post-mortem, its incident, the
 // windows it looked up in the log, its clock offset) is its own, under its own
-// lock: no other role reads or writes it.
+// lock: no other role reads or writes it. Where its windows stand is one
+// machine, window.RankSide, stepped by the commands it takes and its agent's
+// events, never set field by field here; the agent's own WindowState is the
+// source of those events.
 type Rank struct {
 	cfg *config.Config
 	rec Recorder // nil for a client: it takes no command
@@ -72,21 +76,11 @@ type Rank struct {
 	rep *reporter
 
 	mu      sync.Mutex
-	last    lastWindow      // the rank's latest window, for status answers
-	pm      lastWindow      // the rank's latest post-mortem
+	side    window.RankSide // the rank's latest window and post-mortem: its own machine
 	inc     *incident       // this rank's trainer's latest OOM or crash
 	inLog   uint64          // the newest window id this rank looked up and found in the run's log
 	looking map[uint64]bool // windows being looked up (checkNewest)
 	offset  clockState
-}
-
-// lastWindow is what a rank knows of its latest window.
-type lastWindow struct {
-	w      rankagent.Window
-	state  pb.Step
-	result *pb.RankResult
-	leader string
-	term   uint64 // the term of the leader that planned it
 }
 
 type clockState struct {
@@ -117,7 +111,7 @@ func (c *Rank) ClockOffset() (offset, rtt time.Duration, ok bool) {
 func (c *Rank) LastPostmortem() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.pm.w.ID
+	return c.side.Postmortem.ID
 }
 
 func (c *Rank) rank() int32 {

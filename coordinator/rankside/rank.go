@@ -39,11 +39,11 @@ func (c *Rank) AnswerStatus(req *pb.Envelope) {
 		}
 	}
 	c.mu.Lock()
-	l := c.last
+	l := c.side.Latest
 	c.mu.Unlock()
 	st.Seen, st.Term = c.cl.Seen(), c.cl.Term()
-	if l.w.ID != 0 {
-		st.Window, st.Start, st.Stop, st.State, st.Result = l.w.ID, l.w.Start, l.w.Stop, l.state, l.result
+	if l.ID != 0 {
+		st.Window, st.Start, st.Stop, st.State, st.Result = l.ID, l.Start, l.Stop, l.Step, l.Result
 	}
 	r := c.cl.Envelope(st.Window)
 	r.Body = &pb.Envelope_Status{Status: st}
@@ -93,17 +93,18 @@ func (c *Rank) OnPlan(env *pb.Envelope, p *pb.Plan) {
 		// flapped), or this leader under an older term: the current leader's plan
 		// wins, and the old window is finished from the run's log without this rank
 		c.mu.Lock()
-		old := c.last
+		old := c.side.Latest
 		c.mu.Unlock()
-		if old.w.ID != 0 && old.w.ID < w.ID && (old.leader != env.Sender || old.term < env.Term) {
-			c.log.Warn("a window of another leader is in progress; the current leader's plan replaces it", "old_window", old.w.ID, "window", w.ID)
-			c.rec.Cancel(old.w.ID, fmt.Sprintf("replaced by window %d of the current leader", w.ID))
+		if old.ID != 0 && old.ID < w.ID && (old.Leader != env.Sender || old.Term < env.Term) {
+			c.log.Warn("a window of another leader is in progress; the current leader's plan replaces it", "old_window", old.ID, "window", w.ID)
+			c.rec.Cancel(old.ID, fmt.Sprintf("replaced by window %d of the current leader", w.ID))
 			err = c.rec.Arm(w)
 		}
 	}
 	if errors.Is(err, rankagent.ErrStale) {
 		c.mu.Lock()
-		again := c.last.w == w
+		l := c.side.Latest
+		again := l.ID == w.ID && l.Start == w.Start && l.Stop == w.Stop
 		c.mu.Unlock()
 		if again {
 			// the plan comes directly and through gossip: a copy that arrives after
@@ -117,9 +118,7 @@ func (c *Rank) OnPlan(env *pb.Envelope, p *pb.Plan) {
 	switch {
 	case err == nil:
 		c.mu.Lock()
-		if c.last.w.ID != w.ID {
-			c.last = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender, term: env.Term}
-		}
+		c.side.Planned(w.ID, w.Start, w.Stop, env.Sender, env.Term)
 		// the window id is not gossiped from here: a metadata update by every rank
 		// for every window costs the cluster O(n^2) messages; a new leader learns
 		// the newest id from the run's log and the ranks' status answers
@@ -199,9 +198,7 @@ func (c *Rank) checkNewest(env *pb.Envelope, w rankagent.Window) bool {
 			c.log.Warn("a window this rank took is not in the run's log (a forged plan); it is withdrawn", "window", newest, "plan", w.ID)
 			f.Forget(newest, w.ID-1)
 			c.mu.Lock()
-			if c.last.w.ID == newest {
-				c.last = lastWindow{}
-			}
+			c.side.Withdrawn(newest)
 			c.mu.Unlock()
 		default:
 			c.log.Warn("cannot look up in the run's log a window newer than the leader's plan", "window", newest, "plan", w.ID, "err", err)
@@ -223,9 +220,7 @@ func (c *Rank) OnCancel(env *pb.Envelope, x *pb.Cancel) {
 	}
 	c.rec.Cancel(env.WindowId, x.Reason)
 	c.mu.Lock()
-	if c.last.w.ID == env.WindowId && !window.Terminal(c.last.state) {
-		c.last.state = pb.Step_STEP_CANCELLED
-	}
+	c.side.Cancelled(env.WindowId)
 	c.mu.Unlock()
 	c.cl.SawWindow(env.WindowId)
 }
@@ -240,26 +235,23 @@ func (c *Rank) OnDump(env *pb.Envelope, d *pb.Dump) {
 	w := rankagent.Window{ID: env.WindowId}
 	var have *pb.RankResult
 	c.mu.Lock()
-	dup := c.pm.w.ID == w.ID
 	inc := c.inc
 	// the snapshot the trainer took when it failed or was stopped is this rank's
 	// part of the post-mortem (also when the dump comes again: the leader asks
 	// once more when the rank's own report of its failure reaches it)
 	mine := inc != nil && inc.fresh(c.cfg.IncidentHold()) && (inc.handedTo == 0 || inc.handedTo == w.ID) && !(inc.sent && inc.handedTo == w.ID) &&
 		d.Kind != pb.WindowKind_WINDOW_KIND_TRIGGER // (a trigger's dump is of the history now)
-	if !dup {
-		c.pm = lastWindow{w: w, state: pb.Step_STEP_QUEUED, leader: env.Sender}
-	}
+	dup := c.side.Dumped(w.ID, env.Sender)
 	if mine {
 		inc.handedTo, inc.leader = w.ID, env.Sender
 		if inc.result != nil {
 			have = proto.Clone(inc.result).(*pb.RankResult)
 			inc.sent = true
-			c.pm.result, c.pm.state = have, pb.Step_STEP_UPLOADED
+			c.side.Handed(w.ID, have, true)
 		} else if inc.noSnapshot != "" {
 			have = &pb.RankResult{Error: inc.noSnapshot, Reason: "crash", Cause: inc.cause}
 			inc.sent = true
-			c.pm.result, c.pm.state = have, pb.Step_STEP_FAILED
+			c.side.Handed(w.ID, have, false)
 		} else {
 			inc.sent = false // it goes to this post-mortem once stored
 		}
@@ -383,21 +375,9 @@ func (c *Rank) Observe(ev rankagent.WindowEvent) {
 		res = resultOf(ev.Upload)
 	}
 	c.mu.Lock()
-	// a post-mortem's steps go to its own record: the window a post-mortem
-	// interrupted goes on, and status answers keep saying where it stands
-	target := &c.last
-	if ev.Window.ID == c.pm.w.ID {
-		target = &c.pm
-	}
-	if target.w.ID == ev.Window.ID || (target == &c.last && ev.Window.ID > c.last.w.ID) {
-		if target.w.ID != ev.Window.ID {
-			*target = lastWindow{w: ev.Window}
-		}
-		target.state = stepOf(ev.State)
-		if res != nil {
-			target.result = res
-		}
-	}
+	// (a post-mortem's steps go to its own record: the window a post-mortem
+	// interrupted goes on, and status answers keep saying where it stands)
+	c.side.Observed(ev.Window.ID, ev.Window.Start, ev.Window.Stop, stepOf(ev.State), res)
 	c.mu.Unlock()
 	leader := c.cl.LeaderName()
 	if res != nil && !c.reportsUploads() {
@@ -521,9 +501,7 @@ func (c *Rank) incidentSnapshot(r *pb.RankResult, none string) {
 			send = &pb.RankResult{Error: inc.noSnapshot, Reason: "crash", Cause: inc.cause}
 		}
 		inc.sent = true
-		if c.pm.w.ID == inc.handedTo {
-			c.pm.result, c.pm.state = send, pb.Step_STEP_UPLOADED
-		}
+		c.side.Handed(inc.handedTo, send, true) // (as it was sent: the post-mortem's leader has it)
 	}
 	window, leader := inc.handedTo, inc.leader
 	c.mu.Unlock()
