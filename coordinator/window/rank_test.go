@@ -34,7 +34,7 @@ func TestRankSide(t *testing.T) {
 	if s.Latest.Step != pb.Step_STEP_UPLOADED {
 		t.Fatalf("an ended window cancelled: %v", s.Latest.Step)
 	}
-	s.Observed(3, 1, 2, pb.Step_STEP_FAILED, nil) // an older window's late event
+	s.Observed(3, 1, 2, pb.Step_STEP_FAILED, nil)  // an older window's late event
 	s.Observed(7, 20, 23, pb.Step_STEP_ARMED, nil) // a newer one, heard of through the agent
 	if l := s.Latest; l.ID != 7 || l.Step != pb.Step_STEP_ARMED || l.Leader != "" || l.Result != nil {
 		t.Fatalf("a newer window: %+v", l)
