@@ -55,21 +55,31 @@ func ReadManifest(ctx context.Context, st store.Store, key string) (*Manifest, e
 	return m, err
 }
 
-// ReadManifestVersion reads and parses one manifest, with the version (ETag) of
-// what it read, for a conditional replace.
-func ReadManifestVersion(ctx context.Context, st store.Store, key string) (*Manifest, string, error) {
+// readManifestOrClaim reads and parses what is under a manifest's key (a
+// claim included: Manifest.State says), with its version.
+func readManifestOrClaim(ctx context.Context, st store.Store, key string) (*Manifest, string, error) {
 	b, info, err := store.ReadObject(ctx, st, key, maxManifest)
 	if err != nil {
 		return nil, "", err
 	}
 	m, err := ParseManifest(b)
 	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", key, err)
+		return nil, "", fmt.Errorf("%s: %w: %w", key, errMalformed, err)
+	}
+	return m, info.ETag, nil
+}
+
+// ReadManifestVersion reads and parses one manifest, with the version (ETag) of
+// what it read, for a conditional replace.
+func ReadManifestVersion(ctx context.Context, st store.Store, key string) (*Manifest, string, error) {
+	m, etag, err := readManifestOrClaim(ctx, st, key)
+	if err != nil {
+		return nil, "", err
 	}
 	if m.State == ManifestClaimed {
 		return nil, "", fmt.Errorf("%s: %w (term %s)", key, ErrClaimed, m.Attempt)
 	}
-	return m, info.ETag, nil
+	return m, etag, nil
 }
 
 // OutputKey is the key of one of a published merge's outputs.

@@ -105,18 +105,14 @@ var errMalformed = errors.New("merge: not a manifest")
 // readCommitClaim reads the claim under key with its version; an error when what is
 // there is not a claim (errNotCommitClaim), or cannot be read.
 func readCommitClaim(ctx context.Context, st store.Store, key string) (*Manifest, string, error) {
-	b, info, err := store.ReadObject(ctx, st, key, maxManifest)
+	m, etag, err := readManifestOrClaim(ctx, st, key)
+	if err == nil && m.State != ManifestClaimed {
+		err = errNotCommitClaim
+	}
 	if err != nil {
 		return nil, "", err
 	}
-	m, err := ParseManifest(b)
-	if err != nil {
-		return nil, "", fmt.Errorf("%w: %w", errMalformed, err)
-	}
-	if m.State != ManifestClaimed {
-		return nil, "", errNotCommitClaim
-	}
-	return m, info.ETag, nil
+	return m, etag, nil
 }
 
 var errNotCommitClaim = errors.New("merge: not a claim")
