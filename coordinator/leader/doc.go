@@ -20,8 +20,9 @@
 //     machine's Exit.
 //   - Under l.mu, shared with the member's goroutines that call in (Deliver,
 //     WatchNow, Crossed, Busy, Deferred): the queue of requests and deferred
-//     requests, the schedule's next start, the trigger's cooldown and whether a
-//     trigger window is queued or running, the post-mortem quiet time, the
+//     requests, the schedule's next start, the trigger's cooldown, the kinds
+//     of the windows in progress (whether the leader is busy and whether a
+//     trigger's window runs are read from them), the post-mortem quiet time, the
 //     members waiting on a window finished from the log (pending), when another
 //     leader's unfinished windows were first seen.
 //   - WatchNow's goroutines (one per member re-asking how a window ended)

@@ -49,15 +49,13 @@ type Leader struct {
 	mu       sync.Mutex
 	next     int64 // the schedule's next window start (-1: the schedule is done)
 	requests []*pb.Envelope
-	working  int                       // windows in progress (a post-mortem may run inside a window)
+	running  []pb.WindowKind           // the kinds of the windows in progress (a post-mortem may run inside a window)
 	lastPM   time.Time                 // when the last post-mortem started
 	lastPMID uint64                    // and its window
 	pending  map[uint64][]*pb.Envelope // members waiting for a window this leader finishes from the log
 	orders   map[string]uint64         // the last Envelope.Order told each request (by its sender and seq)
 	sweepAt  time.Time                 // when the next sweep of the log is due
 	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
-	// triggering: a trigger window is in progress (trigger.go)
-	triggering bool
 	// lastTrigger is when the last trigger window was taken (trigger.go)
 	lastTrigger time.Time
 	// ctx is the leader loop's, once it took a term (nil before, and after it ends)
@@ -132,7 +130,7 @@ const postmortemQuiet = 30 * time.Second
 func (l *Leader) Busy() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.working > 0 || len(l.requests) > 0 || len(l.msgs) > 0 || len(l.pending) > 0
+	return len(l.running) > 0 || len(l.requests) > 0 || len(l.msgs) > 0 || len(l.pending) > 0
 }
 
 // New prepares the leader's work for the member m, under the member's
@@ -308,18 +306,11 @@ func urgent(req *pb.Envelope) bool {
 	return strings.HasPrefix(r.Reason, runlog.ReasonTrigger) || strings.HasPrefix(r.Reason, runlog.ReasonAlert)
 }
 
-// setTriggering says whether a trigger window is in progress.
-func (l *Leader) setTriggering(on bool) {
-	l.mu.Lock()
-	l.triggering = on
-	l.mu.Unlock()
-}
-
 // triggerPendingLocked reports whether a trigger's window is queued or in
 // progress (l.mu held): a rank that keeps crossing a trigger asks for no more
 // meanwhile.
 func (l *Leader) triggerPendingLocked() bool {
-	if l.triggering {
+	if slices.Contains(l.running, pb.WindowKind_WINDOW_KIND_TRIGGER) {
 		return true
 	}
 	for _, q := range l.requests {
@@ -508,8 +499,6 @@ func (l *Leader) serveRequest(ctx context.Context, req *pb.Envelope) {
 				l.mu.Unlock()
 				return
 			}
-			l.setTriggering(true)
-			defer l.setTriggering(false)
 			if l.cfg.Triggers.Dump {
 				// the history that led here, every rank's, at once
 				l.dumps(ctx, dumpPlan{kind: kind, reason: nonEmpty(r.Reason, "trigger"), failedRank: -1, req: req})

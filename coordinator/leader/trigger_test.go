@@ -26,11 +26,11 @@ func TestOneTriggerAtATime(t *testing.T) {
 		t.Fatal("a second trigger window asked for while one is queued")
 	}
 	l.requests = nil
-	l.triggering = true // (in progress)
-	if l.Crossed("rank 1: growing 1.0 MiB a batch") || len(l.msgs) != 0 {
+	end := l.begin(pb.WindowKind_WINDOW_KIND_TRIGGER) // (in progress)
+	if l.Crossed("rank 1: growing 1.0 MiB a batch") || len(l.msgs) != 0 || !l.Busy() {
 		t.Fatal("a second trigger window asked for while one is in progress")
 	}
-	l.triggering = false
+	end()
 	if !l.Crossed("rank 1: growing 1.0 MiB a batch") || len(l.msgs) != 1 {
 		t.Fatal("no trigger window once the last one ended")
 	}

@@ -133,19 +133,30 @@ func agentsOf(agents map[int]string, ranks []int) map[string]string {
 	return out
 }
 
-// addWorking adds n to the windows in progress.
-func (l *Leader) addWorking(n int) {
+// begin counts a window of kind in progress, until the function it returns is
+// called: whether the leader is busy, and whether a trigger's window is in
+// progress, are read from these.
+func (l *Leader) begin(kind pb.WindowKind) (end func()) {
+	if kind == pb.WindowKind_WINDOW_KIND_UNSPECIFIED {
+		kind = pb.WindowKind_WINDOW_KIND_WINDOW
+	}
 	l.mu.Lock()
-	l.working += n
+	l.running = append(l.running, kind)
 	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		if i := slices.Index(l.running, kind); i >= 0 {
+			l.running = slices.Delete(l.running, i, i+1)
+		}
+		l.mu.Unlock()
+	}
 }
 
 // window records one window and tells the members that asked for it how it
 // ended. It returns how it ended, or nil when it has not (the request is served
 // again, or the window was left for later).
 func (l *Leader) window(ctx context.Context, p plan) *pb.WindowResult {
-	l.addWorking(1)
-	defer l.addWorking(-1)
+	defer l.begin(p.kind)()
 	return l.record(ctx, p, false)
 }
 
@@ -528,8 +539,7 @@ type dumpPlan struct {
 // snapshot now, and collects, merges and publishes them.
 func (l *Leader) dumps(ctx context.Context, d dumpPlan) {
 	c := l.m
-	l.addWorking(1)
-	defer l.addWorking(-1)
+	defer l.begin(d.kind)()
 	world := l.cfg.Identity.WorldSize
 	nodes := c.RankNodes()
 	var ranks []int
