@@ -223,6 +223,9 @@ func (l *Leader) onMessage(ctx context.Context, w *win, env *pb.Envelope) {
 		l.step(ctx, w, window.Ack{Rank: int(env.SenderRank), Code: pb.AckCode_ACK_STALE_TERM, Term: env.GetAck().Term, At: time.Now()})
 	case w.outer != nil && env.WindowId == w.outer.id() && len(w.outer.inbox) < maxInbox:
 		w.outer.inbox = append(w.outer.inbox, env) // for the window this post-mortem interrupted
+	case w.outer != nil && env.WindowId == w.outer.id() && len(w.outer.inbox) == maxInbox:
+		w.outer.inbox = append(w.outer.inbox, nil) // (said once)
+		l.log.Warn("too many messages for the window a post-mortem interrupted; the rest are left to its polls", "window", w.outer.id(), "kept", maxInbox)
 	}
 }
 
@@ -250,7 +253,9 @@ func (l *Leader) unstash(ctx context.Context, w *win) {
 	in := w.inbox
 	w.inbox = nil
 	for _, env := range in {
-		l.stepMessage(ctx, w, env)
+		if env != nil {
+			l.stepMessage(ctx, w, env)
+		}
 	}
 }
 

@@ -597,6 +597,7 @@ func (s *stepper) alive(at time.Time, sts map[int]Status, isMember func(int) boo
 			continue
 		}
 		if sts == nil && (isMember == nil || isMember(rank)) {
+			r.Away = time.Time{}
 			continue // a member: the next poll says whether it lives
 		}
 		if st, ok := sts[rank]; ok {
@@ -626,12 +627,19 @@ func (s *stepper) alive(at time.Time, sts map[int]Status, isMember func(int) boo
 				r.Batch, r.Step, r.LastSign = max(r.Batch, st.Batch), st.Step, at
 			}
 		}
-		if pm && sts == nil && isMember != nil && at.Sub(r.LastSign) > w.timers.Poll {
+		if pm && sts == nil && isMember != nil && r.Phase != Spooled {
 			// a post-mortem waits for no rank whose agent is gone (dead, held
-			// silent, or left): what it stored of its failure is in the run's
-			// log, read now, and nothing more can come from it
-			w.lost[rank] = "not a member of the cluster (its agent is gone), and no snapshot of it in the run's log"
-			lost = append(lost, rank)
+			// silent, or left) for a poll's time on end: what it stored of its
+			// failure is in the run's log, read now, and nothing more can come
+			// from it (a rank away for a tick, a member again at the next, is
+			// waited for as before)
+			if r.Away.IsZero() {
+				r.Away = at
+			}
+			if at.Sub(r.Away) >= w.timers.Poll && at.Sub(r.LastSign) >= w.timers.Poll {
+				w.lost[rank] = "not a member of the cluster (its agent is gone), and no snapshot of it in the run's log"
+				lost = append(lost, rank)
+			}
 			continue
 		}
 		if at.Sub(r.LastSign) > w.timers.Silence && !pm { // a post-mortem has its own short deadline

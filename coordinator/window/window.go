@@ -111,6 +111,9 @@ type Rank struct {
 	RetryAt time.Time
 	// Gone is the reason it is missing if it stays silent ("" : the silence).
 	Gone string
+	// Away is since when it has not been a member, seen at every tick (zero
+	// while it is one): a post-mortem waits Timers.Poll for a rank away.
+	Away time.Time
 }
 
 // out reports whether the rank is still awaited.
