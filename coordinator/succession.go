@@ -122,6 +122,31 @@ type leaderWatch struct {
 	gen    uint64    // the watch's number
 	heard  time.Time // when the leader last answered in this watch (zero: not yet)
 	lost   int       // pings sent since then that found no answer
+	// ahead are the members of the leader's host before this one (an
+	// off-host watch), pinged with the leader: when the leader falls silent
+	// this member knows already whether they did too
+	ahead map[string]*pingTrack
+}
+
+// pingTrack is what the pings of one member found in a watch.
+type pingTrack struct {
+	heard time.Time // when it last answered (zero: not yet)
+	lost  int       // pings since then that found no answer
+}
+
+// silentFor reports whether it answered none of at least two pings for
+// silence, having answered before.
+func (p *pingTrack) silentFor(silence time.Duration) bool {
+	return !p.heard.IsZero() && p.lost >= 2 && time.Since(p.heard) >= silence
+}
+
+func (p *pingTrack) answered(ok bool) {
+	switch {
+	case ok:
+		p.heard, p.lost = time.Now(), 0
+	case !p.heard.IsZero():
+		p.lost++
+	}
 }
 
 // start begins a new watch of leader, unless it is the one watched.
@@ -129,7 +154,7 @@ func (w *leaderWatch) start(leader string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if leader != w.leader {
-		w.leader, w.gen, w.heard, w.lost = leader, w.gen+1, time.Time{}, 0
+		w.leader, w.gen, w.heard, w.lost, w.ahead = leader, w.gen+1, time.Time{}, 0, nil
 	}
 }
 
@@ -140,7 +165,24 @@ func (w *leaderWatch) start(leader string) {
 func (w *leaderWatch) silent(silence time.Duration) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return !w.heard.IsZero() && w.lost >= 2 && time.Since(w.heard) >= silence
+	return (&pingTrack{heard: w.heard, lost: w.lost}).silentFor(silence)
+}
+
+// aheadSilent says what the watch's pings found of the members ahead: known
+// when every one of them answered in this watch, and then whether every one
+// has been silent for silence too (the leader's host died).
+func (w *leaderWatch) aheadSilent(ahead []string, silence time.Duration) (silent, known bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	silent = true
+	for _, n := range ahead {
+		p := w.ahead[n]
+		if p == nil || p.heard.IsZero() {
+			return false, false
+		}
+		silent = silent && p.silentFor(silence)
+	}
+	return silent, true
 }
 
 // heardIn reports whether the leader answered in the watch of it.
@@ -150,17 +192,33 @@ func (w *leaderWatch) heardIn(leader string) bool {
 	return w.leader == leader && !w.heard.IsZero()
 }
 
-// answered takes the result of a ping sent in watch gen.
+// answered takes the result of a ping of the leader sent in watch gen.
 func (w *leaderWatch) answered(gen uint64, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	switch {
-	case gen != w.gen:
-	case ok:
-		w.heard, w.lost = time.Now(), 0
-	case !w.heard.IsZero():
-		w.lost++
+	if gen == w.gen {
+		p := pingTrack{heard: w.heard, lost: w.lost}
+		p.answered(ok)
+		w.heard, w.lost = p.heard, p.lost
 	}
+}
+
+// answeredAhead takes the result of a ping of a member ahead, sent in watch gen.
+func (w *leaderWatch) answeredAhead(gen uint64, name string, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if gen != w.gen {
+		return
+	}
+	if w.ahead == nil {
+		w.ahead = map[string]*pingTrack{}
+	}
+	p := w.ahead[name]
+	if p == nil {
+		p = &pingTrack{}
+		w.ahead[name] = p
+	}
+	p.answered(ok)
 }
 
 // watchSuccession pings the leader while this member is its successor (or
@@ -196,27 +254,57 @@ func (c *Coordinator) watchSuccession(ctx context.Context) {
 			continue
 		}
 		w.start(leader)
-		if w.silent(c.cfg.LeaderSilence) {
+		if w.silent(c.cfg.LeaderSilence) && c.hostSilent(w, ahead) {
 			c.declareSilent(leader, ahead)
 			w.start("") // (a leader heard from again is watched anew)
 			continue
 		}
-		node := *m.node
 		w.mu.Lock()
 		gen := w.gen
 		w.mu.Unlock()
+		node := *m.node
 		c.spawn(func() { w.answered(gen, c.ping(node)) })
+		c.pingAhead(w, gen, ahead)
+	}
+}
+
+// hostSilent reports whether the members ahead (an off-host watch) are silent
+// too, by the watch's own pings, or, for one it has not heard yet, by pinging
+// them now; with none ahead, true. When one answers, the leader's host lives
+// and its successor there watches the leader: this member pings on.
+func (c *Coordinator) hostSilent(w *leaderWatch, ahead []string) bool {
+	if len(ahead) == 0 {
+		return true
+	}
+	if silent, known := w.aheadSilent(ahead, c.cfg.LeaderSilence); known {
+		return silent
+	}
+	return !c.anyAnswers(ahead)
+}
+
+// pingAhead pings, in watch gen, each member ahead (an off-host watch: the
+// members of the leader's host before this one).
+func (c *Coordinator) pingAhead(w *leaderWatch, gen uint64, ahead []string) {
+	if len(ahead) == 0 {
+		return
+	}
+	c.mu.Lock()
+	nodes := make([]memberlist.Node, 0, len(ahead))
+	for _, n := range ahead {
+		if m := c.members[n]; m != nil {
+			nodes = append(nodes, *m.node)
+		}
+	}
+	c.mu.Unlock()
+	for _, n := range nodes {
+		c.spawn(func() { w.answeredAhead(gen, n.Name, c.ping(n)) })
 	}
 }
 
 // declareSilent holds the leader silent (this member, its successor, leads) and
 // tells every member. ahead are the members of the leader's host before this
-// one in the succession: this member leads only if none of them answers a
-// ping (its host died with the leader); one that answers leads instead.
+// one in the succession, found silent too (its host died with the leader).
 func (c *Coordinator) declareSilent(leader string, ahead []string) {
-	if len(ahead) > 0 && c.anyAnswers(ahead) {
-		return // (the leader's host lives: its successor there watches the leader)
-	}
 	// (the members of its host first, the leader last: the election, woken by
 	// each, never picks one of them for the leader)
 	for _, n := range ahead {

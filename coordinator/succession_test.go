@@ -318,3 +318,44 @@ func TestForgedSilenceNoticeElectsNobody(t *testing.T) {
 		t.Fatalf("the successor held the leader silent %d times on a notice in its own name", held)
 	}
 }
+
+// TestAheadSilent: an off-host watch knows the leader's host is silent only when
+// every member ahead answered in the watch and then answered none of two pings
+// for the silence; one never heard is not known; one that answers lately keeps
+// the host alive; a new watch forgets them.
+func TestAheadSilent(t *testing.T) {
+	w := &leaderWatch{}
+	w.start("r/rank0")
+	gen := w.gen
+	ahead := []string{"r/rank1", "r/rank2"}
+	if _, known := w.aheadSilent(ahead, 0); known {
+		t.Fatal("members never pinged are known")
+	}
+	w.answeredAhead(gen, "r/rank1", true)
+	if _, known := w.aheadSilent(ahead, 0); known {
+		t.Fatal("a member never heard is known")
+	}
+	w.answeredAhead(gen, "r/rank2", true)
+	if silent, known := w.aheadSilent(ahead, 0); !known || silent {
+		t.Fatalf("both answered: silent %v known %v", silent, known)
+	}
+	for range 2 {
+		w.answeredAhead(gen, "r/rank1", false)
+		w.answeredAhead(gen, "r/rank2", false)
+	}
+	w.answeredAhead(gen-1, "r/rank2", true) // (an earlier watch's answer counts for nothing)
+	if silent, known := w.aheadSilent(ahead, 0); !known || !silent {
+		t.Fatalf("both lost two pings: silent %v known %v", silent, known)
+	}
+	if silent, _ := w.aheadSilent(ahead, time.Hour); silent {
+		t.Fatal("silent before the silence time")
+	}
+	w.answeredAhead(gen, "r/rank2", true)
+	if silent, _ := w.aheadSilent(ahead, 0); silent {
+		t.Fatal("a member that answers again is silent")
+	}
+	w.start("r/rank3")
+	if _, known := w.aheadSilent(ahead, 0); known {
+		t.Fatal("a new watch remembers the old one's pings")
+	}
+}
