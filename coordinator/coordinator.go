@@ -91,6 +91,7 @@ type Coordinator struct {
 	lowestOld  bool                     // lowest left or changed: electLocked looks again
 	seenAddrs  map[string]string        // every rank member ever seen: name -> address, to rejoin after a split
 	gone       map[string]goneMember    // members memberlist took away, until they are back
+	lastOther  string                   // the last member other than this one that it saw lead
 	silent     map[string]*silentMember // members held silent (succession.go), until heard from or gone
 	leaderName string
 	lead       *leader.Leader // this member's leader loop, while it leads
@@ -637,15 +638,20 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 		now := c.leaderName
 		var stop *leader.Leader
 		start := false
-		if now != prev {
-			if c.lead != nil && now != c.name {
-				stop, c.lead = c.lead, nil
-			}
-			if now == c.name && c.lead == nil && c.state != lifeStopped && !c.cfg.Client {
-				start = true
-			}
+		if now != prev && c.lead != nil && now != c.name {
+			stop, c.lead = c.lead, nil
 		}
+		if now == c.name && c.lead == nil && c.state != lifeStopped && !c.cfg.Client {
+			start = true
+		}
+		if prev != "" && prev != c.name {
+			c.lastOther = prev
+		}
+		before := c.lastOther
 		c.mu.Unlock()
+		if start && !c.mayLead(before) {
+			start = false
+		}
 		if now != prev {
 			select {
 			case c.leaderSig <- struct{}{}:
@@ -686,6 +692,44 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// staleVerdict bounds how long after memberlist took a leader away a member
+// about to lead in its place pings it first.
+const staleVerdict = 2 * time.Second
+
+// mayLead reports whether this member, elected, may start leading in place of
+// before, the leader it saw last. A leader memberlist took away moments ago
+// (not one held silent: the successor's watch pinged that one already) is
+// pinged first: news of an earlier incarnation under its name (gossiped by a
+// member that outlived a relaunch of the job) takes a live leader away for a
+// moment, and a term taken meanwhile would supersede it. While it answers,
+// this member waits (at most staleVerdict from its departure) for memberlist
+// to bring it back.
+func (c *Coordinator) mayLead(before string) bool {
+	c.mu.Lock()
+	g, gone := c.gone[before]
+	addr := c.seenAddrs[before]
+	c.mu.Unlock()
+	left := time.Since(g.at)
+	if before == "" || !gone || g.silent || left >= staleVerdict || addr == "" {
+		return true
+	}
+	host, port, err := net.SplitHostPort(addr)
+	pn, perr := strconv.Atoi(port)
+	ip := net.ParseIP(host)
+	if err != nil || perr != nil || ip == nil || !c.ping(memberlist.Node{Name: before, Addr: ip, Port: uint16(pn)}) {
+		return true
+	}
+	c.log.Warn("the leader memberlist took away answers a ping: waiting for it to come back before leading in its place", "leader", before,
+		"gone_for", left.Round(time.Millisecond))
+	time.AfterFunc(staleVerdict-left, func() { // (elect again then)
+		select {
+		case c.changed <- struct{}{}:
+		default:
+		}
+	})
+	return false
 }
 
 // memberNamed returns a copy of the member named name (zero when there is none).

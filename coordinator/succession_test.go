@@ -359,3 +359,41 @@ func TestAheadSilent(t *testing.T) {
 		t.Fatal("a new watch remembers the old one's pings")
 	}
 }
+
+// TestStaleVerdictIsPinged: a member about to lead because memberlist took the
+// leader away moments ago (news of an earlier incarnation under its name, as a
+// member that outlived a relaunch gossips) pings it first, and does not lead
+// while it answers; it leads in place of one that does not answer, of one the
+// successor's watch held silent (pinged already), and of one gone long enough.
+func TestStaleVerdictIsPinged(t *testing.T) {
+	tc := startCluster(t, 2)
+	c := tc.ranks[1].Coord
+	rank0 := NodeName(tc.run, 0)
+	testutil.Eventually(t, 30*time.Second, "rank 1 to know rank 0's address", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.seenAddrs[rank0] != ""
+	})
+	gone := func(g goneMember) {
+		c.mu.Lock()
+		c.gone[rank0] = g
+		c.mu.Unlock()
+	}
+	gone(goneMember{at: time.Now()})
+	if c.mayLead(rank0) {
+		t.Fatal("rank 1 leads in place of a leader memberlist took away that answers a ping")
+	}
+	gone(goneMember{at: time.Now(), silent: true})
+	if !c.mayLead(rank0) {
+		t.Fatal("a leader held silent (pinged by the successor's watch already) is pinged again")
+	}
+	gone(goneMember{at: time.Now().Add(-staleVerdict)})
+	if !c.mayLead(rank0) {
+		t.Fatal("rank 1 waits past staleVerdict")
+	}
+	tc.stops[0]()
+	gone(goneMember{at: time.Now()})
+	if !c.mayLead(rank0) {
+		t.Fatal("rank 1 does not lead in place of a leader that answers no ping")
+	}
+}
