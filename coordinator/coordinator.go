@@ -676,7 +676,14 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 				// started under mu, so Shutdown never finds a leader half started
 				c.lead = l
 				l.Start(ctx, &c.wg)
+				_, gone := c.gone[before]
 				c.mu.Unlock()
+				if gone && c.cfg.LeaderProbe > 0 {
+					// memberlist took the leader away here; a member whose own
+					// verdict lags would refuse this leader's commands until it
+					// comes: it is told, and checks with pings of its own
+					c.noticeSilent(before, nil)
+				}
 			}
 		}
 		select {

@@ -315,6 +315,12 @@ func (c *Coordinator) declareSilent(leader string, ahead []string) {
 	}
 	c.log.Warn("the leader answers no ping: leading in its place, until it is heard from again", "silent_leader", leader, "silent_on_its_host", ahead,
 		"silence", c.cfg.LeaderSilence)
+	c.noticeSilent(leader, ahead)
+}
+
+// noticeSilent tells every member that leader (and the members ahead, of its
+// host) answer no ping and this member leads in its place.
+func (c *Coordinator) noticeSilent(leader string, ahead []string) {
 	env := c.envelope(0)
 	env.Body = &pb.Envelope_LeaderSilent{LeaderSilent: &pb.LeaderSilent{Leader: leader, Also: ahead}}
 	c.mu.Lock()
@@ -332,7 +338,7 @@ func (c *Coordinator) declareSilent(leader string, ahead []string) {
 	}
 	time.AfterFunc(c.cfg.LeaderProbe, func() {
 		c.spawn(func() {
-			if !c.holds(leader) {
+			if !c.holds(leader) && c.memberNamed(leader).node != nil {
 				return // (heard from again meanwhile)
 			}
 			for _, n := range to {
