@@ -676,9 +676,9 @@ func (c *Coordinator) watchLeader(ctx context.Context) {
 				// started under mu, so Shutdown never finds a leader half started
 				c.lead = l
 				l.Start(ctx, &c.wg)
-				_, gone := c.gone[before]
+				g, gone := c.gone[before]
 				c.mu.Unlock()
-				if gone && c.cfg.LeaderProbe > 0 {
+				if gone && !g.silent && c.cfg.LeaderProbe > 0 { // (one held silent: the watch's notice, naming its host, went out)
 					// memberlist took the leader away here; a member whose own
 					// verdict lags would refuse this leader's commands until it
 					// comes: it is told, and checks with pings of its own
