@@ -89,6 +89,8 @@ type Coordinator struct {
 	addrs      map[string]int           // members' addresses (host:port), kept with members
 	lowest     string                   // the rank member of the lowest (rank, name), kept with members
 	lowestOld  bool                     // lowest left or changed: electLocked looks again
+	order      uint64                   // counts changes of the rank members' order and hosts, kept with members
+	succ       succession               // the leader's successor, as of order (succession.go)
 	seenAddrs  map[string]string        // every rank member ever seen: name -> address, to rejoin after a split
 	gone       map[string]goneMember    // members memberlist took away, until they are back
 	lastOther  string                   // the last member other than this one that it saw lead
@@ -451,6 +453,9 @@ func (c *Coordinator) setMember(name string, m *member) {
 		c.addrs = map[string]int{}
 	}
 	old := c.members[name]
+	if old == nil || m == nil || old.meta.Rank != m.meta.Rank || !old.node.Addr.Equal(m.node.Addr) {
+		c.order++ // (the succession is worked out again: succession.go)
+	}
 	if old != nil {
 		if old.meta.Rank >= 0 {
 			c.nranks--

@@ -66,7 +66,32 @@ func (c *Coordinator) Silences() (held, alive uint64) {
 // successorLocked is the member that leads were the leader gone: the lowest
 // rank member after it ("" when there is none).
 func (c *Coordinator) successorLocked(leader string) string {
-	return c.successorPastLocked(leader, nil)
+	return c.successionLocked(leader).next
+}
+
+// succession is what the watch of a leader asks of the members every probe:
+// its successor and, for this member, whether it watches the leader from
+// another host (offHostLocked). Worked out once per change of the members'
+// order or hosts: at 1,024 members a walk of them every probe, on every member,
+// was most of an idle cluster's CPU.
+type succession struct {
+	order  uint64 // Coordinator.order when worked out (0: never)
+	leader string
+	next   string   // the successor
+	ahead  []string // offHostLocked's (shared: read only)
+	off    bool
+}
+
+// successionLocked is the succession of leader, from the cache while the
+// members' order and hosts are unchanged.
+func (c *Coordinator) successionLocked(leader string) succession {
+	if c.succ.order == c.order && c.order != 0 && c.succ.leader == leader {
+		return c.succ
+	}
+	s := succession{order: c.order, leader: leader, next: c.successorPastLocked(leader, nil)}
+	s.ahead, s.off = c.offHostLocked(leader)
+	c.succ = s
+	return s
 }
 
 // successorPastLocked is the member that leads were the leader and the
@@ -243,9 +268,12 @@ func (c *Coordinator) watchSuccession(ctx context.Context) {
 		c.mu.Lock()
 		leader := c.leaderName
 		var ahead []string
-		mine := leader != "" && leader != c.name && c.successorLocked(leader) == c.name
-		if !mine && leader != "" && leader != c.name {
-			ahead, mine = c.offHostLocked(leader)
+		mine := false
+		if leader != "" && leader != c.name {
+			s := c.successionLocked(leader)
+			if mine = s.next == c.name; !mine {
+				ahead, mine = s.ahead, s.off
+			}
 		}
 		m := c.members[leader]
 		c.mu.Unlock()

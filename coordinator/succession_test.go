@@ -228,6 +228,39 @@ func TestOffHost(t *testing.T) {
 	}
 }
 
+// TestSuccessionFollowsMembers: the succession the watch reads every probe is
+// worked out once per change of the members, and again after each: a member
+// that arrives, leaves, changes rank or moves to another host.
+func TestSuccessionFollowsMembers(t *testing.T) {
+	c := &Coordinator{name: "r/rank2", members: map[string]*member{}}
+	set := func(name string, rank int32, ip string) {
+		c.setMember(name, &member{node: &memberlist.Node{Name: name, Addr: net.ParseIP(ip)}, meta: &pb.NodeMeta{Rank: rank}})
+	}
+	check := func(what, next string, ahead []string) {
+		t.Helper()
+		s := c.successionLocked("r/rank0")
+		if s.next != next || fmt.Sprint(s.ahead) != fmt.Sprint(ahead) || s.off != (len(ahead) > 0) {
+			t.Fatalf("%s: successor %q, ahead %v (off-host %v); want %q, %v", what, s.next, s.ahead, s.off, next, ahead)
+		}
+	}
+	set("r/rank0", 0, "10.0.0.1")
+	set("r/rank2", 2, "10.0.0.2")
+	check("two hosts, one rank each", "r/rank2", nil)
+	set("r/rank1", 1, "10.0.0.1")
+	check("rank 1 joins on the leader's host", "r/rank1", []string{"r/rank1"})
+	set("r/rank1", 1, "10.0.0.3")
+	check("rank 1 moves to a host of its own", "r/rank1", nil)
+	set("r/rank1", 5, "10.0.0.3")
+	check("rank 1's member comes back as rank 5", "r/rank2", nil)
+	c.setMember("r/rank1", nil)
+	set("r/rank3", 3, "10.0.0.2")
+	c.setMember("r/rank2", nil)
+	check("rank 2 leaves", "r/rank3", nil)
+	if s := c.successionLocked("r/rank3"); s.next != "" {
+		t.Fatalf("the last rank's successor: %q", s.next)
+	}
+}
+
 // TestAsymmetricCutEndsInOneRound: the leader (rank 0) and its successor (rank
 // 1) cannot reach each other, and rank 2 reaches both, so memberlist never
 // declares rank 0 dead. The successor holds rank 0 silent and takes a term;
