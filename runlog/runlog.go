@@ -32,6 +32,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -571,6 +572,32 @@ func (l *Log) Latest(ctx context.Context, n int) ([]*Plan, error) {
 		}
 	}
 	return out, nil
+}
+
+// NewestOf is the newest plan of one of kinds created after since (nil: none):
+// the plans are read newest first, back to the first created before since, so
+// a cooldown or a quiet time is read whole however many windows came after the
+// last of its kind. A plan that does not read is passed over; a failed read of
+// the log is an error.
+func (l *Log) NewestOf(ctx context.Context, since time.Time, kinds ...string) (*Plan, error) {
+	ids, err := l.PlanIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := len(ids) - 1; i >= 0; i-- {
+		p, err := l.ReadPlan(ctx, ids[i])
+		switch {
+		case errors.Is(err, ErrMalformed) || errors.Is(err, store.ErrNotFound):
+			continue
+		case err != nil:
+			return nil, err
+		case !p.Created.After(since):
+			return nil, nil
+		case slices.Contains(kinds, p.Kind):
+			return p, nil
+		}
+	}
+	return nil, nil
 }
 
 // Unfinished lists the plans without an outcome (or whose outcome slot a

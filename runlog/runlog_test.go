@@ -569,3 +569,62 @@ func TestLogWithoutHead(t *testing.T) {
 		}
 	})
 }
+
+// TestNewestOf: a cooldown or a quiet time is read whole: the newest plan of a
+// kind is found behind any number of newer plans of other kinds, and not past
+// the first plan older than the time asked; a plan that does not read is passed
+// over, and a log that cannot be read is an error, never "none".
+func TestNewestOf(t *testing.T) {
+	stores(t, func(t *testing.T, st store.Store) {
+		ctx := testutil.Context(t, time.Minute)
+		l := New(st, "gpt")
+		now := time.Now()
+		plan := func(kind string, created time.Time) uint64 {
+			t.Helper()
+			p, err := l.CreatePlan(ctx, Plan{Leader: "gpt/rank0", Kind: kind, Start: 1, Stop: 2, WorldSize: 1, Created: created}, 0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p.ID
+		}
+		oom := plan(KindOOM, now.Add(-time.Hour))
+		trigger := plan(KindTrigger, now.Add(-50*time.Second))
+		for range 20 {
+			plan(KindWindow, now)
+		}
+		if _, err := st.Put(ctx, l.PlanKey(30), strings.NewReader("{not a plan"), store.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			since time.Time
+			kinds []string
+			want  uint64
+		}{
+			{now.Add(-time.Minute), []string{KindTrigger}, trigger},
+			{now.Add(-time.Minute), []string{KindCrash, KindTrigger}, trigger},
+			{now.Add(-40 * time.Second), []string{KindTrigger}, 0},
+			{now.Add(-time.Minute), []string{KindOOM}, 0},
+			{now.Add(-2 * time.Hour), []string{KindOOM, KindCrash}, oom},
+			{now.Add(-2 * time.Hour), []string{KindCrash}, 0},
+		} {
+			p, err := l.NewestOf(ctx, c.since, c.kinds...)
+			got := uint64(0)
+			if p != nil {
+				got = p.ID
+			}
+			if err != nil || got != c.want {
+				t.Errorf("the newest of %v since %v ago: window %d, %v; want %d", c.kinds, now.Sub(c.since), got, err, c.want)
+			}
+		}
+		if _, err := New(listFails{st}, "gpt").NewestOf(ctx, now.Add(-time.Hour), KindTrigger); err == nil {
+			t.Error("a log that cannot be listed: no error")
+		}
+	})
+}
+
+// listFails is a store whose listings fail.
+type listFails struct{ store.Store }
+
+func (listFails) List(ctx context.Context, prefix string) ([]store.ObjectInfo, error) {
+	return nil, fmt.Errorf("%w: connection refused", store.ErrUnreachable)
+}

@@ -16,31 +16,15 @@ func (l *Leader) loadLastTrigger(ctx context.Context) {
 	if !l.cfg.Triggers.Enabled() {
 		return
 	}
-	ids, err := l.rl.PlanIDs(ctx)
-	if err != nil {
+	p, err := l.rl.NewestOf(ctx, time.Now().Add(-max(l.cfg.Triggers.Cooldown, time.Second)), runlog.KindTrigger)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case err != nil:
 		l.log.Warn("cannot read the run's log for the last trigger window; its cooldown starts now", "err", err)
-		l.mu.Lock()
 		l.lastTrigger = time.Now() // (unknown: the cautious side, no second trigger window at once)
-		l.mu.Unlock()
-		return
-	}
-	since := time.Now().Add(-max(l.cfg.Triggers.Cooldown, time.Second))
-	for i := len(ids) - 1; i >= 0; i-- {
-		p, err := l.rl.ReadPlan(ctx, ids[i])
-		if err != nil {
-			continue
-		}
-		if p.Kind == runlog.KindTrigger {
-			l.mu.Lock()
-			if p.Created.After(l.lastTrigger) {
-				l.lastTrigger = p.Created
-			}
-			l.mu.Unlock()
-			return
-		}
-		if p.Created.Before(since) {
-			return
-		}
+	case p != nil && p.Created.After(l.lastTrigger):
+		l.lastTrigger = p.Created
 	}
 }
 

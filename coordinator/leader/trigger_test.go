@@ -9,6 +9,10 @@ import (
 	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/rankagent"
+	"github.com/memsnap/memsnap/runlog"
 )
 
 // TestOneTriggerAtATime: while a trigger's window is queued or in progress, a
@@ -79,5 +83,52 @@ func TestUrgentWindowsGoFirst(t *testing.T) {
 	told := f.told()
 	if len(told) != 1 || told[0].GetAck().GetOk() || told[0].GetAck().GetCode() != pb.AckCode_ACK_ERROR {
 		t.Fatalf("the asked window that made room was told %v", told)
+	}
+}
+
+// TestQuietReadWhole: a new leader reads the post-mortem quiet and the trigger
+// cooldown of the leaders before it from the whole of their time in the run's
+// log: a crash reported 10 s after another leader's post-mortem is part of it,
+// and no trigger window is taken 30 s after the last one under a 10-minute
+// cooldown, however many windows were asked in between (the newest 16 plans,
+// or 4, were read before).
+func TestQuietReadWhole(t *testing.T) {
+	st, err := store.OpenDir(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testutil.Context(t, time.Minute)
+	rl := runlog.New(st, "job")
+	now := time.Now()
+	plan := func(kind string, ago time.Duration) uint64 {
+		t.Helper()
+		p, err := rl.CreatePlan(ctx, runlog.Plan{Leader: "job/rank0", Kind: kind, Start: 1, Stop: 2, WorldSize: 2, Ranks: []int{0, 1}, Created: now.Add(-ago)}, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.ID
+	}
+	trigger := plan(runlog.KindTrigger, 30*time.Second)
+	pm := plan(runlog.KindOOM, 10*time.Second)
+	for range 20 {
+		plan(runlog.KindWindow, 0)
+	}
+	f := &fakeMember{name: "job/rank1", world: 2}
+	cfg := config.Config{Identity: rankagent.Identity{RunName: "job", Rank: 1, WorldSize: 2}, OnOOM: true,
+		Triggers: view.Triggers{GrowthBytes: 1, GrowthBatches: 1, Cooldown: 10 * time.Minute}}
+	l := New(f, &cfg, testutil.Logger(t))
+	l.rl, l.st, l.term = rl, st, 2
+	l.loadLastTrigger(ctx)
+	if l.Crossed("rank 1: growing 1.0 MiB a batch") {
+		t.Fatalf("a trigger window 30 s after window %d, under a 10-minute cooldown", trigger)
+	}
+	req := &pb.Envelope{Sender: "job/rank0", SenderRank: 0, Seq: 7,
+		Body: &pb.Envelope_Request{Request: &pb.SnapshotRequest{Kind: pb.WindowKind_WINDOW_KIND_CRASH, FailedRank: 0, Cause: "stopped"}}}
+	if !l.declined(ctx, req) {
+		t.Fatal("a crash 10 s after another leader's post-mortem: a new post-mortem")
+	}
+	told := f.told()
+	if want := fmt.Sprintf("part of post-mortem window %d", pm); len(told) != 1 || told[0].GetAck().GetMessage() != want {
+		t.Fatalf("told %v; want %q", told, want)
 	}
 }
