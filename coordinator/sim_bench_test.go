@@ -30,6 +30,7 @@ var (
 	simFailovers    = flag.Int("sim.failovers", 3, "BenchmarkScale: leaders killed mid-window per size")
 	simBatch        = flag.Duration("sim.step", 250*time.Millisecond, "BenchmarkScale: the simulated job's batch time")
 	simIdle         = flag.Duration("sim.idle", 10*time.Second, "BenchmarkScale: how long the idle cluster's load is measured")
+	simSettleMax    = flag.Duration("sim.settle", 3*time.Minute, "BenchmarkScale: how long, at most, the formed cluster's gossip is given to settle before its idle load is measured (0: not at all)")
 	simLatency      = flag.Duration("sim.store-latency", 0, "BenchmarkScale: latency added to every store request (0: the folder store as it is)")
 	simLoopback     = flag.Bool("sim.loopback", false, "BenchmarkScale: members on memberlist's UDP/TCP transport over 127.0.0.1 instead of the in-memory network (packets are then not counted)")
 	simCompress     = flag.Bool("sim.compress", false, "BenchmarkScale: memberlist's compression of gossip (memberlist's default; off in the simulation, see simTune)")
@@ -48,6 +49,8 @@ type simFigures struct {
 	idleCores                  float64       // CPU in use while no window records, in cores
 	idleHeap                   uint64        // heap in use then
 	idlePackets                float64       // packets a second then
+	settled                    time.Duration // how long the gossip of the cluster's forming took to settle (simSettle)
+	settleRate                 float64       // packets a second then
 	idleRSS                    uint64        // the process's resident memory then, less before the cluster started
 	idleSilences, idleTerms    uint64        // over the idle span: leaders held silent (summed over members), terms taken
 	toPlan                     []time.Duration
@@ -266,6 +269,8 @@ func simBench(b *testing.B, n, events int) *simFigures {
 		}
 		return true
 	})
+	f.settled, f.settleRate = simSettle(sc, *simSettleMax)
+	progress("gossip settled after %v: %.0f packets/s", f.settled.Round(time.Second), f.settleRate)
 	f.idleHeap = heapInuse()
 	f.idleRSS = sub(processRSS(), rss0)
 	c0, p0, t0 := processCPU(), sc.net.sent.Load(), time.Now()
@@ -582,6 +587,7 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"snapshot per rank (bytes)", func(f *simFigures) float64 { return float64(f.snapBytes) }, func(v float64) string { return fmt.Sprintf("%.0f KiB", v/1024) }},
 		{"cluster formed in (sim set-up)", func(f *simFigures) float64 { return ms(f.formed) }, msf},
 		{"a rank's analysis, on a core of its own", func(f *simFigures) float64 { return ms(f.analysis) }, msf},
+		{"gossip of the forming settled after", func(f *simFigures) float64 { return float64(f.settled.Milliseconds()) }, msf},
 		{"idle load of the whole simulation", func(f *simFigures) float64 { return f.idleCores }, func(v float64) string { return fmt.Sprintf("%.2f cores", v) }},
 		{"idle packets a second, whole simulation", func(f *simFigures) float64 { return f.idlePackets }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
 		{"idle heap of the whole simulation", func(f *simFigures) float64 { return float64(f.idleHeap) }, mib},
@@ -690,4 +696,31 @@ func verdict(ok bool) string {
 		return "met"
 	}
 	return "NOT met"
+}
+
+// simSettle waits, at most most, for the gossip of the cluster's forming to die
+// down: each member passes on every arrival it hears about 4·log10(members)
+// times, three members a gossip round, so the rounds carry something for a
+// while after the last arrival (about 15 s at 256 members, at 15 packets a
+// member a second, then some 2.6), and an idle load measured before is the
+// forming's. Settled: two 5 s spans in a row under 60% of the busiest span's
+// packets. It returns how long it waited and the last span's packets a
+// second.
+func simSettle(sc *simCluster, most time.Duration) (time.Duration, float64) {
+	const span = 5 * time.Second
+	t0 := time.Now()
+	busiest, rate, quiet := 0.0, 0.0, 0
+	for time.Since(t0) < most {
+		p0, s0 := sc.net.sent.Load(), time.Now()
+		time.Sleep(span)
+		rate = float64(sc.net.sent.Load()-p0) / time.Since(s0).Seconds()
+		busiest = max(busiest, rate)
+		if quiet++; rate >= 0.6*busiest {
+			quiet = 0
+		}
+		if quiet == 2 {
+			break
+		}
+	}
+	return time.Since(t0), rate
 }

@@ -121,22 +121,21 @@ var pendingOutputs = []string{publish.OutPickle, publish.OutPB}
 // manifest that says the pickles and the timeline are coming.
 func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum *analysis.Summary) (*publish.Manifest, error) {
 	cfg := b.cfg
-	if err := b.tw.Finish(); err != nil {
-		return nil, fmt.Errorf("merge: writing the trace: %w", err)
+	// the report is written beside the trace and the summary: at 1,024 ranks
+	// each is tens of milliseconds on the answer's way (the report reads the
+	// summary, which gets its outputs only once the report is written)
+	html := make(chan error, 1)
+	go func() { html <- render.WriteHTML(b.files[publish.OutHTML], cfg.Title, sum, b.ranks) }()
+	sb, err := b.finishTrace(sum, keys)
+	if herr := <-html; herr != nil {
+		return nil, fmt.Errorf("merge: writing the report: %w", herr)
 	}
-	if err := render.WriteHTML(b.files[publish.OutHTML], cfg.Title, sum, b.ranks); err != nil {
-		return nil, fmt.Errorf("merge: writing the report: %w", err)
-	}
-	// the summary names the outputs whose names are known now; the manifest
-	// names the pickles (split by size, their names are known once written)
-	sum.Outputs = map[string]string{}
-	for _, k := range fixedOutputs {
-		sum.Outputs[k] = keys[k]
-	}
-	sb, err := json.MarshalIndent(sum, "", "  ")
 	if err != nil {
 		return nil, err
 	}
+	// the summary names the outputs whose names are known now; the manifest
+	// names the pickles (split by size, their names are known once written)
+	sum.Outputs = outputsOf(keys)
 	if _, err := b.files[publish.OutSummary].Write(append(sb, '\n')); err != nil {
 		return nil, err
 	}
@@ -174,6 +173,28 @@ func (b *builder) publishAnswer(ctx context.Context, keys map[string]string, sum
 		return nil, err
 	}
 	return &man, nil
+}
+
+// finishTrace finishes the trace and encodes the summary as it is published,
+// with the outputs known now (sum itself is left as it is: the report reads it
+// meanwhile).
+func (b *builder) finishTrace(sum *analysis.Summary, keys map[string]string) ([]byte, error) {
+	if err := b.tw.Finish(); err != nil {
+		return nil, fmt.Errorf("merge: writing the trace: %w", err)
+	}
+	s := *sum
+	s.Outputs = outputsOf(keys)
+	return json.MarshalIndent(&s, "", "  ")
+}
+
+// outputsOf are the outputs a summary names: those whose names are known
+// before the pickles are written.
+func outputsOf(keys map[string]string) map[string]string {
+	out := make(map[string]string, len(fixedOutputs))
+	for _, k := range fixedOutputs {
+		out[k] = keys[k]
+	}
+	return out
 }
 
 // publishDetail decodes the ranks again, writes the pickles and the timeline,

@@ -10,6 +10,9 @@
 #              0: the recorded 549-event snapshots of testdata/snapshots/ddp4)
 #   STEP       the simulated job's batch time (default 250ms)
 #   IDLE       how long the idle cluster's load is measured (default 10s)
+#   SETTLE     how long, at most, the formed cluster's gossip of its forming is
+#              given to die down before the idle load is measured (default 3m;
+#              0: measured at once, the forming's gossip in it)
 #   LATENCY    latency added to every store request (default 0: the folder store)
 #   COMPRESS   memberlist's gossip compression (default false; memberlist's own default is true)
 #   FIGURES    how often each member sends its memory figures to the leader (default 5s,
@@ -64,5 +67,5 @@ cd coordinator
 # temporary folders (the store) go under $TMPDIR
 TMPDIR="$SIMTMP" "$tmp/coordinator.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.timeout 0 \
   -sim.sizes "$SIZES" -sim.events "$EVENTS" -sim.repeats "$REPEATS" -sim.failovers "$FAILOVERS" \
-  -sim.step "$STEP" -sim.idle "$IDLE" -sim.figures "${FIGURES:-5s}" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.production="$([ "$PRODUCTION" = 1 ] && echo true || echo false)" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)" -sim.own-cores="$([ "$OWNCORES" = 1 ] && echo true || echo false)" \
+  -sim.step "$STEP" -sim.idle "$IDLE" -sim.settle "${SETTLE:-3m}" -sim.figures "${FIGURES:-5s}" -sim.store-latency "$LATENCY" -sim.compress="$COMPRESS" -sim.production="$([ "$PRODUCTION" = 1 ] && echo true || echo false)" -sim.loopback="$([ "$LOOPBACK" = 1 ] && echo true || echo false)" -sim.own-cores="$([ "$OWNCORES" = 1 ] && echo true || echo false)" \
   -sim.cpuprofile "$PROFILE" -sim.leader-log "$LEADERLOG"
