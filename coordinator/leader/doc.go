@@ -22,9 +22,12 @@
 //     WatchNow, Crossed, Busy, Deferred): the queue of requests and deferred
 //     requests, the schedule's next start, the trigger's cooldown, the kinds
 //     of the windows in progress (whether the leader is busy and whether a
-//     trigger's window runs are read from them), the post-mortem quiet time, the
-//     members waiting on a window finished from the log (pending), when another
-//     leader's unfinished windows were first seen.
+//     trigger's window runs are read from them), the post-mortem quiet time (a
+//     cache of the run's log, read whole when not known: runlog.NewestOf), and
+//     the windows this leader finishes later (later): each the window as its
+//     last try here left it, its machine's Planned when this leader first found
+//     it and its watchers the members waiting for it; a window found and not
+//     yet tried has a machine as planned then.
 //   - WatchNow's goroutines (one per member re-asking how a window ended)
 //     only read the run's log and reply.
 //   - send's workers only send a command's bytes and report who was not reached.

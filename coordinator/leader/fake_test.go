@@ -22,6 +22,7 @@ type fakeMember struct {
 	mu   sync.Mutex
 	term uint64
 	sent []*pb.Envelope // replies and gossip, in order
+	to   []string       // the members replied to, in order
 }
 
 var _ Member = (*fakeMember)(nil)
@@ -70,8 +71,13 @@ func (f *fakeMember) SendBytes(*memberlist.Node, []byte, bool) error { return ni
 func (f *fakeMember) ExpectRanks(buf int) (chan *pb.Envelope, uint64) {
 	return make(chan *pb.Envelope, buf), 1
 }
-func (f *fakeMember) Reply(_, env *pb.Envelope, _ bool) { f.keep(env) }
-func (f *fakeMember) Gossip(env *pb.Envelope)           { f.keep(env) }
+func (f *fakeMember) Reply(req, env *pb.Envelope, _ bool) {
+	f.keep(env)
+	f.mu.Lock()
+	f.to = append(f.to, req.Sender)
+	f.mu.Unlock()
+}
+func (f *fakeMember) Gossip(env *pb.Envelope) { f.keep(env) }
 
 // Status: no rank answers; the wait ends with ctx (or at once when it has ended).
 func (f *fakeMember) Status(ctx context.Context, ranks []int) map[int]Status {

@@ -2,11 +2,14 @@ package leader
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/window"
+	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/merge/publish"
@@ -84,5 +87,50 @@ func TestTakeoverNeverComparesClocks(t *testing.T) {
 	// past its duration on this clock (plus the collection time-out), it is taken over
 	if !l.mayRecover(p, time.Now().Add(-cfg.CollectTimeout-time.Second)) {
 		t.Fatal("a window past its deadline on this clock is not taken over")
+	}
+}
+
+// TestLaterWindow: a window this leader finishes later keeps, across its
+// tries, the time this leader first found it (its machine's Planned) and every
+// member waiting for it: the ones that waited during a try and one that re-asked
+// meanwhile, all told its result once; the leader is busy while they wait.
+func TestLaterWindow(t *testing.T) {
+	cfg := config.DefaultLocal(rankagent.Identity{RunName: "job", Rank: 0, WorldSize: 2})
+	f := &fakeMember{name: "job/rank0", world: 2}
+	l := New(f, &cfg, testutil.Logger(t))
+	l.term = 5
+	p := &runlog.Plan{ID: 7, Term: 4, Leader: "job/rank1", Ranks: []int{0, 1}, WorldSize: 2, Created: time.Now(), Deadline: time.Now().Add(time.Minute)}
+	found := l.firstSeen(p)
+	if l.Busy() {
+		t.Fatal("busy with a window no member waits for")
+	}
+	ask := func(sender string, seq uint64) *pb.Envelope {
+		return &pb.Envelope{Sender: sender, SenderRank: -1, Seq: seq, WindowId: 7}
+	}
+	// a try of the window, one member waiting on it; another re-asks meanwhile
+	// (answerWatch parks it with the window)
+	try := newWin(window.Recover(window.Resume{Config: window.Config{ID: 7, Term: 5, World: 2, Asked: map[int]int64{0: -1, 1: -1},
+		Planned: found, Deadline: found.Add(time.Minute), Timers: l.timers()}, At: time.Now()}), "recovered", []*pb.Envelope{ask("job/client-a", 1)}, "")
+	l.mu.Lock()
+	w := l.laterLocked(p)
+	w.watchers = append(w.watchers, ask("job/client-b", 2))
+	l.mu.Unlock()
+	if got := l.watchersOf(try); len(got) != 2 {
+		t.Fatalf("the try's watchers: %d, want both", len(got))
+	}
+	l.keepWaiting(try) // (not ended: left for later)
+	if again := l.firstSeen(p); !again.Equal(found) {
+		t.Fatalf("found again at %v after a try, first at %v", again, found)
+	}
+	if !l.Busy() {
+		t.Fatal("not busy while two members wait for a window it finishes later")
+	}
+	l.tellResult(7, nil, &pb.WindowResult{State: pb.Outcome_OUTCOME_PUBLISHED, Window: 7})
+	f.mu.Lock()
+	told := slices.Clone(f.to)
+	f.mu.Unlock()
+	slices.Sort(told)
+	if fmt.Sprint(told) != "[job/client-a job/client-b]" || l.Busy() {
+		t.Fatalf("told the result: %v (busy after: %v); want both waiting members, once", told, l.Busy())
 	}
 }

@@ -49,13 +49,18 @@ type Leader struct {
 	mu       sync.Mutex
 	next     int64 // the schedule's next window start (-1: the schedule is done)
 	requests []*pb.Envelope
-	running  []pb.WindowKind           // the kinds of the windows in progress (a post-mortem may run inside a window)
-	lastPM   time.Time                 // when the last post-mortem started
-	lastPMID uint64                    // and its window
-	pending  map[uint64][]*pb.Envelope // members waiting for a window this leader finishes from the log
-	orders   map[string]uint64         // the last Envelope.Order told each request (by its sender and seq)
-	sweepAt  time.Time                 // when the next sweep of the log is due
-	seen     map[uint64]time.Time      // when this leader first found each unfinished window of another
+	running  []pb.WindowKind // the kinds of the windows in progress (a post-mortem may run inside a window)
+	lastPM   time.Time       // when the last post-mortem started
+	lastPMID uint64          // and its window
+	// later are the windows of the run's log this leader finishes from it
+	// later, by id: the window as it last ran here (or, one found unfinished
+	// and not yet run, its machine as planned then), whose machine's Planned is
+	// when this leader first found it (on its own clock) and whose watchers are
+	// the members waiting for it. What a try of the window decides is in the
+	// machine of that try; this is what outlives a try.
+	later   map[uint64]*win
+	orders  map[string]uint64 // the last Envelope.Order told each request (by its sender and seq)
+	sweepAt time.Time         // when the next sweep of the log is due
 	// lastTrigger is when the last trigger window was taken (trigger.go)
 	lastTrigger time.Time
 	// ctx is the leader loop's, once it took a term (nil before, and after it ends)
@@ -130,14 +135,25 @@ const postmortemQuiet = 30 * time.Second
 func (l *Leader) Busy() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.running) > 0 || len(l.requests) > 0 || len(l.msgs) > 0 || len(l.pending) > 0
+	return len(l.running) > 0 || len(l.requests) > 0 || len(l.msgs) > 0 || l.awaitedLocked()
+}
+
+// awaitedLocked reports whether members wait for a window this leader
+// finishes later; mu is held.
+func (l *Leader) awaitedLocked() bool {
+	for _, w := range l.later {
+		if len(w.watchers) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // New prepares the leader's work for the member m, under the member's
 // configuration cfg (read only); Start runs it.
 func New(m Member, cfg *config.Config, log *slog.Logger) *Leader {
 	l := &Leader{m: m, cfg: cfg, log: log.With("role", "leader"), msgs: make(chan *pb.Envelope, 1<<14), wakeCh: make(chan struct{}, 1),
-		done: make(chan struct{}), next: -1, pending: map[uint64][]*pb.Envelope{}, seen: map[uint64]time.Time{}}
+		done: make(chan struct{}), next: -1, later: map[uint64]*win{}}
 	if cfg.Schedule.Enabled {
 		l.next = cfg.Schedule.Skip
 	}
@@ -592,8 +608,8 @@ func (l *Leader) answerWatch(ctx context.Context, req *pb.Envelope) {
 			res.Error = "the run's log cannot be read: " + err.Error()
 		case !done:
 			l.mu.Lock()
-			if !watching(l.pending[id], req) {
-				l.pending[id] = append(l.pending[id], req)
+			if w := l.laterLocked(p); w != nil && !watching(w.watchers, req) {
+				w.watchers = append(w.watchers, req)
 			}
 			l.sweepAt = time.Time{} // finish it now
 			l.mu.Unlock()
@@ -788,8 +804,10 @@ func (l *Leader) sweep(ctx context.Context) {
 	// members waiting for windows that are not unfinished any more get the outcome
 	l.mu.Lock()
 	var ids []uint64
-	for id := range l.pending {
-		ids = append(ids, id)
+	for id, w := range l.later {
+		if len(w.watchers) > 0 {
+			ids = append(ids, id)
+		}
 	}
 	l.mu.Unlock()
 	for _, id := range ids {
@@ -799,6 +817,9 @@ func (l *Leader) sweep(ctx context.Context) {
 		}
 		if res, done, err := l.windowEnd(ctx, p); err == nil && done && res != nil {
 			l.tellResult(id, nil, res)
+			l.mu.Lock()
+			delete(l.later, id) // (finished: by another leader, or an earlier try)
+			l.mu.Unlock()
 		}
 	}
 }
@@ -830,8 +851,10 @@ func (l *Leader) orphanPostmortem(ctx context.Context) {
 // tellResult gives every member waiting for window id its result.
 func (l *Leader) tellResult(id uint64, watchers []*pb.Envelope, res *pb.WindowResult) {
 	l.mu.Lock()
-	watchers = append(watchers, l.pending[id]...)
-	delete(l.pending, id)
+	if w := l.later[id]; w != nil {
+		watchers = append(watchers, w.watchers...)
+		w.watchers = nil
+	}
 	l.mu.Unlock()
 	if len(watchers) == 0 {
 		return
@@ -853,9 +876,7 @@ func (l *Leader) tellResult(id uint64, watchers []*pb.Envelope, res *pb.WindowRe
 // published (res.Pending: the pickles are still being written); they stay
 // waiting for its result.
 func (l *Leader) tellAnswer(id uint64, watchers []*pb.Envelope, res *pb.WindowResult) {
-	l.mu.Lock()
-	watchers = append(slices.Clip(watchers), l.pending[id]...)
-	l.mu.Unlock()
+	watchers = append(slices.Clip(watchers), l.awaiting(id)...)
 	for _, w := range watchers {
 		env := l.m.Envelope(id)
 		env.Body = &pb.Envelope_WindowResult{WindowResult: res}

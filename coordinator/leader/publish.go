@@ -651,7 +651,7 @@ func (l *Leader) found(ctx context.Context, p *runlog.Plan, reports map[int]*run
 func (l *Leader) finishRecovery(w *win) {
 	if w.exit() == window.Ended {
 		l.mu.Lock()
-		delete(l.seen, w.id())
+		delete(l.later, w.id())
 		l.mu.Unlock()
 		return
 	}
@@ -668,14 +668,27 @@ func (l *Leader) firstSeen(p *runlog.Plan) time.Time {
 		// its own window, planned under this term: planned on this clock
 		return p.Created
 	}
-	t, ok := l.seen[p.ID]
-	if !ok {
-		t = time.Now()
-		if len(l.seen) < 1<<16 {
-			l.seen[p.ID] = t
-		}
+	if w := l.laterLocked(p); w != nil {
+		return w.m.Planned
 	}
-	return t
+	return time.Now()
+}
+
+// laterLocked is window p among the later ones, found now when it is not
+// yet (nil past maxLater); mu is held. A window found unfinished is given a
+// machine as planned now, on this leader's clock, before any try runs it.
+func (l *Leader) laterLocked(p *runlog.Plan) *win {
+	if w := l.later[p.ID]; w != nil {
+		return w
+	}
+	if len(l.later) >= maxLater {
+		return nil
+	}
+	now := time.Now()
+	w := newWin(window.New(window.Config{ID: p.ID, Term: l.term, Kind: kindOf(p.Kind), Start: p.Start, Stop: p.Stop, World: p.WorldSize,
+		Planned: now, Deadline: now.Add(max(p.Deadline.Sub(p.Created), 0)), Timers: l.timers(), Dump: p.Dump}), nonEmpty(p.Reason, "recovered"), nil, p.Manifest)
+	l.later[p.ID] = w
+	return w
 }
 
 // mayRecover says whether this leader finishes plan p now: its own, or one whose

@@ -412,18 +412,39 @@ func (l *Leader) ended(ctx context.Context, w *win, p plan) *pb.WindowResult {
 	return w.res
 }
 
-// keepWaiting hands the members waiting for w to the sweep that finishes it
-// later (a later leader's watchers re-ask it).
+// keepWaiting leaves w to the sweep that finishes it later, with the members
+// waiting for it (a later leader's watchers re-ask it): w, as it last ran
+// here, is the window's among the later ones, with every member that waited
+// for it during this try.
 func (l *Leader) keepWaiting(w *win) {
 	l.mu.Lock()
-	for _, wt := range w.watchers {
-		if !watching(l.pending[w.id()], wt) {
-			l.pending[w.id()] = append(l.pending[w.id()], wt)
+	defer l.mu.Unlock()
+	if old := l.later[w.id()]; old != nil && old != w {
+		for _, wt := range old.watchers {
+			if !watching(w.watchers, wt) {
+				w.watchers = append(w.watchers, wt)
+			}
 		}
 	}
+	if _, ok := l.later[w.id()]; ok || len(l.later) < maxLater {
+		l.later[w.id()] = w
+	}
 	l.sweepAt = time.Now().Add(l.cfg.SweepInterval)
-	l.mu.Unlock()
-	w.watchers = nil
+}
+
+// maxLater bounds the windows a leader keeps to finish later (each a few
+// hundred bytes and its machine's ranks): past it a window found unfinished
+// is given its time from each sweep that finds it again.
+const maxLater = 1 << 16
+
+// awaiting are the members waiting for window id among the later ones.
+func (l *Leader) awaiting(id uint64) []*pb.Envelope {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.later[id]; w != nil {
+		return slices.Clone(w.watchers)
+	}
+	return nil
 }
 
 // plausible turns the ranks' status answers into what PlanWindow needs, leaving
@@ -847,7 +868,11 @@ func (l *Leader) tell(w *win, rank int, state pb.Step, batch int64, reason strin
 func (l *Leader) watchersOf(w *win) []*pb.Envelope {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append(append([]*pb.Envelope(nil), w.watchers...), l.pending[w.id()]...)
+	out := append([]*pb.Envelope(nil), w.watchers...)
+	if lw := l.later[w.id()]; lw != nil && lw != w {
+		out = append(out, lw.watchers...)
+	}
+	return out
 }
 
 // flushSteps tells the watchers of w the ranks' steps gathered since the last
