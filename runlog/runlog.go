@@ -575,16 +575,19 @@ func (l *Log) Latest(ctx context.Context, n int) ([]*Plan, error) {
 }
 
 // NewestOf is the newest plan of one of kinds created after since (nil: none):
-// the plans are read newest first, back to the first created before since, so
+// the plans are read newest first, back past every plan of the time asked, so
 // a cooldown or a quiet time is read whole however many windows came after the
-// last of its kind. A plan that does not read is passed over; a failed read of
-// the log is an error.
+// last of its kind. Plans are not in the order of their times (another
+// leader's clock; a post-mortem of orphaned incidents dated by its oldest), so
+// the walk ends only after olderRun plans in a row older than since. A plan
+// that does not read is passed over; a failed read of the log is an error.
 func (l *Log) NewestOf(ctx context.Context, since time.Time, kinds ...string) (*Plan, error) {
 	ids, err := l.PlanIDs(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for i := len(ids) - 1; i >= 0; i-- {
+	older := 0
+	for i := len(ids) - 1; i >= 0 && older < olderRun; i-- {
 		p, err := l.ReadPlan(ctx, ids[i])
 		switch {
 		case errors.Is(err, ErrMalformed) || errors.Is(err, store.ErrNotFound):
@@ -592,13 +595,19 @@ func (l *Log) NewestOf(ctx context.Context, since time.Time, kinds ...string) (*
 		case err != nil:
 			return nil, err
 		case !p.Created.After(since):
-			return nil, nil
+			older++
 		case slices.Contains(kinds, p.Kind):
 			return p, nil
+		default:
+			older = 0
 		}
 	}
 	return nil, nil
 }
+
+// olderRun is how many plans in a row older than the time asked end NewestOf's
+// walk.
+const olderRun = 16
 
 // Unfinished lists the plans without an outcome (or whose outcome slot a
 // newer term claimed), oldest first. A plan that does not read, and an id

@@ -592,6 +592,9 @@ func TestNewestOf(t *testing.T) {
 		for range 20 {
 			plan(KindWindow, now)
 		}
+		// a newer plan dated earlier (a post-mortem of orphaned incidents is
+		// dated by its oldest; another leader's clock) does not end the walk
+		crash := plan(KindCrash, now.Add(-3*time.Minute))
 		if _, err := st.Put(ctx, l.PlanKey(30), strings.NewReader("{not a plan"), store.PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -604,8 +607,9 @@ func TestNewestOf(t *testing.T) {
 			{now.Add(-time.Minute), []string{KindCrash, KindTrigger}, trigger},
 			{now.Add(-40 * time.Second), []string{KindTrigger}, 0},
 			{now.Add(-time.Minute), []string{KindOOM}, 0},
-			{now.Add(-2 * time.Hour), []string{KindOOM, KindCrash}, oom},
-			{now.Add(-2 * time.Hour), []string{KindCrash}, 0},
+			{now.Add(-2 * time.Hour), []string{KindOOM, KindCrash}, crash},
+			{now.Add(-2 * time.Hour), []string{KindOOM}, oom},
+			{now.Add(-time.Minute), []string{KindCrash}, 0},
 		} {
 			p, err := l.NewestOf(ctx, c.since, c.kinds...)
 			got := uint64(0)

@@ -112,7 +112,7 @@ func TestLaterWindow(t *testing.T) {
 	try := newWin(window.Recover(window.Resume{Config: window.Config{ID: 7, Term: 5, World: 2, Asked: map[int]int64{0: -1, 1: -1},
 		Planned: found, Deadline: found.Add(time.Minute), Timers: l.timers()}, At: time.Now()}), "recovered", []*pb.Envelope{ask("job/client-a", 1)}, "")
 	l.mu.Lock()
-	w := l.laterLocked(p)
+	w := l.parkLocked(p.ID)
 	w.watchers = append(w.watchers, ask("job/client-b", 2))
 	l.mu.Unlock()
 	if got := l.watchersOf(try); len(got) != 2 {
@@ -132,5 +132,22 @@ func TestLaterWindow(t *testing.T) {
 	slices.Sort(told)
 	if fmt.Sprint(told) != "[job/client-a job/client-b]" || l.Busy() {
 		t.Fatalf("told the result: %v (busy after: %v); want both waiting members, once", told, l.Busy())
+	}
+	// ended: nothing of it is kept; a member that read the log before its end
+	// and parks afterwards is kept for the sweep, with a window found anew
+	l.mu.Lock()
+	n := len(l.later)
+	l.parkLocked(p.ID).watchers = []*pb.Envelope{ask("job/client-c", 3)}
+	l.mu.Unlock()
+	if n != 0 || !l.Busy() {
+		t.Fatalf("%d windows kept after the result; busy with a late watcher: %v", n, l.Busy())
+	}
+	// a result that is not an end (left unfinished) keeps when it was found
+	l.tellResult(7, nil, &pb.WindowResult{State: pb.Outcome_OUTCOME_UNFINISHED, Window: 7})
+	l.mu.Lock()
+	kept := l.later[7]
+	l.mu.Unlock()
+	if kept == nil || len(kept.watchers) != 0 {
+		t.Fatalf("after an unfinished result: %+v", kept)
 	}
 }

@@ -53,12 +53,9 @@ type Leader struct {
 	lastPM   time.Time       // when the last post-mortem started
 	lastPMID uint64          // and its window
 	// later are the windows of the run's log this leader finishes from it
-	// later, by id: the window as it last ran here (or, one found unfinished
-	// and not yet run, its machine as planned then), whose machine's Planned is
-	// when this leader first found it (on its own clock) and whose watchers are
-	// the members waiting for it. What a try of the window decides is in the
-	// machine of that try; this is what outlives a try.
-	later   map[uint64]*win
+	// later, by id: what outlives a try of one (each try's machine decides
+	// it, and is given Planned from here).
+	later   map[uint64]*parked
 	orders  map[string]uint64 // the last Envelope.Order told each request (by its sender and seq)
 	sweepAt time.Time         // when the next sweep of the log is due
 	// lastTrigger is when the last trigger window was taken (trigger.go)
@@ -141,8 +138,8 @@ func (l *Leader) Busy() bool {
 // awaitedLocked reports whether members wait for a window this leader
 // finishes later; mu is held.
 func (l *Leader) awaitedLocked() bool {
-	for _, w := range l.later {
-		if len(w.watchers) > 0 {
+	for _, p := range l.later {
+		if len(p.watchers) > 0 {
 			return true
 		}
 	}
@@ -153,7 +150,7 @@ func (l *Leader) awaitedLocked() bool {
 // configuration cfg (read only); Start runs it.
 func New(m Member, cfg *config.Config, log *slog.Logger) *Leader {
 	l := &Leader{m: m, cfg: cfg, log: log.With("role", "leader"), msgs: make(chan *pb.Envelope, 1<<14), wakeCh: make(chan struct{}, 1),
-		done: make(chan struct{}), next: -1, later: map[uint64]*win{}}
+		done: make(chan struct{}), next: -1, later: map[uint64]*parked{}}
 	if cfg.Schedule.Enabled {
 		l.next = cfg.Schedule.Skip
 	}
@@ -608,7 +605,8 @@ func (l *Leader) answerWatch(ctx context.Context, req *pb.Envelope) {
 			res.Error = "the run's log cannot be read: " + err.Error()
 		case !done:
 			l.mu.Lock()
-			if w := l.laterLocked(p); w != nil && !watching(w.watchers, req) {
+			// (kept whatever the bound: a member acked waits to be told)
+			if w := l.parkLocked(p.ID); !watching(w.watchers, req) {
 				w.watchers = append(w.watchers, req)
 			}
 			l.sweepAt = time.Time{} // finish it now
@@ -804,8 +802,8 @@ func (l *Leader) sweep(ctx context.Context) {
 	// members waiting for windows that are not unfinished any more get the outcome
 	l.mu.Lock()
 	var ids []uint64
-	for id, w := range l.later {
-		if len(w.watchers) > 0 {
+	for id, p := range l.later {
+		if len(p.watchers) > 0 {
 			ids = append(ids, id)
 		}
 	}
@@ -817,9 +815,6 @@ func (l *Leader) sweep(ctx context.Context) {
 		}
 		if res, done, err := l.windowEnd(ctx, p); err == nil && done && res != nil {
 			l.tellResult(id, nil, res)
-			l.mu.Lock()
-			delete(l.later, id) // (finished: by another leader, or an earlier try)
-			l.mu.Unlock()
 		}
 	}
 }
@@ -851,9 +846,15 @@ func (l *Leader) orphanPostmortem(ctx context.Context) {
 // tellResult gives every member waiting for window id its result.
 func (l *Leader) tellResult(id uint64, watchers []*pb.Envelope, res *pb.WindowResult) {
 	l.mu.Lock()
-	if w := l.later[id]; w != nil {
-		watchers = append(watchers, w.watchers...)
-		w.watchers = nil
+	if p := l.later[id]; p != nil {
+		watchers = append(watchers, p.watchers...)
+		p.watchers = nil
+		if (res.State == pb.Outcome_OUTCOME_PUBLISHED || res.State == pb.Outcome_OUTCOME_FAILED) && !res.Pending {
+			// ended: a member that asks later is answered from the log (taken
+			// in the same hold as its watchers: one parked after this is kept
+			// for the sweep)
+			delete(l.later, id)
+		}
 	}
 	l.mu.Unlock()
 	if len(watchers) == 0 {

@@ -651,7 +651,9 @@ func (l *Leader) found(ctx context.Context, p *runlog.Plan, reports map[int]*run
 func (l *Leader) finishRecovery(w *win) {
 	if w.exit() == window.Ended {
 		l.mu.Lock()
-		delete(l.later, w.id())
+		if p := l.later[w.id()]; p != nil && len(p.watchers) == 0 {
+			delete(l.later, w.id()) // (one that came after its end is told by the sweep)
+		}
 		l.mu.Unlock()
 		return
 	}
@@ -668,27 +670,10 @@ func (l *Leader) firstSeen(p *runlog.Plan) time.Time {
 		// its own window, planned under this term: planned on this clock
 		return p.Created
 	}
-	if w := l.laterLocked(p); w != nil {
-		return w.m.Planned
+	if _, ok := l.later[p.ID]; ok || len(l.later) < maxLater {
+		return l.parkLocked(p.ID).found
 	}
 	return time.Now()
-}
-
-// laterLocked is window p among the later ones, found now when it is not
-// yet (nil past maxLater); mu is held. A window found unfinished is given a
-// machine as planned now, on this leader's clock, before any try runs it.
-func (l *Leader) laterLocked(p *runlog.Plan) *win {
-	if w := l.later[p.ID]; w != nil {
-		return w
-	}
-	if len(l.later) >= maxLater {
-		return nil
-	}
-	now := time.Now()
-	w := newWin(window.New(window.Config{ID: p.ID, Term: l.term, Kind: kindOf(p.Kind), Start: p.Start, Stop: p.Stop, World: p.WorldSize,
-		Planned: now, Deadline: now.Add(max(p.Deadline.Sub(p.Created), 0)), Timers: l.timers(), Dump: p.Dump}), nonEmpty(p.Reason, "recovered"), nil, p.Manifest)
-	l.later[p.ID] = w
-	return w
 }
 
 // mayRecover says whether this leader finishes plan p now: its own, or one whose

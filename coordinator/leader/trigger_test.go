@@ -113,6 +113,9 @@ func TestQuietReadWhole(t *testing.T) {
 	for range 20 {
 		plan(runlog.KindWindow, 0)
 	}
+	// and a post-mortem of orphaned incidents, dated by its oldest: newer, and
+	// older than the quiet time
+	plan(runlog.KindCrash, 2*time.Minute)
 	f := &fakeMember{name: "job/rank1", world: 2}
 	cfg := config.Config{Identity: rankagent.Identity{RunName: "job", Rank: 1, WorldSize: 2}, OnOOM: true,
 		Triggers: view.Triggers{GrowthBytes: 1, GrowthBatches: 1, Cooldown: 10 * time.Minute}}

@@ -413,36 +413,56 @@ func (l *Leader) ended(ctx context.Context, w *win, p plan) *pb.WindowResult {
 }
 
 // keepWaiting leaves w to the sweep that finishes it later, with the members
-// waiting for it (a later leader's watchers re-ask it): w, as it last ran
-// here, is the window's among the later ones, with every member that waited
-// for it during this try.
+// waiting for it (a later leader's watchers re-ask it).
 func (l *Leader) keepWaiting(w *win) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if old := l.later[w.id()]; old != nil && old != w {
-		for _, wt := range old.watchers {
-			if !watching(w.watchers, wt) {
-				w.watchers = append(w.watchers, wt)
-			}
+	p := l.later[w.id()]
+	if p == nil {
+		p = &parked{found: w.m.Planned}
+		l.later[w.id()] = p
+	}
+	for _, wt := range w.watchers {
+		if !watching(p.watchers, wt) {
+			p.watchers = append(p.watchers, wt)
 		}
 	}
-	if _, ok := l.later[w.id()]; ok || len(l.later) < maxLater {
-		l.later[w.id()] = w
-	}
+	w.watchers = nil
 	l.sweepAt = time.Now().Add(l.cfg.SweepInterval)
 }
 
-// maxLater bounds the windows a leader keeps to finish later (each a few
-// hundred bytes and its machine's ranks): past it a window found unfinished
-// is given its time from each sweep that finds it again.
+// parked is a window this leader finishes later: when it first found it, on
+// its own clock (each try's machine is planned from then: a window taken over
+// is given its planned duration from when this leader found it, never judged
+// by another host's clock), and the members waiting for it.
+type parked struct {
+	found    time.Time
+	watchers []*pb.Envelope
+}
+
+// maxLater bounds the windows a leader keeps only for when it found them
+// (found unfinished, no member waiting): past it such a window is given its
+// time from each sweep that finds it again. A window members wait for is kept
+// whatever the bound.
 const maxLater = 1 << 16
+
+// parkLocked is window id among the later ones, found now when it is not yet;
+// mu is held.
+func (l *Leader) parkLocked(id uint64) *parked {
+	p := l.later[id]
+	if p == nil {
+		p = &parked{found: time.Now()}
+		l.later[id] = p
+	}
+	return p
+}
 
 // awaiting are the members waiting for window id among the later ones.
 func (l *Leader) awaiting(id uint64) []*pb.Envelope {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w := l.later[id]; w != nil {
-		return slices.Clone(w.watchers)
+	if p := l.later[id]; p != nil {
+		return slices.Clone(p.watchers)
 	}
 	return nil
 }
@@ -869,8 +889,8 @@ func (l *Leader) watchersOf(w *win) []*pb.Envelope {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := append([]*pb.Envelope(nil), w.watchers...)
-	if lw := l.later[w.id()]; lw != nil && lw != w {
-		out = append(out, lw.watchers...)
+	if p := l.later[w.id()]; p != nil {
+		out = append(out, p.watchers...)
 	}
 	return out
 }
