@@ -24,10 +24,9 @@
 //     of the windows in progress (whether the leader is busy and whether a
 //     trigger's window runs are read from them), the post-mortem quiet time (a
 //     cache of the run's log, read whole when not known: runlog.NewestOf), and
-//     the windows this leader finishes later (later): each the window as its
-//     last try here left it, its machine's Planned when this leader first found
-//     it and its watchers the members waiting for it; a window found and not
-//     yet tried has a machine as planned then.
+//     the windows this leader finishes later (later): of each only when this
+//     leader first found it (each try's machine is planned from then) and the
+//     members waiting for it, dropped when its result is told.
 //   - WatchNow's goroutines (one per member re-asking how a window ended)
 //     only read the run's log and reply.
 //   - send's workers only send a command's bytes and report who was not reached.
