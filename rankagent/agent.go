@@ -245,7 +245,7 @@ type Agent struct {
 	batch     int64 // the trainer's current batch, -1 before it reports one
 	batchUS   int64 // when the trainer reported that batch (its clock)
 	stepUS    float64
-	win       *activeWindow // the window in progress, nil when none
+	win       *onRank // the window in progress (rankagent/machine.go), nil when none
 	lastID    uint64
 	device    gpu.Device
 	hookPID   int
@@ -281,13 +281,6 @@ type stopNote struct {
 
 // helloTimeout bounds how long a new connection may take to say hello.
 const helloTimeout = 10 * time.Second
-
-// activeWindow is the window in progress and where it stands.
-type activeWindow struct {
-	w     Window
-	state WindowState
-	sent  bool // sent to the connected trainer
-}
 
 type clockOffset struct{ offsetUS, rttUS int64 }
 
@@ -430,7 +423,8 @@ func (a *Agent) Arm(w Window) error {
 		return fmt.Errorf("%w: the trainer is at batch %d, the window starts at %d", ErrPassed, a.batch, w.Start)
 	}
 	a.lastID = w.ID
-	a.win = &activeWindow{w: w, state: WindowQueued}
+	nw := newOnRank(w)
+	a.win = &nw
 	a.stats.WindowsArmed++
 	a.log.Info("window queued", "window", w.ID, "start", w.Start, "stop", w.Stop)
 	a.eventLocked(WindowQueued, "")
@@ -458,9 +452,7 @@ func (a *Agent) Cancel(id uint64, reason string) error {
 		a.conn.send(&Message{Type: "cancel", ID: id})
 	}
 	a.log.Info("window cancelled", "window", id, "reason", reason)
-	a.eventLocked(WindowCancelled, reason)
-	a.win = nil
-	a.stopSamplingLocked()
+	a.stepLocked(evCancelled, reason)
 	return nil
 }
 
@@ -475,9 +467,7 @@ func (a *Agent) Forget(id, floor uint64) {
 			a.conn.send(&Message{Type: "cancel", ID: id})
 		}
 		a.log.Warn("window withdrawn: the run's log holds no such window", "window", id)
-		a.eventLocked(WindowCancelled, "the run's log holds no such window (a forged plan)")
-		a.win = nil
-		a.stopSamplingLocked()
+		a.stepLocked(evCancelled, "the run's log holds no such window (a forged plan)")
 	}
 	if a.lastID == id {
 		a.lastID = floor
@@ -764,9 +754,7 @@ func (a *Agent) attach(tc *trainerConn, m *Message) bool {
 	a.mu.Lock()
 	// a window sent to a trainer that went away is sent again; the hook ignores a
 	// window it is already recording
-	if a.win != nil {
-		a.win.sent = false
-	}
+	a.stepLocked(evUnsent, "")
 	a.sendWindowLocked()
 	a.mu.Unlock()
 	return true
@@ -804,11 +792,11 @@ func (a *Agent) detach(tc *trainerConn) {
 	// is judged by TrainerExited a moment later, with its exit status)
 	if a.win != nil && a.hookPID > 0 && !a.launched && !processAlive(a.hookPID) {
 		why := fmt.Sprintf("the trainer (pid %d) exited during the window", a.hookPID)
-		if a.win.state == WindowRecording {
+		if a.win.recording() {
 			a.noteStoppingLocked(why, time.Now())
 		}
 		a.log.Warn(why, "window", a.win.w.ID)
-		a.missLocked(WindowFailed, why)
+		a.stepLocked(evFailed, why)
 	}
 }
 
@@ -900,14 +888,14 @@ func (a *Agent) TrainerExited(code int) {
 	}
 	if a.win != nil {
 		why := "the trainer " + how + " before the window was recorded"
-		if a.win.state == WindowRecording {
+		if a.win.recording() {
 			why = "the trainer " + how + " during the window"
 		}
 		a.log.Warn(why, "window", a.win.w.ID)
-		if code != 0 || a.win.state == WindowRecording {
+		if code != 0 || a.win.recording() {
 			a.noteStoppingLocked("the trainer "+how, time.Now())
 		}
-		a.missLocked(WindowFailed, why)
+		a.stepLocked(evFailed, why)
 	} else if code != 0 && !a.teardownLocked(code == 128+int(syscall.SIGTERM) || code == 128+int(syscall.SIGINT)) {
 		a.noteStoppingLocked("the trainer "+how, time.Now())
 	}
@@ -936,18 +924,14 @@ func (a *Agent) sendWindowLocked() {
 	w := a.win.w
 	if a.cfg.RequireGPU && a.device == nil {
 		a.log.Error("a GPU is required and the trainer's could not be opened; the window is not recorded", "window", w.ID)
-		a.missLocked(WindowFailed, "a GPU is required and NVML could not open the trainer's")
+		a.stepLocked(evFailed, "a GPU is required and NVML could not open the trainer's")
 		return
 	}
 	if err := a.conn.send(&Message{Type: "window", ID: w.ID, Start: w.Start, Stop: w.Stop, MaxEntries: a.cfg.MaxEntries, Stacks: a.cfg.Stacks}); err != nil {
 		a.log.Warn("could not send the window; it is sent again when the trainer reconnects", "err", err)
 		return
 	}
-	a.win.sent = true
-	if a.win.state == WindowQueued {
-		a.win.state = WindowSent
-		a.eventLocked(WindowSent, "")
-	}
+	a.stepLocked(evSent, "")
 	if a.device != nil && a.sampling == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		if a.goLocked(func() { a.sample(ctx, a.device, a.hookPID) }) {
@@ -960,12 +944,30 @@ func (a *Agent) sendWindowLocked() {
 	a.log.Info("window sent to the trainer", "window", w.ID, "start", w.Start, "stop", w.Stop)
 }
 
-// missLocked ends the window in progress without a snapshot.
-func (a *Agent) missLocked(state WindowState, reason string) {
-	a.eventLocked(state, reason)
-	a.stats.WindowsMissed++
+// stepLocked feeds ev to the window in progress (rankagent/machine.go) and
+// carries out what it returns: the state it reports, and, when the window is
+// over, its end: sampling stops (the samples are returned, for a snapshot of the
+// window) and the counts of missed and partial windows.
+func (a *Agent) stepLocked(ev rankEvent, reason string) (samples []sidecar.MemorySample) {
+	if a.win == nil {
+		return nil
+	}
+	next, report, over := a.win.step(ev)
+	*a.win = next
+	if report != "" {
+		a.eventLocked(report, reason)
+	}
+	if !over {
+		return nil
+	}
+	switch report {
+	case WindowMissed, WindowFailed:
+		a.stats.WindowsMissed++
+	case WindowPartial:
+		a.stats.WindowsPartial++
+	}
 	a.win = nil
-	a.stopSamplingLocked()
+	return a.stopSamplingLocked()
 }
 
 const maxSamples = 1 << 20
@@ -1007,26 +1009,23 @@ func (a *Agent) handle(m *Message) {
 		if a.win == nil || a.win.w.ID != m.Window {
 			return
 		}
-		st := WindowArmed
+		st := evArmed
 		if m.Type == "recording" {
-			st = WindowRecording
+			st = evRecording
 			a.noteBatchLocked(*m.Batch, m.TimeUS)
 		}
-		if a.win.state != st {
-			a.win.state = st
-			a.eventLocked(st, "")
-		}
+		a.stepLocked(st, "")
 	case "error":
 		if a.win == nil || a.win.w.ID != m.Window {
 			a.log.Warn("the trainer reports an error", "window", m.Window, "code", m.Code, "message", m.Message)
 			return
 		}
 		a.log.Error("the trainer could not record the window", "window", m.Window, "code", m.Code, "message", m.Message)
-		state := WindowFailed
+		ev := evFailed
 		if m.Code == CodeStartPassed {
-			state = WindowMissed
+			ev = evMissed
 		}
-		a.missLocked(state, m.Message)
+		a.stepLocked(ev, m.Message)
 	case "stopping":
 		at := time.Now()
 		if m.TimeUS > 0 {
@@ -1043,10 +1042,9 @@ func (a *Agent) handle(m *Message) {
 		var samples []sidecar.MemorySample
 		var w *Window
 		if m.Reason == "window" && a.win != nil && a.win.w.ID == m.Window {
-			samples = a.stopSamplingLocked()
 			ww := a.win.w
 			w = &ww
-			a.win = nil
+			samples = a.stepLocked(evStored, "")
 		}
 		if m.Reason == "crash" {
 			if a.stopping == nil || time.Since(a.stopping.at) >= stoppingHold {
@@ -1056,10 +1054,7 @@ func (a *Agent) handle(m *Message) {
 			if a.win != nil && a.win.w.ID == m.Window && m.Window != 0 {
 				// what it recorded of the window is the rank's part of it, as
 				// partial (and the crash post-mortem's part too): its result follows
-				samples = a.stopSamplingLocked()
-				a.eventLocked(WindowPartial, "the trainer was stopped during the window ("+m.Cause+"): what it recorded is stored as partial")
-				a.stats.WindowsPartial++
-				a.win = nil
+				samples = a.stepLocked(evCrashed, "the trainer was stopped during the window ("+m.Cause+"): what it recorded is stored as partial")
 			}
 		}
 		if a.taking[m.File] {
