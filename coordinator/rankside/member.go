@@ -66,8 +66,8 @@ type Cluster interface {
 // windows it looked up in the log, its clock offset) is its own, under its own
 // lock: no other role reads or writes it. Where its windows stand is one
 // machine, window.RankSide, stepped by the commands it takes and its agent's
-// events, never set field by field here; the agent's own WindowState is the
-// source of those events.
+// events, never set field by field here; the agent's own window in progress is
+// the source of those events, and it too is one machine (rankagent/machine.go).
 type Rank struct {
 	cfg *config.Config
 	rec Recorder // nil for a client: it takes no command
