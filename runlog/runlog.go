@@ -579,13 +579,18 @@ func (l *Log) Latest(ctx context.Context, n int) ([]*Plan, error) {
 // a cooldown or a quiet time is read whole however many windows came after the
 // last of its kind. Plans are not in the order of their times (another
 // leader's clock; a post-mortem of orphaned incidents dated by its oldest), so
-// the walk ends only after olderRun plans in a row older than since. A plan
+// the walk ends only after olderRun plans in a row older than since, and the
+// newest is the one created last, not the last planned. A plan dated more than
+// Skew past this host's clock is passed over: its time cannot be judged here,
+// and a cooldown or a quiet time from it would outlast its own length. A plan
 // that does not read is passed over; a failed read of the log is an error.
 func (l *Log) NewestOf(ctx context.Context, since time.Time, kinds ...string) (*Plan, error) {
 	ids, err := l.PlanIDs(ctx)
 	if err != nil {
 		return nil, err
 	}
+	ahead := time.Now().Add(Skew)
+	var newest *Plan
 	older := 0
 	for i := len(ids) - 1; i >= 0 && older < olderRun; i-- {
 		p, err := l.ReadPlan(ctx, ids[i])
@@ -594,16 +599,24 @@ func (l *Log) NewestOf(ctx context.Context, since time.Time, kinds ...string) (*
 			continue
 		case err != nil:
 			return nil, err
+		case p.Created.After(ahead):
+			continue
 		case !p.Created.After(since):
 			older++
-		case slices.Contains(kinds, p.Kind):
-			return p, nil
-		default:
-			older = 0
+			continue
+		}
+		older = 0
+		if slices.Contains(kinds, p.Kind) && (newest == nil || p.Created.After(newest.Created)) {
+			newest = p
 		}
 	}
-	return nil, nil
+	return newest, nil
 }
+
+// Skew is how far past a reader's clock a record's time may be and still be
+// taken as it says (hosts' clocks differ by that much at most; NTP keeps them
+// within milliseconds).
+const Skew = 10 * time.Second
 
 // olderRun is how many plans in a row older than the time asked end NewestOf's
 // walk.

@@ -100,7 +100,7 @@ func (l *Leader) tellDeferred(w *win, why string) {
 			res.Missing[int32(r)] = x
 		}
 	}
-	l.tellResult(w.id(), w.watchers, res)
+	l.tellResult(w.id(), w.watchers, res, false)
 	w.watchers = nil
 }
 

@@ -125,7 +125,7 @@ func TestLaterWindow(t *testing.T) {
 	if !l.Busy() {
 		t.Fatal("not busy while two members wait for a window it finishes later")
 	}
-	l.tellResult(7, nil, &pb.WindowResult{State: pb.Outcome_OUTCOME_PUBLISHED, Window: 7})
+	l.tellResult(7, nil, &pb.WindowResult{State: pb.Outcome_OUTCOME_PUBLISHED, Window: 7}, true)
 	f.mu.Lock()
 	told := slices.Clone(f.to)
 	f.mu.Unlock()
@@ -143,7 +143,7 @@ func TestLaterWindow(t *testing.T) {
 		t.Fatalf("%d windows kept after the result; busy with a late watcher: %v", n, l.Busy())
 	}
 	// a result that is not an end (left unfinished) keeps when it was found
-	l.tellResult(7, nil, &pb.WindowResult{State: pb.Outcome_OUTCOME_UNFINISHED, Window: 7})
+	l.tellResult(7, nil, &pb.WindowResult{State: pb.Outcome_OUTCOME_UNFINISHED, Window: 7}, false)
 	l.mu.Lock()
 	kept := l.later[7]
 	l.mu.Unlock()

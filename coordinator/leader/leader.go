@@ -612,8 +612,8 @@ func (l *Leader) answerWatch(ctx context.Context, req *pb.Envelope) {
 			l.sweepAt = time.Time{} // finish it now
 			l.mu.Unlock()
 			l.answer(req, pb.AckCode_ACK_OK, "")
-			if got != nil { // answered: the rest is to come
-				l.tellAnswer(id, []*pb.Envelope{req}, got)
+			if got != nil { // answered: the rest is to come (req is among the parked)
+				l.tellAnswer(id, nil, got)
 			}
 			l.Wake()
 			return
@@ -778,6 +778,7 @@ func (l *Leader) sweep(ctx context.Context) {
 	l.mu.Lock()
 	l.sweepAt = time.Now().Add(l.cfg.SweepInterval)
 	l.mu.Unlock()
+	began := time.Now()
 	plans, err := l.rl.Unfinished(ctx, l.term)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -814,7 +815,25 @@ func (l *Leader) sweep(ctx context.Context) {
 			continue
 		}
 		if res, done, err := l.windowEnd(ctx, p); err == nil && done && res != nil {
-			l.tellResult(id, nil, res)
+			l.tellResult(id, nil, res, true)
+		}
+	}
+	l.dropFinished(plans, began)
+}
+
+// dropFinished forgets the windows found before at that the run's log no
+// longer holds unfinished (another leader finished them) and no member waits
+// for: nothing of them is left to judge or to tell.
+func (l *Leader) dropFinished(unfinished []*runlog.Plan, at time.Time) {
+	open := make(map[uint64]bool, len(unfinished))
+	for _, p := range unfinished {
+		open[p.ID] = true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, p := range l.later {
+		if len(p.watchers) == 0 && !open[id] && p.found.Before(at) {
+			delete(l.later, id)
 		}
 	}
 }
@@ -844,15 +863,16 @@ func (l *Leader) orphanPostmortem(ctx context.Context) {
 }
 
 // tellResult gives every member waiting for window id its result.
-func (l *Leader) tellResult(id uint64, watchers []*pb.Envelope, res *pb.WindowResult) {
+func (l *Leader) tellResult(id uint64, watchers []*pb.Envelope, res *pb.WindowResult, final bool) {
 	l.mu.Lock()
 	if p := l.later[id]; p != nil {
 		watchers = append(watchers, p.watchers...)
 		p.watchers = nil
-		if (res.State == pb.Outcome_OUTCOME_PUBLISHED || res.State == pb.Outcome_OUTCOME_FAILED) && !res.Pending {
-			// ended: a member that asks later is answered from the log (taken
-			// in the same hold as its watchers: one parked after this is kept
-			// for the sweep)
+		if final {
+			// ended for good (published, failed, or answered with its detail
+			// given up): a member that asks later is answered from the log
+			// (taken in the same hold as its watchers: one parked after this is
+			// kept for the sweep)
 			delete(l.later, id)
 		}
 	}

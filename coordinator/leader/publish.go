@@ -232,7 +232,7 @@ func (l *Leader) tellEnd(ctx context.Context, w *win) {
 	if w.res == nil || w.m.Phase != window.Published {
 		w.res = l.resultOfCommit(ctx, w)
 	}
-	l.tellResult(w.id(), w.watchers, w.res) // (the machine tells no end of a window abandoned)
+	l.tellResult(w.id(), w.watchers, w.res, w.m.Final) // (the machine tells no end of a window abandoned)
 	w.watchers = nil
 }
 

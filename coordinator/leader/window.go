@@ -174,7 +174,7 @@ func (l *Leader) record(ctx context.Context, p plan, again bool) *pb.WindowResul
 	}
 	if why != nil {
 		l.log.Warn("no window planned", "why", why.Error)
-		l.tellResult(0, p.watchers, why)
+		l.tellResult(0, p.watchers, why, true)
 		return why
 	}
 	rp := runlog.Plan{Kind: kindName(cfg.Kind), Reason: p.reason, Start: cfg.Start, Stop: cfg.Stop, Ranks: expected, Deadline: cfg.Deadline,
@@ -201,7 +201,7 @@ func (l *Leader) record(ctx context.Context, p plan, again bool) *pb.WindowResul
 		}
 		res := &pb.WindowResult{State: pb.Outcome_OUTCOME_FAILED, Start: cfg.Start, Stop: cfg.Stop, Store: l.st.String(),
 			Error: "the window's plan could not be recorded in the run's log: " + err.Error()}
-		l.tellResult(0, p.watchers, res)
+		l.tellResult(0, p.watchers, res, true)
 		return res
 	}
 	cfg.ID = pl.ID
