@@ -26,7 +26,8 @@
 //     cache of the run's log, read whole when not known: runlog.NewestOf), and
 //     the windows this leader finishes later (later): of each only when this
 //     leader first found it (each try's machine is planned from then) and the
-//     members waiting for it, dropped when its result is told.
+//     members waiting for it, dropped when its result is told or, with no
+//     member waiting, once the run's log lists it finished.
 //   - WatchNow's goroutines (one per member re-asking how a window ended)
 //     only read the run's log and reply.
 //   - send's workers only send a command's bytes and report who was not reached.
