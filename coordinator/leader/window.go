@@ -419,7 +419,7 @@ func (l *Leader) keepWaiting(w *win) {
 	defer l.mu.Unlock()
 	p := l.later[w.id()]
 	if p == nil {
-		p = &parked{found: w.m.Planned}
+		p = &parked{found: w.m.Planned, kept: time.Now()}
 		l.later[w.id()] = p
 	}
 	for _, wt := range w.watchers {
@@ -437,6 +437,7 @@ func (l *Leader) keepWaiting(w *win) {
 // by another host's clock), and the members waiting for it.
 type parked struct {
 	found    time.Time
+	kept     time.Time // when this entry was made (found may be earlier: a plan's own time)
 	watchers []*pb.Envelope
 }
 
@@ -451,10 +452,20 @@ const maxLater = 1 << 16
 func (l *Leader) parkLocked(id uint64) *parked {
 	p := l.later[id]
 	if p == nil {
-		p = &parked{found: time.Now()}
+		now := time.Now()
+		p = &parked{found: now, kept: now}
 		l.later[id] = p
 	}
 	return p
+}
+
+// waiting reports whether member req still waits for window id among the
+// later ones (not told its result yet).
+func (l *Leader) waiting(id uint64, req *pb.Envelope) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.later[id]
+	return p != nil && watching(p.watchers, req)
 }
 
 // awaiting are the members waiting for window id among the later ones.
