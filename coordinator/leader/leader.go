@@ -729,14 +729,7 @@ func (l *Leader) scheduleDue(ctx context.Context) bool {
 		return true // left for later, or served again once the leader renewed its term
 	}
 	l.mu.Lock()
-	if sch := l.cfg.Schedule; sch.Every > 0 {
-		// the next start on the grid Skip + k*Every after this window
-		after := max(res.Stop, next+1)
-		k := (after - sch.Skip + sch.Every - 1) / sch.Every
-		l.next = sch.Skip + k*sch.Every
-	} else {
-		l.next = -1
-	}
+	l.next = l.scheduleAfter(res.Stop, next)
 	next = l.next
 	l.mu.Unlock()
 	// the run's log keeps where the schedule stands, for a leader that starts later
@@ -746,9 +739,24 @@ func (l *Leader) scheduleDue(ctx context.Context) bool {
 	return true
 }
 
+// scheduleAfter is the schedule's next start after a scheduled window that
+// ends at stop, planned from next: on the grid Skip + k*Every after it, or -1
+// when the schedule is once-only.
+func (l *Leader) scheduleAfter(stop, next int64) int64 {
+	sch := l.cfg.Schedule
+	if sch.Every <= 0 {
+		return -1
+	}
+	after := max(stop, next+1)
+	k := (after - sch.Skip + sch.Every - 1) / sch.Every
+	return sch.Skip + k*sch.Every
+}
+
 // loadSchedule takes where the run's schedule stands from the run's log: a
 // leader restarted, or a job relaunched, neither repeats a once-only window nor
-// loses its place on the grid.
+// loses its place on the grid. Where the log holds no record of it yet (a
+// leader stopped after its scheduled window's plan and before that record),
+// the newest scheduled window's plan says it.
 func (l *Leader) loadSchedule(ctx context.Context) {
 	if !l.cfg.Schedule.Enabled {
 		return
@@ -762,9 +770,42 @@ func (l *Leader) loadSchedule(ctx context.Context) {
 		if sc.Next < 0 {
 			l.log.Info("the scheduled window was recorded already (the run's log says so); no schedule", "by_term", sc.Term)
 		}
-	case !errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, store.ErrNotFound):
+		p, err := l.lastScheduled(ctx)
+		if err != nil {
+			l.log.Warn("cannot read the run's log for its scheduled windows", "err", err)
+			return
+		}
+		if p != nil {
+			next := l.scheduleAfter(p.Stop, p.Start)
+			l.mu.Lock()
+			l.next = next
+			l.mu.Unlock()
+			l.log.Info("the schedule goes on after the scheduled window the run's log holds", "window", p.ID, "next", next)
+		}
+	default:
 		l.log.Warn("cannot read where the schedule stands from the run's log", "err", err)
 	}
+}
+
+// lastScheduled is the newest plan of a scheduled window in the run's log (nil:
+// none); a plan that does not read is passed over.
+func (l *Leader) lastScheduled(ctx context.Context) (*runlog.Plan, error) {
+	ids, err := l.rl.PlanIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := len(ids) - 1; i >= 0; i-- {
+		p, err := l.rl.ReadPlan(ctx, ids[i])
+		switch {
+		case errors.Is(err, runlog.ErrMalformed) || errors.Is(err, store.ErrNotFound) || errors.Is(err, runlog.ErrVoid):
+		case err != nil:
+			return nil, err
+		case p.Reason == "schedule":
+			return p, nil
+		}
+	}
+	return nil, nil
 }
 
 func (l *Leader) sweepDue() bool {
