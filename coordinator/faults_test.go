@@ -530,6 +530,29 @@ func TestScheduleNotRepeatedByARestartedLeader(t *testing.T) {
 	testutil.Eventually(t, time.Minute, "the restarted rank 0 to lead under a newer term", func() bool {
 		return tc.ranks[0].Coord.IsLeader() && tc.ranks[0].Coord.Term() > old
 	})
+	// the windows below are asked of the restarted leader once every rank knows
+	// its new address: until memberlist takes the old incarnation's address
+	// away, the successor pings that and may lead in its place for a moment
+	// (leadership flapping between the two is not what this test is about)
+	testutil.Eventually(t, time.Minute, "every rank to know the restarted rank 0's address", func() bool {
+		addr, name := tc.ranks[0].Coord.Addr(), tc.ranks[0].Coord.Name()
+		for _, r := range tc.ranks[1:] {
+			ml := r.Coord.memberlist()
+			if ml == nil {
+				return false
+			}
+			known := false
+			for _, n := range ml.Members() {
+				if n.Name == name && n.Address() == addr {
+					known = true
+				}
+			}
+			if !known {
+				return false
+			}
+		}
+		return tc.ranks[0].Coord.IsLeader()
+	})
 	c := tc.client()
 	for i := 0; i < 2; i++ {
 		if res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 2, nil, nil); err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED {
