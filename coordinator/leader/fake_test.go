@@ -4,11 +4,14 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 
 	"github.com/memsnap/memsnap/internal/pb"
+	"github.com/memsnap/memsnap/internal/store"
+	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -94,4 +97,15 @@ func (f *fakeMember) told() []*pb.Envelope {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]*pb.Envelope(nil), f.sent...)
+}
+
+// folderLog is a run's log ("job") on a folder store of the test's own, and a
+// context that ends with the test (at most a minute).
+func folderLog(t *testing.T) (store.Store, *runlog.Log, context.Context) {
+	t.Helper()
+	st, err := store.OpenDir(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, runlog.New(st, "job"), testutil.Context(t, time.Minute)
 }

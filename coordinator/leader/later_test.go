@@ -24,12 +24,7 @@ import (
 // window across a partition was found anew on every sweep and its deadline
 // never came.
 func TestLaterDropped(t *testing.T) {
-	st, err := store.OpenDir(t.TempDir(), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testutil.Context(t, time.Minute)
-	rl := runlog.New(st, "job")
+	st, rl, ctx := folderLog(t)
 	plan := func(manifest string) runlog.Plan {
 		t.Helper()
 		p, err := rl.CreatePlan(ctx, runlog.Plan{Leader: "job/rank1", Term: 1, Kind: runlog.KindWindow, Start: 1, Stop: 2, WorldSize: 2, Ranks: []int{0, 1},
@@ -99,12 +94,7 @@ func TestLaterDropped(t *testing.T) {
 // detail still being written) are each told its answer once, when they ask,
 // not again whenever another member asks.
 func TestAnswerToTheAsker(t *testing.T) {
-	st, err := store.OpenDir(t.TempDir(), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testutil.Context(t, time.Minute)
-	rl := runlog.New(st, "job")
+	st, rl, ctx := folderLog(t)
 	const key = "job/torch_memory_traces/window1/merged.manifest.json"
 	p, err := rl.CreatePlan(ctx, runlog.Plan{Leader: "job/rank1", Term: 1, Kind: runlog.KindWindow, Start: 1, Stop: 2, WorldSize: 2, Ranks: []int{0, 1},
 		Deadline: time.Now().Add(time.Minute)}, 0, func(uint64) (string, error) { return key, nil })

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/memsnap/memsnap/coordinator/config"
-	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
@@ -29,12 +28,7 @@ func TestScheduleFromItsPlan(t *testing.T) {
 		{"once, none yet", config.Schedule{Enabled: true, Skip: 2}, []string{"request"}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st, err := store.OpenDir(t.TempDir(), true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx := testutil.Context(t, time.Minute)
-			rl := runlog.New(st, "job")
+			st, rl, ctx := folderLog(t)
 			for i, reason := range tc.plans {
 				start := int64(10 * (i + 1))
 				if _, err := rl.CreatePlan(ctx, runlog.Plan{Leader: "job/rank0", Term: 1, Kind: runlog.KindWindow, Reason: reason, Start: start, Stop: start + 2,

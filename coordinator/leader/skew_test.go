@@ -6,7 +6,6 @@ import (
 
 	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
@@ -17,12 +16,7 @@ import (
 // be judged on this host's clock, and taken as it says it would have every crash
 // declined as part of it for 10.5 minutes, no post-mortem taken.
 func TestQuietFromAheadClock(t *testing.T) {
-	st, err := store.OpenDir(t.TempDir(), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testutil.Context(t, time.Minute)
-	rl := runlog.New(st, "job")
+	st, rl, ctx := folderLog(t)
 	now := time.Now()
 	plan := func(kind string, created time.Time) uint64 {
 		t.Helper()

@@ -9,7 +9,6 @@ import (
 	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/view"
 	"github.com/memsnap/memsnap/internal/pb"
-	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
 	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
@@ -93,12 +92,7 @@ func TestUrgentWindowsGoFirst(t *testing.T) {
 // cooldown, however many windows were asked in between (the newest 16 plans,
 // or 4, were read before).
 func TestQuietReadWhole(t *testing.T) {
-	st, err := store.OpenDir(t.TempDir(), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testutil.Context(t, time.Minute)
-	rl := runlog.New(st, "job")
+	st, rl, ctx := folderLog(t)
 	now := time.Now()
 	plan := func(kind string, ago time.Duration) uint64 {
 		t.Helper()
