@@ -615,10 +615,14 @@ func TestReplayEventsInsideBatches(t *testing.T) {
 func TestSpoolDiskFull(t *testing.T) {
 	var full atomic.Bool
 	var tries atomic.Int32
+	var agent atomic.Pointer[Agent]
+	var during atomic.Value // SpooledWindows while a try again writes
 	full.Store(true)
 	jobWrite = func(p string, b []byte) error {
 		if full.Load() {
-			tries.Add(1)
+			if tries.Add(1) == 2 {
+				during.Store(fmt.Sprint(agent.Load().SpooledWindows()))
+			}
 			return &os.PathError{Op: "write", Path: p, Err: syscall.ENOSPC}
 		}
 		return writeFileSync(p, b)
@@ -638,6 +642,7 @@ func TestSpoolDiskFull(t *testing.T) {
 		}
 	}
 	h := startAgent(t, cfg)
+	agent.Store(h.agent)
 	tr := dialTrainer(t, h.agent.Socket())
 	w, err := h.agent.ArmNext(3, 6)
 	if err != nil {
@@ -669,6 +674,10 @@ func TestSpoolDiskFull(t *testing.T) {
 	// not take it for lost)
 	if sw := h.agent.SpooledWindows(); fmt.Sprint(sw) != fmt.Sprint([]uint64{w.ID}) {
 		t.Fatalf("spooled windows %v, want [%d]", sw, w.ID)
+	}
+	// and while it is taken again (a try in progress)
+	if d := during.Load(); d != fmt.Sprint([]uint64{w.ID}) {
+		t.Fatalf("spooled windows while taken again %v, want [%d]", d, w.ID)
 	}
 	full.Store(false)
 	r := waitUpload(t, h, 20*time.Second)

@@ -176,8 +176,9 @@ func (a *Agent) adopt(ctx context.Context) {
 		a.taking[name] = true
 		a.working++
 		if h, ok := a.held[name]; ok {
-			// one this agent took before, which a full disk kept out of the spool
-			delete(a.held, name)
+			// one this agent took before, which a full disk kept out of the
+			// spool: it stays held (its window told by SpooledWindows) until
+			// this take ends, which drops it or holds it anew
 			a.mu.Unlock()
 			a.log.Info("taking a snapshot into the spool again", "file", name, "window", h.msg.Window)
 			a.take(h.msg, h.armed, h.samples, false, &h)
@@ -262,6 +263,9 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []sidecar.Memory
 // OOM not told again, its window not missed twice.
 func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, adopted bool, retake *heldSnapshot) {
 	defer a.doneTaking(m.File)
+	if retake != nil {
+		defer a.dropHeld(m.File, retake)
+	}
 	src, err := a.sp.incomingFile(m.File)
 	if err != nil {
 		a.log.Error("could not spool the trainer's snapshot", "file", m.File, "err", err)
@@ -348,6 +352,16 @@ func crashCovers(m *Message) []int64 {
 		return []int64{max(m.Batches[0].Batch, 0), max(m.Batches[n-1].Batch+1, 0)}
 	}
 	return []int64{max(m.Start, 0), max(m.Start, 0)}
+}
+
+// dropHeld forgets the held snapshot h of file once its take again ended,
+// unless that take held it anew (holdForRoom puts a new entry).
+func (a *Agent) dropHeld(file string, h *heldSnapshot) {
+	a.mu.Lock()
+	if cur, ok := a.held[file]; ok && cur.msg == h.msg {
+		delete(a.held, file)
+	}
+	a.mu.Unlock()
 }
 
 // doneTaking ends a take of file: the agent no longer works on it.
