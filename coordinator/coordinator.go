@@ -75,6 +75,7 @@ type Coordinator struct {
 	// nsilent is len(silent), read without mu on every message received
 	nsilent  atomic.Int64
 	silenced silences
+	moves    moves       // members started again at another address (moved.go)
 	watch    leaderWatch // the successor's watch of the leader (succession.go)
 
 	// mu guards what follows. Lock order: memberlist calls memberChanged (which
@@ -242,6 +243,7 @@ func (c *Coordinator) start() error {
 	ml.Events = &events{c}
 	ml.Ping = &pings{c}
 	ml.Alive = &alive{c}
+	ml.Conflict = &conflicts{c}
 	ml.Label = LabelFor(c.cfg.Identity.RunName)
 	ml.SecretKey = c.cfg.SecretKey
 	ml.LogOutput = nil
@@ -504,6 +506,14 @@ func before(r1 int32, n1 string, r2 int32, n2 string) bool {
 
 // memberChanged records a member's arrival, update or departure.
 func (c *Coordinator) memberChanged(n *memberlist.Node, gone bool) {
+	if n != nil && c.movedNews(n) {
+		return // (of a moved member's old incarnation: moved.go)
+	}
+	c.memberNews(n, gone)
+}
+
+// memberNews takes news of n (memberChanged's, or of a member moved).
+func (c *Coordinator) memberNews(n *memberlist.Node, gone bool) {
 	claim := uint64(0)
 	c.mu.Lock()
 	if n == nil {

@@ -59,13 +59,15 @@ func (c *Coordinator) envelope(window uint64) *pb.Envelope {
 	return &pb.Envelope{SenderRank: c.rank(), WindowId: window, Sender: c.name, ReplyAddr: addr}
 }
 
-// target resolves a member to send to: a member this one knows, else the address
-// it gave (a member that joined through another and is not known here yet).
+// target resolves a member to send to. addr is where a request's asker said it
+// listens (a reply's; "" for other messages): the reply goes there, as the
+// asker may have started again at another address that memberlist does not
+// give its name yet (moved.go); without one, to the member as this one knows it.
 func (c *Coordinator) target(to, addr string) (*memberlist.Node, error) {
-	if n := c.node(to); n != nil {
-		return n, nil
-	}
 	if addr == "" {
+		if n := c.node(to); n != nil {
+			return n, nil
+		}
 		return nil, fmt.Errorf("coordinator: %s is not a member", to)
 	}
 	h, p, err := net.SplitHostPort(addr)
