@@ -585,32 +585,50 @@ func (l *Log) Latest(ctx context.Context, n int) ([]*Plan, error) {
 // and a cooldown or a quiet time from it would outlast its own length. A plan
 // that does not read is passed over; a failed read of the log is an error.
 func (l *Log) NewestOf(ctx context.Context, since time.Time, kinds ...string) (*Plan, error) {
-	ids, err := l.PlanIDs(ctx)
-	if err != nil {
-		return nil, err
-	}
 	ahead := time.Now().Add(Skew)
 	var newest *Plan
 	older := 0
-	for i := len(ids) - 1; i >= 0 && older < olderRun; i-- {
-		p, err := l.ReadPlan(ctx, ids[i])
+	err := l.Backwards(ctx, func(p *Plan) bool {
 		switch {
-		case errors.Is(err, ErrMalformed) || errors.Is(err, store.ErrNotFound):
-			continue
-		case err != nil:
-			return nil, err
 		case p.Created.After(ahead):
-			continue
+			return true
 		case !p.Created.After(since):
 			older++
-			continue
+			return older < olderRun
 		}
 		older = 0
 		if slices.Contains(kinds, p.Kind) && (newest == nil || p.Created.After(newest.Created)) {
 			newest = p
 		}
+		return true
+	})
+	if err != nil {
+		return nil, err
 	}
 	return newest, nil
+}
+
+// Backwards hands each plan of the log to each, the last planned first, until
+// each returns false. A plan that does not read (malformed, gone, an id never
+// planned) is passed over; a failed read of the log is an error.
+func (l *Log) Backwards(ctx context.Context, each func(*Plan) bool) error {
+	ids, err := l.PlanIDs(ctx)
+	if err != nil {
+		return err
+	}
+	for i := len(ids) - 1; i >= 0; i-- {
+		p, err := l.ReadPlan(ctx, ids[i])
+		switch {
+		case errors.Is(err, ErrMalformed) || errors.Is(err, store.ErrNotFound):
+			continue
+		case err != nil:
+			return err
+		}
+		if !each(p) {
+			return nil
+		}
+	}
+	return nil
 }
 
 // Skew is how far past a reader's clock a record's time may be and still be

@@ -791,21 +791,17 @@ func (l *Leader) loadSchedule(ctx context.Context) {
 // lastScheduled is the newest plan of a scheduled window in the run's log (nil:
 // none); a plan that does not read is passed over.
 func (l *Leader) lastScheduled(ctx context.Context) (*runlog.Plan, error) {
-	ids, err := l.rl.PlanIDs(ctx)
+	var last *runlog.Plan
+	err := l.rl.Backwards(ctx, func(p *runlog.Plan) bool {
+		if p.Reason == "schedule" {
+			last = p
+		}
+		return last == nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	for i := len(ids) - 1; i >= 0; i-- {
-		p, err := l.rl.ReadPlan(ctx, ids[i])
-		switch {
-		case errors.Is(err, runlog.ErrMalformed) || errors.Is(err, store.ErrNotFound) || errors.Is(err, runlog.ErrVoid):
-		case err != nil:
-			return nil, err
-		case p.Reason == "schedule":
-			return p, nil
-		}
-	}
-	return nil, nil
+	return last, nil
 }
 
 func (l *Leader) sweepDue() bool {
