@@ -6,6 +6,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/wire"
 )
 
@@ -92,7 +93,66 @@ func (c *Coordinator) checkMove(existing, other memberlist.Node) {
 		c.log.Info("a member started again at another address: known there now", "moved", name,
 			"addr", other.Address(), "old_addr", existing.Address())
 		c.memberNews(&other, false)
+		c.followMove(other)
 	})
+}
+
+// followMove pings a moved member at its new address, every moveCheckEvery,
+// until memberlist gives its name an address of its own (the old address's
+// death and DeadNodeReclaimTime past: it then follows the member itself). One
+// that answers none of these pings for memberlist's suspicion timeout is gone:
+// memberlist, which took its news for the old incarnation's, never would say so.
+func (c *Coordinator) followMove(n memberlist.Node) {
+	t := time.NewTicker(moveCheckEvery)
+	defer t.Stop()
+	heard := time.Now()
+	for range t.C {
+		if c.stopped() || !c.moved(n) {
+			return
+		}
+		if c.ping(n) {
+			heard = time.Now()
+			continue
+		}
+		if time.Since(heard) < c.moveSilence() {
+			continue
+		}
+		mv := &c.moves
+		mv.mu.Lock()
+		moved := mv.from[n.Name] != ""
+		delete(mv.from, n.Name)
+		mv.mu.Unlock()
+		if moved {
+			c.log.Warn("a member started again at another address answers no ping there: gone", "moved", n.Name, "addr", n.Address(),
+				"silent_for", time.Since(heard).Round(time.Millisecond))
+			c.memberNews(&n, true)
+		}
+		return
+	}
+}
+
+// moved reports whether n is still known at its new address only (memberlist
+// has not given the name an address of its own since, and it did not move on).
+func (c *Coordinator) moved(n memberlist.Node) bool {
+	c.mu.Lock()
+	m := c.members[n.Name]
+	c.mu.Unlock()
+	c.moves.mu.Lock()
+	defer c.moves.mu.Unlock()
+	return c.moves.from[n.Name] != "" && m != nil && m.node.Address() == n.Address()
+}
+
+// moveSilence is how long a moved member may answer no ping before it is gone:
+// memberlist's suspicion timeout for the cluster's size, at least two checks.
+func (c *Coordinator) moveSilence() time.Duration {
+	c.mu.Lock()
+	ml, members := c.cfg.Memberlist, len(c.members)
+	c.mu.Unlock()
+	d := 2 * moveCheckEvery
+	if ml != nil {
+		d = max(d, config.SuspicionTimeout(ml.SuspicionMult, members, ml.ProbeInterval))
+	}
+	return d
 }
 
 // movedNews reports whether memberlist's news of n is of a moved member's old

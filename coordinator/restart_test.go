@@ -11,6 +11,7 @@ import (
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
 	"github.com/memsnap/memsnap/internal/testutil"
+	"github.com/memsnap/memsnap/rankagent"
 	"github.com/memsnap/memsnap/runlog"
 )
 
@@ -117,4 +118,32 @@ func TestMovedNews(t *testing.T) {
 	if c.movedNews(now) || c.movedNews(old) {
 		t.Fatal("the move outlived memberlist's news of the new address")
 	}
+}
+
+// TestMovedMemberDies: a member started again at another address, known there
+// by the others before memberlist gives its name the new address, then dies
+// there. memberlist, which holds the old address dead already, never says so
+// (its reclaim time is an hour here): the others find it gone by their own
+// pings of the new address.
+func TestMovedMemberDies(t *testing.T) {
+	slow := func(c *Config, _ *rankagent.Config) { c.Memberlist.DeadNodeReclaimTime = time.Hour }
+	tc := startCluster(t, 3, slow)
+	tc.ranks[2].Coord.Shutdown()
+	tc.stops[2]()
+	tc.startRank(2, 3, slow)
+	name, addr := tc.ranks[2].Coord.Name(), tc.ranks[2].Coord.Addr()
+	knownAt := func(c *Coordinator) string {
+		if n := c.node(name); n != nil {
+			return n.Address()
+		}
+		return ""
+	}
+	testutil.Eventually(t, time.Minute, "ranks 0 and 1 to know rank 2 at its new address", func() bool {
+		return knownAt(tc.ranks[0].Coord) == addr && knownAt(tc.ranks[1].Coord) == addr
+	})
+	tc.ranks[2].Coord.Shutdown()
+	tc.stops[2]()
+	testutil.Eventually(t, time.Minute, "ranks 0 and 1 to find rank 2 gone", func() bool {
+		return knownAt(tc.ranks[0].Coord) == "" && knownAt(tc.ranks[1].Coord) == ""
+	})
 }
