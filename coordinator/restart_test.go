@@ -2,11 +2,14 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/internal/store"
@@ -101,49 +104,142 @@ func TestReplyToTheAskersAddress(t *testing.T) {
 }
 
 // TestMovedNews: once a member is known at its new address, memberlist's news
-// of the old one (its death) is passed over; news of another address ends the
-// move (memberlist caught up).
+// of its old incarnation (its agent at the old address: its death) is passed
+// over; news of any other incarnation (another agent at the old address, or
+// the new address) ends the move.
 func TestMovedNews(t *testing.T) {
-	c := &Coordinator{}
-	c.moves.from = map[string]string{"r/rank0": "127.0.0.1:7000"}
-	old := &memberlist.Node{Name: "r/rank0", Addr: net.ParseIP("127.0.0.1"), Port: 7000}
-	now := &memberlist.Node{Name: "r/rank0", Addr: net.ParseIP("127.0.0.1"), Port: 7100}
-	other := &memberlist.Node{Name: "r/rank1", Addr: net.ParseIP("127.0.0.1"), Port: 7000}
-	if !c.movedNews(old) {
-		t.Fatal("news of the old address taken")
+	meta := func(agent string) []byte {
+		b, err := proto.Marshal(&pb.NodeMeta{Version: 1, Run: "r", Rank: 0, WorldSize: 2, Agent: agent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
 	}
-	if c.movedNews(other) {
+	node := func(name string, port uint16, agent string) *memberlist.Node {
+		return &memberlist.Node{Name: name, Addr: net.ParseIP("127.0.0.1"), Port: port, Meta: meta(agent)}
+	}
+	c := &Coordinator{}
+	move := func() { c.moves.from = map[string]moved{"r/rank0": {addr: "127.0.0.1:7000", agent: "aa"}} }
+	move()
+	if !c.movedNews(node("r/rank0", 7000, "aa")) || !c.movedNews(node("r/rank0", 7000, "aa")) {
+		t.Fatal("news of the old incarnation taken")
+	}
+	if c.movedNews(node("r/rank1", 7000, "aa")) {
 		t.Fatal("news of another member passed over")
 	}
-	if c.movedNews(now) || c.movedNews(old) {
-		t.Fatal("the move outlived memberlist's news of the new address")
+	for _, n := range []*memberlist.Node{node("r/rank0", 7100, "bb"), node("r/rank0", 7000, "cc"), node("r/rank0", 7100, "aa")} {
+		move()
+		if c.movedNews(n) || c.movedNews(node("r/rank0", 7000, "aa")) {
+			t.Fatalf("the move outlived memberlist's news of %s, agent %s", n.Address(), agentOf(n))
+		}
 	}
 }
 
-// TestMovedMemberDies: a member started again at another address, known there
-// by the others before memberlist gives its name the new address, then dies
-// there. memberlist, which holds the old address dead already, never says so
-// (its reclaim time is an hour here): the others find it gone by their own
-// pings of the new address.
-func TestMovedMemberDies(t *testing.T) {
-	slow := func(c *Config, _ *rankagent.Config) { c.Memberlist.DeadNodeReclaimTime = time.Hour }
-	tc := startCluster(t, 3, slow)
-	tc.ranks[2].Coord.Shutdown()
-	tc.stops[2]()
-	tc.startRank(2, 3, slow)
-	name, addr := tc.ranks[2].Coord.Name(), tc.ranks[2].Coord.Addr()
-	knownAt := func(c *Coordinator) string {
-		if n := c.node(name); n != nil {
-			return n.Address()
-		}
-		return ""
+// knownAt is where c knows name ("" when not a member).
+func knownAt(c *Coordinator, name string) string {
+	if n := c.node(name); n != nil {
+		return n.Address()
 	}
-	testutil.Eventually(t, time.Minute, "ranks 0 and 1 to know rank 2 at its new address", func() bool {
-		return knownAt(tc.ranks[0].Coord) == addr && knownAt(tc.ranks[1].Coord) == addr
+	return ""
+}
+
+// restartElsewhere stops rank r and starts it again on another port (opts
+// given to the new agent), and waits until ranks a and b know it at the new
+// address. It returns the old address.
+func restartElsewhere(t *testing.T, tc *testCluster, r, a, b int, opts ...clusterOpt) string {
+	was, name := tc.ranks[r].Coord.Addr(), tc.ranks[r].Coord.Name()
+	tc.ranks[r].Coord.Shutdown()
+	tc.stops[r]()
+	tc.startRank(r, len(tc.ranks), opts...)
+	now := tc.ranks[r].Coord.Addr()
+	if now == was {
+		t.Skipf("rank %d was given its old address %s again", r, was)
+	}
+	testutil.Eventually(t, time.Minute, fmt.Sprintf("ranks %d and %d to know rank %d at its new address", a, b, r), func() bool {
+		return knownAt(tc.ranks[a].Coord, name) == now && knownAt(tc.ranks[b].Coord, name) == now
 	})
+	return was
+}
+
+// slowReclaim keeps memberlist from giving a name a new address for an hour:
+// the members know a restarted one there only through a move.
+func slowReclaim(c *Config, _ *rankagent.Config) { c.Memberlist.DeadNodeReclaimTime = time.Hour }
+
+// TestMovedMemberDies: a member started again at another address, known there
+// by the others through a move, then dies there. memberlist, which holds the
+// old address dead already, never says so: the others find it gone by their
+// own pings of the new address.
+func TestMovedMemberDies(t *testing.T) {
+	tc := startCluster(t, 3, slowReclaim)
+	restartElsewhere(t, tc, 2, 0, 1, slowReclaim)
+	name := tc.ranks[2].Coord.Name()
 	tc.ranks[2].Coord.Shutdown()
 	tc.stops[2]()
 	testutil.Eventually(t, time.Minute, "ranks 0 and 1 to find rank 2 gone", func() bool {
-		return knownAt(tc.ranks[0].Coord) == "" && knownAt(tc.ranks[1].Coord) == ""
+		return knownAt(tc.ranks[0].Coord, name) == "" && knownAt(tc.ranks[1].Coord, name) == ""
 	})
+}
+
+// TestMovedBack: a member moves from A to B, and its agent is started again at
+// A while the others know it at B through a move. memberlist's news of the
+// agent at A is not the old incarnation's: the others know it at A again, and
+// a window records every rank. The same of the leader: once it leads at A, its
+// successor leads in its place only after it dies there.
+func TestMovedBack(t *testing.T) {
+	for _, r := range []int{2, 0} {
+		t.Run(fmt.Sprintf("rank%d", r), func(t *testing.T) {
+			tc := startCluster(t, 3, slowReclaim)
+			testutil.Eventually(t, time.Minute, "rank 0 to lead", func() bool { return tc.ranks[0].Coord.IsLeader() })
+			a, b := 0, 1
+			if r == 0 {
+				a, b = 1, 2
+			}
+			was := restartElsewhere(t, tc, r, a, b, slowReclaim)
+			name := tc.ranks[r].Coord.Name()
+			tc.ranks[r].Coord.Shutdown()
+			tc.stops[r]()
+			_, p, _ := net.SplitHostPort(was)
+			port, _ := strconv.Atoi(p)
+			tc.startRank(r, 3, slowReclaim, func(c *Config, _ *rankagent.Config) { c.Memberlist.BindPort, c.Memberlist.AdvertisePort = port, port })
+			if got := tc.ranks[r].Coord.Addr(); got != was {
+				t.Skipf("rank %d was given %s, not its first address %s", r, got, was)
+			}
+			testutil.Eventually(t, time.Minute, "the others to know it at its first address again, and rank 0 to lead", func() bool {
+				return knownAt(tc.ranks[a].Coord, name) == was && knownAt(tc.ranks[b].Coord, name) == was &&
+					tc.ranks[0].Coord.IsLeader() && !tc.ranks[1].Coord.IsLeader()
+			})
+			c := tc.client()
+			res, err := c.Snapshot(testutil.Context(t, 2*time.Minute), 2, nil, nil)
+			if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Missing) != 0 {
+				t.Fatalf("a window asked after rank %d came back: %+v %v", r, res, err)
+			}
+			if r != 0 {
+				return
+			}
+			tc.ranks[0].Coord.Shutdown()
+			tc.stops[0]()
+			testutil.Eventually(t, time.Minute, "rank 1 to lead once rank 0 died at its first address", func() bool { return tc.ranks[1].Coord.IsLeader() })
+		})
+	}
+}
+
+// TestFailedReplyHoldsNothingUp: a reply that failed to the address its
+// request gave (an old incarnation's) does not mark the member down: messages
+// to it where it is go on. A failed message to the member does.
+func TestFailedReplyHoldsNothingUp(t *testing.T) {
+	o := newOutbox(&Coordinator{})
+	o.done(outMsg{to: "r/rank0", addr: "127.0.0.1:7000"}, true)
+	o.put(outMsg{to: "r/rank0", env: &pb.Envelope{}})
+	if o.queued != 1 {
+		t.Fatalf("a message after a failed reply: %d queued, want 1", o.queued)
+	}
+	o.put(outMsg{to: "r/rank0", addr: "127.0.0.1:7000", env: &pb.Envelope{}})
+	if o.queued != 1 {
+		t.Fatalf("a reply to the address that failed: %d queued, want it dropped", o.queued)
+	}
+	o.done(outMsg{to: "r/rank1"}, true)
+	o.put(outMsg{to: "r/rank1", env: &pb.Envelope{}})
+	if o.queued != 1 {
+		t.Fatalf("a message to a member whose send failed: %d queued, want it dropped", o.queued)
+	}
 }

@@ -181,10 +181,21 @@ func (m outMsg) dest() string {
 	return m.addr
 }
 
+// downKey is what a failed send marks down: the member, or for a reply the
+// member at the address its request gave (a reply to an old incarnation's
+// address that fails does not hold up messages to the member where it is).
+func (m outMsg) downKey() string {
+	if m.addr != "" {
+		return m.to + "@" + m.addr
+	}
+	return m.to
+}
+
 const (
 	outboxWorkers = 8
 	outboxQueue   = 1 << 14
 	downFor       = 2 * time.Second
+	maxDown       = 4096 // destinations marked down at once, at most
 )
 
 func newOutbox(c *Coordinator) *outbox {
@@ -209,9 +220,9 @@ func (o *outbox) start(ctx context.Context) {
 func (o *outbox) put(m outMsg) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	until, down := o.down[m.to]
+	until, down := o.down[m.downKey()]
 	if down && time.Now().After(until) {
-		delete(o.down, m.to)
+		delete(o.down, m.downKey())
 		down = false
 	}
 	if down && !m.reliable || o.closed {
@@ -259,13 +270,25 @@ func (o *outbox) next() (m outMsg, ok bool) {
 	return m, true
 }
 
-// done ends a worker's send to d: d's next message, if any, is ready.
-func (o *outbox) done(d string, failed bool) {
+// done ends a worker's send of m: its destination's next message, if any, is
+// ready.
+func (o *outbox) done(m outMsg, failed bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	d := m.dest()
 	delete(o.busy, d)
 	if failed {
-		o.down[d] = time.Now().Add(downFor)
+		now := time.Now()
+		if len(o.down) >= maxDown {
+			for k, until := range o.down { // (bounded: expired ones go)
+				if now.After(until) {
+					delete(o.down, k)
+				}
+			}
+		}
+		if len(o.down) < maxDown {
+			o.down[m.downKey()] = now.Add(downFor)
+		}
 	}
 	if len(o.queues[d]) > 0 {
 		o.ready = append(o.ready, d)
@@ -280,17 +303,17 @@ func (o *outbox) work() {
 			return
 		}
 		o.mu.Lock()
-		until, down := o.down[m.to]
+		until, down := o.down[m.downKey()]
 		o.mu.Unlock()
 		if down && time.Now().Before(until) {
-			o.done(m.dest(), false) // it failed a moment ago: do not wait on it again
+			o.done(m, false) // it failed a moment ago: do not wait on it again
 			continue
 		}
 		err := o.c.sendAddr(m.to, m.addr, m.env, m.reliable)
 		if err != nil {
-			o.c.log.Debug("could not send", "to", m.to, "err", err)
+			o.c.log.Debug("could not send", "to", m.to, "addr", m.addr, "err", err)
 		}
-		o.done(m.dest(), err != nil && err != ErrStopped && m.to != "")
+		o.done(m, err != nil && err != ErrStopped && m.to != "")
 	}
 }
 
