@@ -75,6 +75,7 @@ func (c *Coordinator) handle(env *pb.Envelope) {
 		c.pingSoonLocked(env.Sender)
 		c.mu.Unlock()
 	}
+	c.heardAt(env) // (a member started again at another address: moved.go)
 	if env.Seq != 0 && env.GetAck() != nil && c.rs.IncidentAck(env) {
 		return
 	}

@@ -2,12 +2,14 @@ package coordinator
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 
 	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/wire"
+	"github.com/memsnap/memsnap/internal/pb"
 )
 
 // A member's agent started again at another address (a restarted pod's new IP,
@@ -38,12 +40,16 @@ type moves struct {
 	checking map[string]bool      // names with a check (or a follow) in flight
 	last     map[string]time.Time // when each name was last checked
 	from     map[string]moved     // members moved, until the move ends
+	pulled   map[string]time.Time // when state was last exchanged to learn each name's address
+	pinged   atomic.Uint64        // pings of moved members at their new address (followMove)
 }
 
-// moved is the incarnation a member moved from: its news is passed over.
+// moved is a member's move: the incarnation it moved from, whose news is
+// passed over, and the address it moved to.
 type moved struct {
-	addr  string // its address
+	addr  string // the old incarnation's address
 	agent string // its agent's id ("" when its metadata did not say)
+	to    string // the new address
 }
 
 // moveCheckEvery is the least time between two checks of one name (each
@@ -58,10 +64,116 @@ var _ memberlist.ConflictDelegate = (*conflicts)(nil)
 
 // NotifyConflict is called under memberlist's lock: it only starts a check.
 func (d *conflicts) NotifyConflict(existing, other *memberlist.Node) {
-	if existing == nil || other == nil || other.Name == d.c.name || existing.Name != other.Name {
-		return // (this member's own old incarnation: the others check)
+	if existing == nil || other == nil || existing.Name != other.Name {
+		return
+	}
+	if other.Name == d.c.name {
+		d.c.announceMove() // (news of this member's old incarnation: the others have it)
+		return
 	}
 	d.c.checkMove(*existing, *other)
+}
+
+// pullEvery is the least time between two state exchanges to learn one
+// member's address.
+const pullEvery = 5 * time.Second
+
+// announceMove tells the members that most need this member's address that
+// the cluster holds its name at another (this agent started again elsewhere):
+// it exchanges state (memberlist's push-pull) with them, which brings them
+// this address's news in conflict, and so their check (checkMove). A leader's
+// are the members that watch it (its successor, and the first member after it
+// on another host); any other member's, the leader.
+func (c *Coordinator) announceMove() {
+	c.mu.Lock()
+	var to []string
+	if c.leaderName == c.name {
+		to = c.watchersLocked()
+	} else if c.leaderName != "" {
+		to = []string{c.leaderName}
+	}
+	addrs := make(map[string]string, len(to))
+	for _, n := range to {
+		if m := c.members[n]; m != nil {
+			addrs[n] = m.node.Address()
+		}
+	}
+	c.mu.Unlock()
+	for n, a := range addrs {
+		c.pushPull(n, a)
+	}
+}
+
+// watchersLocked is this member's successor and, when that shares this
+// member's host, the first rank member after it on another host.
+func (c *Coordinator) watchersLocked() []string {
+	me := c.members[c.name]
+	next := c.successorPastLocked(c.name, nil)
+	if me == nil || next == "" {
+		return nil
+	}
+	out := []string{next}
+	if !c.members[next].node.Addr.Equal(me.node.Addr) {
+		return out
+	}
+	off := ""
+	for n, m := range c.members {
+		if m.meta.Rank < 0 || m.node.Addr.Equal(me.node.Addr) || before(m.meta.Rank, n, me.meta.Rank, c.name) {
+			continue
+		}
+		if off == "" || before(m.meta.Rank, n, c.members[off].meta.Rank, off) {
+			off = n
+		}
+	}
+	if off != "" {
+		out = append(out, off)
+	}
+	return out
+}
+
+// heardAt takes the address a rank member's message says it listens at: when
+// this member knows it (or holds it silent) at another, it exchanges state with
+// that address, which brings the news of the address in conflict, and so its
+// check (checkMove). (A member the conflict's gossip did not reach learns of a
+// move so.)
+func (c *Coordinator) heardAt(env *pb.Envelope) {
+	if env.ReplyAddr == "" || env.SenderRank < 0 || env.Sender == c.name || env.Sender != NodeName(c.cfg.Identity.RunName, int(env.SenderRank)) {
+		return
+	}
+	c.mu.Lock()
+	known := ""
+	if m := c.members[env.Sender]; m != nil {
+		known = m.node.Address()
+	} else if s := c.silent[env.Sender]; s != nil && s.m.node != nil {
+		known = s.m.node.Address()
+	}
+	c.mu.Unlock()
+	if known != "" && known != env.ReplyAddr {
+		c.pushPull(env.Sender, env.ReplyAddr)
+	}
+}
+
+// pushPull exchanges state with addr (memberlist's join), at most once per
+// pullEvery for name.
+func (c *Coordinator) pushPull(name, addr string) {
+	mv := &c.moves
+	now := time.Now()
+	mv.mu.Lock()
+	if now.Sub(mv.pulled[name]) < pullEvery {
+		mv.mu.Unlock()
+		return
+	}
+	if mv.pulled == nil || len(mv.pulled) >= maxSeenAddrs {
+		mv.pulled = map[string]time.Time{}
+	}
+	mv.pulled[name] = now
+	mv.mu.Unlock()
+	c.spawn(func() {
+		if ml := c.memberlist(); ml != nil {
+			_, err := ml.Join([]string{addr})
+			c.log.Debug("exchanged state to learn a member's address", "name", name, "addr", addr, "err", err)
+		}
+	})
 }
 
 // agentOf is the agent id n's metadata gives ("" when it does not read).
@@ -92,12 +204,13 @@ func (c *Coordinator) checkMove(existing, other memberlist.Node) {
 		mv.last = map[string]time.Time{}
 	}
 	mv.last[name] = now
-	if _, ok := mv.from[name]; ok {
-		mv.mu.Unlock()
-		if c.knownAt(name, other.Address()) {
+	if rec, ok := mv.from[name]; ok {
+		if rec.to == other.Address() {
+			mv.mu.Unlock()
 			c.memberNews(&other, false) // (the moved member's news: its term, its agent)
+			return
 		}
-		return
+		delete(mv.from, name) // (it moved on: checked anew)
 	}
 	if mv.checking[name] || len(mv.from) >= maxSeenAddrs {
 		mv.mu.Unlock()
@@ -122,7 +235,7 @@ func (c *Coordinator) checkMove(existing, other memberlist.Node) {
 		if mv.from == nil {
 			mv.from = map[string]moved{}
 		}
-		mv.from[name] = moved{addr: existing.Address(), agent: agentOf(&existing)}
+		mv.from[name] = moved{addr: existing.Address(), agent: agentOf(&existing), to: other.Address()}
 		mv.mu.Unlock()
 		c.log.Info("a member started again at another address: known there now", "moved", name,
 			"addr", other.Address(), "old_addr", existing.Address())
@@ -136,19 +249,11 @@ func (c *Coordinator) checkMove(existing, other memberlist.Node) {
 	}
 }
 
-// knownAt reports whether this member knows name at addr.
-func (c *Coordinator) knownAt(name, addr string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	m := c.members[name]
-	return m != nil && m.node.Address() == addr
-}
-
 // followMove pings a moved member at its new address every moveCheckEvery
-// while the move lasts. One that answers none of these pings for memberlist's
-// suspicion timeout has gone from there: the move ends, and this member takes
-// memberlist's view of the name (gone, or where memberlist has it), which it
-// passed over meanwhile.
+// while the move lasts (held silent or not). One that answers none of these
+// pings for memberlist's suspicion timeout has gone from there: the move ends,
+// and the member is gone (memberlist's news of any other incarnation of it, an
+// agent started again at the old address, would have ended the move first).
 func (c *Coordinator) followMove(n memberlist.Node) {
 	t := time.NewTicker(moveCheckEvery)
 	defer t.Stop()
@@ -157,6 +262,7 @@ func (c *Coordinator) followMove(n memberlist.Node) {
 		if c.stopped() || !c.stillMoved(n) {
 			return
 		}
+		c.moves.pinged.Add(1)
 		if c.ping(n) {
 			heard = time.Now()
 			continue
@@ -164,51 +270,34 @@ func (c *Coordinator) followMove(n memberlist.Node) {
 		if time.Since(heard) < c.moveSilence() {
 			continue
 		}
-		if !c.endMove(n.Name) {
-			return // (ended meanwhile by memberlist's news)
+		if !c.endMove(n) {
+			return // (ended meanwhile by memberlist's news, or moved on)
 		}
-		c.log.Warn("a member started again at another address answers no ping there: taking memberlist's view of it", "moved", n.Name,
+		c.log.Warn("a member started again at another address answers no ping there: gone", "moved", n.Name,
 			"addr", n.Address(), "silent_for", time.Since(heard).Round(time.Millisecond))
-		if now := c.memberlistNode(n.Name); now != nil && now.Address() != n.Address() {
-			c.memberNews(now, false) // (memberlist news of it that was passed over)
-		} else {
-			c.memberNews(&n, true)
-		}
+		c.memberNews(&n, true)
 		return
 	}
 }
 
-// stillMoved reports whether the move to n lasts, and this member still knows
-// the member at n.
+// stillMoved reports whether n's member's move to n lasts.
 func (c *Coordinator) stillMoved(n memberlist.Node) bool {
 	c.moves.mu.Lock()
-	_, ok := c.moves.from[n.Name]
-	c.moves.mu.Unlock()
-	return ok && c.knownAt(n.Name, n.Address())
+	defer c.moves.mu.Unlock()
+	rec, ok := c.moves.from[n.Name]
+	return ok && rec.to == n.Address()
 }
 
-// endMove ends name's move; false when there was none.
-func (c *Coordinator) endMove(name string) bool {
+// endMove ends the move to n; false when there is none.
+func (c *Coordinator) endMove(n memberlist.Node) bool {
 	c.moves.mu.Lock()
 	defer c.moves.mu.Unlock()
-	_, ok := c.moves.from[name]
-	delete(c.moves.from, name)
-	return ok
-}
-
-// memberlistNode is memberlist's live node of name (nil: none).
-func (c *Coordinator) memberlistNode(name string) *memberlist.Node {
-	ml := c.memberlist()
-	if ml == nil {
-		return nil
+	rec, ok := c.moves.from[n.Name]
+	if !ok || rec.to != n.Address() {
+		return false
 	}
-	for _, n := range ml.Members() {
-		if n.Name == name {
-			nn := *n
-			return &nn
-		}
-	}
-	return nil
+	delete(c.moves.from, n.Name)
+	return true
 }
 
 // moveSilence is how long a moved member may answer no ping before it is gone:

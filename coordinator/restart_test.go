@@ -163,7 +163,80 @@ func restartElsewhere(t *testing.T, tc *testCluster, r, a, b int, opts ...cluste
 
 // slowReclaim keeps memberlist from giving a name a new address for an hour:
 // the members know a restarted one there only through a move.
-func slowReclaim(c *Config, _ *rankagent.Config) { c.Memberlist.DeadNodeReclaimTime = time.Hour }
+func slowReclaim(c *Config, _ *rankagent.Config) {
+	c.Memberlist.DeadNodeReclaimTime, c.Memberlist.GossipToTheDeadTime = time.Hour, time.Hour
+}
+
+// movesOf is c's members moved (name -> the move).
+func movesOf(c *Coordinator) map[string]moved {
+	c.moves.mu.Lock()
+	defer c.moves.mu.Unlock()
+	out := map[string]moved{}
+	for k, v := range c.moves.from {
+		out[k] = v
+	}
+	return out
+}
+
+// TestHeldMovedMemberDies: a member known at its new address through a move
+// is held silent for a moment (as a member of its leader's host is, with the
+// leader, on a blip) and heard from again; then it dies at its new address.
+// The pings of the move went on while it was held: it is found gone.
+func TestHeldMovedMemberDies(t *testing.T) {
+	p := &partition{group: map[string]int{}}
+	cut := func(c *Config, _ *rankagent.Config) {
+		g := 0
+		if c.Identity.Rank == 2 {
+			g = 1
+		}
+		c.Memberlist.Transport = newCutTransport(t, p, g)
+	}
+	tc := startCluster(t, 3, slowReclaim, cut)
+	restartElsewhere(t, tc, 2, 0, 1, slowReclaim, cut)
+	name, b := tc.ranks[2].Coord.Name(), tc.ranks[2].Coord.Addr()
+	c0 := tc.ranks[0].Coord
+	setCut := func(on bool) { p.mu.Lock(); p.cut = on; p.mu.Unlock() }
+	setCut(true)
+	if !c0.hold(name, false, "r/blip") {
+		t.Fatal("rank 2 not held")
+	}
+	pinged := c0.moves.pinged.Load()
+	testutil.Eventually(t, time.Minute, "rank 0 to ping rank 2 at its new address while it holds it", func() bool { return c0.moves.pinged.Load() > pinged })
+	setCut(false)
+	testutil.Eventually(t, time.Minute, "rank 0 to hear rank 2 at its new address again", func() bool { return knownAt(c0, name) == b })
+	tc.ranks[2].Coord.Shutdown()
+	tc.stops[2]()
+	testutil.Eventually(t, time.Minute, "rank 0 to find rank 2 gone", func() bool { return knownAt(c0, name) == "" && !c0.holds(name) })
+}
+
+// TestLeaderMovedTwice: the leader moves from A to B, dies there (its
+// successor holds it silent and leads), and is started again at a third
+// address C. The move to B ends once B is silent, and the others know the
+// leader at C as they knew it at B: it leads again, and its successor does not.
+func TestLeaderMovedTwice(t *testing.T) {
+	fast := func(c *Config, _ *rankagent.Config) { c.LeaderProbe, c.LeaderSilence = 100*time.Millisecond, 400*time.Millisecond }
+	tc := startCluster(t, 3, slowReclaim, fast)
+	testutil.Eventually(t, time.Minute, "rank 0 to lead", func() bool { return tc.ranks[0].Coord.IsLeader() })
+	restartElsewhere(t, tc, 0, 1, 2, slowReclaim, fast)
+	name, b := tc.ranks[0].Coord.Name(), tc.ranks[0].Coord.Addr()
+	testutil.Eventually(t, time.Minute, "rank 0 to lead at B, heard there by its successor", func() bool {
+		return tc.ranks[0].Coord.IsLeader() && !tc.ranks[1].Coord.IsLeader() && tc.ranks[1].Coord.watch.heardIn(name)
+	})
+	tc.ranks[0].Coord.Shutdown()
+	tc.stops[0]()
+	testutil.Eventually(t, time.Minute, "ranks 1 and 2 to end the move to B and rank 1 to lead", func() bool {
+		return len(movesOf(tc.ranks[1].Coord)) == 0 && len(movesOf(tc.ranks[2].Coord)) == 0 && tc.ranks[1].Coord.IsLeader()
+	})
+	tc.startRank(0, 3, slowReclaim, fast)
+	c := tc.ranks[0].Coord.Addr()
+	if c == b {
+		t.Skipf("rank 0 was given B (%s) again", b)
+	}
+	testutil.Eventually(t, time.Minute, "ranks 1 and 2 to know rank 0 at C, and rank 0 alone to lead", func() bool {
+		return knownAt(tc.ranks[1].Coord, name) == c && knownAt(tc.ranks[2].Coord, name) == c &&
+			tc.ranks[0].Coord.IsLeader() && !tc.ranks[1].Coord.IsLeader()
+	})
+}
 
 // TestMovedMemberDies: a member started again at another address, known there
 // by the others through a move, then dies there. memberlist, which holds the
@@ -241,5 +314,56 @@ func TestFailedReplyHoldsNothingUp(t *testing.T) {
 	o.put(outMsg{to: "r/rank1", env: &pb.Envelope{}})
 	if o.queued != 1 {
 		t.Fatalf("a message to a member whose send failed: %d queued, want it dropped", o.queued)
+	}
+}
+
+// TestWatchers: the members a leader started again elsewhere tells first are
+// its successor and, when that shares its host, the first member after it on
+// another host.
+func TestWatchers(t *testing.T) {
+	c := &Coordinator{name: "r/rank0", members: map[string]*member{}}
+	add := func(rank int32, ip string) {
+		name := fmt.Sprintf("r/rank%d", rank)
+		c.members[name] = &member{node: &memberlist.Node{Name: name, Addr: net.ParseIP(ip)}, meta: &pb.NodeMeta{Rank: rank}}
+	}
+	add(0, "10.0.0.1")
+	add(1, "10.0.0.1")
+	add(2, "10.0.0.1")
+	add(3, "10.0.0.2")
+	add(4, "10.0.0.2")
+	if w := c.watchersLocked(); fmt.Sprint(w) != "[r/rank1 r/rank3]" {
+		t.Fatalf("watchers of rank 0 %v, want [r/rank1 r/rank3]", w)
+	}
+	c.name = "r/rank2"
+	if w := c.watchersLocked(); fmt.Sprint(w) != "[r/rank3]" {
+		t.Fatalf("watchers of rank 2 %v, want [r/rank3]", w)
+	}
+}
+
+// TestHeardAt: a rank member's message naming another address than the one
+// this member knows it at brings a state exchange with that address (once per
+// pullEvery); one naming the known address, or from a name not its rank's,
+// none.
+func TestHeardAt(t *testing.T) {
+	c := &Coordinator{name: "r/rank1", members: map[string]*member{}}
+	c.cfg.Identity.RunName = "r"
+	c.members["r/rank0"] = &member{node: &memberlist.Node{Name: "r/rank0", Addr: net.ParseIP("127.0.0.1"), Port: 7000}, meta: &pb.NodeMeta{Rank: 0}}
+	pulled := func() bool {
+		c.moves.mu.Lock()
+		defer c.moves.mu.Unlock()
+		_, ok := c.moves.pulled["r/rank0"]
+		return ok
+	}
+	for _, env := range []*pb.Envelope{
+		{Sender: "r/rank0", SenderRank: 0, ReplyAddr: "127.0.0.1:7000"},
+		{Sender: "r/rank0", SenderRank: 1, ReplyAddr: "127.0.0.1:7100"},
+		{Sender: "r/rank0", SenderRank: 0},
+	} {
+		if c.heardAt(env); pulled() {
+			t.Fatalf("a state exchange for %+v", env)
+		}
+	}
+	if c.heardAt(&pb.Envelope{Sender: "r/rank0", SenderRank: 0, ReplyAddr: "127.0.0.1:7100"}); !pulled() {
+		t.Fatal("no state exchange with a new address")
 	}
 }
