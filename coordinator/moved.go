@@ -157,17 +157,12 @@ func (c *Coordinator) heardAt(env *pb.Envelope) {
 // pullEvery for name.
 func (c *Coordinator) pushPull(name, addr string) {
 	mv := &c.moves
-	now := time.Now()
 	mv.mu.Lock()
-	if now.Sub(mv.pulled[name]) < pullEvery {
-		mv.mu.Unlock()
+	due := dueLocked(&mv.pulled, name, pullEvery)
+	mv.mu.Unlock()
+	if !due {
 		return
 	}
-	if mv.pulled == nil || len(mv.pulled) >= maxSeenAddrs {
-		mv.pulled = map[string]time.Time{}
-	}
-	mv.pulled[name] = now
-	mv.mu.Unlock()
 	c.spawn(func() {
 		if ml := c.memberlist(); ml != nil {
 			_, err := ml.Join([]string{addr})
@@ -194,16 +189,11 @@ func (c *Coordinator) checkMove(existing, other memberlist.Node) {
 	}
 	mv := &c.moves
 	name := other.Name
-	now := time.Now()
 	mv.mu.Lock()
-	if now.Sub(mv.last[name]) < moveCheckEvery {
+	if !dueLocked(&mv.last, name, moveCheckEvery) {
 		mv.mu.Unlock()
 		return
 	}
-	if mv.last == nil || len(mv.last) >= maxSeenAddrs {
-		mv.last = map[string]time.Time{}
-	}
-	mv.last[name] = now
 	if rec, ok := mv.from[name]; ok {
 		if rec.to == other.Address() {
 			mv.mu.Unlock()
@@ -328,4 +318,19 @@ func (c *Coordinator) movedNews(n *memberlist.Node) bool {
 	}
 	delete(mv.from, n.Name)
 	return false
+}
+
+// dueLocked reports whether every has passed since name's time in *times, and
+// if so sets it to now (moves.mu held; the map is bounded by maxSeenAddrs,
+// emptied when full).
+func dueLocked(times *map[string]time.Time, name string, every time.Duration) bool {
+	now := time.Now()
+	if now.Sub((*times)[name]) < every {
+		return false
+	}
+	if *times == nil || len(*times) >= maxSeenAddrs {
+		*times = map[string]time.Time{}
+	}
+	(*times)[name] = now
+	return true
 }

@@ -214,7 +214,9 @@ func TestHeldMovedMemberDies(t *testing.T) {
 // address C. The move to B ends once B is silent, and the others know the
 // leader at C as they knew it at B: it leads again, and its successor does not.
 func TestLeaderMovedTwice(t *testing.T) {
-	fast := func(c *Config, _ *rankagent.Config) { c.LeaderProbe, c.LeaderSilence = 100*time.Millisecond, 400*time.Millisecond }
+	fast := func(c *Config, _ *rankagent.Config) {
+		c.LeaderProbe, c.LeaderSilence = 100*time.Millisecond, 400*time.Millisecond
+	}
 	tc := startCluster(t, 3, slowReclaim, fast)
 	testutil.Eventually(t, time.Minute, "rank 0 to lead", func() bool { return tc.ranks[0].Coord.IsLeader() })
 	restartElsewhere(t, tc, 0, 1, 2, slowReclaim, fast)
@@ -322,15 +324,9 @@ func TestFailedReplyHoldsNothingUp(t *testing.T) {
 // another host.
 func TestWatchers(t *testing.T) {
 	c := &Coordinator{name: "r/rank0", members: map[string]*member{}}
-	add := func(rank int32, ip string) {
-		name := fmt.Sprintf("r/rank%d", rank)
-		c.members[name] = &member{node: &memberlist.Node{Name: name, Addr: net.ParseIP(ip)}, meta: &pb.NodeMeta{Rank: rank}}
+	for r, ip := range []string{"10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"} {
+		addRankAt(c, int32(r), ip)
 	}
-	add(0, "10.0.0.1")
-	add(1, "10.0.0.1")
-	add(2, "10.0.0.1")
-	add(3, "10.0.0.2")
-	add(4, "10.0.0.2")
 	if w := c.watchersLocked(); fmt.Sprint(w) != "[r/rank1 r/rank3]" {
 		t.Fatalf("watchers of rank 0 %v, want [r/rank1 r/rank3]", w)
 	}

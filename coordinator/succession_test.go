@@ -201,14 +201,9 @@ func TestHostDiesWithItsLeader(t *testing.T) {
 // when the successor shares the leader's host, naming the ranks between.
 func TestOffHost(t *testing.T) {
 	c := &Coordinator{name: "r/rank2", members: map[string]*member{}}
-	add := func(rank int32, ip string) {
-		name := fmt.Sprintf("r/rank%d", rank)
-		c.members[name] = &member{node: &memberlist.Node{Name: name, Addr: net.ParseIP(ip)}, meta: &pb.NodeMeta{Rank: rank}}
+	for r, ip := range []string{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"} {
+		addRankAt(c, int32(r), ip)
 	}
-	add(0, "10.0.0.1")
-	add(1, "10.0.0.1")
-	add(2, "10.0.0.2")
-	add(3, "10.0.0.2")
 	if ahead, mine := c.offHostLocked("r/rank0"); !mine || fmt.Sprint(ahead) != "[r/rank1]" {
 		t.Fatalf("rank 2 after rank 0's host: %v %v", ahead, mine)
 	}
@@ -429,4 +424,10 @@ func TestStaleVerdictIsPinged(t *testing.T) {
 	if !c.mayLead(rank0) {
 		t.Fatal("rank 1 does not lead in place of a leader that answers no ping")
 	}
+}
+
+// addRankAt makes rank a member of c (of run "r") at ip.
+func addRankAt(c *Coordinator, rank int32, ip string) {
+	name := fmt.Sprintf("r/rank%d", rank)
+	c.members[name] = &member{node: &memberlist.Node{Name: name, Addr: net.ParseIP(ip)}, meta: &pb.NodeMeta{Rank: rank}}
 }
