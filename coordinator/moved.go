@@ -1,6 +1,9 @@
 package coordinator
 
 import (
+	"math/rand/v2"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +45,8 @@ type moves struct {
 	from     map[string]moved     // members moved, until the move ends
 	pulled   map[string]time.Time // when state was last exchanged to learn each name's address
 	pinged   atomic.Uint64        // pings of moved members at their new address (followMove)
+	gen      uint64               // moves made
+	inFlight bool                 // a state exchange (pushPull) under way
 }
 
 // moved is a member's move: the incarnation it moved from, whose news is
@@ -50,6 +55,7 @@ type moved struct {
 	addr  string // the old incarnation's address
 	agent string // its agent's id ("" when its metadata did not say)
 	to    string // the new address
+	gen   uint64 // which move of the member (its follow ends when another replaces it)
 }
 
 // moveCheckEvery is the least time between two checks of one name (each
@@ -146,6 +152,8 @@ func (c *Coordinator) heardAt(env *pb.Envelope) {
 		known = m.node.Address()
 	} else if s := c.silent[env.Sender]; s != nil && s.m.node != nil {
 		known = s.m.node.Address()
+	} else {
+		known = c.seenAddrs[env.Sender] // (one memberlist took away: its old address dead)
 	}
 	c.mu.Unlock()
 	if known != "" && known != env.ReplyAddr {
@@ -154,22 +162,35 @@ func (c *Coordinator) heardAt(env *pb.Envelope) {
 }
 
 // pushPull exchanges state with addr (memberlist's join), at most once per
-// pullEvery for name.
+// pullEvery for name and one at a time, after a random wait of up to
+// pullSpread: the members a restarted leader's first message reaches all at
+// once do not all exchange state with it at once.
 func (c *Coordinator) pushPull(name, addr string) {
 	mv := &c.moves
 	mv.mu.Lock()
-	due := dueLocked(&mv.pulled, name, pullEvery)
+	due := !mv.inFlight && dueLocked(&mv.pulled, name, pullEvery)
+	mv.inFlight = mv.inFlight || due
 	mv.mu.Unlock()
 	if !due {
 		return
 	}
-	c.spawn(func() {
-		if ml := c.memberlist(); ml != nil {
+	started := c.spawn(func() {
+		defer func() { mv.mu.Lock(); mv.inFlight = false; mv.mu.Unlock() }()
+		time.Sleep(rand.N(pullSpread))
+		if ml := c.memberlist(); ml != nil && !c.stopped() {
 			_, err := ml.Join([]string{addr})
 			c.log.Debug("exchanged state to learn a member's address", "name", name, "addr", addr, "err", err)
 		}
 	})
+	if !started {
+		mv.mu.Lock()
+		mv.inFlight = false
+		mv.mu.Unlock()
+	}
 }
+
+// pullSpread is the most a state exchange of pushPull waits before it starts.
+const pullSpread = time.Second
 
 // agentOf is the agent id n's metadata gives ("" when it does not read).
 func agentOf(n *memberlist.Node) string {
@@ -194,15 +215,13 @@ func (c *Coordinator) checkMove(existing, other memberlist.Node) {
 		mv.mu.Unlock()
 		return
 	}
-	if rec, ok := mv.from[name]; ok {
-		if rec.to == other.Address() {
-			mv.mu.Unlock()
-			c.memberNews(&other, false) // (the moved member's news: its term, its agent)
-			return
-		}
-		delete(mv.from, name) // (it moved on: checked anew)
+	rec, moving := mv.from[name]
+	if moving && rec.to == other.Address() {
+		mv.mu.Unlock()
+		c.memberNews(&other, false) // (the moved member's news: its term, its agent)
+		return
 	}
-	if mv.checking[name] || len(mv.from) >= maxSeenAddrs {
+	if mv.checking[name] || !moving && len(mv.from) >= maxSeenAddrs {
 		mv.mu.Unlock()
 		return
 	}
@@ -211,26 +230,37 @@ func (c *Coordinator) checkMove(existing, other memberlist.Node) {
 	}
 	mv.checking[name] = true
 	mv.mu.Unlock()
+	// where the member is as this member knows it: memberlist's address, or
+	// the one it moved to (a third address: checked the same way)
+	cur := existing
+	if moving {
+		cur = other
+		cur.Addr, cur.Port = nil, 0
+		if h, p, err := net.SplitHostPort(rec.to); err == nil {
+			port, _ := strconv.Atoi(p)
+			cur.Addr, cur.Port = net.ParseIP(h), uint16(port)
+		}
+	}
 	started := c.spawn(func() {
-		defer func() { mv.mu.Lock(); delete(mv.checking, name); mv.mu.Unlock() }()
-		if !c.ping(other) {
-			return
-		}
-		if c.pingTwice(existing) {
-			c.log.Warn("two agents answer under one member name, at two addresses: memberlist keeps the first",
-				"name", name, "addr", existing.Address(), "other_addr", other.Address())
-			return
-		}
+		ok := c.checkedMove(cur, other)
 		mv.mu.Lock()
-		if mv.from == nil {
-			mv.from = map[string]moved{}
+		delete(mv.checking, name)
+		if ok {
+			if mv.from == nil {
+				mv.from = map[string]moved{}
+			}
+			mv.gen++
+			rec = moved{addr: existing.Address(), agent: agentOf(&existing), to: other.Address(), gen: mv.gen}
+			mv.from[name] = rec
 		}
-		mv.from[name] = moved{addr: existing.Address(), agent: agentOf(&existing), to: other.Address()}
 		mv.mu.Unlock()
+		if !ok {
+			return
+		}
 		c.log.Info("a member started again at another address: known there now", "moved", name,
-			"addr", other.Address(), "old_addr", existing.Address())
+			"addr", other.Address(), "old_addr", cur.Address())
 		c.memberNews(&other, false)
-		c.followMove(other)
+		c.followMove(other, rec.gen)
 	})
 	if !started {
 		mv.mu.Lock()
@@ -239,17 +269,31 @@ func (c *Coordinator) checkMove(existing, other memberlist.Node) {
 	}
 }
 
+// checkedMove reports whether the member moved from cur to other: other
+// answers a ping under its name, and cur neither of two.
+func (c *Coordinator) checkedMove(cur, other memberlist.Node) bool {
+	if cur.Addr == nil || !c.ping(other) {
+		return false
+	}
+	if c.pingTwice(cur) {
+		c.log.Warn("two agents answer under one member name, at two addresses: this member keeps the first",
+			"name", other.Name, "addr", cur.Address(), "other_addr", other.Address())
+		return false
+	}
+	return true
+}
+
 // followMove pings a moved member at its new address every moveCheckEvery
 // while the move lasts (held silent or not). One that answers none of these
 // pings for memberlist's suspicion timeout has gone from there: the move ends,
 // and the member is gone (memberlist's news of any other incarnation of it, an
 // agent started again at the old address, would have ended the move first).
-func (c *Coordinator) followMove(n memberlist.Node) {
+func (c *Coordinator) followMove(n memberlist.Node, gen uint64) {
 	t := time.NewTicker(moveCheckEvery)
 	defer t.Stop()
 	heard := time.Now()
 	for range t.C {
-		if c.stopped() || !c.stillMoved(n) {
+		if c.stopped() || !c.stillMoved(n, gen) {
 			return
 		}
 		c.moves.pinged.Add(1)
@@ -260,7 +304,7 @@ func (c *Coordinator) followMove(n memberlist.Node) {
 		if time.Since(heard) < c.moveSilence() {
 			continue
 		}
-		if !c.endMove(n) {
+		if !c.endMove(n, gen) {
 			return // (ended meanwhile by memberlist's news, or moved on)
 		}
 		c.log.Warn("a member started again at another address answers no ping there: gone", "moved", n.Name,
@@ -270,20 +314,20 @@ func (c *Coordinator) followMove(n memberlist.Node) {
 	}
 }
 
-// stillMoved reports whether n's member's move to n lasts.
-func (c *Coordinator) stillMoved(n memberlist.Node) bool {
+// stillMoved reports whether n's member's move gen lasts.
+func (c *Coordinator) stillMoved(n memberlist.Node, gen uint64) bool {
 	c.moves.mu.Lock()
 	defer c.moves.mu.Unlock()
 	rec, ok := c.moves.from[n.Name]
-	return ok && rec.to == n.Address()
+	return ok && rec.gen == gen
 }
 
-// endMove ends the move to n; false when there is none.
-func (c *Coordinator) endMove(n memberlist.Node) bool {
+// endMove ends n's member's move gen; false when it has ended.
+func (c *Coordinator) endMove(n memberlist.Node, gen uint64) bool {
 	c.moves.mu.Lock()
 	defer c.moves.mu.Unlock()
 	rec, ok := c.moves.from[n.Name]
-	if !ok || rec.to != n.Address() {
+	if !ok || rec.gen != gen {
 		return false
 	}
 	delete(c.moves.from, n.Name)

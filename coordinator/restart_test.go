@@ -362,4 +362,49 @@ func TestHeardAt(t *testing.T) {
 	if c.heardAt(&pb.Envelope{Sender: "r/rank0", SenderRank: 0, ReplyAddr: "127.0.0.1:7100"}); !pulled() {
 		t.Fatal("no state exchange with a new address")
 	}
+	// and of a rank memberlist took away (its old address dead): known by the
+	// address it was last seen at
+	c.members, c.seenAddrs = map[string]*member{}, map[string]string{"r/rank2": "127.0.0.1:7200"}
+	c.wg.Wait()
+	c.moves.inFlight = false
+	if c.heardAt(&pb.Envelope{Sender: "r/rank2", SenderRank: 2, ReplyAddr: "127.0.0.1:7300"}); !func() bool {
+		c.moves.mu.Lock()
+		defer c.moves.mu.Unlock()
+		_, ok := c.moves.pulled["r/rank2"]
+		return ok
+	}() {
+		t.Fatal("no state exchange for a rank taken away that speaks from a new address")
+	}
+}
+
+// TestStaleNewsKeepsTheMove: a member moved twice (X, Y, then Z); late news of
+// Y reaches a member that knows it at Z (a conflict with memberlist's X). Y
+// answers no ping: the move to Z stands, and once the member dies at Z it is
+// found gone.
+func TestStaleNewsKeepsTheMove(t *testing.T) {
+	tc := startCluster(t, 3, slowReclaim)
+	name, c0 := tc.ranks[2].Coord.Name(), tc.ranks[0].Coord
+	x := restartElsewhere(t, tc, 2, 0, 1, slowReclaim)
+	y := *c0.node(name) // (Y as rank 0 knows it, its metadata with it)
+	restartElsewhere(t, tc, 2, 0, 1, slowReclaim)
+	z := tc.ranks[2].Coord.Addr()
+	testutil.Eventually(t, time.Minute, "rank 0 to follow the move to Z", func() bool { return movesOf(c0)[name].to == z })
+	h, p, _ := net.SplitHostPort(x)
+	port, _ := strconv.Atoi(p)
+	existing := memberlist.Node{Name: name, Addr: net.ParseIP(h), Port: uint16(port), Meta: y.Meta}
+	c0.moves.mu.Lock()
+	delete(c0.moves.last, name) // (a check is due)
+	c0.moves.mu.Unlock()
+	(&conflicts{c0}).NotifyConflict(&existing, &y) // (as memberlist calls it)
+	testutil.Eventually(t, time.Minute, "rank 0's check of Y to end", func() bool {
+		c0.moves.mu.Lock()
+		defer c0.moves.mu.Unlock()
+		return !c0.moves.checking[name]
+	})
+	if m := movesOf(c0)[name]; m.to != z || knownAt(c0, name) != z {
+		t.Fatalf("after stale news of Y: rank 0's move %+v, knows rank 2 at %q; want Z %s", m, knownAt(c0, name), z)
+	}
+	tc.ranks[2].Coord.Shutdown()
+	tc.stops[2]()
+	testutil.Eventually(t, time.Minute, "rank 0 to find rank 2 gone", func() bool { return knownAt(c0, name) == "" && !c0.holds(name) })
 }
