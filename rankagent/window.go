@@ -262,10 +262,7 @@ func (a *Agent) takeSnapshot(m *Message, armed *Window, samples []sidecar.Memory
 // in incoming/ before, taken again: named by the batch it was first taken at, its
 // OOM not told again, its window not missed twice.
 func (a *Agent) take(m *Message, armed *Window, samples []sidecar.MemorySample, adopted bool, retake *heldSnapshot) {
-	defer a.doneTaking(m.File)
-	if retake != nil {
-		defer a.dropHeld(m.File, retake)
-	}
+	defer a.doneTaking(m.File, retake)
 	src, err := a.sp.incomingFile(m.File)
 	if err != nil {
 		a.log.Error("could not spool the trainer's snapshot", "file", m.File, "err", err)
@@ -354,21 +351,16 @@ func crashCovers(m *Message) []int64 {
 	return []int64{max(m.Start, 0), max(m.Start, 0)}
 }
 
-// dropHeld forgets the held snapshot h of file once its take again ended,
-// unless that take held it anew (holdForRoom puts a new entry).
-func (a *Agent) dropHeld(file string, h *heldSnapshot) {
-	a.mu.Lock()
-	if cur, ok := a.held[file]; ok && cur.msg == h.msg {
-		delete(a.held, file)
-	}
-	a.mu.Unlock()
-}
-
-// doneTaking ends a take of file: the agent no longer works on it.
-func (a *Agent) doneTaking(file string) {
+// doneTaking ends a take of file: the agent no longer works on it. A take
+// again of a held snapshot (retake) forgets it, unless that take held it anew
+// (holdForRoom puts a new entry).
+func (a *Agent) doneTaking(file string, retake *heldSnapshot) {
 	a.mu.Lock()
 	a.working--
 	delete(a.taking, file)
+	if cur, ok := a.held[file]; ok && retake != nil && cur.msg == retake.msg {
+		delete(a.held, file)
+	}
 	a.mu.Unlock()
 }
 
