@@ -113,6 +113,7 @@ type Coordinator struct {
 	leaderSig  chan struct{}      // the leader changed (for the clock loop)
 	joined     bool               // joined the cluster (or had no one to join)
 	stopRun    context.CancelFunc // ends Run's context, for Shutdown
+	runDone    <-chan struct{}    // Run's context's Done (nil before Run)
 	began      time.Time          // when Run started: agents of one job join within JoinGrace of each other
 	down       chan struct{}      // closed once the first Shutdown is done
 	wg         sync.WaitGroup
@@ -190,7 +191,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.began = time.Now()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c.stopRun = cancel
+	c.stopRun, c.runDone = cancel, ctx.Done()
 	c.mu.Unlock()
 	defer c.Shutdown()
 	if err := c.start(); err != nil {

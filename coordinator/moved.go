@@ -47,6 +47,7 @@ type moves struct {
 	pinged   atomic.Uint64        // pings of moved members at their new address (followMove)
 	gen      uint64               // moves made
 	inFlight bool                 // a state exchange (pushPull) under way
+	announce bool                 // this member's move is to be announced (announceMove found no one to tell)
 }
 
 // moved is a member's move: the incarnation it moved from, whose news is
@@ -98,15 +99,28 @@ func (c *Coordinator) announceMove() {
 	} else if c.leaderName != "" {
 		to = []string{c.leaderName}
 	}
-	addrs := make(map[string]string, len(to))
+	var peers []peer
 	for _, n := range to {
 		if m := c.members[n]; m != nil {
-			addrs[n] = m.node.Address()
+			peers = append(peers, peer{n, m.node.Address()})
 		}
 	}
 	c.mu.Unlock()
-	for n, a := range addrs {
-		c.pushPull(n, a)
+	c.moves.mu.Lock()
+	c.moves.announce = len(peers) == 0 // (none known yet: at the next watch round)
+	c.moves.mu.Unlock()
+	c.pushPull(peers...)
+}
+
+// announceDue announces a move whose announcement found no one to tell
+// (this member had not joined, or knew no leader yet); the watch calls it
+// every round.
+func (c *Coordinator) announceDue() {
+	c.moves.mu.Lock()
+	due := c.moves.announce
+	c.moves.mu.Unlock()
+	if due {
+		c.announceMove()
 	}
 }
 
@@ -157,29 +171,51 @@ func (c *Coordinator) heardAt(env *pb.Envelope) {
 	}
 	c.mu.Unlock()
 	if known != "" && known != env.ReplyAddr {
-		c.pushPull(env.Sender, env.ReplyAddr)
+		c.pushPull(peer{env.Sender, env.ReplyAddr})
 	}
 }
 
-// pushPull exchanges state with addr (memberlist's join), at most once per
-// pullEvery for name and one at a time, after a random wait of up to
-// pullSpread: the members a restarted leader's first message reaches all at
-// once do not all exchange state with it at once.
-func (c *Coordinator) pushPull(name, addr string) {
+// peer is a member to exchange state with, by name and address.
+type peer struct{ name, addr string }
+
+// pushPull exchanges state with each peer (memberlist's join), each at most
+// once per pullEvery, one exchange at a time (a call while one is under way
+// does nothing), after a random wait of up to pullSpread: the members a
+// restarted leader's first message reaches all at once do not all exchange
+// state with it at once.
+func (c *Coordinator) pushPull(peers ...peer) {
+	c.mu.Lock()
+	done := c.runDone
+	c.mu.Unlock()
 	mv := &c.moves
 	mv.mu.Lock()
-	due := !mv.inFlight && dueLocked(&mv.pulled, name, pullEvery)
-	mv.inFlight = mv.inFlight || due
+	if mv.inFlight {
+		mv.mu.Unlock()
+		return
+	}
+	var due []peer
+	for _, p := range peers {
+		if dueLocked(&mv.pulled, p.name, pullEvery) {
+			due = append(due, p)
+		}
+	}
+	mv.inFlight = len(due) > 0
 	mv.mu.Unlock()
-	if !due {
+	if len(due) == 0 {
 		return
 	}
 	started := c.spawn(func() {
 		defer func() { mv.mu.Lock(); mv.inFlight = false; mv.mu.Unlock() }()
-		time.Sleep(rand.N(pullSpread))
-		if ml := c.memberlist(); ml != nil && !c.stopped() {
-			_, err := ml.Join([]string{addr})
-			c.log.Debug("exchanged state to learn a member's address", "name", name, "addr", addr, "err", err)
+		select {
+		case <-done:
+			return
+		case <-time.After(rand.N(pullSpread)):
+		}
+		for _, p := range due {
+			if ml := c.memberlist(); ml != nil && !c.stopped() {
+				_, err := ml.Join([]string{p.addr})
+				c.log.Debug("exchanged state to learn a member's address", "name", p.name, "addr", p.addr, "err", err)
+			}
 		}
 	})
 	if !started {
@@ -306,6 +342,13 @@ func (c *Coordinator) followMove(n memberlist.Node, gen uint64) {
 		}
 		if !c.endMove(n, gen) {
 			return // (ended meanwhile by memberlist's news, or moved on)
+		}
+		c.mu.Lock()
+		m, s := c.members[n.Name], c.silent[n.Name]
+		elsewhere := m != nil && m.node.Address() != n.Address() || m == nil && s == nil
+		c.mu.Unlock()
+		if elsewhere {
+			return // (known elsewhere meanwhile, or gone already)
 		}
 		c.log.Warn("a member started again at another address answers no ping there: gone", "moved", n.Name,
 			"addr", n.Address(), "silent_for", time.Since(heard).Round(time.Millisecond))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -407,4 +408,35 @@ func TestStaleNewsKeepsTheMove(t *testing.T) {
 	tc.ranks[2].Coord.Shutdown()
 	tc.stops[2]()
 	testutil.Eventually(t, time.Minute, "rank 0 to find rank 2 gone", func() bool { return knownAt(c0, name) == "" && !c0.holds(name) })
+}
+
+// TestAnnounceMove: a leader started again elsewhere exchanges state with both
+// its watchers; one that knows no leader yet (its join under way) announces
+// once it does.
+func TestAnnounceMove(t *testing.T) {
+	c := &Coordinator{name: "r/rank0", members: map[string]*member{}}
+	c.cfg.Identity.RunName = "r"
+	for r, ip := range []string{"10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"} {
+		addRankAt(c, int32(r), ip)
+	}
+	pulled := func() []string {
+		c.wg.Wait()
+		c.moves.mu.Lock()
+		defer c.moves.mu.Unlock()
+		var out []string
+		for n := range c.moves.pulled {
+			out = append(out, n)
+		}
+		slices.Sort(out)
+		return out
+	}
+	c.announceMove() // (no leader known yet)
+	if p := pulled(); len(p) != 0 || !c.moves.announce {
+		t.Fatalf("with no leader known: pulled %v, announcement pending %v", p, c.moves.announce)
+	}
+	c.leaderName = c.name
+	c.announceDue()
+	if p := pulled(); fmt.Sprint(p) != "[r/rank1 r/rank3]" || c.moves.announce {
+		t.Fatalf("once leading: pulled %v, want [r/rank1 r/rank3]; announcement pending %v", p, c.moves.announce)
+	}
 }

@@ -265,6 +265,7 @@ func (c *Coordinator) watchSuccession(ctx context.Context) {
 		case <-t.C:
 		}
 		c.pingSilent()
+		c.announceDue()
 		c.mu.Lock()
 		leader := c.leaderName
 		var ahead []string
