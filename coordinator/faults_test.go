@@ -535,23 +535,7 @@ func TestScheduleNotRepeatedByARestartedLeader(t *testing.T) {
 	// away, the successor pings that and may lead in its place for a moment
 	// (leadership flapping between the two is not what this test is about)
 	testutil.Eventually(t, time.Minute, "every rank to know the restarted rank 0's address", func() bool {
-		addr, name := tc.ranks[0].Coord.Addr(), tc.ranks[0].Coord.Name()
-		for _, r := range tc.ranks[1:] {
-			ml := r.Coord.memberlist()
-			if ml == nil {
-				return false
-			}
-			known := false
-			for _, n := range ml.Members() {
-				if n.Name == name && n.Address() == addr {
-					known = true
-				}
-			}
-			if !known {
-				return false
-			}
-		}
-		return tc.ranks[0].Coord.IsLeader()
+		return tc.memberlistKnows(0) && tc.ranks[0].Coord.IsLeader()
 	})
 	c := tc.client()
 	for i := 0; i < 2; i++ {
@@ -705,4 +689,27 @@ func TestNoSilentWaits(t *testing.T) {
 			t.Fatalf("the member was held for a rank gone longer than JoinGrace: %q", said)
 		}
 	})
+}
+
+// memberlistKnows reports whether every other rank's memberlist gives rank r's
+// name its address now.
+func (tc *testCluster) memberlistKnows(r int) bool {
+	addr, name := tc.ranks[r].Coord.Addr(), tc.ranks[r].Coord.Name()
+	for i, o := range tc.ranks {
+		if i == r || o == nil {
+			continue
+		}
+		ml := o.Coord.memberlist()
+		if ml == nil {
+			return false
+		}
+		known := false
+		for _, n := range ml.Members() {
+			known = known || n.Name == name && n.Address() == addr
+		}
+		if !known {
+			return false
+		}
+	}
+	return true
 }
