@@ -163,7 +163,7 @@ func (c *Coordinator) heardAt(env *pb.Envelope) {
 	c.mu.Lock()
 	known := ""
 	if m := c.members[env.Sender]; m != nil {
-		known = m.node.Address()
+		known = m.addr // (formatted once, by setMember: no allocation a message)
 	} else if s := c.silent[env.Sender]; s != nil && s.m.node != nil {
 		known = s.m.node.Address()
 	} else {

@@ -45,23 +45,7 @@ func TestLeaderRestartedOnANewPort(t *testing.T) {
 	if err != nil || res.State != pb.Outcome_OUTCOME_PUBLISHED || len(res.Missing) != 0 {
 		t.Fatalf("a window asked of the restarted leader: %+v %v", res, err)
 	}
-	testutil.Eventually(t, time.Minute, "every rank to know the restarted rank 0's address", func() bool {
-		addr, name := tc.ranks[0].Coord.Addr(), tc.ranks[0].Coord.Name()
-		for _, r := range tc.ranks[1:] {
-			ml := r.Coord.memberlist()
-			if ml == nil {
-				return false
-			}
-			known := false
-			for _, n := range ml.Members() {
-				known = known || n.Name == name && n.Address() == addr
-			}
-			if !known {
-				return false
-			}
-		}
-		return true
-	})
+	testutil.Eventually(t, time.Minute, "every rank to know the restarted rank 0's address", func() bool { return tc.memberlistKnows(0) })
 	st, _ := store.OpenDir(tc.dir, false)
 	terms, err := runlog.New(st, tc.run).Terms(context.Background())
 	if err != nil {
@@ -344,7 +328,7 @@ func TestWatchers(t *testing.T) {
 func TestHeardAt(t *testing.T) {
 	c := &Coordinator{name: "r/rank1", members: map[string]*member{}}
 	c.cfg.Identity.RunName = "r"
-	c.members["r/rank0"] = &member{node: &memberlist.Node{Name: "r/rank0", Addr: net.ParseIP("127.0.0.1"), Port: 7000}, meta: &pb.NodeMeta{Rank: 0}}
+	c.members["r/rank0"] = &member{node: &memberlist.Node{Name: "r/rank0", Addr: net.ParseIP("127.0.0.1"), Port: 7000}, meta: &pb.NodeMeta{Rank: 0}, addr: "127.0.0.1:7000"}
 	pulled := func() bool {
 		c.moves.mu.Lock()
 		defer c.moves.mu.Unlock()
