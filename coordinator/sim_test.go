@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -953,7 +954,15 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	sc := &simCluster{tb: tb, cfg: cfg, run: fmt.Sprintf("sim%d", time.Now().UnixNano()%1e6), key: simKey32(), net: newSimNet(),
+	sn := newSimNet()
+	if cfg.Members > 1024 {
+		// past 1,024 members the forming's gossip keeps every core busy for
+		// minutes, and a member's listener waits its turn for one: its queue
+		// holds four times as many packets (a real member on its own host
+		// drains its socket's buffer as they come)
+		sn.queue = 4096
+	}
+	sc := &simCluster{tb: tb, cfg: cfg, run: fmt.Sprintf("sim%d", time.Now().UnixNano()%1e6), key: simKey32(), net: sn,
 		job: &simJob{step: cfg.Step}, st: st, dir: dir, log: newSimLog(cfg.Logs, cfg.LeaderLogs), ctx: ctx, cancel: cancel}
 	tb.Cleanup(sc.stop)
 	snaps := simSnapshots(tb, cfg.Events)
@@ -998,6 +1007,10 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		if cfg.Tune != nil {
 			cfg.Tune(r, &c)
 		}
+		if n > 1024 {
+			// (memberlist's queue of news to handle, for the same reason)
+			c.Memberlist.HandoffQueueDepth = max(c.Memberlist.HandoffQueueDepth, 8192)
+		}
 		coord, err := New(c, rk)
 		if err != nil {
 			tb.Fatal(err)
@@ -1013,6 +1026,20 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 	// died down, so that it never starves failure detection of the cores every
 	// member shares
 	wave := max(32, n/32)
+	if n > 1024 {
+		// the forming's gossip allocates for every message it decodes, and
+		// thousands of members' state is a heap of gigabytes that each
+		// collection marks again: while the cluster forms the collector runs
+		// half as often (under a soft limit of 70% of the machine's memory);
+		// the windows measured later run at the default again
+		gc, limit := debug.SetGCPercent(200), debug.SetMemoryLimit(-1)
+		if mem := totalMemory(); mem > 0 {
+			debug.SetMemoryLimit(int64(mem / 10 * 7))
+		}
+		defer debug.SetMemoryLimit(limit)
+		defer debug.SetGCPercent(gc)
+	}
+	cpu0, at0 := processCPU(), time.Now()
 	for r := range sc.ranks {
 		sc.startMember(sc.coords[r], sc.ranks[r])
 		if r == 0 {
@@ -1020,11 +1047,19 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		}
 		if started := r + 1; started%wave == 0 || started == n {
 			sc.wait(5*time.Minute, fmt.Sprintf("%d ranks to join rank 0", started), func() bool { return sc.coords[0].numMembers() >= started })
-			if n > 256 {
+			if n > 2048 {
+				// (thousands of idle members keep most cores busy by themselves:
+				// a wave waits for the last one's gossip a while, not for quiet)
+				quiet(15*time.Second, started)
+			} else if n > 256 {
 				quiet(time.Minute, started)
 			}
-			if n > 1024 {
-				fmt.Fprintf(os.Stderr, "# %d of %d members joined, %v\n", started, n, time.Since(t0).Round(time.Second))
+			if n >= 1024 {
+				// (seen as it goes: forming thousands of members takes minutes)
+				cpu, at := processCPU(), time.Now()
+				fmt.Fprintf(os.Stderr, "# %d of %d members joined, %v; %.1f cores busy since the last wave; %d packets dropped at full queues, %d news at full handler queues\n",
+					started, n, time.Since(t0).Round(time.Second), float64(cpu-cpu0)/float64(at.Sub(at0)), sc.net.dropped(), sc.log.Warnings()["[WARN] memberlist: handler queue full, dropping message ("])
+				cpu0, at0 = cpu, at
 			}
 		}
 	}
@@ -1101,8 +1136,10 @@ func (sc *simCluster) startMember(c *Coordinator, rk *simRank) {
 // 16), up to timeout.
 func quiet(timeout time.Duration, members int) {
 	// (the members' own idle load, about 2.5 ms of CPU a second each, is not
-	// the gossip of a join: above an eighth of the cores it sets the bar)
-	limit := max(float64(max(1, runtime.NumCPU()/8)), float64(members)*0.004)
+	// the gossip of a join: above an eighth of the cores it sets the bar, up
+	// to three quarters of them: past that the bar would never hold a wave back)
+	cores := float64(runtime.NumCPU())
+	limit := min(max(max(1, cores/8), float64(members)*0.004), max(1, 0.75*cores))
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		c0, t0 := processCPU(), time.Now()
@@ -1111,6 +1148,21 @@ func quiet(timeout time.Duration, members int) {
 			return
 		}
 	}
+}
+
+// totalMemory is this machine's memory in bytes (0 where /proc has none).
+func totalMemory() uint64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, _ := strconv.ParseUint(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // processCPU is the process's user and system time so far.
