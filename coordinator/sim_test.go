@@ -1050,7 +1050,7 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 			if n > 2048 {
 				// (thousands of idle members keep most cores busy by themselves:
 				// a wave waits for the last one's gossip a while, not for quiet)
-				quiet(15*time.Second, started)
+				quiet(5*time.Second, started)
 			} else if n > 256 {
 				quiet(time.Minute, started)
 			}
