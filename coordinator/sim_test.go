@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -1065,7 +1066,9 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 	}
 	// every member has the membership rank 0 had when it joined, and gossip brings
 	// it the later ones; a member that missed some (gossip drops what a full
-	// queue cannot take) exchanges full state with rank 0 once more
+	// queue cannot take) exchanges full state once more with a member that
+	// sees them all, picked at random (rank 0 alone serves 128 exchanges at a
+	// time, and past a thousand members many miss a few)
 	converged := func() bool {
 		for _, c := range sc.coords {
 			if c.numMembers() < n {
@@ -1075,16 +1078,33 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		return true
 	}
 	for try := 0; try < 30 && !converged(); try++ {
+		full := []string{sc.seed}
+		for _, c := range sc.coords[1:] {
+			if c.numMembers() >= n {
+				full = append(full, c.Addr())
+			}
+		}
+		missing, sem, joins := 0, make(chan struct{}, 32), sync.WaitGroup{}
 		for _, c := range sc.coords[1:] {
 			if c.numMembers() >= n {
 				continue
 			}
+			missing++
 			c.mu.Lock()
 			m := c.ml
 			c.mu.Unlock()
-			if m != nil {
-				m.Join([]string{sc.seed})
+			if m == nil {
+				continue
 			}
+			sem <- struct{}{} // (32 at a time: one member's join waits on its exchange)
+			joins.Go(func() {
+				defer func() { <-sem }()
+				m.Join([]string{full[mrand.IntN(len(full))]})
+			})
+		}
+		joins.Wait()
+		if n >= 1024 {
+			fmt.Fprintf(os.Stderr, "# %d of %d members missed some of the others; each exchanged state with one that sees them all, %v\n", missing, n, time.Since(t0).Round(time.Second))
 		}
 		sc.waitFor(10*time.Second, converged)
 	}
