@@ -1157,7 +1157,8 @@ func (sc *simCluster) startMember(c *Coordinator, rk *simRank) {
 func quiet(timeout time.Duration, members int) {
 	// (the members' own idle load, about 2.5 ms of CPU a second each, is not
 	// the gossip of a join: above an eighth of the cores it sets the bar, up
-	// to three quarters of them: past that the bar would never hold a wave back)
+	// to three quarters of them; at 4,096 members it would be past the whole
+	// machine, and a bar no process can exceed holds no wave back)
 	cores := float64(runtime.NumCPU())
 	limit := min(max(max(1, cores/8), float64(members)*0.004), max(1, 0.75*cores))
 	deadline := time.Now().Add(timeout)
