@@ -284,7 +284,8 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	for i := 0; i < *simRepeats; i++ {
 		simWindow(b, sc, f, false)
 		if k := len(f.answered); k > 0 {
-			progress("window %d: first answer %v after the trigger", i+1, f.answered[k-1].Round(time.Millisecond))
+			progress("window %d: first answer %v after the trigger; heap grew %d MiB collecting, %d MiB merging", i+1, f.answered[k-1].Round(time.Millisecond),
+				f.collectHeap[len(f.collectHeap)-1]>>20, f.mergeHeap[len(f.mergeHeap)-1]>>20)
 		}
 	}
 	stop()
@@ -292,6 +293,9 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	// forced collection of the whole simulation's heap at that moment would
 	// slow the leader's answer in a timed one
 	simWindow(b, sc, f, true)
+	if k := len(f.collectLive); k > 0 {
+		progress("live heap once every report is in: %d MiB over the window's start, %.1f KiB a rank", f.collectLive[k-1]>>20, float64(f.collectLive[k-1])/1024/float64(n))
+	}
 	stop = simProfileTo(b, fmt.Sprintf("%s-%d-failover.prof", *simProfile, n), *simFailovers > 0)
 	for i := 0; i < *simFailovers; i++ {
 		simFailover(b, sc, f)
