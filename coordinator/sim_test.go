@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -892,7 +893,8 @@ type simConfig struct {
 //     while the cluster forms (each member gets a few thousandths of a core, and
 //     its queue of news backs up for tens of seconds), so failure detection is
 //     slowed until it survives that: probes every 5 s with a 2.5 s timeout, a
-//     suspicion multiplier of 6, and a queue of 8,192 messages (1,024). Failover
+//     suspicion multiplier of 6, and a queue of 8,192 messages (1,024; past 1,024
+//     members simQueues sets it, bounded by the machine's memory). Failover
 //     times at those sizes then count this slower detection; BenchmarkScale
 //     reports the detection and the new leader's work apart;
 //   - each rank measures its clock against the leader every 10 minutes, not
@@ -956,13 +958,8 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	sn := newSimNet()
-	if cfg.Members > 1024 {
-		// past 1,024 members the forming's gossip keeps every core busy for
-		// minutes, and a member's listener waits its turn for one: its queue
-		// holds four times as many packets (a real member on its own host
-		// drains its socket's buffer as they come)
-		sn.queue = 4096
-	}
+	packets, news := simQueues(cfg.Members)
+	sn.queue = max(sn.queue, packets)
 	sc := &simCluster{tb: tb, cfg: cfg, run: fmt.Sprintf("sim%d", time.Now().UnixNano()%1e6), key: simKey32(), net: sn,
 		job: &simJob{step: cfg.Step}, st: st, dir: dir, log: newSimLog(cfg.Logs, cfg.LeaderLogs), ctx: ctx, cancel: cancel}
 	tb.Cleanup(sc.stop)
@@ -1009,8 +1006,9 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 			cfg.Tune(r, &c)
 		}
 		if n > 1024 {
-			// (memberlist's queue of news to handle, for the same reason)
-			c.Memberlist.HandoffQueueDepth = max(c.Memberlist.HandoffQueueDepth, 8192)
+			// (memberlist's queue of news to handle, for the same reason, in
+			// place of simTune's: simQueues)
+			c.Memberlist.HandoffQueueDepth = news
 		}
 		coord, err := New(c, rk)
 		if err != nil {
@@ -1041,6 +1039,7 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		defer debug.SetGCPercent(gc)
 	}
 	cpu0, at0 := processCPU(), time.Now()
+	gc0 := gcCPU()
 	for r := range sc.ranks {
 		sc.startMember(sc.coords[r], sc.ranks[r])
 		if r == 0 {
@@ -1057,10 +1056,11 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 			}
 			if n >= 1024 {
 				// (seen as it goes: forming thousands of members takes minutes)
-				cpu, at := processCPU(), time.Now()
-				fmt.Fprintf(os.Stderr, "# %d of %d members joined, %v; %.1f cores busy since the last wave; %d packets dropped at full queues, %d news at full handler queues\n",
-					started, n, time.Since(t0).Round(time.Second), float64(cpu-cpu0)/float64(at.Sub(at0)), sc.net.dropped(), sc.log.Warnings()["[WARN] memberlist: handler queue full, dropping message ("])
-				cpu0, at0 = cpu, at
+				cpu, at, gc := processCPU(), time.Now(), gcCPU()
+				fmt.Fprintf(os.Stderr, "# %d of %d members joined, %v; %.1f cores busy since the last wave (%.0f%% of it the collector's), heap %.1f GiB; %d packets dropped at full queues, %d news at full handler queues\n",
+					started, n, time.Since(t0).Round(time.Second), float64(cpu-cpu0)/float64(at.Sub(at0)), 100*gcShare(gc-gc0, cpu-cpu0), float64(heapNow())/(1<<30),
+					sc.net.dropped(), sc.log.Warnings()["[WARN] memberlist: handler queue full, dropping message ("])
+				cpu0, at0, gc0 = cpu, at, gc
 			}
 		}
 	}
@@ -1077,6 +1077,33 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		}
 		return true
 	}
+	if n > 2048 {
+		// thousands of members go on passing the last waves' news on for
+		// minutes after the last join, and it reaches most of the members that
+		// missed some: the exchanges (each a member's whole state) wait while
+		// that gossip still fills in members, for up to 2 minutes
+		lacking := func() (k int) {
+			for _, c := range sc.coords {
+				if c.numMembers() < n {
+					k++
+				}
+			}
+			return k
+		}
+		cpu0, at0, gc0 := processCPU(), time.Now(), gcCPU()
+		best, bestAt := lacking(), time.Now()
+		for end := time.Now().Add(2 * time.Minute); best > 0 && time.Now().Before(end) && time.Since(bestAt) < 30*time.Second; {
+			time.Sleep(15 * time.Second)
+			k := lacking()
+			if k < best {
+				best, bestAt = k, time.Now()
+			}
+			cpu, at, gc := processCPU(), time.Now(), gcCPU()
+			fmt.Fprintf(os.Stderr, "# %d of %d members miss some of the others, %v; %.1f cores busy (%.0f%% of it the collector's), heap %.1f GiB\n", k, n,
+				time.Since(t0).Round(time.Second), float64(cpu-cpu0)/float64(at.Sub(at0)), 100*gcShare(gc-gc0, cpu-cpu0), float64(heapNow())/(1<<30))
+			cpu0, at0, gc0 = cpu, at, gc
+		}
+	}
 	for try := 0; try < 30 && !converged(); try++ {
 		full := []string{sc.seed}
 		for _, c := range sc.coords[1:] {
@@ -1084,28 +1111,51 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 				full = append(full, c.Addr())
 			}
 		}
-		missing, sem, joins := 0, make(chan struct{}, 32), sync.WaitGroup{}
+		var lacking []*memberlist.Memberlist
 		for _, c := range sc.coords[1:] {
 			if c.numMembers() >= n {
 				continue
 			}
-			missing++
 			c.mu.Lock()
-			m := c.ml
-			c.mu.Unlock()
-			if m == nil {
-				continue
+			if c.ml != nil {
+				lacking = append(lacking, c.ml)
 			}
+			c.mu.Unlock()
+		}
+		if n >= 1024 {
+			fmt.Fprintf(os.Stderr, "# %d of %d members missed some of the others, %d see them all; exchanging state, %v\n", len(lacking), n, len(full), time.Since(t0).Round(time.Second))
+		}
+		var done, failed atomic.Int64
+		var firstErr atomic.Value
+		sem, joins := make(chan struct{}, 32), sync.WaitGroup{}
+		cpu0, at0, gc0 := processCPU(), time.Now(), gcCPU()
+		for i, m := range lacking {
 			sem <- struct{}{} // (32 at a time: one member's join waits on its exchange)
 			joins.Go(func() {
 				defer func() { <-sem }()
-				m.Join([]string{full[mrand.IntN(len(full))]})
+				if _, err := m.Join([]string{full[mrand.IntN(len(full))]}); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+				done.Add(1)
 			})
+			if n >= 1024 && time.Since(at0) > 15*time.Second || i == len(lacking)-1 {
+				if i == len(lacking)-1 {
+					joins.Wait()
+				}
+				cpu, at, gc := processCPU(), time.Now(), gcCPU()
+				if n >= 1024 {
+					e, _ := firstErr.Load().(string)
+					if e != "" {
+						e = " (the first: " + e + ")"
+					}
+					fmt.Fprintf(os.Stderr, "# %d of %d exchanges done, %d failed%s, %v; %.1f cores busy (%.0f%% of it the collector's), heap %.1f GiB\n", done.Load(), len(lacking), failed.Load(), e,
+						time.Since(t0).Round(time.Second), float64(cpu-cpu0)/float64(at.Sub(at0)), 100*gcShare(gc-gc0, cpu-cpu0), float64(heapNow())/(1<<30))
+				}
+				cpu0, at0, gc0 = cpu, at, gc
+			}
 		}
 		joins.Wait()
-		if n >= 1024 {
-			fmt.Fprintf(os.Stderr, "# %d of %d members missed some of the others; each exchanged state with one that sees them all, %v\n", missing, n, time.Since(t0).Round(time.Second))
-		}
 		sc.waitFor(10*time.Second, converged)
 	}
 	sc.wait(time.Minute, "every rank to see every rank", converged)
@@ -1169,6 +1219,55 @@ func quiet(timeout time.Duration, members int) {
 			return
 		}
 	}
+}
+
+// simQueues is how many packets a member's receive queue holds and how many
+// messages its queue of news (memberlist's HandoffQueueDepth) in a cluster of n
+// members. Past 1,024 members the forming's gossip keeps every core busy for
+// minutes and a member's listener waits its turn for one (a real member on its
+// own host drains its socket's buffer as packets come), so its queues hold more:
+// four and eight times 1,024, but never more, over every member, than a fifth of
+// this machine's memory at a full packet (1,400 bytes) a slot. A queued message
+// holds its whole packet, and at 4,096 members the full queues of four and eight
+// times 1,024 would hold 69 GiB (the 16-core machine's memory stayed at 85 to 88
+// of its 128 GiB once they were full).
+func simQueues(n int) (packets, news int) {
+	if n <= 1024 {
+		return 1024, 1024
+	}
+	packets, news = 4096, 8192
+	if mem := totalMemory(); mem > 0 {
+		slots := int(mem / 5 / 1400 / uint64(n)) // (per member, both queues)
+		packets = min(packets, max(1024, slots/3))
+		news = min(news, max(1024, slots-packets))
+	}
+	return packets, news
+}
+
+// gcCPU is the CPU time the collector has taken so far (runtime/metrics'
+// estimate).
+func gcCPU() time.Duration {
+	ms := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(ms)
+	if ms[0].Value.Kind() != metrics.KindFloat64 {
+		return 0
+	}
+	return time.Duration(ms[0].Value.Float64() * float64(time.Second))
+}
+
+// gcShare is gc's share of cpu, at most 1.
+func gcShare(gc, cpu time.Duration) float64 {
+	if cpu <= 0 {
+		return 0
+	}
+	return min(1, float64(gc)/float64(cpu))
+}
+
+// heapNow is the heap in use (HeapInuse, read without stopping the world).
+func heapNow() uint64 {
+	ms := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/unused:bytes"}}
+	metrics.Read(ms)
+	return ms[0].Value.Uint64() + ms[1].Value.Uint64()
 }
 
 // totalMemory is this machine's memory in bytes (0 where /proc has none).
@@ -1321,6 +1420,25 @@ func TestSimWindow(t *testing.T) {
 	for _, in := range m.Inputs {
 		if want := fmt.Sprintf("rank%d.%d.memory_snapshot.pickle", in.Rank, res.Stop); filepath.Base(in.Source) != want {
 			t.Errorf("rank %d's input %s, want %s", in.Rank, in.Source, want)
+		}
+	}
+}
+
+// TestSimQueues: past 1,024 members the simulation's queues hold more, but
+// never, over every member, more than a fifth of the machine's memory (above
+// the floor of 1,024 each).
+func TestSimQueues(t *testing.T) {
+	if p, q := simQueues(1024); p != 1024 || q != 1024 {
+		t.Errorf("1,024 members: queues %d and %d, want 1,024 each", p, q)
+	}
+	mem := totalMemory()
+	for _, n := range []int{1056, 2048, 4096, 16384} {
+		p, q := simQueues(n)
+		if p < 1024 || q < 1024 || p > 4096 || q > 8192 {
+			t.Errorf("%d members: queues %d and %d, want 1,024 to 4,096 and 1,024 to 8,192", n, p, q)
+		}
+		if mem > 0 && (p > 1024 || q > 1024) && uint64(n)*uint64(p+q)*1400 > mem/5 {
+			t.Errorf("%d members: queues %d and %d hold %d MiB, over a fifth of %d MiB", n, p, q, uint64(n)*uint64(p+q)*1400>>20, mem>>20)
 		}
 	}
 }
