@@ -282,8 +282,9 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	progress("idle: %.2f cores, %.0f packets/s, %d silences, %d terms taken", f.idleCores, f.idlePackets, f.idleSilences, f.idleTerms)
 	stop := simProfileTo(b, fmt.Sprintf("%s-%d.prof", *simProfile, n), *simRepeats > 0)
 	for i := 0; i < *simRepeats; i++ {
+		k0 := len(f.answered)
 		simWindow(b, sc, f, false)
-		if k := len(f.answered); k > 0 {
+		if k := len(f.answered); k > k0 {
 			progress("window %d: first answer %v after the trigger; heap grew %d MiB collecting, %d MiB merging", i+1, f.answered[k-1].Round(time.Millisecond),
 				f.collectHeap[len(f.collectHeap)-1]>>20, f.mergeHeap[len(f.mergeHeap)-1]>>20)
 		}
@@ -292,14 +293,16 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	// one more window, untimed, for the live heap once every report is in: a
 	// forced collection of the whole simulation's heap at that moment would
 	// slow the leader's answer in a timed one
+	k0 := len(f.collectLive)
 	simWindow(b, sc, f, true)
-	if k := len(f.collectLive); k > 0 {
+	if k := len(f.collectLive); k > k0 {
 		progress("live heap once every report is in: %d MiB over the window's start, %.1f KiB a rank", f.collectLive[k-1]>>20, float64(f.collectLive[k-1])/1024/float64(n))
 	}
 	stop = simProfileTo(b, fmt.Sprintf("%s-%d-failover.prof", *simProfile, n), *simFailovers > 0)
 	for i := 0; i < *simFailovers; i++ {
+		k0 := len(f.recoverAnswer)
 		simFailover(b, sc, f)
-		if k := len(f.recoverAnswer); k > 0 {
+		if k := len(f.recoverAnswer); k > k0 {
 			progress("failover %d: answer %v after the leader died", i+1, f.recoverAnswer[k-1].Round(time.Millisecond))
 		}
 	}

@@ -1038,8 +1038,7 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		defer debug.SetMemoryLimit(limit)
 		defer debug.SetGCPercent(gc)
 	}
-	cpu0, at0 := processCPU(), time.Now()
-	gc0 := gcCPU()
+	load := newSimLoad()
 	for r := range sc.ranks {
 		sc.startMember(sc.coords[r], sc.ranks[r])
 		if r == 0 {
@@ -1056,11 +1055,9 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 			}
 			if n >= 1024 {
 				// (seen as it goes: forming thousands of members takes minutes)
-				cpu, at, gc := processCPU(), time.Now(), gcCPU()
-				fmt.Fprintf(os.Stderr, "# %d of %d members joined, %v; %.1f cores busy since the last wave (%.0f%% of it the collector's), heap %.1f GiB; %d packets dropped at full queues, %d news at full handler queues\n",
-					started, n, time.Since(t0).Round(time.Second), float64(cpu-cpu0)/float64(at.Sub(at0)), 100*gcShare(gc-gc0, cpu-cpu0), float64(heapNow())/(1<<30),
+				fmt.Fprintf(os.Stderr, "# %d of %d members joined, %v; since the last wave %s; %d packets dropped at full queues, %d news at full handler queues\n",
+					started, n, time.Since(t0).Round(time.Second), load.since(),
 					sc.net.dropped(), sc.log.Warnings()["[WARN] memberlist: handler queue full, dropping message ("])
-				cpu0, at0, gc0 = cpu, at, gc
 			}
 		}
 	}
@@ -1081,7 +1078,8 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		// thousands of members go on passing the last waves' news on for
 		// minutes after the last join, and it reaches most of the members that
 		// missed some: the exchanges (each a member's whole state) wait while
-		// that gossip still fills in members, for up to 2 minutes
+		// that gossip still fills in members: up to 2 minutes, until their count
+		// has not fallen for 30 s
 		lacking := func() (k int) {
 			for _, c := range sc.coords {
 				if c.numMembers() < n {
@@ -1090,18 +1088,18 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 			}
 			return k
 		}
-		cpu0, at0, gc0 := processCPU(), time.Now(), gcCPU()
+		load := newSimLoad()
 		best, bestAt := lacking(), time.Now()
-		for end := time.Now().Add(2 * time.Minute); best > 0 && time.Now().Before(end) && time.Since(bestAt) < 30*time.Second; {
+		for end := time.Now().Add(2 * time.Minute); best > 0 && time.Since(bestAt) < 30*time.Second; {
 			time.Sleep(15 * time.Second)
 			k := lacking()
 			if k < best {
 				best, bestAt = k, time.Now()
 			}
-			cpu, at, gc := processCPU(), time.Now(), gcCPU()
-			fmt.Fprintf(os.Stderr, "# %d of %d members miss some of the others, %v; %.1f cores busy (%.0f%% of it the collector's), heap %.1f GiB\n", k, n,
-				time.Since(t0).Round(time.Second), float64(cpu-cpu0)/float64(at.Sub(at0)), 100*gcShare(gc-gc0, cpu-cpu0), float64(heapNow())/(1<<30))
-			cpu0, at0, gc0 = cpu, at, gc
+			fmt.Fprintf(os.Stderr, "# %d of %d members miss some of the others, %v; %s\n", k, n, time.Since(t0).Round(time.Second), load.since())
+			if !time.Now().Before(end) {
+				break
+			}
 		}
 	}
 	for try := 0; try < 30 && !converged(); try++ {
@@ -1127,9 +1125,30 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 		}
 		var done, failed atomic.Int64
 		var firstErr atomic.Value
+		load := newSimLoad()
+		line := func() {
+			e, _ := firstErr.Load().(string)
+			if e != "" {
+				e = " (the first: " + e + ")"
+			}
+			fmt.Fprintf(os.Stderr, "# %d of %d exchanges done, %d failed%s, %v; %s\n", done.Load(), len(lacking), failed.Load(), e, time.Since(t0).Round(time.Second), load.since())
+		}
+		stopLines, linesDone := make(chan struct{}), make(chan struct{})
+		go func() { // (a line every 15 s while the exchanges last)
+			defer close(linesDone)
+			tick := time.NewTicker(15 * time.Second)
+			defer tick.Stop()
+			for n >= 1024 {
+				select {
+				case <-stopLines:
+					return
+				case <-tick.C:
+					line()
+				}
+			}
+		}()
 		sem, joins := make(chan struct{}, 32), sync.WaitGroup{}
-		cpu0, at0, gc0 := processCPU(), time.Now(), gcCPU()
-		for i, m := range lacking {
+		for _, m := range lacking {
 			sem <- struct{}{} // (32 at a time: one member's join waits on its exchange)
 			joins.Go(func() {
 				defer func() { <-sem }()
@@ -1139,23 +1158,13 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 				}
 				done.Add(1)
 			})
-			if n >= 1024 && time.Since(at0) > 15*time.Second || i == len(lacking)-1 {
-				if i == len(lacking)-1 {
-					joins.Wait()
-				}
-				cpu, at, gc := processCPU(), time.Now(), gcCPU()
-				if n >= 1024 {
-					e, _ := firstErr.Load().(string)
-					if e != "" {
-						e = " (the first: " + e + ")"
-					}
-					fmt.Fprintf(os.Stderr, "# %d of %d exchanges done, %d failed%s, %v; %.1f cores busy (%.0f%% of it the collector's), heap %.1f GiB\n", done.Load(), len(lacking), failed.Load(), e,
-						time.Since(t0).Round(time.Second), float64(cpu-cpu0)/float64(at.Sub(at0)), 100*gcShare(gc-gc0, cpu-cpu0), float64(heapNow())/(1<<30))
-				}
-				cpu0, at0, gc0 = cpu, at, gc
-			}
 		}
 		joins.Wait()
+		close(stopLines)
+		<-linesDone
+		if n >= 1024 {
+			line()
+		}
 		sc.waitFor(10*time.Second, converged)
 	}
 	sc.wait(time.Minute, "every rank to see every rank", converged)
@@ -1226,14 +1235,15 @@ func quiet(timeout time.Duration, members int) {
 // members. Past 1,024 members the forming's gossip keeps every core busy for
 // minutes and a member's listener waits its turn for one (a real member on its
 // own host drains its socket's buffer as packets come), so its queues hold more:
-// four and eight times 1,024, but never more, over every member, than a fifth of
-// this machine's memory at a full packet (1,400 bytes) a slot. A queued message
-// holds its whole packet, and at 4,096 members the full queues of four and eight
-// times 1,024 would hold 69 GiB (the 16-core machine's memory stayed at 85 to 88
-// of its 128 GiB once they were full).
+// four and eight times 1,024, but, above a floor of 1,024 each, never more over
+// every member than a fifth of this machine's memory at a full packet (1,400
+// bytes) a slot. A queued message holds its whole packet: at 4,096 members full
+// queues of four and eight times 1,024 would hold 66 GiB (the 16-core machine's
+// memory stayed at 85 to 88 of its 128 GiB once they were full). At 1,024
+// members or fewer it is 1,024 packets and no news queue (0: simTune's stands).
 func simQueues(n int) (packets, news int) {
 	if n <= 1024 {
-		return 1024, 1024
+		return 1024, 0
 	}
 	packets, news = 4096, 8192
 	if mem := totalMemory(); mem > 0 {
@@ -1244,23 +1254,55 @@ func simQueues(n int) (packets, news int) {
 	return packets, news
 }
 
-// gcCPU is the CPU time the collector has taken so far (runtime/metrics'
-// estimate).
-func gcCPU() time.Duration {
-	ms := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
-	metrics.Read(ms)
-	if ms[0].Value.Kind() != metrics.KindFloat64 {
-		return 0
-	}
-	return time.Duration(ms[0].Value.Float64() * float64(time.Second))
+// simLoad is the process's load between two progress lines.
+type simLoad struct {
+	cpu time.Duration
+	at  time.Time
+	gc  gcStats
 }
 
-// gcShare is gc's share of cpu, at most 1.
-func gcShare(gc, cpu time.Duration) float64 {
-	if cpu <= 0 {
-		return 0
+func newSimLoad() *simLoad { return &simLoad{cpu: processCPU(), at: time.Now(), gc: readGC()} }
+
+// since says the load since the last call (or newSimLoad): the cores busy, the
+// collections and the collector's share of the CPU (the runtime's estimate,
+// brought up to date at the end of each collection), and the heap in use.
+func (l *simLoad) since() string {
+	cpu, at, g := processCPU(), time.Now(), readGC()
+	gc := "no collection"
+	if c := g.cycles - l.gc.cycles; c > 0 {
+		gc = fmt.Sprintf("%d collections", c)
+		if busy := g.busy - l.gc.busy; busy > 0 {
+			gc += fmt.Sprintf(", %.0f%% of the CPU the collector's", 100*min(1, (g.gc-l.gc.gc)/busy))
+		}
 	}
-	return min(1, float64(gc)/float64(cpu))
+	s := fmt.Sprintf("%.1f cores busy (%s), heap %.1f GiB", float64(cpu-l.cpu)/float64(max(at.Sub(l.at), time.Millisecond)), gc, float64(heapNow())/(1<<30))
+	l.cpu, l.at, l.gc = cpu, at, g
+	return s
+}
+
+// gcStats is the collector's CPU time and the CPU time not idle (seconds, as
+// runtime/metrics estimates them), and the collections so far.
+type gcStats struct {
+	gc, busy float64
+	cycles   uint64
+}
+
+func readGC() gcStats {
+	ms := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/cpu/classes/total:cpu-seconds"},
+		{Name: "/cpu/classes/idle:cpu-seconds"}, {Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(ms)
+	f := func(i int) float64 {
+		if ms[i].Value.Kind() != metrics.KindFloat64 {
+			return 0
+		}
+		return ms[i].Value.Float64()
+	}
+	var g gcStats
+	g.gc, g.busy = f(0), f(1)-f(2)
+	if ms[3].Value.Kind() == metrics.KindUint64 {
+		g.cycles = ms[3].Value.Uint64()
+	}
+	return g
 }
 
 // heapNow is the heap in use (HeapInuse, read without stopping the world).
@@ -1428,8 +1470,8 @@ func TestSimWindow(t *testing.T) {
 // never, over every member, more than a fifth of the machine's memory (above
 // the floor of 1,024 each).
 func TestSimQueues(t *testing.T) {
-	if p, q := simQueues(1024); p != 1024 || q != 1024 {
-		t.Errorf("1,024 members: queues %d and %d, want 1,024 each", p, q)
+	if p, q := simQueues(1024); p != 1024 || q != 0 {
+		t.Errorf("1,024 members: queues %d and %d, want 1,024 and simTune's", p, q)
 	}
 	mem := totalMemory()
 	for _, n := range []int{1056, 2048, 4096, 16384} {
