@@ -1271,6 +1271,9 @@ func (l *simLoad) since() string {
 	gc := "no collection"
 	if c := g.cycles - l.gc.cycles; c > 0 {
 		gc = fmt.Sprintf("%d collections", c)
+		if c == 1 {
+			gc = "1 collection"
+		}
 		if busy := g.busy - l.gc.busy; busy > 0 {
 			gc += fmt.Sprintf(", %.0f%% of the CPU the collector's", 100*min(1, (g.gc-l.gc.gc)/busy))
 		}
