@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/metrics"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -170,12 +169,10 @@ func sampleHeap(every time.Duration) *heapSampler {
 		defer close(h.done)
 		t := time.NewTicker(every)
 		defer t.Stop()
-		// runtime/metrics, not ReadMemStats: no stop of the world every sample
-		ms := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/unused:bytes"}}
 		for {
-			metrics.Read(ms)
+			heap := heapNow() // (no stop of the world every sample)
 			h.mu.Lock()
-			h.samples = append(h.samples, heapSample{time.Now(), ms[0].Value.Uint64() + ms[1].Value.Uint64()}) // HeapInuse
+			h.samples = append(h.samples, heapSample{time.Now(), heap})
 			h.mu.Unlock()
 			select {
 			case <-h.stop:
@@ -205,6 +202,8 @@ func (h *heapSampler) peak(from, to time.Time) uint64 {
 	return p
 }
 
+// heapInuse is the heap in use after a forced collection: the live heap (heapNow
+// reads it as it is, garbage and all).
 func heapInuse() uint64 {
 	runtime.GC()
 	var ms runtime.MemStats

@@ -1066,28 +1066,21 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 	// queue cannot take) exchanges full state once more with a member that
 	// sees them all, picked at random (rank 0 alone serves 128 exchanges at a
 	// time, and past a thousand members many miss a few)
-	converged := func() bool {
+	lacking := func() (k int) {
 		for _, c := range sc.coords {
 			if c.numMembers() < n {
-				return false
+				k++
 			}
 		}
-		return true
+		return k
 	}
+	converged := func() bool { return lacking() == 0 }
 	if n > 2048 {
 		// thousands of members go on passing the last waves' news on for
 		// minutes after the last join, and it reaches most of the members that
 		// missed some: the exchanges (each a member's whole state) wait while
 		// that gossip still fills in members: up to 2 minutes, until their count
 		// has not fallen for 30 s
-		lacking := func() (k int) {
-			for _, c := range sc.coords {
-				if c.numMembers() < n {
-					k++
-				}
-			}
-			return k
-		}
 		load := newSimLoad()
 		best, bestAt := lacking(), time.Now()
 		for end := time.Now().Add(2 * time.Minute); best > 0 && time.Since(bestAt) < 30*time.Second; {
@@ -1109,19 +1102,19 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 				full = append(full, c.Addr())
 			}
 		}
-		var lacking []*memberlist.Memberlist
+		var behind []*memberlist.Memberlist
 		for _, c := range sc.coords[1:] {
 			if c.numMembers() >= n {
 				continue
 			}
 			c.mu.Lock()
 			if c.ml != nil {
-				lacking = append(lacking, c.ml)
+				behind = append(behind, c.ml)
 			}
 			c.mu.Unlock()
 		}
 		if n >= 1024 {
-			fmt.Fprintf(os.Stderr, "# %d of %d members missed some of the others, %d see them all; exchanging state, %v\n", len(lacking), n, len(full), time.Since(t0).Round(time.Second))
+			fmt.Fprintf(os.Stderr, "# %d of %d members missed some of the others, %d see them all; exchanging state, %v\n", len(behind), n, len(full), time.Since(t0).Round(time.Second))
 		}
 		var done, failed atomic.Int64
 		var firstErr atomic.Value
@@ -1131,7 +1124,7 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 			if e != "" {
 				e = " (the first: " + e + ")"
 			}
-			fmt.Fprintf(os.Stderr, "# %d of %d exchanges done, %d failed%s, %v; %s\n", done.Load(), len(lacking), failed.Load(), e, time.Since(t0).Round(time.Second), load.since())
+			fmt.Fprintf(os.Stderr, "# %d of %d exchanges done, %d failed%s, %v; %s\n", done.Load(), len(behind), failed.Load(), e, time.Since(t0).Round(time.Second), load.since())
 		}
 		stopLines, linesDone := make(chan struct{}), make(chan struct{})
 		go func() { // (a line every 15 s while the exchanges last)
@@ -1148,7 +1141,7 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 			}
 		}()
 		sem, joins := make(chan struct{}, 32), sync.WaitGroup{}
-		for _, m := range lacking {
+		for _, m := range behind {
 			sem <- struct{}{} // (32 at a time: one member's join waits on its exchange)
 			joins.Go(func() {
 				defer func() { <-sem }()
