@@ -5,17 +5,21 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/leader"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/merge/analysis"
 	"github.com/memsnap/memsnap/merge/publish"
@@ -64,6 +68,9 @@ type simFigures struct {
 	collectHeap, mergeHeap     []uint64        // peak heap growth over the window's start
 	packets, conns, cpu        []float64       // per window: packets and streams on the network, CPU time (s)
 	collectLive                []uint64        // live heap growth once every report is in (after a collection)
+	collectHeld                []int64         // the live heap once every report is in, over the live heap once published
+	leaderLive                 []int64         // the live heap leader code allocated once every report is in, over the window's start
+	heapDrift                  []int64         // the live heap's change between two collections before that window
 	replans                    int
 	detect, takeover, recover  []time.Duration // failovers
 	recoverAnswer              []time.Duration // a failover's old leader's death to the window's answer
@@ -211,6 +218,55 @@ func heapInuse() uint64 {
 	return ms.HeapInuse
 }
 
+// leaderPackage is the package whose code only a leader runs.
+const leaderPackage = "github.com/memsnap/memsnap/coordinator/leader."
+
+// leaderHeap is the live heap that leader code allocated, as of the last
+// collection (heapInuse forces one): the heap profile's records whose stack
+// holds a frame of the leader package, scaled from their samples as runtime/pprof
+// scales them. Every member runs the same code, but only the leader runs this
+// package's, so it is the leader's own memory however the rest of the
+// simulation's heap moves meanwhile.
+func leaderHeap() uint64 {
+	var recs []runtime.MemProfileRecord
+	for n := 1024; ; n *= 2 {
+		recs = make([]runtime.MemProfileRecord, n)
+		k, ok := runtime.MemProfile(recs, false)
+		if ok {
+			recs = recs[:k]
+			break
+		}
+	}
+	rate := float64(runtime.MemProfileRate)
+	var total float64
+	for i := range recs {
+		count, size := recs[i].InUseObjects(), recs[i].InUseBytes()
+		if count <= 0 || size <= 0 || !leaderStack(recs[i].Stack()) {
+			continue
+		}
+		scale := 1.0
+		if rate > 1 {
+			scale = 1 / (1 - math.Exp(-float64(size)/float64(count)/rate))
+		}
+		total += float64(size) * scale
+	}
+	return uint64(total)
+}
+
+// leaderStack reports whether a stack holds a frame of the leader package.
+func leaderStack(pcs []uintptr) bool {
+	frames := runtime.CallersFrames(pcs)
+	for {
+		f, more := frames.Next()
+		if strings.HasPrefix(f.Function, leaderPackage) {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
 // simProfileTo starts a CPU profile to path when -sim.cpuprofile is set and there
 // is something to profile; the function returned stops it.
 func simProfileTo(b *testing.B, path string, any bool) func() {
@@ -259,7 +315,10 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	}
 	b.Logf("%d members formed a cluster in %v", n, sc.Formed.Round(time.Millisecond))
 	progress := func(f string, a ...any) { fmt.Fprintf(os.Stderr, "# %d members: "+f+"\n", append([]any{n}, a...)...) } // (seen even if the run is cut short)
-	progress("formed in %v", sc.Formed.Round(time.Millisecond))
+	// (while thousands of members form on shared cores, a successor may hear
+	// nothing from its leader for a while: counted here, as the idle rows count
+	// them once formed)
+	progress("formed in %v; while forming, members held their leader silent %d times, and the newest term is %d", sc.Formed.Round(time.Millisecond), simSilences(sc), simTerm(sc))
 	sc.wait(time.Minute, "every trainer to run", func() bool {
 		for _, r := range sc.ranks {
 			if r.Batch() < 2 {
@@ -292,10 +351,18 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	// one more window, untimed, for the live heap once every report is in: a
 	// forced collection of the whole simulation's heap at that moment would
 	// slow the leader's answer in a timed one
-	k0 := len(f.collectLive)
+	k0, k1 := len(f.collectLive), len(f.collectHeld)
 	simWindow(b, sc, f, true)
 	if k := len(f.collectLive); k > k0 {
 		progress("live heap once every report is in: %d MiB over the window's start, %.1f KiB a rank", f.collectLive[k-1]>>20, float64(f.collectLive[k-1])/1024/float64(n))
+	}
+	if k := len(f.leaderLive); k > k1 {
+		progress("the leader's own live heap (what leader code allocated) once every report is in: %d MiB over the window's start, %.1f KiB a rank",
+			f.leaderLive[k-1]/(1<<20), float64(f.leaderLive[k-1])/1024/float64(n))
+	}
+	if k := len(f.collectHeld); k > k1 {
+		progress("live heap once every report is in: %d MiB over the live heap once published, %.1f KiB a rank (the rest of the heap moved %+d MiB between two collections before the window)",
+			f.collectHeld[k-1]/(1<<20), float64(f.collectHeld[k-1])/1024/float64(n), f.heapDrift[k-1]/(1<<20))
 	}
 	stop = simProfileTo(b, fmt.Sprintf("%s-%d-failover.prof", *simProfile, n), *simFailovers > 0)
 	for i := 0; i < *simFailovers; i++ {
@@ -334,7 +401,16 @@ func simTerm(sc *simCluster) uint64 {
 // with heapOnly, it measures only the live heap once every report is in (forcing a
 // collection then, which would slow the window's other figures).
 func simWindow(b *testing.B, sc *simCluster, f *simFigures, heapOnly bool) {
+	var drift int64 // (the live-heap window: how far the rest of the heap moves by itself)
+	if heapOnly {
+		before := heapInuse()
+		drift = int64(heapInuse()) - int64(before)
+	}
 	base := heapInuse()
+	var leader0 uint64
+	if heapOnly {
+		leader0 = leaderHeap()
+	}
 	p0, s0, c0 := sc.net.sent.Load(), sc.net.conns.Load(), processCPU()
 	hs := sampleHeap(20 * time.Millisecond)
 	t0 := time.Now()
@@ -343,12 +419,15 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures, heapOnly bool) {
 	// what the collection holds (the sampled peaks also hold garbage the
 	// collector has not reached yet, up to the live heap again at GOGC=100)
 	liveHeap, returned := make(chan uint64, 1), make(chan struct{})
+	var leaderLive atomic.Uint64 // (what leader code allocated, with liveHeap's)
 	go func() {
 		want := len(sc.live())
 		for heapOnly {
 			ps := sc.log.Steps(func(s simStep) bool { return s.Msg == "window planned" && !s.At.Before(t0) })
 			if len(ps) > 0 && len(sc.log.RankTimes(ps[len(ps)-1].Window, "uploaded")) >= want {
-				liveHeap <- heapInuse()
+				h := heapInuse()
+				leaderLive.Store(leaderHeap())
+				liveHeap <- h
 				return
 			}
 			select {
@@ -366,7 +445,8 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures, heapOnly bool) {
 	tEnd := time.Now()
 	hs.end()
 	close(returned)
-	if l := <-liveHeap; l > 0 {
+	l := <-liveHeap
+	if l > 0 {
 		f.collectLive = append(f.collectLive, sub(l, base))
 	}
 	if heapOnly {
@@ -376,6 +456,18 @@ func simWindow(b *testing.B, sc *simCluster, f *simFigures, heapOnly bool) {
 		if res.State != pb.Outcome_OUTCOME_PUBLISHED {
 			b.Logf("the live-heap window %s: %s", res.State, res.Error)
 			return
+		}
+		if l > 0 {
+			f.leaderLive = append(f.leaderLive, int64(leaderLive.Load())-int64(leader0))
+			// past a few thousand members the rest of the simulation's heap
+			// (memberlist's queues draining) moves by more than the leader
+			// holds from the window's start to every report: the heap once the
+			// window is published and its state let go, seconds later, is the
+			// nearer baseline; the drift between two collections before the
+			// window says how far either can be off
+			end := heapInuse()
+			f.collectHeld = append(f.collectHeld, int64(l)-int64(end))
+			f.heapDrift = append(f.heapDrift, drift)
 		}
 		sc.removeWindow(sc.manifest(res.Manifest), res.Manifest)
 		return
@@ -618,6 +710,10 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"last upload -> first answer, median", q(func(f *simFigures) []time.Duration { return f.answerMerge }, 0.5), msf},
 		{"last upload -> published, median", q(func(f *simFigures) []time.Duration { return f.merge }, 0.5), msf},
 		{"live heap growth, every report in, worst", hq(func(f *simFigures) []uint64 { return f.collectLive }, 1), mib},
+		{"live heap, every report in, over published", func(f *simFigures) float64 { return lastOr(f.collectHeld) }, mib},
+		{"leader code's live heap, every report in", func(f *simFigures) float64 { return lastOr(f.leaderLive) }, mib},
+		{"leader code's live heap per rank", func(f *simFigures) float64 { return lastOr(f.leaderLive) / float64(f.members) }, func(v float64) string { return fmt.Sprintf("%.1f KiB", v/1024) }},
+		{"heap drift between two collections before", func(f *simFigures) float64 { return lastOr(f.heapDrift) }, mib},
 		{"heap growth collecting, worst", hq(func(f *simFigures) []uint64 { return f.collectHeap }, 1), mib},
 		{"heap growth merging, worst", hq(func(f *simFigures) []uint64 { return f.mergeHeap }, 1), mib},
 		{"leader dies -> new leader leads, median", q(func(f *simFigures) []time.Duration { return f.detect }, 0.5), msf},
@@ -729,4 +825,25 @@ func simSettle(sc *simCluster, most time.Duration) (time.Duration, float64) {
 		}
 	}
 	return time.Since(t0), rate
+}
+
+// lastOr is the last of vs (0 when there is none).
+func lastOr(vs []int64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	return float64(vs[len(vs)-1])
+}
+
+// TestLeaderStack: leaderHeap counts the heap whose allocation stack holds a
+// frame of the leader package, and only that.
+func TestLeaderStack(t *testing.T) {
+	// (a return address, as a stack records it, is one past the call)
+	if pc := reflect.ValueOf(leader.New).Pointer(); !leaderStack([]uintptr{pc + 1}) {
+		t.Errorf("a stack in leader.New is not the leader's: %s", runtime.FuncForPC(pc).Name())
+	}
+	here := make([]uintptr, 8)
+	if k := runtime.Callers(1, here); leaderStack(here[:k]) {
+		t.Error("this test's own stack is taken for the leader's")
+	}
 }
