@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -8,17 +9,16 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"reflect"
 	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/leader"
 	"github.com/memsnap/memsnap/internal/pb"
 	"github.com/memsnap/memsnap/merge/analysis"
@@ -67,10 +67,7 @@ type simFigures struct {
 	toEnd, endUpload           []time.Duration // trigger to the first trainer past the window's last batch; from then to the last upload
 	collectHeap, mergeHeap     []uint64        // peak heap growth over the window's start
 	packets, conns, cpu        []float64       // per window: packets and streams on the network, CPU time (s)
-	collectLive                []uint64        // live heap growth once every report is in (after a collection)
-	collectHeld                []int64         // the live heap once every report is in, over the live heap once published
-	leaderLive                 []int64         // the live heap leader code allocated once every report is in, over the window's start
-	heapDrift                  []int64         // the live heap's change between two collections before that window
+	live                       []liveHeap      // the leader's live heap while it collects (simLiveHeap)
 	replans                    int
 	detect, takeover, recover  []time.Duration // failovers
 	recoverAnswer              []time.Duration // a failover's old leader's death to the window's answer
@@ -218,53 +215,80 @@ func heapInuse() uint64 {
 	return ms.HeapInuse
 }
 
+// heapLive is the live heap: the bytes of live objects after a forced
+// collection.
+func heapLive() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
 // leaderPackage is the package whose code only a leader runs.
 const leaderPackage = "github.com/memsnap/memsnap/coordinator/leader."
 
 // leaderHeap is the live heap that leader code allocated, as of the last
-// collection (heapInuse forces one): the heap profile's records whose stack
+// collection (heapLive forces one): the heap profile's records whose stack
 // holds a frame of the leader package, scaled from their samples as runtime/pprof
 // scales them. Every member runs the same code, but only the leader runs this
 // package's, so it is the leader's own memory however the rest of the
-// simulation's heap moves meanwhile.
+// simulation's heap moves meanwhile (what other code allocated and the leader
+// keeps is not in it). It reads the profile's text form, whose stacks are whole
+// (runtime.MemProfile's records keep 32 frames).
 func leaderHeap() uint64 {
-	var recs []runtime.MemProfileRecord
-	for n := 1024; ; n *= 2 {
-		recs = make([]runtime.MemProfileRecord, n)
-		k, ok := runtime.MemProfile(recs, false)
-		if ok {
-			recs = recs[:k]
-			break
-		}
-	}
-	rate := float64(runtime.MemProfileRate)
-	var total float64
-	for i := range recs {
-		count, size := recs[i].InUseObjects(), recs[i].InUseBytes()
-		if count <= 0 || size <= 0 || !leaderStack(recs[i].Stack()) {
-			continue
-		}
-		scale := 1.0
-		if rate > 1 {
-			scale = 1 / (1 - math.Exp(-float64(size)/float64(count)/rate))
-		}
-		total += float64(size) * scale
-	}
-	return uint64(total)
+	inuse, _ := leaderHeapAlloc()
+	return inuse
 }
 
-// leaderStack reports whether a stack holds a frame of the leader package.
-func leaderStack(pcs []uintptr) bool {
-	frames := runtime.CallersFrames(pcs)
-	for {
-		f, more := frames.Next()
-		if strings.HasPrefix(f.Function, leaderPackage) {
-			return true
+// leaderHeapAlloc is leaderHeap, and the bytes leader code has allocated since
+// the program started, as of the same collection.
+func leaderHeapAlloc() (inuse, alloc uint64) {
+	var buf bytes.Buffer
+	if err := pprof.Lookup("heap").WriteTo(&buf, 1); err != nil {
+		return 0, 0
+	}
+	return leaderHeapOf(buf.String(), float64(runtime.MemProfileRate))
+}
+
+// leaderHeapOf sums, in a heap profile's text form (debug=1) sampled at rate, the
+// scaled bytes in use, and allocated, of the records with a frame of the leader
+// package.
+func leaderHeapOf(text string, rate float64) (inuse, alloc uint64) {
+	var total, allocated float64
+	var count, size, acount, asize int64
+	leader := false
+	scaled := func(count, size int64) float64 {
+		if count <= 0 || size <= 0 {
+			return 0
 		}
-		if !more {
-			return false
+		if rate <= 1 {
+			return float64(size)
+		}
+		return float64(size) / (1 - math.Exp(-float64(size)/float64(count)/rate))
+	}
+	flush := func() {
+		if leader {
+			total += scaled(count, size)
+			allocated += scaled(acount, asize)
+		}
+		count, size, acount, asize, leader = 0, 0, 0, 0, false
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "#") {
+			// (a frame: "#\t0x…\tpackage.function+0x…\tfile:line")
+			if f := strings.Split(line, "\t"); len(f) > 2 && strings.HasPrefix(f[2], leaderPackage) {
+				leader = true
+			}
+			continue
+		}
+		var c, sz, ac, as int64
+		if n, _ := fmt.Sscanf(line, "%d: %d [%d: %d] @", &c, &sz, &ac, &as); n == 4 {
+			flush()
+			count, size, acount, asize = c, sz, ac, as
 		}
 	}
+	flush()
+	return uint64(total), uint64(allocated)
 }
 
 // simProfileTo starts a CPU profile to path when -sim.cpuprofile is set and there
@@ -341,28 +365,23 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	stop := simProfileTo(b, fmt.Sprintf("%s-%d.prof", *simProfile, n), *simRepeats > 0)
 	for i := 0; i < *simRepeats; i++ {
 		k0 := len(f.answered)
-		simWindow(b, sc, f, false)
+		simWindow(b, sc, f)
 		if k := len(f.answered); k > k0 {
 			progress("window %d: first answer %v after the trigger; heap grew %d MiB collecting, %d MiB merging", i+1, f.answered[k-1].Round(time.Millisecond),
 				f.collectHeap[len(f.collectHeap)-1]>>20, f.mergeHeap[len(f.mergeHeap)-1]>>20)
 		}
 	}
 	stop()
-	// one more window, untimed, for the live heap once every report is in: a
-	// forced collection of the whole simulation's heap at that moment would
-	// slow the leader's answer in a timed one
-	k0, k1 := len(f.collectLive), len(f.collectHeld)
-	simWindow(b, sc, f, true)
-	if k := len(f.collectLive); k > k0 {
-		progress("live heap once every report is in: %d MiB over the window's start, %.1f KiB a rank", f.collectLive[k-1]>>20, float64(f.collectLive[k-1])/1024/float64(n))
-	}
-	if k := len(f.leaderLive); k > k1 {
-		progress("the leader's own live heap (what leader code allocated) once every report is in: %d MiB over the window's start, %.1f KiB a rank",
-			f.leaderLive[k-1]/(1<<20), float64(f.leaderLive[k-1])/1024/float64(n))
-	}
-	if k := len(f.collectHeld); k > k1 {
-		progress("live heap once every report is in: %d MiB over the live heap once published, %.1f KiB a rank (the rest of the heap moved %+d MiB between two collections before the window)",
-			f.collectHeld[k-1]/(1<<20), float64(f.collectHeld[k-1])/1024/float64(n), f.heapDrift[k-1]/(1<<20))
+	// one more window, untimed, for the leader's live heap while it collects: a
+	// forced collection of the whole simulation's heap then would slow the
+	// leader's answer in a timed one
+	if lh, ok := simLiveHeap(b, sc); ok {
+		f.live = append(f.live, lh)
+		r := float64(lh.reports)
+		progress("the leader's live heap with %d reports in, before the last (held back) and the merge: its own code's %.0f MiB, %.1f KiB a report; the whole heap over the window's start %+.0f MiB, %.1f KiB a report, over the heap once published %+.0f MiB, %.1f KiB a report (measured over %v; in the %v before, the rest of the heap moved %+.0f MiB); then the last report and the merge: leader code allocated %.0f MiB, %.1f KiB a rank",
+			lh.reports, float64(lh.leader)/(1<<20), float64(lh.leader)/1024/r, float64(lh.overStart)/(1<<20), float64(lh.overStart)/1024/r,
+			float64(lh.overEnd)/(1<<20), float64(lh.overEnd)/1024/r, lh.span.Round(10*time.Millisecond), lh.driftSpan.Round(10*time.Millisecond), float64(lh.drift)/(1<<20),
+			float64(lh.merged)/(1<<20), float64(lh.merged)/1024/(r+1))
 	}
 	stop = simProfileTo(b, fmt.Sprintf("%s-%d-failover.prof", *simProfile, n), *simFailovers > 0)
 	for i := 0; i < *simFailovers; i++ {
@@ -397,81 +416,97 @@ func simTerm(sc *simCluster) uint64 {
 	return t
 }
 
-// simWindow asks for one window as the snapshot command does and measures it;
-// with heapOnly, it measures only the live heap once every report is in (forcing a
-// collection then, which would slow the window's other figures).
-func simWindow(b *testing.B, sc *simCluster, f *simFigures, heapOnly bool) {
-	var drift int64 // (the live-heap window: how far the rest of the heap moves by itself)
-	if heapOnly {
-		before := heapInuse()
-		drift = int64(heapInuse()) - int64(before)
+// liveHeap is the leader's live heap while it collects (simLiveHeap): heap
+// figures after forced collections, in bytes.
+type liveHeap struct {
+	reports   int           // the ranks' reports the leader held then
+	leader    int64         // what leader code allocated, over the window's start
+	overStart int64         // the whole live heap, over the window's start
+	overEnd   int64         // the whole live heap, over the heap once the window is published
+	span      time.Duration // from the start's collection to the measurement's
+	merged    int64         // what leader code allocated from then to the window's publication: the last report and the merge
+	drift     int64         // the whole live heap's change before the window, over driftSpan
+	driftSpan time.Duration
+}
+
+// simLiveHeap asks for one window, untimed, and measures the leader's live heap
+// while it collects: the last rank's upload is held back until every other
+// rank's report is in and the heap is measured, so the leader then holds all
+// reports but one and has not begun to merge. ok is false when the window was
+// not published or answered before the measurement.
+func simLiveHeap(b *testing.B, sc *simCluster) (lh liveHeap, ok bool) {
+	// the heap profile samples an allocation every 32 KiB while the window
+	// lasts, not every 512 KiB: the leader's heap at 64 ranks is a few MiB,
+	// a handful of samples at the default (what was sampled before at the
+	// default is then scaled too little, the same at each reading: the
+	// differences hold)
+	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
+	runtime.MemProfileRate = 32 << 10
+	held := sc.ranks[len(sc.ranks)-1]
+	gate := make(chan struct{})
+	held.setGate(gate)
+	release := sync.OnceFunc(func() { held.setGate(nil); close(gate) })
+	defer release()
+	// how far the rest of the heap moves by itself, over about as long as the
+	// measurement takes: past a few thousand members, with the forming's gossip
+	// still queued, by more than the leader holds
+	d0, td := heapLive(), time.Now()
+	base := heapLive()
+	lh.drift, lh.driftSpan = int64(base)-int64(d0), time.Since(td)
+	leader0, t0 := leaderHeap(), time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var res *pb.WindowResult
+	var err error
+	answered := make(chan struct{})
+	go func() { defer close(answered); res, err = sc.client.Snapshot(ctx, 3, nil, nil) }()
+	want := len(sc.live()) - 1
+	for in := false; !in; {
+		ps := sc.log.Steps(func(s simStep) bool { return s.Msg == "window planned" && !s.At.Before(t0) })
+		if len(ps) > 0 {
+			lh.reports = len(sc.log.RankTimes(ps[len(ps)-1].Window, "uploaded"))
+			in = lh.reports >= want
+		}
+		if !in {
+			select {
+			case <-answered:
+				b.Logf("the live-heap window was answered with %d of %d reports in: %v %v", lh.reports, want, err, res)
+				return lh, false
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
 	}
+	at := heapLive()
+	inuse, alloc0 := leaderHeapAlloc()
+	lh.leader, lh.span = int64(inuse)-int64(leader0), time.Since(t0)
+	lh.overStart = int64(at) - int64(base)
+	release()
+	<-answered
+	if err != nil {
+		b.Fatal(err)
+	}
+	if res.State != pb.Outcome_OUTCOME_PUBLISHED {
+		b.Logf("the live-heap window %s: %s", res.State, res.Error)
+		return lh, false
+	}
+	lh.overEnd = int64(at) - int64(heapLive())
+	_, alloc1 := leaderHeapAlloc()
+	lh.merged = int64(alloc1) - int64(alloc0)
+	sc.removeWindow(sc.manifest(res.Manifest), res.Manifest)
+	return lh, true
+}
+
+// simWindow asks for one window as the snapshot command does and measures it.
+func simWindow(b *testing.B, sc *simCluster, f *simFigures) {
 	base := heapInuse()
-	var leader0 uint64
-	if heapOnly {
-		leader0 = leaderHeap()
-	}
 	p0, s0, c0 := sc.net.sent.Load(), sc.net.conns.Load(), processCPU()
 	hs := sampleHeap(20 * time.Millisecond)
 	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	// the heap still in use once the leader has every report, before it merges:
-	// what the collection holds (the sampled peaks also hold garbage the
-	// collector has not reached yet, up to the live heap again at GOGC=100)
-	liveHeap, returned := make(chan uint64, 1), make(chan struct{})
-	var leaderLive atomic.Uint64 // (what leader code allocated, with liveHeap's)
-	go func() {
-		want := len(sc.live())
-		for heapOnly {
-			ps := sc.log.Steps(func(s simStep) bool { return s.Msg == "window planned" && !s.At.Before(t0) })
-			if len(ps) > 0 && len(sc.log.RankTimes(ps[len(ps)-1].Window, "uploaded")) >= want {
-				h := heapInuse()
-				leaderLive.Store(leaderHeap())
-				liveHeap <- h
-				return
-			}
-			select {
-			case <-returned:
-				liveHeap <- 0
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-		<-returned
-		liveHeap <- 0
-	}()
 	res, err := sc.client.Snapshot(ctx, 3, nil, nil)
 	cancel()
 	tEnd := time.Now()
 	hs.end()
-	close(returned)
-	l := <-liveHeap
-	if l > 0 {
-		f.collectLive = append(f.collectLive, sub(l, base))
-	}
-	if heapOnly {
-		if err != nil {
-			b.Fatal(err)
-		}
-		if res.State != pb.Outcome_OUTCOME_PUBLISHED {
-			b.Logf("the live-heap window %s: %s", res.State, res.Error)
-			return
-		}
-		if l > 0 {
-			f.leaderLive = append(f.leaderLive, int64(leaderLive.Load())-int64(leader0))
-			// past a few thousand members the rest of the simulation's heap
-			// (memberlist's queues draining) moves by more than the leader
-			// holds from the window's start to every report: the heap once the
-			// window is published and its state let go, seconds later, is the
-			// nearer baseline; the drift between two collections before the
-			// window says how far either can be off
-			end := heapInuse()
-			f.collectHeld = append(f.collectHeld, int64(l)-int64(end))
-			f.heapDrift = append(f.heapDrift, drift)
-		}
-		sc.removeWindow(sc.manifest(res.Manifest), res.Manifest)
-		return
-	}
 	f.packets = append(f.packets, float64(sc.net.sent.Load()-p0))
 	f.conns = append(f.conns, float64(sc.net.conns.Load()-s0))
 	f.cpu = append(f.cpu, (processCPU() - c0).Seconds())
@@ -656,15 +691,21 @@ func printFigures(w *os.File, fs []*simFigures) {
 	}
 	msf := func(v float64) string { return fmt.Sprintf("%.0f ms", v) }
 	mib := func(v float64) string { return fmt.Sprintf("%.0f MiB", v/(1<<20)) }
+	kib := func(v float64) string { return fmt.Sprintf("%.1f KiB", v/1024) }
 	q := func(ds func(*simFigures) []time.Duration, p float64) func(*simFigures) float64 {
-		return func(f *simFigures) float64 { return ms(quantile(ds(f), p)) }
+		return func(f *simFigures) float64 {
+			if len(ds(f)) == 0 {
+				return math.NaN() // (no window measured it: "-")
+			}
+			return ms(quantile(ds(f), p))
+		}
 	}
 	hq := func(hs func(*simFigures) []uint64, p float64) func(*simFigures) float64 {
 		return func(f *simFigures) float64 {
 			s := append([]uint64(nil), hs(f)...)
 			sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 			if len(s) == 0 {
-				return 0
+				return math.NaN()
 			}
 			return float64(s[min(int(p*float64(len(s))), len(s)-1)])
 		}
@@ -674,7 +715,7 @@ func printFigures(w *os.File, fs []*simFigures) {
 		return func(f *simFigures) float64 {
 			s := append([]float64(nil), xs(f)...)
 			if len(s) == 0 {
-				return 0
+				return math.NaN()
 			}
 			sort.Float64s(s)
 			return s[len(s)/2]
@@ -709,11 +750,12 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"trigger -> published, worst", q(func(f *simFigures) []time.Duration { return f.published }, 1), msf},
 		{"last upload -> first answer, median", q(func(f *simFigures) []time.Duration { return f.answerMerge }, 0.5), msf},
 		{"last upload -> published, median", q(func(f *simFigures) []time.Duration { return f.merge }, 0.5), msf},
-		{"live heap growth, every report in, worst", hq(func(f *simFigures) []uint64 { return f.collectLive }, 1), mib},
-		{"live heap, every report in, over published", func(f *simFigures) float64 { return lastOr(f.collectHeld) }, mib},
-		{"leader code's live heap, every report in", func(f *simFigures) float64 { return lastOr(f.leaderLive) }, mib},
-		{"leader code's live heap per rank", func(f *simFigures) float64 { return lastOr(f.leaderLive) / float64(f.members) }, func(v float64) string { return fmt.Sprintf("%.1f KiB", v/1024) }},
-		{"heap drift between two collections before", func(f *simFigures) float64 { return lastOr(f.heapDrift) }, mib},
+		{"leader code's live heap, all reports but one", liveOf(func(l liveHeap) int64 { return l.leader }, false), mib},
+		{"leader code's live heap per report", liveOf(func(l liveHeap) int64 { return l.leader }, true), kib},
+		{"whole live heap then, over the start, per report", liveOf(func(l liveHeap) int64 { return l.overStart }, true), kib},
+		{"whole live heap then, over published, per report", liveOf(func(l liveHeap) int64 { return l.overEnd }, true), kib},
+		{"leader code allocated merging, per rank", liveOf(func(l liveHeap) int64 { return l.merged }, true), kib},
+		{"whole live heap's drift before the window", liveOf(func(l liveHeap) int64 { return l.drift }, false), mib},
 		{"heap growth collecting, worst", hq(func(f *simFigures) []uint64 { return f.collectHeap }, 1), mib},
 		{"heap growth merging, worst", hq(func(f *simFigures) []uint64 { return f.mergeHeap }, 1), mib},
 		{"leader dies -> new leader leads, median", q(func(f *simFigures) []time.Duration { return f.detect }, 0.5), msf},
@@ -749,9 +791,13 @@ func printFigures(w *os.File, fs []*simFigures) {
 	for _, r := range rows {
 		fmt.Fprintf(w, "%-42s", r.name)
 		for _, f := range fs {
-			fmt.Fprintf(w, "%14s", r.fmt(r.val(f)))
+			if v := r.val(f); math.IsNaN(v) {
+				fmt.Fprintf(w, "%14s", "-") // (not measured: no window, or no failover)
+			} else {
+				fmt.Fprintf(w, "%14s", r.fmt(v))
+			}
 		}
-		if a, z := r.val(fs[0]), r.val(fs[len(fs)-1]); a > 0 && len(fs) > 1 {
+		if a, z := r.val(fs[0]), r.val(fs[len(fs)-1]); a > 0 && !math.IsNaN(z) && len(fs) > 1 {
 			fmt.Fprintf(w, "%9.1fx", z/a)
 		}
 		fmt.Fprintln(w)
@@ -779,10 +825,12 @@ func printFigures(w *os.File, fs []*simFigures) {
 		}
 	}
 	last := fs[len(fs)-1]
-	p99 := quantile(last.acks, 0.99)
-	fmt.Fprintf(w, "target: every agent acks within 1 s of the trigger (p99) at %d members: %v -> %s\n", last.members, p99.Round(time.Millisecond), verdict(p99 <= time.Second))
-	if *simProd {
-		fmt.Fprintf(w, "target: acks p99 under 100 ms on production timers at %d members: %v -> %s\n", last.members, p99.Round(time.Millisecond), verdict(p99 < 100*time.Millisecond))
+	if len(last.acks) > 0 {
+		p99 := quantile(last.acks, 0.99)
+		fmt.Fprintf(w, "target: every agent acks within 1 s of the trigger (p99) at %d members: %v -> %s\n", last.members, p99.Round(time.Millisecond), verdict(p99 <= time.Second))
+		if *simProd {
+			fmt.Fprintf(w, "target: acks p99 under 100 ms on production timers at %d members: %v -> %s\n", last.members, p99.Round(time.Millisecond), verdict(p99 < 100*time.Millisecond))
+		}
 	}
 	if len(last.recover) > 0 {
 		worst := quantile(last.recover, 1)
@@ -827,23 +875,63 @@ func simSettle(sc *simCluster, most time.Duration) (time.Duration, float64) {
 	return time.Since(t0), rate
 }
 
-// lastOr is the last of vs (0 when there is none).
-func lastOr(vs []int64) float64 {
-	if len(vs) == 0 {
-		return 0
+// liveOf is a figure of the last live-heap measurement, per report or not
+// (NaN when there was none: printed as "-").
+func liveOf(v func(liveHeap) int64, perReport bool) func(*simFigures) float64 {
+	return func(f *simFigures) float64 {
+		if len(f.live) == 0 {
+			return math.NaN()
+		}
+		l := f.live[len(f.live)-1]
+		if perReport {
+			return float64(v(l)) / float64(max(l.reports, 1))
+		}
+		return float64(v(l))
 	}
-	return float64(vs[len(vs)-1])
 }
 
-// TestLeaderStack: leaderHeap counts the heap whose allocation stack holds a
-// frame of the leader package, and only that.
-func TestLeaderStack(t *testing.T) {
-	// (a return address, as a stack records it, is one past the call)
-	if pc := reflect.ValueOf(leader.New).Pointer(); !leaderStack([]uintptr{pc + 1}) {
-		t.Errorf("a stack in leader.New is not the leader's: %s", runtime.FuncForPC(pc).Name())
+// TestLeaderHeap: leaderHeap counts what leader code allocated and keeps, and
+// nothing else.
+func TestLeaderHeap(t *testing.T) {
+	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
+	runtime.MemProfileRate = 1 // (every allocation sampled: the figure is exact)
+	runtime.GC()
+	before := int64(leaderHeap())
+	const k = 16
+	ls := make([]*leader.Leader, k)
+	for i := range ls {
+		ls[i] = leader.New(nil, &config.Config{}, slog.New(slog.DiscardHandler))
 	}
-	here := make([]uintptr, 8)
-	if k := runtime.Callers(1, here); leaderStack(here[:k]) {
-		t.Error("this test's own stack is taken for the leader's")
+	other := make([][]byte, k) // (not the leader's)
+	for i := range other {
+		other[i] = make([]byte, 1<<20)
+	}
+	runtime.GC()
+	got := int64(leaderHeap()) - before
+	runtime.KeepAlive(ls)
+	runtime.KeepAlive(other)
+	// each leader holds a queue of 1<<14 envelopes (8 bytes each: 128 KiB)
+	if want := int64(k) << 17; got < want || got > want+want/2 {
+		t.Errorf("%d leaders: leader code's live heap grew %d bytes, want about %d", k, got, want)
+	}
+}
+
+// TestLeaderHeapOf: a heap profile's records with a frame of the leader package,
+// scaled as runtime/pprof scales them.
+func TestLeaderHeapOf(t *testing.T) {
+	text := "heap profile: 3: 3072 [6: 6144] @ heap/1024\n" +
+		"1: 1024 [4: 4096] @ 0x1 0x2\n" +
+		"#\t0x1\tgithub.com/memsnap/memsnap/merge.Preload+0x10\t/x/merge.go:1\n" +
+		"#\t0x2\t" + leaderPackage + "(*Leader).preload.func1+0x20\t/x/drive.go:2\n" +
+		"\n" +
+		"2: 2048 [2: 2048] @ 0x3\n" +
+		"#\t0x3\tgithub.com/memsnap/memsnap/coordinator.(*Coordinator).Run+0x30\t/x/c.go:3\n" +
+		"\n# runtime.MemStats\n# Alloc = 123\n"
+	if inuse, alloc := leaderHeapOf(text, 1); inuse != 1024 || alloc != 4096 {
+		t.Errorf("unsampled: %d bytes in use, %d allocated, want 1024 and 4096 (the one record with a leader frame)", inuse, alloc)
+	}
+	// sampled at 512 KiB, a 1 KiB object stands for 1/(1-e^(-1/512)) of itself
+	if got, _ := leaderHeapOf(text, 512<<10); got != uint64(1024/(1-math.Exp(-1024.0/(512<<10)))) {
+		t.Errorf("sampled: %d bytes in use, want %d", got, uint64(1024/(1-math.Exp(-1024.0/(512<<10)))))
 	}
 }

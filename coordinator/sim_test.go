@@ -388,6 +388,7 @@ type simRank struct {
 	offsetK bool
 	queue   []rankagent.WindowEvent
 	ended   map[uint64]time.Time // when the trainer passed each window's last batch
+	gate    chan struct{}        // non-nil: a window's upload waits until it is closed (simLiveHeap)
 
 	ownCores bool // simConfig.OwnCores
 }
@@ -532,9 +533,16 @@ func (r *simRank) follow(ctx context.Context) {
 		}
 		r.ended[w.ID] = time.Now()
 	}
+	gate := r.gate
 	r.mu.Unlock()
 	if !done {
 		return
+	}
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
 	}
 	res := r.upload(ctx, w)
 	r.mu.Lock()
@@ -548,6 +556,13 @@ func (r *simRank) follow(ctx context.Context) {
 		r.state = rankagent.WindowFailed
 	}
 	r.postLocked(rankagent.WindowEvent{Window: w, State: r.state, Upload: res})
+}
+
+// setGate holds the rank's uploads until gate is closed (nil: never).
+func (r *simRank) setGate(gate chan struct{}) {
+	r.mu.Lock()
+	r.gate = gate
+	r.mu.Unlock()
 }
 
 // simKey32 returns a fresh gossip key.
