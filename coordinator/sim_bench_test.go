@@ -17,6 +17,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/memsnap/memsnap/coordinator/config"
 	"github.com/memsnap/memsnap/coordinator/leader"
@@ -98,9 +99,13 @@ func BenchmarkScale(b *testing.B) {
 		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
 			f := simBench(b, n, ev)
 			all = append(all, f)
-			b.ReportMetric(ms(quantile(f.acks, 0.5)), "ack-p50-ms")
-			b.ReportMetric(ms(quantile(f.acks, 0.99)), "ack-p99-ms")
-			b.ReportMetric(ms(quantile(f.published, 0.5)), "published-ms")
+			if len(f.acks) > 0 {
+				b.ReportMetric(ms(quantile(f.acks, 0.5)), "ack-p50-ms")
+				b.ReportMetric(ms(quantile(f.acks, 0.99)), "ack-p99-ms")
+			}
+			if len(f.published) > 0 {
+				b.ReportMetric(ms(quantile(f.published, 0.5)), "published-ms")
+			}
 			if len(f.recover) > 0 {
 				b.ReportMetric(ms(quantile(f.recover, 0.5)), "failover-ms")
 			}
@@ -224,8 +229,10 @@ func heapLive() uint64 {
 	return ms.HeapAlloc
 }
 
-// leaderPackage is the package whose code only a leader runs.
-const leaderPackage = "github.com/memsnap/memsnap/coordinator/leader."
+// leaderPackages are the packages whose code only a leader runs here: its own,
+// and the merge's (whose goroutines' stacks do not go back to the leader's).
+// The ranks' analyses are merge/analysis's, not the merge's.
+var leaderPackages = []string{"github.com/memsnap/memsnap/coordinator/leader.", "github.com/memsnap/memsnap/merge."}
 
 // leaderHeap is the live heap that leader code allocated, as of the last
 // collection (heapLive forces one): the heap profile's records whose stack
@@ -233,8 +240,8 @@ const leaderPackage = "github.com/memsnap/memsnap/coordinator/leader."
 // scales them. Every member runs the same code, but only the leader runs this
 // package's, so it is the leader's own memory however the rest of the
 // simulation's heap moves meanwhile (what other code allocated and the leader
-// keeps is not in it). It reads the profile's text form, whose stacks are whole
-// (runtime.MemProfile's records keep 32 frames).
+// keeps is not in it). It reads the profile's text form, whose stacks keep up to
+// GODEBUG's profstackdepth frames (128; runtime.MemProfile's records keep 32).
 func leaderHeap() uint64 {
 	inuse, _ := leaderHeapAlloc()
 	return inuse
@@ -276,8 +283,10 @@ func leaderHeapOf(text string, rate float64) (inuse, alloc uint64) {
 	for _, line := range strings.Split(text, "\n") {
 		if strings.HasPrefix(line, "#") {
 			// (a frame: "#\t0x…\tpackage.function+0x…\tfile:line")
-			if f := strings.Split(line, "\t"); len(f) > 2 && strings.HasPrefix(f[2], leaderPackage) {
-				leader = true
+			if f := strings.Fields(line); len(f) > 2 {
+				for _, p := range leaderPackages {
+					leader = leader || strings.HasPrefix(f[2], p)
+				}
 			}
 			continue
 		}
@@ -378,10 +387,12 @@ func simBench(b *testing.B, n, events int) *simFigures {
 	if lh, ok := simLiveHeap(b, sc); ok {
 		f.live = append(f.live, lh)
 		r := float64(lh.reports)
-		progress("the leader's live heap with %d reports in, before the last (held back) and the merge: its own code's %.0f MiB, %.1f KiB a report; the whole heap over the window's start %+.0f MiB, %.1f KiB a report, over the heap once published %+.0f MiB, %.1f KiB a report (measured over %v; in the %v before, the rest of the heap moved %+.0f MiB); then the last report and the merge: leader code allocated %.0f MiB, %.1f KiB a rank",
-			lh.reports, float64(lh.leader)/(1<<20), float64(lh.leader)/1024/r, float64(lh.overStart)/(1<<20), float64(lh.overStart)/1024/r,
+		progress("the leader's live heap with %d of %d reports in, the last held back, before the merge: its own code's %.0f MiB, %.1f KiB a report; "+
+			"the whole heap over the window's start %+.0f MiB, %.1f KiB a report, over the heap once published %+.0f MiB, %.1f KiB a report (measured %v after the trigger; "+
+			"in the %v before it, the rest of the heap moved %+.0f MiB and leader code allocated %.0f MiB); then the last report and the merge: leader code allocated %.0f MiB, %.1f KiB a rank",
+			lh.reports, lh.ranks, float64(lh.leader)/(1<<20), float64(lh.leader)/1024/r, float64(lh.overStart)/(1<<20), float64(lh.overStart)/1024/r,
 			float64(lh.overEnd)/(1<<20), float64(lh.overEnd)/1024/r, lh.span.Round(10*time.Millisecond), lh.driftSpan.Round(10*time.Millisecond), float64(lh.drift)/(1<<20),
-			float64(lh.merged)/(1<<20), float64(lh.merged)/1024/(r+1))
+			float64(lh.idleAlloc)/(1<<20), float64(lh.merged)/(1<<20), float64(lh.merged)/1024/float64(lh.ranks))
 	}
 	stop = simProfileTo(b, fmt.Sprintf("%s-%d-failover.prof", *simProfile, n), *simFailovers > 0)
 	for i := 0; i < *simFailovers; i++ {
@@ -419,13 +430,15 @@ func simTerm(sc *simCluster) uint64 {
 // liveHeap is the leader's live heap while it collects (simLiveHeap): heap
 // figures after forced collections, in bytes.
 type liveHeap struct {
-	reports   int           // the ranks' reports the leader held then
+	ranks     int           // the window's ranks
+	reports   int           // the ranks' reports the leader held then (all but one)
 	leader    int64         // what leader code allocated, over the window's start
 	overStart int64         // the whole live heap, over the window's start
 	overEnd   int64         // the whole live heap, over the heap once the window is published
-	span      time.Duration // from the start's collection to the measurement's
+	span      time.Duration // from the trigger to the measurement's collection
 	merged    int64         // what leader code allocated from then to the window's publication: the last report and the merge
 	drift     int64         // the whole live heap's change before the window, over driftSpan
+	idleAlloc int64         // what leader code allocated over driftSpan, before the window
 	driftSpan time.Duration
 }
 
@@ -435,51 +448,82 @@ type liveHeap struct {
 // reports but one and has not begun to merge. ok is false when the window was
 // not published or answered before the measurement.
 func simLiveHeap(b *testing.B, sc *simCluster) (lh liveHeap, ok bool) {
-	// the heap profile samples an allocation every 32 KiB while the window
-	// lasts, not every 512 KiB: the leader's heap at 64 ranks is a few MiB,
-	// a handful of samples at the default (what was sampled before at the
-	// default is then scaled too little, the same at each reading: the
-	// differences hold)
-	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
-	runtime.MemProfileRate = 32 << 10
+	// the heap profile samples an allocation every 32 KiB (or more often, if
+	// asked) while the window lasts, not every 512 KiB: the leader's heap at 64
+	// ranks is a few MiB, a handful of samples at the default. What was sampled
+	// before at the default is then scaled too little, the same at each reading
+	// (the differences hold); a heap profile written after the benchmark scales
+	// this window's samples too much.
+	if r := runtime.MemProfileRate; r > 32<<10 {
+		defer func() { runtime.MemProfileRate = r }()
+		runtime.MemProfileRate = 32 << 10
+	}
 	held := sc.ranks[len(sc.ranks)-1]
-	gate := make(chan struct{})
-	held.setGate(gate)
-	release := sync.OnceFunc(func() { held.setGate(nil); close(gate) })
+	gate, arrived := make(chan struct{}), make(chan struct{})
+	held.setGate(gate, arrived)
+	release := sync.OnceFunc(func() { held.setGate(nil, nil); close(gate) })
 	defer release()
-	// how far the rest of the heap moves by itself, over about as long as the
-	// measurement takes: past a few thousand members, with the forming's gossip
-	// still queued, by more than the leader holds
+	// how far the rest of the heap, and what leader code allocates, move by
+	// themselves, over about as long as the measurement takes (past a few
+	// thousand members, with the forming's gossip still queued, the heap moves
+	// by more than the leader holds)
 	d0, td := heapLive(), time.Now()
+	_, idle0 := leaderHeapAlloc()
 	base := heapLive()
-	lh.drift, lh.driftSpan = int64(base)-int64(d0), time.Since(td)
-	leader0, t0 := leaderHeap(), time.Now()
+	leader0, idle1 := leaderHeapAlloc()
+	lh.drift, lh.driftSpan, lh.idleAlloc = int64(base)-int64(d0), time.Since(td), int64(idle1)-int64(idle0)
+	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var res *pb.WindowResult
 	var err error
 	answered := make(chan struct{})
 	go func() { defer close(answered); res, err = sc.client.Snapshot(ctx, 3, nil, nil) }()
-	want := len(sc.live()) - 1
+	lh.ranks = len(sc.live())
+	want := lh.ranks - 1
+	early := func() (liveHeap, bool) {
+		<-answered
+		b.Logf("the live-heap window was answered with %d of %d reports in, before the last rank's upload: %v %v", lh.reports, want, err, res)
+		return lh, false
+	}
+	// every other rank's report taken (the leader's "uploaded"), and the held
+	// rank at its gate: it is in the plan, and the leader waits for it
 	for in := false; !in; {
 		ps := sc.log.Steps(func(s simStep) bool { return s.Msg == "window planned" && !s.At.Before(t0) })
 		if len(ps) > 0 {
 			lh.reports = len(sc.log.RankTimes(ps[len(ps)-1].Window, "uploaded"))
-			in = lh.reports >= want
+			select {
+			case <-arrived:
+				in = lh.reports >= want
+			default:
+			}
 		}
 		if !in {
 			select {
 			case <-answered:
-				b.Logf("the live-heap window was answered with %d of %d reports in: %v %v", lh.reports, want, err, res)
-				return lh, false
-			case <-time.After(5 * time.Millisecond):
+				return early()
+			case <-time.After(50 * time.Millisecond):
 			}
 		}
 	}
-	at := heapLive()
-	inuse, alloc0 := leaderHeapAlloc()
+	// (the leader reads each report's sidecar and analysis once it has logged
+	// it, 16 at a time: measured again until what its code holds stops growing)
+	var at, inuse, alloc0 uint64
+	for try := 0; try < 5; try++ {
+		prev := inuse
+		at = heapLive()
+		inuse, alloc0 = leaderHeapAlloc()
+		if try > 0 && inuse <= prev+prev/50 {
+			break
+		}
+	}
 	lh.leader, lh.span = int64(inuse)-int64(leader0), time.Since(t0)
 	lh.overStart = int64(at) - int64(base)
+	select {
+	case <-answered:
+		return early()
+	default:
+	}
 	release()
 	<-answered
 	if err != nil {
@@ -692,6 +736,7 @@ func printFigures(w *os.File, fs []*simFigures) {
 	msf := func(v float64) string { return fmt.Sprintf("%.0f ms", v) }
 	mib := func(v float64) string { return fmt.Sprintf("%.0f MiB", v/(1<<20)) }
 	kib := func(v float64) string { return fmt.Sprintf("%.1f KiB", v/1024) }
+	perReport, perRank := func(l liveHeap) int { return l.reports }, func(l liveHeap) int { return l.ranks }
 	q := func(ds func(*simFigures) []time.Duration, p float64) func(*simFigures) float64 {
 		return func(f *simFigures) float64 {
 			if len(ds(f)) == 0 {
@@ -741,7 +786,12 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"plan -> rank acked, p99", q(func(f *simFigures) []time.Duration { return f.planAcks }, 0.99), msf},
 		{"trigger -> all acked, median", q(func(f *simFigures) []time.Duration { return f.allAcked }, 0.5), msf},
 		{"trigger -> all acked, worst", q(func(f *simFigures) []time.Duration { return f.allAcked }, 1), msf},
-		{"re-plans (ranks past the start)", func(f *simFigures) float64 { return float64(f.replans) }, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
+		{"re-plans (ranks past the start)", func(f *simFigures) float64 {
+			if len(f.toPlan) == 0 {
+				return math.NaN()
+			}
+			return float64(f.replans)
+		}, func(v float64) string { return fmt.Sprintf("%.0f", v) }},
 		{"trigger -> window's last batch done, median", q(func(f *simFigures) []time.Duration { return f.toEnd }, 0.5), msf},
 		{"last batch done -> last upload, median", q(func(f *simFigures) []time.Duration { return f.endUpload }, 0.5), msf},
 		{"trigger -> first answer, median", q(func(f *simFigures) []time.Duration { return f.answered }, 0.5), msf},
@@ -750,12 +800,13 @@ func printFigures(w *os.File, fs []*simFigures) {
 		{"trigger -> published, worst", q(func(f *simFigures) []time.Duration { return f.published }, 1), msf},
 		{"last upload -> first answer, median", q(func(f *simFigures) []time.Duration { return f.answerMerge }, 0.5), msf},
 		{"last upload -> published, median", q(func(f *simFigures) []time.Duration { return f.merge }, 0.5), msf},
-		{"leader code's live heap, all reports but one", liveOf(func(l liveHeap) int64 { return l.leader }, false), mib},
-		{"leader code's live heap per report", liveOf(func(l liveHeap) int64 { return l.leader }, true), kib},
-		{"whole live heap then, over the start, per report", liveOf(func(l liveHeap) int64 { return l.overStart }, true), kib},
-		{"whole live heap then, over published, per report", liveOf(func(l liveHeap) int64 { return l.overEnd }, true), kib},
-		{"leader code allocated merging, per rank", liveOf(func(l liveHeap) int64 { return l.merged }, true), kib},
-		{"whole live heap's drift before the window", liveOf(func(l liveHeap) int64 { return l.drift }, false), mib},
+		{"leader code's live heap, all reports but one", liveOf(func(l liveHeap) int64 { return l.leader }, nil), mib},
+		{"leader code's live heap per report", liveOf(func(l liveHeap) int64 { return l.leader }, perReport), kib},
+		{"whole live heap then, over the start, per report", liveOf(func(l liveHeap) int64 { return l.overStart }, perReport), kib},
+		{"whole live heap then, over published, per report", liveOf(func(l liveHeap) int64 { return l.overEnd }, perReport), kib},
+		{"leader code allocated merging, per rank", liveOf(func(l liveHeap) int64 { return l.merged }, perRank), kib},
+		{"whole live heap's drift before the window", liveOf(func(l liveHeap) int64 { return l.drift }, nil), mib},
+		{"leader code allocated idle, as long before", liveOf(func(l liveHeap) int64 { return l.idleAlloc }, nil), mib},
 		{"heap growth collecting, worst", hq(func(f *simFigures) []uint64 { return f.collectHeap }, 1), mib},
 		{"heap growth merging, worst", hq(func(f *simFigures) []uint64 { return f.mergeHeap }, 1), mib},
 		{"leader dies -> new leader leads, median", q(func(f *simFigures) []time.Duration { return f.detect }, 0.5), msf},
@@ -875,16 +926,16 @@ func simSettle(sc *simCluster, most time.Duration) (time.Duration, float64) {
 	return time.Since(t0), rate
 }
 
-// liveOf is a figure of the last live-heap measurement, per report or not
-// (NaN when there was none: printed as "-").
-func liveOf(v func(liveHeap) int64, perReport bool) func(*simFigures) float64 {
+// liveOf is a figure of the last live-heap measurement, divided by per unless it
+// is nil (NaN when there was none: printed as "-").
+func liveOf(v func(liveHeap) int64, per func(liveHeap) int) func(*simFigures) float64 {
 	return func(f *simFigures) float64 {
 		if len(f.live) == 0 {
 			return math.NaN()
 		}
 		l := f.live[len(f.live)-1]
-		if perReport {
-			return float64(v(l)) / float64(max(l.reports, 1))
+		if per != nil {
+			return float64(v(l)) / float64(max(per(l), 1))
 		}
 		return float64(v(l))
 	}
@@ -894,10 +945,10 @@ func liveOf(v func(liveHeap) int64, perReport bool) func(*simFigures) float64 {
 // nothing else.
 func TestLeaderHeap(t *testing.T) {
 	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
-	runtime.MemProfileRate = 1 // (every allocation sampled: the figure is exact)
+	runtime.MemProfileRate = 1 // (every allocation sampled: the figures are exact)
 	runtime.GC()
-	before := int64(leaderHeap())
-	const k = 16
+	inuse0, alloc0 := leaderHeapAlloc()
+	const k = 64
 	ls := make([]*leader.Leader, k)
 	for i := range ls {
 		ls[i] = leader.New(nil, &config.Config{}, slog.New(slog.DiscardHandler))
@@ -907,11 +958,17 @@ func TestLeaderHeap(t *testing.T) {
 		other[i] = make([]byte, 1<<20)
 	}
 	runtime.GC()
-	got := int64(leaderHeap()) - before
+	inuse1, alloc1 := leaderHeapAlloc()
 	runtime.KeepAlive(ls)
 	runtime.KeepAlive(other)
-	// each leader holds a queue of 1<<14 envelopes (8 bytes each: 128 KiB)
-	if want := int64(k) << 17; got < want || got > want+want/2 {
+	// each leader holds a queue of 1<<14 envelopes (a pointer each); a
+	// leader of an earlier test freed meanwhile takes from what is in use, never
+	// from what was allocated
+	want := int64(k) << 14 * int64(unsafe.Sizeof(uintptr(0)))
+	if got := int64(alloc1) - int64(alloc0); got < want || got > want+want/2 {
+		t.Errorf("%d leaders: leader code allocated %d bytes, want about %d", k, got, want)
+	}
+	if got := int64(inuse1) - int64(inuse0); got < want/2 || got > want+want/2 {
 		t.Errorf("%d leaders: leader code's live heap grew %d bytes, want about %d", k, got, want)
 	}
 }
@@ -922,7 +979,7 @@ func TestLeaderHeapOf(t *testing.T) {
 	text := "heap profile: 3: 3072 [6: 6144] @ heap/1024\n" +
 		"1: 1024 [4: 4096] @ 0x1 0x2\n" +
 		"#\t0x1\tgithub.com/memsnap/memsnap/merge.Preload+0x10\t/x/merge.go:1\n" +
-		"#\t0x2\t" + leaderPackage + "(*Leader).preload.func1+0x20\t/x/drive.go:2\n" +
+		"#\t0x2\t" + leaderPackages[0] + "(*Leader).preload.func1+0x20\t/x/drive.go:2\n" +
 		"\n" +
 		"2: 2048 [2: 2048] @ 0x3\n" +
 		"#\t0x3\tgithub.com/memsnap/memsnap/coordinator.(*Coordinator).Run+0x30\t/x/c.go:3\n" +

@@ -389,6 +389,7 @@ type simRank struct {
 	queue   []rankagent.WindowEvent
 	ended   map[uint64]time.Time // when the trainer passed each window's last batch
 	gate    chan struct{}        // non-nil: a window's upload waits until it is closed (simLiveHeap)
+	arrived chan struct{}        // closed when an upload first waits at the gate
 
 	ownCores bool // simConfig.OwnCores
 }
@@ -533,10 +534,17 @@ func (r *simRank) follow(ctx context.Context) {
 		}
 		r.ended[w.ID] = time.Now()
 	}
-	gate := r.gate
+	var gate, arrived chan struct{}
+	if done {
+		gate, arrived = r.gate, r.arrived
+		r.arrived = nil
+	}
 	r.mu.Unlock()
 	if !done {
 		return
+	}
+	if arrived != nil {
+		close(arrived)
 	}
 	if gate != nil {
 		select {
@@ -558,10 +566,11 @@ func (r *simRank) follow(ctx context.Context) {
 	r.postLocked(rankagent.WindowEvent{Window: w, State: r.state, Upload: res})
 }
 
-// setGate holds the rank's uploads until gate is closed (nil: never).
-func (r *simRank) setGate(gate chan struct{}) {
+// setGate holds the rank's uploads until gate is closed (nil: never), and closes
+// arrived when the first one waits.
+func (r *simRank) setGate(gate, arrived chan struct{}) {
 	r.mu.Lock()
-	r.gate = gate
+	r.gate, r.arrived = gate, arrived
 	r.mu.Unlock()
 }
 
