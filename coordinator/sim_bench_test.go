@@ -211,44 +211,36 @@ func (h *heapSampler) peak(from, to time.Time) uint64 {
 	return p
 }
 
-// heapInuse is the heap in use after a forced collection: the live heap (heapNow
-// reads it as it is, garbage and all).
-func heapInuse() uint64 {
+// collected is the heap's figures after a forced collection.
+func collected() runtime.MemStats {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse
+	return ms
 }
+
+// heapInuse is the heap in use after a forced collection: the live heap in
+// whole spans, as heapNow reads the heap, garbage and all.
+func heapInuse() uint64 { return collected().HeapInuse }
 
 // heapLive is the live heap: the bytes of live objects after a forced
 // collection.
-func heapLive() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
+func heapLive() uint64 { return collected().HeapAlloc }
 
 // leaderPackages are the packages whose code only a leader runs here: its own,
 // and the merge's (whose goroutines' stacks do not go back to the leader's).
 // The ranks' analyses are merge/analysis's, not the merge's.
 var leaderPackages = []string{"github.com/memsnap/memsnap/coordinator/leader.", "github.com/memsnap/memsnap/merge."}
 
-// leaderHeap is the live heap that leader code allocated, as of the last
-// collection (heapLive forces one): the heap profile's records whose stack
-// holds a frame of the leader package, scaled from their samples as runtime/pprof
-// scales them. Every member runs the same code, but only the leader runs this
-// package's, so it is the leader's own memory however the rest of the
-// simulation's heap moves meanwhile (what other code allocated and the leader
-// keeps is not in it). It reads the profile's text form, whose stacks keep up to
-// GODEBUG's profstackdepth frames (128; runtime.MemProfile's records keep 32).
-func leaderHeap() uint64 {
-	inuse, _ := leaderHeapAlloc()
-	return inuse
-}
-
-// leaderHeapAlloc is leaderHeap, and the bytes leader code has allocated since
-// the program started, as of the same collection.
+// leaderHeapAlloc is the live heap that leader code allocated, and the bytes it
+// has allocated since the program started, as of the last collection (heapLive
+// forces one): the heap profile's records whose stack holds a frame of the
+// leaderPackages, scaled from their samples as runtime/pprof scales them. Every
+// member runs the same code, but only the leader runs those packages', so it is
+// the leader's own memory however the rest of the simulation's heap moves
+// meanwhile (what other code allocated and the leader keeps is not in it). It
+// reads the profile's text form, whose stacks keep up to GODEBUG's
+// profstackdepth frames (128; runtime.MemProfile's records keep 32).
 func leaderHeapAlloc() (inuse, alloc uint64) {
 	var buf bytes.Buffer
 	if err := pprof.Lookup("heap").WriteTo(&buf, 1); err != nil {
@@ -258,8 +250,8 @@ func leaderHeapAlloc() (inuse, alloc uint64) {
 }
 
 // leaderHeapOf sums, in a heap profile's text form (debug=1) sampled at rate, the
-// scaled bytes in use, and allocated, of the records with a frame of the leader
-// package.
+// scaled bytes in use, and allocated, of the records with a frame of the
+// leaderPackages.
 func leaderHeapOf(text string, rate float64) (inuse, alloc uint64) {
 	var total, allocated float64
 	var count, size, acount, asize int64
@@ -941,8 +933,8 @@ func liveOf(v func(liveHeap) int64, per func(liveHeap) int) func(*simFigures) fl
 	}
 }
 
-// TestLeaderHeap: leaderHeap counts what leader code allocated and keeps, and
-// nothing else.
+// TestLeaderHeap: leaderHeapAlloc counts what leader code allocated and keeps,
+// and nothing else.
 func TestLeaderHeap(t *testing.T) {
 	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
 	runtime.MemProfileRate = 1 // (every allocation sampled: the figures are exact)
@@ -976,16 +968,20 @@ func TestLeaderHeap(t *testing.T) {
 // TestLeaderHeapOf: a heap profile's records with a frame of the leader package,
 // scaled as runtime/pprof scales them.
 func TestLeaderHeapOf(t *testing.T) {
-	text := "heap profile: 3: 3072 [6: 6144] @ heap/1024\n" +
+	text := "heap profile: 4: 11264 [7: 14336] @ heap/1024\n" +
 		"1: 1024 [4: 4096] @ 0x1 0x2\n" +
 		"#\t0x1\tgithub.com/memsnap/memsnap/merge.Preload+0x10\t/x/merge.go:1\n" +
 		"#\t0x2\t" + leaderPackages[0] + "(*Leader).preload.func1+0x20\t/x/drive.go:2\n" +
 		"\n" +
 		"2: 2048 [2: 2048] @ 0x3\n" +
 		"#\t0x3\tgithub.com/memsnap/memsnap/coordinator.(*Coordinator).Run+0x30\t/x/c.go:3\n" +
+		"\n" +
+		"1: 8192 [1: 8192] @ 0x4 0x5\n" +
+		"#\t0x4\tgithub.com/memsnap/memsnap/merge/analysis.AnalyzeSnapshot+0x40\t/x/a.go:4\n" +
+		"#\t0x5\tgithub.com/memsnap/memsnap/coordinator.(*simRank).upload+0x50\t/x/s.go:5\n" +
 		"\n# runtime.MemStats\n# Alloc = 123\n"
 	if inuse, alloc := leaderHeapOf(text, 1); inuse != 1024 || alloc != 4096 {
-		t.Errorf("unsampled: %d bytes in use, %d allocated, want 1024 and 4096 (the one record with a leader frame)", inuse, alloc)
+		t.Errorf("unsampled: %d bytes in use, %d allocated, want 1024 and 4096 (the one record with a leader frame; a rank's analysis is not the merge's)", inuse, alloc)
 	}
 	// sampled at 512 KiB, a 1 KiB object stands for 1/(1-e^(-1/512)) of itself
 	if got, _ := leaderHeapOf(text, 512<<10); got != uint64(1024/(1-math.Exp(-1024.0/(512<<10)))) {
