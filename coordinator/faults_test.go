@@ -692,24 +692,36 @@ func TestNoSilentWaits(t *testing.T) {
 }
 
 // memberlistKnows reports whether every other rank's memberlist gives rank r's
-// name its address now.
+// name its address now. It asks each rank's coordinator, not memberlist:
+// memberlist.Members returns memberlist's own records, whose address it rewrites
+// under its lock when it takes up a new incarnation, so reading them races. The
+// coordinator copies each record memberlist hands it (under that lock), and
+// memberlist has taken up the address when the coordinator knows rank r there
+// and no move of r is pending (a move ends on memberlist's news of the new
+// incarnation: moved.go).
 func (tc *testCluster) memberlistKnows(r int) bool {
 	addr, name := tc.ranks[r].Coord.Addr(), tc.ranks[r].Coord.Name()
 	for i, o := range tc.ranks {
 		if i == r || o == nil {
 			continue
 		}
-		ml := o.Coord.memberlist()
-		if ml == nil {
-			return false
-		}
-		known := false
-		for _, n := range ml.Members() {
-			known = known || n.Name == name && n.Address() == addr
-		}
-		if !known {
+		if at, moving := o.Coord.knownAt(name); at != addr || moving {
 			return false
 		}
 	}
 	return true
+}
+
+// knownAt is the address this member knows name at ("" when not a member) and
+// whether a move of name is pending.
+func (c *Coordinator) knownAt(name string) (addr string, moving bool) {
+	c.mu.Lock()
+	if m := c.members[name]; m != nil {
+		addr = m.addr
+	}
+	c.mu.Unlock()
+	c.moves.mu.Lock()
+	_, moving = c.moves.from[name]
+	c.moves.mu.Unlock()
+	return addr, moving
 }
