@@ -715,13 +715,8 @@ func (tc *testCluster) memberlistKnows(r int) bool {
 // knownAt is the address this member knows name at ("" when not a member) and
 // whether a move of name is pending.
 func (c *Coordinator) knownAt(name string) (addr string, moving bool) {
-	c.mu.Lock()
-	if m := c.members[name]; m != nil {
-		addr = m.addr
-	}
-	c.mu.Unlock()
 	c.moves.mu.Lock()
 	_, moving = c.moves.from[name]
 	c.moves.mu.Unlock()
-	return addr, moving
+	return c.memberNamed(name).addr, moving
 }

@@ -1131,11 +1131,9 @@ func startSim(tb testing.TB, cfg simConfig) *simCluster {
 			if c.numMembers() >= n {
 				continue
 			}
-			c.mu.Lock()
-			if c.ml != nil {
-				behind = append(behind, c.ml)
+			if m := c.memberlist(); m != nil {
+				behind = append(behind, m)
 			}
-			c.mu.Unlock()
 		}
 		if n >= 1024 {
 			fmt.Fprintf(os.Stderr, "# %d of %d members missed some of the others, %d see them all; exchanging state, %v\n", len(behind), n, len(full), time.Since(t0).Round(time.Second))

@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -714,7 +713,8 @@ func testFlood(t *testing.T, lim streamLimits, n int, declared uint32) {
 type floodVictim struct {
 	ml   *memberlist.Memberlist
 	tr   *limitedTransport // nil under -flood.bare
-	addr string
+	addr string // 127.0.0.1:port
+	port int
 	sink *floodSink
 }
 
@@ -724,7 +724,8 @@ type floodVictim struct {
 func startVictim(t *testing.T, key []byte, lab string, lim streamLimits) *floodVictim {
 	base := forwarders()
 	nt := newNetTransport(t)
-	v := &floodVictim{addr: fmt.Sprintf("127.0.0.1:%d", nt.GetAutoBindPort()), sink: &floodSink{}}
+	port := nt.GetAutoBindPort()
+	v := &floodVictim{addr: fmt.Sprintf("127.0.0.1:%d", port), port: port, sink: &floodSink{}}
 	cfg := floodConfig(t, "victim", key, lab)
 	cfg.TCPTimeout = 10 * time.Second // production's (LAN) value: how long memberlist waits for a stream
 	cfg.Delegate = v.sink
@@ -796,12 +797,7 @@ func legitMemberGetsIn(t *testing.T, key []byte, lab string, v *floodVictim) {
 	if !known {
 		t.Fatal("joined, but the victim is not a member")
 	}
-	host, port, err := net.SplitHostPort(v.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, _ := strconv.Atoi(port)
-	to := &memberlist.Node{Name: "victim", Addr: net.ParseIP(host), Port: uint16(p)}
+	to := &memberlist.Node{Name: "victim", Addr: net.IPv4(127, 0, 0, 1), Port: uint16(v.port)}
 	msg := make([]byte, largestMessage)
 	rand.Read(msg)
 	if err := legit.SendReliable(to, msg); err != nil {
